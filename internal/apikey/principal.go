@@ -1,0 +1,40 @@
+package apikey
+
+import (
+	"context"
+	"errors"
+
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// Principal is the authenticated caller: which key, which plan, and the
+// effective rate-limit policy (plan windows with the key's overrides applied).
+type Principal struct {
+	// KeyID is the key's public identifier (never the secret).
+	KeyID  string
+	Label  string
+	Plan   string
+	Policy ratelimit.Policy
+}
+
+// Errors returned by Authenticate. All of them mean 401 to a client; they
+// are distinct so that logs and metrics can tell them apart.
+var (
+	ErrMissing   = errors.New("apikey: no API key")
+	ErrMalformed = errors.New("apikey: malformed API key")
+	ErrUnknown   = errors.New("apikey: unknown API key")
+	ErrRevoked   = errors.New("apikey: revoked API key")
+)
+
+type principalKey struct{}
+
+// NewContext returns ctx carrying p.
+func NewContext(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// FromContext returns the principal stored in ctx, if any.
+func FromContext(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(Principal)
+	return p, ok
+}

@@ -1,0 +1,201 @@
+package ratelimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Window is one quota: at most Limit requests in any interval of length Period.
+type Window struct {
+	Limit  int64
+	Period time.Duration
+}
+
+func (w Window) String() string { return fmt.Sprintf("%d/%s", w.Limit, FormatPeriod(w.Period)) }
+
+// BanPolicy describes temporary bans for keys that keep sending requests while
+// limited. The zero value disables bans.
+type BanPolicy struct {
+	// Threshold: a key with more than Threshold rejected requests within
+	// StrikeWindow is banned. Zero disables bans.
+	Threshold int64
+	// StrikeWindow is the period in which rejected requests are counted.
+	StrikeWindow time.Duration
+	// Base is the length of a first ban.
+	Base time.Duration
+	// Multiplier grows each further ban (Base*Multiplier^(offence-1)).
+	Multiplier float64
+	// Max caps a ban's length.
+	Max time.Duration
+	// Memory is how long past offences count towards escalation.
+	Memory time.Duration
+}
+
+// Enabled reports whether the policy bans at all.
+func (b BanPolicy) Enabled() bool { return b.Threshold > 0 && b.Base > 0 }
+
+// Duration returns the length of the ban for the n-th offence (n >= 1).
+func (b BanPolicy) Duration(n int64) time.Duration {
+	d := float64(b.Base)
+	m := b.Multiplier
+	if m < 1 {
+		m = 1
+	}
+	for i := int64(1); i < n && d < float64(b.Max); i++ {
+		d *= m
+	}
+	if b.Max > 0 && d > float64(b.Max) {
+		d = float64(b.Max)
+	}
+	return time.Duration(d)
+}
+
+// Policy is everything the limiter needs to decide for one key: its quota
+// windows and its ban rules. Name is used only for metrics and logs.
+type Policy struct {
+	Name    string
+	Windows []Window
+	Ban     BanPolicy
+}
+
+// Validate reports a policy the limiter cannot enforce.
+func (p Policy) Validate() error {
+	if len(p.Windows) == 0 {
+		return errors.New("ratelimit: policy has no windows")
+	}
+	seen := map[time.Duration]bool{}
+	for _, w := range p.Windows {
+		if w.Limit < 1 {
+			return fmt.Errorf("ratelimit: window %s: limit must be at least 1", w)
+		}
+		if w.Period < time.Millisecond {
+			return fmt.Errorf("ratelimit: window %s: period must be at least 1ms", w)
+		}
+		if seen[w.Period] {
+			return fmt.Errorf("ratelimit: two windows with period %s", FormatPeriod(w.Period))
+		}
+		seen[w.Period] = true
+	}
+	b := p.Ban
+	if b.Threshold < 0 || b.Base < 0 || b.Max < 0 || b.StrikeWindow < 0 || b.Memory < 0 {
+		return errors.New("ratelimit: ban settings must not be negative")
+	}
+	if b.Enabled() {
+		if b.StrikeWindow <= 0 {
+			return errors.New("ratelimit: ban strike window must be positive")
+		}
+		if b.Max > 0 && b.Max < b.Base {
+			return errors.New("ratelimit: ban max must be at least its base")
+		}
+	}
+	return nil
+}
+
+// Sorted returns a copy of p with windows ordered by ascending period.
+func (p Policy) Sorted() Policy {
+	ws := append([]Window(nil), p.Windows...)
+	sort.Slice(ws, func(i, j int) bool { return ws[i].Period < ws[j].Period })
+	p.Windows = ws
+	return p
+}
+
+// Fingerprint identifies the policy's rules; state cached under one
+// fingerprint is not reused under another.
+func (p Policy) Fingerprint() string {
+	var b strings.Builder
+	for _, w := range p.Sorted().Windows {
+		fmt.Fprintf(&b, "%d/%d;", w.Limit, w.Period)
+	}
+	fmt.Fprintf(&b, "ban:%d/%d/%d/%g/%d/%d", p.Ban.Threshold, p.Ban.StrikeWindow, p.Ban.Base, p.Ban.Multiplier, p.Ban.Max, p.Ban.Memory)
+	sum := sha256.Sum256([]byte(b.String()))
+	return hex.EncodeToString(sum[:8])
+}
+
+// FormatPeriod prints a period compactly: 1m, 24h, 1500ms.
+func FormatPeriod(d time.Duration) string {
+	switch {
+	case d%(24*time.Hour) == 0 && d >= 24*time.Hour:
+		// Keep hours so "24h" reads as in the plans file.
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Hour == 0:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	case d%time.Minute == 0:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+	case d%time.Second == 0:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	default:
+		return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
+	}
+}
+
+// Outcome is what the limiter decided.
+type Outcome int
+
+// Outcomes of a decision.
+const (
+	Allowed Outcome = iota
+	Limited
+	Banned
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Allowed:
+		return "allowed"
+	case Limited:
+		return "limited"
+	case Banned:
+		return "banned"
+	}
+	return "unknown"
+}
+
+// WindowState is one window's standing after a decision.
+type WindowState struct {
+	Window
+	// Remaining is how many more requests the window admits now.
+	Remaining int64
+	// Reset is when the requests the window currently counts have all slid
+	// out of it, so that Remaining is back to Limit.
+	Reset time.Time
+}
+
+// Decision is the answer for one request.
+type Decision struct {
+	Outcome Outcome
+	// Windows holds every window of the policy, ordered by period.
+	Windows []WindowState
+	// Binding is the index in Windows of the window that binds first:
+	// the one with the fewest requests remaining (the longer on a tie).
+	Binding int
+	// RetryAfter is, when the request was not allowed, the time until a
+	// request would be admitted (or the ban's remaining time).
+	RetryAfter time.Duration
+	// Degraded is true when the shared store could not be reached and the
+	// decision was made by this process alone.
+	Degraded bool
+	// Cached is true when the decision came from the local cache of keys
+	// known to be limited or banned, without a round trip.
+	Cached bool
+}
+
+// Allowed reports whether the request may proceed.
+func (d Decision) Allowed() bool { return d.Outcome == Allowed }
+
+// Bound returns the window that binds first.
+func (d Decision) Bound() WindowState {
+	if len(d.Windows) == 0 {
+		return WindowState{}
+	}
+	return d.Windows[d.Binding]
+}
+
+// ErrUnavailable is returned in fail-closed mode when the shared store
+// cannot be reached in time.
+var ErrUnavailable = errors.New("ratelimit: shared store unavailable")
