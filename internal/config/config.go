@@ -1,0 +1,221 @@
+// Package config holds every setting of the petstore binary: one struct,
+// defaults in one place, each setting a command-line flag with a PETSTORE_*
+// environment variable twin. Flags win over the environment.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// Config is the whole configuration of the service.
+type Config struct {
+	Addr    string
+	OpsAddr string
+
+	Store       string
+	DatabaseURL string
+	DBMaxConns  int
+
+	Redis Redis
+
+	FailureMode      string
+	Replicas         int
+	AuthFailureLimit ratelimit.Window
+
+	PlansFile      string
+	KeysFile       string
+	KeyCacheTTL    time.Duration
+	ReloadInterval time.Duration
+
+	TrustedProxies []netip.Prefix
+	MaxBodyBytes   int64
+
+	ShutdownGrace time.Duration
+	DrainDelay    time.Duration
+
+	LogLevel  string
+	LogFormat string
+}
+
+// Redis says how to reach Redis: a URL, or an address list with a mode.
+type Redis struct {
+	URL        string
+	Mode       string
+	Addrs      []string
+	MasterName string
+	Username   string
+	Password   string
+	Timeout    time.Duration
+}
+
+// Configured reports whether any Redis was configured.
+func (r Redis) Configured() bool { return r.URL != "" || len(r.Addrs) > 0 }
+
+// Default returns the embedded defaults: in-memory pets, limits kept in
+// this process, public port 8080, ops port 9090.
+func Default() Config {
+	return Config{
+		Addr:             ":8080",
+		OpsAddr:          ":9090",
+		Store:            "memory",
+		DBMaxConns:       10,
+		Redis:            Redis{Mode: "single", Timeout: 50 * time.Millisecond},
+		FailureMode:      "open",
+		Replicas:         1,
+		AuthFailureLimit: ratelimit.Window{Limit: 30, Period: time.Minute},
+		KeyCacheTTL:      30 * time.Second,
+		ReloadInterval:   5 * time.Second,
+		MaxBodyBytes:     64 << 10,
+		ShutdownGrace:    20 * time.Second,
+		DrainDelay:       5 * time.Second,
+		LogLevel:         "info",
+		LogFormat:        "json",
+	}
+}
+
+// Setting is one documented flag with its environment twin.
+type Setting struct {
+	Flag   string
+	Env    string
+	Usage  string
+	Secret bool
+	value  flag.Value
+}
+
+// Set is the settings registered on one flag set.
+type Set struct {
+	fs       *flag.FlagSet
+	settings []Setting
+}
+
+// Register adds every setting of cfg to fs and returns the registration, so
+// that Apply can read the environment and Parse the arguments.
+func Register(fs *flag.FlagSet, cfg *Config) *Set {
+	s := &Set{fs: fs}
+	s.add("addr", "PETSTORE_ADDR", "public API listen address", false, stringValue{&cfg.Addr})
+	s.add("ops-addr", "PETSTORE_OPS_ADDR", "operations listen address (/healthz, /readyz, /metrics)", false, stringValue{&cfg.OpsAddr})
+	s.add("store", "PETSTORE_STORE", "pet storage: memory or postgres", false, choiceValue{&cfg.Store, []string{"memory", "postgres"}})
+	s.add("database-url", "PETSTORE_DATABASE_URL", "PostgreSQL URL (pets with --store=postgres; API keys managed by 'petstore keys')", true, stringValue{&cfg.DatabaseURL})
+	s.add("db-max-conns", "PETSTORE_DB_MAX_CONNS", "maximum PostgreSQL connections per replica", false, intValue{&cfg.DBMaxConns, 1})
+	s.add("redis-url", "PETSTORE_REDIS_URL", "Redis URL, redis:// or rediss:// (empty with no --redis-addrs: limits are kept in this process only)", true, stringValue{&cfg.Redis.URL})
+	s.add("redis-mode", "PETSTORE_REDIS_MODE", "Redis topology: single, sentinel or cluster", false, choiceValue{&cfg.Redis.Mode, []string{"single", "sentinel", "cluster"}})
+	s.add("redis-addrs", "PETSTORE_REDIS_ADDRS", "comma-separated Redis host:port list (sentinels in sentinel mode, seed nodes in cluster mode)", false, listValue{&cfg.Redis.Addrs})
+	s.add("redis-master-name", "PETSTORE_REDIS_MASTER_NAME", "Sentinel master name (sentinel mode)", false, stringValue{&cfg.Redis.MasterName})
+	s.add("redis-username", "PETSTORE_REDIS_USERNAME", "Redis ACL user name", false, stringValue{&cfg.Redis.Username})
+	s.add("redis-password", "PETSTORE_REDIS_PASSWORD", "Redis password (overrides one in the URL)", true, stringValue{&cfg.Redis.Password})
+	s.add("redis-timeout", "PETSTORE_REDIS_TIMEOUT", "deadline of every Redis call made on a request's behalf", false, durationValue{&cfg.Redis.Timeout, time.Millisecond})
+	s.add("ratelimit-failure-mode", "PETSTORE_RATELIMIT_FAILURE_MODE", "when Redis is unreachable: open (limit locally per replica) or closed (answer 503)", false, choiceValue{&cfg.FailureMode, []string{"open", "closed"}})
+	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "expected replica count; in fail-open mode each replica allows limit/replicas (rounded up)", false, intValue{&cfg.Replicas, 1})
+	s.add("auth-failure-limit", "PETSTORE_AUTH_FAILURE_LIMIT", "per-client-IP limit on requests without a valid key, as COUNT/PERIOD", false, windowValue{&cfg.AuthFailureLimit})
+	s.add("plans-file", "PETSTORE_PLANS_FILE", "YAML plans file (empty: built-in Free, Pro, Business, Enterprise); reloaded on change", false, stringValue{&cfg.PlansFile})
+	s.add("keys-file", "PETSTORE_KEYS_FILE", "YAML static API keys file; reloaded on change", false, stringValue{&cfg.KeysFile})
+	s.add("key-cache-ttl", "PETSTORE_KEY_CACHE_TTL", "how long a database key lookup is cached (a revocation takes effect within it)", false, durationValue{&cfg.KeyCacheTTL, 0})
+	s.add("reload-interval", "PETSTORE_RELOAD_INTERVAL", "how often the plans and keys files are checked for changes", false, durationValue{&cfg.ReloadInterval, 100 * time.Millisecond})
+	s.add("trusted-proxies", "PETSTORE_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For/Forwarded headers are believed", false, prefixListValue{&cfg.TrustedProxies})
+	s.add("max-body-bytes", "PETSTORE_MAX_BODY_BYTES", "largest accepted request body; larger ones get 413", false, int64Value{&cfg.MaxBodyBytes, 2})
+	s.add("shutdown-grace", "PETSTORE_SHUTDOWN_GRACE", "time in-flight requests get to finish after draining", false, durationValue{&cfg.ShutdownGrace, 0})
+	s.add("drain-delay", "PETSTORE_DRAIN_DELAY", "time between readiness turning false and the listener closing, so load balancers stop sending", false, durationValue{&cfg.DrainDelay, 0})
+	s.add("log-level", "PETSTORE_LOG_LEVEL", "debug, info, warn or error", false, choiceValue{&cfg.LogLevel, []string{"debug", "info", "warn", "error"}})
+	s.add("log-format", "PETSTORE_LOG_FORMAT", "json or text", false, choiceValue{&cfg.LogFormat, []string{"json", "text"}})
+	return s
+}
+
+func (s *Set) add(name, env, usage string, secret bool, v flag.Value) {
+	s.fs.Var(v, name, fmt.Sprintf("%s (env %s)", usage, env))
+	s.settings = append(s.settings, Setting{Flag: name, Env: env, Usage: usage, Secret: secret, value: v})
+}
+
+// Settings lists the registered settings in registration order.
+func (s *Set) Settings() []Setting { return append([]Setting(nil), s.settings...) }
+
+// Parse applies the environment first and then args, so flags win.
+func (s *Set) Parse(args []string, getenv func(string) string) error {
+	for _, st := range s.settings {
+		v := getenv(st.Env)
+		if v == "" {
+			continue
+		}
+		if err := st.value.Set(v); err != nil {
+			return fmt.Errorf("%s: %w", st.Env, err)
+		}
+	}
+	return s.fs.Parse(args)
+}
+
+// Redacted returns the settings as name=value pairs for logging, with
+// secrets masked (and passwords inside URLs masked).
+func (s *Set) Redacted() map[string]string {
+	out := make(map[string]string, len(s.settings))
+	for _, st := range s.settings {
+		v := st.value.String()
+		if st.Secret && v != "" {
+			v = redact(v)
+		}
+		out[st.Flag] = v
+	}
+	return out
+}
+
+// Validate checks settings that depend on each other.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Store == "postgres" && c.DatabaseURL == "" {
+		errs = append(errs, errors.New("--store=postgres needs --database-url (PETSTORE_DATABASE_URL)"))
+	}
+	if c.Redis.Mode == "sentinel" && c.Redis.URL == "" && c.Redis.MasterName == "" {
+		errs = append(errs, errors.New("--redis-mode=sentinel needs --redis-master-name (PETSTORE_REDIS_MASTER_NAME)"))
+	}
+	if c.Redis.URL != "" && len(c.Redis.Addrs) > 0 {
+		errs = append(errs, errors.New("set either --redis-url or --redis-addrs, not both"))
+	}
+	if c.Redis.Timeout <= 0 {
+		errs = append(errs, errors.New("--redis-timeout must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// PrintSettings writes the settings table (flag, env, usage) to w.
+func (s *Set) PrintSettings(w io.Writer) {
+	for _, st := range s.settings {
+		fmt.Fprintf(w, "  --%-24s %-32s %s\n", st.Flag, st.Env, st.Usage)
+	}
+}
+
+// redact masks a secret; for URLs only the password part is hidden so the
+// host stays visible in logs.
+func redact(v string) string {
+	if u, err := url.Parse(v); err == nil && u.Scheme != "" && u.Host != "" {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		return u.String()
+	}
+	return "xxxxx"
+}
+
+// ParseWindow parses COUNT/PERIOD, e.g. "30/1m".
+func ParseWindow(s string) (ratelimit.Window, error) {
+	n, p, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return ratelimit.Window{}, fmt.Errorf("%q: want COUNT/PERIOD, e.g. 30/1m", s)
+	}
+	limit, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+	if err != nil || limit < 1 {
+		return ratelimit.Window{}, fmt.Errorf("%q: count must be a positive integer", s)
+	}
+	period, err := time.ParseDuration(strings.TrimSpace(p))
+	if err != nil || period <= 0 {
+		return ratelimit.Window{}, fmt.Errorf("%q: period must be a positive duration such as 1s, 1m or 24h", s)
+	}
+	return ratelimit.Window{Limit: limit, Period: period}, nil
+}

@@ -1,0 +1,139 @@
+package config
+
+import (
+	"flag"
+	"io"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+func parse(t *testing.T, args []string, env map[string]string) (Config, *Set, error) {
+	t.Helper()
+	cfg := Default()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	s := Register(fs, &cfg)
+	err := s.Parse(args, func(k string) string { return env[k] })
+	return cfg, s, err
+}
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, _, err := parse(t, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Addr != ":8080" || cfg.OpsAddr != ":9090" || cfg.Store != "memory" || cfg.Redis.Configured() {
+		t.Fatalf("unexpected defaults: %+v", cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+}
+
+func TestEnvironmentAndFlags(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"PETSTORE_ADDR":               ":1234",
+		"PETSTORE_STORE":              "Postgres",
+		"PETSTORE_DATABASE_URL":       "postgres://u:secret@db/x",
+		"PETSTORE_REDIS_ADDRS":        "a:1, b:2",
+		"PETSTORE_REDIS_MODE":         "cluster",
+		"PETSTORE_REDIS_TIMEOUT":      "20ms",
+		"PETSTORE_TRUSTED_PROXIES":    "10.0.0.0/8, 192.168.1.7",
+		"PETSTORE_AUTH_FAILURE_LIMIT": "5/10s",
+	}
+	cfg, s, err := parse(t, []string{"--addr", ":4321"}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Addr != ":4321" {
+		t.Errorf("flag must win over env, got %q", cfg.Addr)
+	}
+	if cfg.Store != "postgres" || cfg.DatabaseURL == "" {
+		t.Errorf("store settings: %q %q", cfg.Store, cfg.DatabaseURL)
+	}
+	if got := strings.Join(cfg.Redis.Addrs, "|"); got != "a:1|b:2" || cfg.Redis.Mode != "cluster" || cfg.Redis.Timeout != 20*time.Millisecond {
+		t.Errorf("redis settings: %+v", cfg.Redis)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.1.7/32")}
+	if len(cfg.TrustedProxies) != 2 || cfg.TrustedProxies[0] != want[0] || cfg.TrustedProxies[1] != want[1] {
+		t.Errorf("trusted proxies: %v", cfg.TrustedProxies)
+	}
+	if cfg.AuthFailureLimit != (ratelimit.Window{Limit: 5, Period: 10 * time.Second}) {
+		t.Errorf("auth failure limit: %v", cfg.AuthFailureLimit)
+	}
+	red := s.Redacted()
+	if strings.Contains(red["database-url"], "secret") || !strings.Contains(red["database-url"], "db") {
+		t.Errorf("database url not redacted properly: %q", red["database-url"])
+	}
+}
+
+func TestBadValuesNameTheSetting(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"bad store env", nil, map[string]string{"PETSTORE_STORE": "mysql"}, "PETSTORE_STORE"},
+		{"bad duration env", nil, map[string]string{"PETSTORE_REDIS_TIMEOUT": "soon"}, "PETSTORE_REDIS_TIMEOUT"},
+		{"bad cidr env", nil, map[string]string{"PETSTORE_TRUSTED_PROXIES": "10.0.0.0/99"}, "PETSTORE_TRUSTED_PROXIES"},
+		{"bad window env", nil, map[string]string{"PETSTORE_AUTH_FAILURE_LIMIT": "lots"}, "PETSTORE_AUTH_FAILURE_LIMIT"},
+		{"bad int flag", []string{"--ratelimit-replicas", "0"}, nil, "ratelimit-replicas"},
+		{"too small body", []string{"--max-body-bytes", "1"}, nil, "max-body-bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, _, err := parse(t, tt.args, tt.env)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	c := Default()
+	c.Store = "postgres"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "database-url") {
+		t.Errorf("postgres without url: %v", err)
+	}
+	c = Default()
+	c.Redis.URL, c.Redis.Addrs = "redis://x", []string{"y:1"}
+	if err := c.Validate(); err == nil {
+		t.Error("url and addrs together must be rejected")
+	}
+}
+
+func TestNewRedisClient(t *testing.T) {
+	t.Parallel()
+	for _, r := range []Redis{
+		{URL: "redis://:pw@127.0.0.1:6379/0", Mode: "single", Timeout: time.Millisecond},
+		{URL: "redis://127.0.0.1:7000?addr=127.0.0.1:7001", Mode: "cluster", Timeout: time.Millisecond},
+		{URL: "redis://127.0.0.1:26379?master_name=mymaster", Mode: "sentinel", Timeout: time.Millisecond},
+		{Addrs: []string{"127.0.0.1:6379"}, Mode: "single", Timeout: time.Millisecond},
+		{Addrs: []string{"a:1", "b:2"}, Mode: "cluster", Timeout: time.Millisecond},
+		{Addrs: []string{"a:1"}, Mode: "sentinel", MasterName: "m", Timeout: time.Millisecond},
+	} {
+		c, err := r.NewRedisClient()
+		if err != nil || c == nil {
+			t.Errorf("%+v: %v", r, err)
+			continue
+		}
+		c.Close()
+	}
+	if _, err := (Redis{Addrs: []string{"a:1", "b:2"}, Mode: "single"}).NewRedisClient(); err == nil {
+		t.Error("two addresses in single mode must be rejected")
+	}
+	if c, err := (Redis{}).NewRedisClient(); c != nil || err != nil {
+		t.Error("no redis configured must give nil, nil")
+	}
+}
