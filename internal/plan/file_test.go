@@ -1,0 +1,188 @@
+package plan_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+func TestLoadExample(t *testing.T) {
+	t.Parallel()
+	s, err := plan.Load(filepath.Join("testdata", "plans.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.Names(), []string{"enterprise", "free", "partner", "pro", "tiny-test"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Names() = %v, want %v (business removed, partner and tiny-test added)", got, want)
+	}
+	free, _ := s.Lookup("free")
+	if want := (ratelimit.BanPolicy{Threshold: 20, StrikeWindow: time.Minute, Base: time.Minute, Multiplier: 2, Max: time.Hour, Memory: day}); free.Ban != want {
+		t.Errorf("free ban = %+v, want %+v", free.Ban, want)
+	}
+	pro, _ := s.Lookup("pro")
+	if pro.Ban.Enabled() || !reflect.DeepEqual(pro.Windows, []ratelimit.Window{w(300, time.Minute), w(10000, day)}) {
+		t.Errorf("pro = %+v, want built-in quotas and no ban", pro)
+	}
+	tiny, _ := s.Lookup("tiny-test")
+	if !reflect.DeepEqual(tiny.Windows, []ratelimit.Window{w(3, 10*time.Second)}) || tiny.Ban != plan.StandardBan(tiny.Windows) {
+		t.Errorf("tiny-test = %+v, want 3/10s with the standard ban", tiny)
+	}
+	partner, _ := s.Lookup("PARTNER")
+	if !partner.PerKey || !reflect.DeepEqual(partner.Windows, []ratelimit.Window{w(100, time.Second), w(100000, 7*day)}) {
+		t.Errorf("partner = %+v, want per-key with 100/1s and 100000/7d", partner)
+	}
+	if _, err := s.Policy("partner", nil); err == nil {
+		t.Error("a key on a per-key plan without quotas was accepted")
+	}
+	pol, err := s.Policy("partner", []ratelimit.Window{w(50, time.Second)})
+	if err != nil || !reflect.DeepEqual(pol.Windows, []ratelimit.Window{w(50, time.Second), w(100000, 7*day)}) {
+		t.Errorf("partner policy = %+v, %v", pol, err)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+	s, err := plan.Load("")
+	if err != nil || !reflect.DeepEqual(s.Names(), plan.Defaults().Names()) {
+		t.Fatalf("Load(\"\") = %v, %v; want the built-in plans", s, err)
+	}
+	missing := filepath.Join(t.TempDir(), "plans.yaml")
+	if _, err := plan.Load(missing); err == nil || !strings.Contains(err.Error(), "plans file") {
+		t.Fatalf("Load(missing) error = %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "plans.yaml")
+	if err := os.WriteFile(bad, []byte("plans: {free: {quotas: [{limit: 0, period: 1m}]}}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plan.Load(bad); err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), "plans.free.quotas[0].limit") {
+		t.Fatalf("Load(bad) error = %v, want it to name the file and the field", err)
+	}
+}
+
+func TestParseMerges(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		file  string
+		check func(t *testing.T, s *plan.Set)
+	}{
+		{"empty file keeps the defaults", "", func(t *testing.T, s *plan.Set) {
+			if !reflect.DeepEqual(s.Names(), plan.Defaults().Names()) {
+				t.Errorf("names = %v", s.Names())
+			}
+		}},
+		{"empty entry keeps a built-in plan", "plans: {free: {}}", func(t *testing.T, s *plan.Set) {
+			p, _ := s.Lookup("free")
+			d, _ := plan.Defaults().Lookup("free")
+			if !reflect.DeepEqual(p, d) {
+				t.Errorf("free = %+v, want %+v", p, d)
+			}
+		}},
+		{"quotas replace the whole list and keep the ban", "plans: {free: {quotas: [{limit: 10, period: 1s}]}}", func(t *testing.T, s *plan.Set) {
+			p, _ := s.Lookup("free")
+			d, _ := plan.Defaults().Lookup("free")
+			if !reflect.DeepEqual(p.Windows, []ratelimit.Window{w(10, time.Second)}) || p.Ban != d.Ban {
+				t.Errorf("free = %+v", p)
+			}
+		}},
+		{"ban false disables", "plans: {free: {ban: false}}", func(t *testing.T, s *plan.Set) {
+			if p, _ := s.Lookup("free"); p.Ban.Enabled() {
+				t.Errorf("free ban = %+v", p.Ban)
+			}
+		}},
+		{"ban defaults", "plans: {free: {ban: {threshold: 5, within: 10s, duration: 2h}}}", func(t *testing.T, s *plan.Set) {
+			p, _ := s.Lookup("free")
+			want := ratelimit.BanPolicy{Threshold: 5, StrikeWindow: 10 * time.Second, Base: 2 * time.Hour, Multiplier: 2, Max: 2 * time.Hour, Memory: day}
+			if p.Ban != want {
+				t.Errorf("ban = %+v, want %+v", p.Ban, want)
+			}
+		}},
+		{"enterprise can get default quotas", "plans: {enterprise: {quotas: [{limit: 1000, period: 1m}]}}", func(t *testing.T, s *plan.Set) {
+			p, _ := s.Lookup("enterprise")
+			if !p.PerKey || len(p.Windows) != 1 {
+				t.Errorf("enterprise = %+v", p)
+			}
+		}},
+		{"a plan can stop being per key", "plans: {enterprise: {per_key: false, quotas: [{limit: 1, period: 1s}]}}", func(t *testing.T, s *plan.Set) {
+			if _, err := s.Policy("enterprise", nil); err != nil {
+				t.Errorf("Policy(enterprise) = %v", err)
+			}
+		}},
+		{"names in any case", "plans: {Gold: {quotas: [{limit: 1, period: 1s}]}, PRO: {remove: true}}", func(t *testing.T, s *plan.Set) {
+			if got := s.Names(); !reflect.DeepEqual(got, []string{"business", "enterprise", "free", "gold"}) {
+				t.Errorf("names = %v", got)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := plan.Parse([]byte(tt.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, s)
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		file string
+		want []string // each must appear in the error
+	}{
+		{"unknown top-level field", "plan: {}", []string{"plan (line 1): unknown field"}},
+		{"unknown plan field", "plans:\n  free:\n    quota: []\n", []string{"plans.free.quota (line 3): unknown field"}},
+		{"unknown quota field", "plans:\n  pro:\n    quotas: [{limit: 1, period: 1s, burst: 2}]\n", []string{"plans.pro.quotas[0].burst (line 3): unknown field"}},
+		{"unknown ban field", "plans:\n  pro:\n    ban: {threshold: 1, within: 1m, duration: 1m, forever: true}\n", []string{"plans.pro.ban.forever (line 3): unknown field"}},
+		{"limit of the wrong type", "plans:\n  free:\n    quotas:\n      - limit: sixty\n        period: 1m\n", []string{`plans.free.quotas[0].limit (line 4): want a whole number, got text "sixty"`}},
+		{"limit as a fraction", "plans: {free: {quotas: [{limit: 1.5, period: 1m}]}}", []string{`plans.free.quotas[0].limit (line 1): want a whole number, got a number "1.5"`}},
+		{"limit a mapping", "plans:\n  free:\n    quotas: [{limit: {a: 1}}]\n", []string{"plans.free.quotas[0].limit (line 3): want a whole number, got a mapping"}},
+		{"quotas not a list", "plans:\n  free:\n    quotas: 60\n", []string{"plans.free.quotas (line 3): want a list"}},
+		{"per_key not a boolean", "plans:\n  free:\n    per_key: [1]\n", []string{"plans.free.per_key (line 3): want true or false, got a list"}},
+		{"ban neither off nor mapping", "plans:\n  free:\n    ban: on\n", []string{`plans.free.ban (line 3): want "off" or a mapping, got text "on"`}},
+		{"plans not a mapping", "plans: [free]", []string{"plans (line 1): want a mapping, got a list"}},
+		{"bad period", "plans:\n  free:\n    quotas: [{limit: 1, period: 7x}]\n", []string{`plans.free.quotas[0].period: period "7x"`}},
+		{"missing period", "plans: {free: {quotas: [{limit: 1}]}}", []string{"plans.free.quotas[0].period: required"}},
+		{"limit below 1", "plans: {free: {quotas: [{limit: 0, period: 1m}]}}", []string{"plans.free.quotas[0].limit: must be at least 1"}},
+		{"duplicate periods", "plans: {free: {quotas: [{limit: 1, period: 1m}, {limit: 2, period: 60s}]}}", []string{"plans.free.quotas[1].period: 1m is also the period of plans.free.quotas[0]"}},
+		{"duplicate plan names", "plans:\n  gold: {quotas: [{limit: 1, period: 1s}]}\n  gold: {quotas: [{limit: 2, period: 1s}]}\n", []string{"plans.gold (line 3): defined twice (first at line 2)"}},
+		{"duplicate plan names in other case", "plans: {Gold: {quotas: [{limit: 1, period: 1s}]}, gold: {quotas: [{limit: 2, period: 1s}]}}", []string{`plans.gold: plan "gold" is already defined as "Gold"`}},
+		{"bad plan name", "plans: {'gold plan': {quotas: [{limit: 1, period: 1s}]}}", []string{"plans.gold plan: plan name must be a lowercase identifier"}},
+		{"new plan without quotas", "plans: {gold: {}}", []string{`plans.gold.quotas: plan "gold" needs at least one quota`}},
+		{"remove with fields", "plans: {free: {remove: true, ban: off}}", []string{"plans.free.remove: a removed plan takes no other field"}},
+		{"ban without threshold", "plans: {free: {ban: {within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: required"}},
+		{"ban threshold below 1", "plans: {free: {ban: {threshold: 0, within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: must be at least 1"}},
+		{"ban without within", "plans: {free: {ban: {threshold: 1, duration: 1m}}}", []string{"plans.free.ban.within: required"}},
+		{"ban bad duration", "plans: {free: {ban: {threshold: 1, within: 1m, duration: soon}}}", []string{`plans.free.ban.duration: period "soon"`}},
+		{"ban max below duration", "plans: {free: {ban: {threshold: 1, within: 1m, duration: 1h, max: 1m}}}", []string{"plans.free.ban.max: 1m is shorter than duration 1h"}},
+		{"ban multiplier below 1", "plans: {free: {ban: {threshold: 1, within: 1m, duration: 1m, multiplier: 0.5}}}", []string{"plans.free.ban.multiplier: must be from 1 to 100"}},
+		{"ban multiplier not a number", "plans: {free: {ban: {threshold: 1, within: 1m, duration: 1m, multiplier: .nan}}}", []string{"plans.free.ban.multiplier: must be from 1 to 100"}},
+		{"every problem reported", "plans: {free: {quotas: [{limit: 0, period: 1m}]}, pro: {quotas: [{limit: 1, period: x}]}}", []string{"plans.free.quotas[0].limit", "plans.pro.quotas[0].period"}},
+		{"every decoding problem reported", "plans:\n  free: {quotas: [{limit: a, period: 1m}]}\n  pro: {quotaz: []}\n", []string{"plans.free.quotas[0].limit (line 2)", "plans.pro.quotaz (line 3): unknown field"}},
+		{"two documents", "plans: {}\n---\nplans: {}\n", []string{"single YAML document"}},
+		{"not YAML", "plans: [", []string{"yaml:"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, err := plan.Parse([]byte(tt.file))
+			if err == nil {
+				t.Fatalf("Parse() = %v, want an error", s.Names())
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Parse() error = %q\nwant it to contain %q", err, want)
+				}
+			}
+		})
+	}
+}
