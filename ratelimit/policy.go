@@ -40,21 +40,29 @@ type BanPolicy struct {
 // Enabled reports whether the policy bans at all.
 func (b BanPolicy) Enabled() bool { return b.Threshold > 0 && b.Base > 0 }
 
-// Duration returns the length of the ban for the n-th offence (n >= 1).
+// Duration returns the length of the ban for the n-th offence (n >= 1):
+// Base*Multiplier^(n-1), capped at Max. A zero Max means no cap.
 func (b BanPolicy) Duration(n int64) time.Duration {
 	d := float64(b.Base)
 	m := b.Multiplier
 	if m < 1 {
 		m = 1
 	}
-	for i := int64(1); i < n && d < float64(b.Max); i++ {
+	limit := float64(maxBan)
+	if b.Max > 0 {
+		limit = float64(b.Max)
+	}
+	for i := int64(1); i < n && d < limit && m > 1; i++ {
 		d *= m
 	}
-	if b.Max > 0 && d > float64(b.Max) {
-		d = float64(b.Max)
+	if d > limit {
+		d = limit
 	}
 	return time.Duration(d)
 }
+
+// maxBan bounds ban lengths when BanPolicy.Max is zero, far from overflow.
+const maxBan = time.Duration(1) << 62
 
 // Policy is everything the limiter needs to decide for one key: its quota
 // windows and its ban rules. Name is used only for metrics and logs.

@@ -1,0 +1,96 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"sync"
+)
+
+// memShards spreads keys over independently locked maps so that
+// concurrent requests for different keys rarely contend.
+const memShards = 32
+
+// memStore keeps key states in this process: the whole store when there
+// is no Redis, and the fail-open fallback when Redis cannot be reached.
+type memStore struct {
+	seed   maphash.Seed
+	shards [memShards]memShard
+}
+
+type memShard struct {
+	mu   sync.Mutex
+	keys map[string]*keyState
+}
+
+func newMemStore() *memStore {
+	m := &memStore{seed: maphash.MakeSeed()}
+	for i := range m.shards {
+		m.shards[i].keys = make(map[string]*keyState)
+	}
+	return m
+}
+
+func (m *memStore) shard(key string) *memShard {
+	return &m.shards[maphash.String(m.seed, key)%memShards]
+}
+
+// decide evaluates a request for key at now (µs).
+func (m *memStore) decide(key string, pl *plan, now int64, peek bool, extra int64) verdict {
+	sh := m.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.keys[key]
+	if st == nil {
+		st = &keyState{}
+		if !peek {
+			sh.keys[key] = st
+		}
+	}
+	return st.decide(pl, now, peek, extra)
+}
+
+// unban lifts key's ban and forgets its strikes and offences.
+func (m *memStore) unban(key string) {
+	sh := m.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if st := sh.keys[key]; st != nil {
+		st.banUntil, st.offences, st.offenceAt = 0, 0, 0
+		st.slayout = ""
+	}
+}
+
+// sweep drops the state of keys idle long enough for it to mean nothing.
+func (m *memStore) sweep(now int64) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for k, st := range sh.keys {
+			if st.expires <= now {
+				delete(sh.keys, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// reset forgets every key.
+func (m *memStore) reset() {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		clear(sh.keys)
+		sh.mu.Unlock()
+	}
+}
+
+// size returns the number of keys held.
+func (m *memStore) size() int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += len(sh.keys)
+		sh.mu.Unlock()
+	}
+	return n
+}

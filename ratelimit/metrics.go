@@ -1,0 +1,110 @@
+package ratelimit
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics holds the limiter's collectors. Without a registerer they are
+// still created, just never exported, so callers need no nil checks.
+type metrics struct {
+	decisions       *prometheus.CounterVec
+	bans            *prometheus.CounterVec
+	redisDuration   prometheus.Histogram
+	redisErrors     prometheus.Counter
+	fallbackActive  prometheus.Gauge
+	fallbackSeconds prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "decisions_total",
+			Help: "Rate-limit decisions by plan and outcome (allowed, limited, banned).",
+		}, []string{"plan", "outcome"}),
+		bans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "bans_total",
+			Help: "Temporary bans issued, by plan.",
+		}, []string{"plan"}),
+		redisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "redis_duration_seconds",
+			Help:    "Duration of rate-limit round trips to Redis (one pipeline of decisions).",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14),
+		}),
+		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "redis_errors_total",
+			Help: "Rate-limit round trips to Redis that failed or timed out.",
+		}),
+		fallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "fallback_active",
+			Help: "1 while this replica enforces limits locally because Redis is unreachable.",
+		}),
+		fallbackSeconds: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "fallback_seconds_total",
+			Help: "Time this replica spent enforcing limits locally.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.decisions, err = register(reg, m.decisions); err != nil {
+		return nil, err
+	}
+	if m.bans, err = register(reg, m.bans); err != nil {
+		return nil, err
+	}
+	if m.redisDuration, err = register(reg, m.redisDuration); err != nil {
+		return nil, err
+	}
+	if m.redisErrors, err = register(reg, m.redisErrors); err != nil {
+		return nil, err
+	}
+	if m.fallbackActive, err = register(reg, m.fallbackActive); err != nil {
+		return nil, err
+	}
+	if m.fallbackSeconds, err = register(reg, m.fallbackSeconds); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the identical collector registered
+// before, so that a Limiter and a Throttle can share one registry.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(T); ok {
+			return existing, nil
+		}
+	}
+	return c, err
+}
+
+// counters are one plan's metric handles, resolved once per plan.
+type counters struct {
+	outcome [3]prometheus.Counter
+	banned  prometheus.Counter
+}
+
+func (m *metrics) forPlan(name string) counters {
+	var c counters
+	for o := Allowed; o <= Banned; o++ {
+		c.outcome[o] = m.decisions.WithLabelValues(name, o.String())
+	}
+	c.banned = m.bans.WithLabelValues(name)
+	return c
+}
+
+func (m *metrics) observeRedis(d time.Duration, err error) {
+	m.redisDuration.Observe(d.Seconds())
+	if err != nil {
+		m.redisErrors.Inc()
+	}
+}

@@ -1,0 +1,95 @@
+package ratelimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// newMini starts a miniredis whose clock (TIME and TTLs) the test moves.
+func newMini(t *testing.T, start time.Time) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.SetTime(start)
+	m.ClockTTL(true)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return m, rdb
+}
+
+func evalScript(t *testing.T, rdb *redis.Client, key string, pl *plan, mode, extra int64) verdict {
+	t.Helper()
+	sc := newScript(decideLua)
+	reply, err := rdb.Eval(context.Background(), sc.src, stateKeys("t:", key), scriptArgs(pl, mode, extra)...).Result()
+	if err != nil {
+		t.Fatalf("eval: %v", err)
+	}
+	v, err := decode(pl, reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestScriptMatchesReference drives the Lua script and the Go reference
+// with the same random traffic and clock and requires identical answers.
+func TestScriptMatchesReference(t *testing.T) {
+	t.Parallel()
+	policies := []Policy{
+		{Name: "small", Windows: []Window{{Limit: 5, Period: time.Second}, {Limit: 12, Period: 5 * time.Second}},
+			Ban: BanPolicy{Threshold: 6, StrikeWindow: 3 * time.Second, Base: 2 * time.Second, Multiplier: 2, Max: 7 * time.Second, Memory: 20 * time.Second}},
+		{Name: "odd", Windows: []Window{{Limit: 30, Period: 1013 * time.Millisecond}}},
+		{Name: "wide", Windows: []Window{{Limit: 70000, Period: 2 * time.Second}, {Limit: 3, Period: 10 * time.Millisecond}},
+			Ban: BanPolicy{Threshold: 1, StrikeWindow: 50 * time.Millisecond, Base: time.Millisecond}},
+	}
+	for _, p := range policies {
+		t.Run(p.Name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+			m, rdb := newMini(t, start)
+			pl := compile(p, 10, 4, 1)
+			ref := &keyState{}
+			rng := rand.New(rand.NewPCG(1, uint64(len(p.Name))))
+			now := start
+			var seen [3]int
+			newBans := 0
+			for i := range 3000 {
+				// Mostly small steps, sometimes long idle gaps.
+				switch r := rng.IntN(100); {
+				case r < 70:
+					now = now.Add(time.Duration(rng.IntN(3000)) * time.Microsecond)
+				case r < 97:
+					now = now.Add(time.Duration(rng.IntN(300)) * time.Millisecond)
+				default:
+					now = now.Add(time.Duration(rng.IntN(20)) * time.Second)
+				}
+				m.SetTime(now)
+				mode, extra := modeDecide, int64(0)
+				if rng.IntN(10) == 0 {
+					mode = modePeek
+				}
+				if rng.IntN(20) == 0 {
+					extra = int64(rng.IntN(4))
+				}
+				got := evalScript(t, rdb, "k", pl, mode, extra)
+				want := ref.decide(pl, now.UnixMicro(), mode == modePeek, extra)
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("step %d at %s (mode %d extra %d):\nscript    %+v\nreference %+v", i, now.Format(time.RFC3339Nano), mode, extra, got, want)
+				}
+				seen[got.outcome]++
+				if got.newBan {
+					newBans++
+				}
+			}
+			t.Logf("outcomes %v, bans %d", seen, newBans)
+			if seen[Allowed] == 0 || seen[Limited] == 0 || (p.Ban.Enabled() && (seen[Banned] == 0 || newBans < 2)) {
+				t.Errorf("traffic did not exercise every outcome: %v, %d bans", seen, newBans)
+			}
+		})
+	}
+}
