@@ -1,0 +1,392 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/internal/memstore"
+	"github.com/animal-store/petstore/internal/pet"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// contract is the OpenAPI document, loaded and validated once per test
+// binary; kin-openapi only reads it afterwards.
+var contract = sync.OnceValues(func() (*contractDoc, error) {
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromData(openAPIYAML)
+	if err != nil {
+		return nil, fmt.Errorf("load openapi.yaml: %w", err)
+	}
+	if err := doc.Validate(context.Background()); err != nil {
+		return nil, fmt.Errorf("validate openapi.yaml: %w", err)
+	}
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		return nil, fmt.Errorf("route openapi.yaml: %w", err)
+	}
+	return &contractDoc{doc: doc, router: router}, nil
+})
+
+type contractDoc struct {
+	doc    *openapi3.T
+	router routers.Router
+}
+
+func loadContract(t testing.TB) *contractDoc {
+	t.Helper()
+	c, err := contract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Test API keys known to testAuth.
+const (
+	keyFree     = "pst_free_key"
+	keyOther    = "pst_other_key"
+	keyRevoked  = "pst_revoked_key"
+	keyUnknown  = "pst_unknown_key"
+	keyBadShape = "not-a-key"
+	keyDBDown   = "pst_db_down"
+)
+
+var freePolicy = ratelimit.Policy{Name: "free", Windows: []ratelimit.Window{
+	{Limit: 60, Period: time.Minute}, {Limit: 1000, Period: 24 * time.Hour},
+}}
+
+// testAuth is a map-backed Authenticator.
+type testAuth struct{}
+
+func (testAuth) Authenticate(_ context.Context, token string) (apikey.Principal, error) {
+	switch token {
+	case keyFree:
+		return apikey.Principal{KeyID: "key_free", Label: "acme", Plan: "free", Policy: freePolicy}, nil
+	case keyOther:
+		return apikey.Principal{KeyID: "key_other", Label: "other", Plan: "free", Policy: freePolicy}, nil
+	case keyRevoked:
+		return apikey.Principal{}, fmt.Errorf("key_revoked: %w", apikey.ErrRevoked)
+	case keyDBDown:
+		return apikey.Principal{}, errors.New("apikey: key store unavailable: dial tcp: connection refused")
+	}
+	if !strings.HasPrefix(token, "pst_") {
+		return apikey.Principal{}, apikey.ErrMalformed
+	}
+	return apikey.Principal{}, apikey.ErrUnknown
+}
+
+// fakeLimiter answers every key with one decision (or error) and records the calls.
+type fakeLimiter struct {
+	mu       sync.Mutex
+	decision ratelimit.Decision
+	err      error
+	keys     []string
+}
+
+func (f *fakeLimiter) Allow(_ context.Context, key string, _ ratelimit.Policy) (ratelimit.Decision, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.keys = append(f.keys, key)
+	return f.decision, f.err
+}
+
+func (f *fakeLimiter) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.keys)
+}
+
+// fakeThrottle is a Throttle built on fakeLimiter.
+type fakeThrottle struct{ fakeLimiter }
+
+func (f *fakeThrottle) Allow(ctx context.Context, key string) (ratelimit.Decision, error) {
+	return f.fakeLimiter.Allow(ctx, key, ratelimit.Policy{})
+}
+
+// allowed returns an admitting decision for the free policy with the given
+// remaining counts, resetting at the given times.
+func allowed(now time.Time, remMinute, remDay int64) ratelimit.Decision {
+	d := ratelimit.Decision{Outcome: ratelimit.Allowed, Windows: []ratelimit.WindowState{
+		{Window: freePolicy.Windows[0], Remaining: remMinute, Reset: now.Add(30 * time.Second)},
+		{Window: freePolicy.Windows[1], Remaining: remDay, Reset: now.Add(20 * time.Hour)},
+	}}
+	if remDay < remMinute {
+		d.Binding = 1
+	}
+	return d
+}
+
+// logBuffer collects log output safely across goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// lines returns the JSON log records.
+func (b *logBuffer) records(t *testing.T) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for line := range strings.SplitSeq(strings.TrimSpace(b.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// testServer is a NewServer with test doubles and a client that checks every
+// response against the OpenAPI document.
+type testServer struct {
+	t        *testing.T
+	contract *contractDoc
+	handler  http.Handler
+	store    PetStore
+	limiter  *fakeLimiter
+	throttle *fakeThrottle
+	registry *prometheus.Registry
+	logs     *logBuffer
+}
+
+type serverOption func(*Config)
+
+func newTestServer(t *testing.T, opts ...serverOption) *testServer {
+	t.Helper()
+	ts := &testServer{
+		t:        t,
+		contract: loadContract(t),
+		limiter:  &fakeLimiter{decision: allowed(time.Now(), 59, 999)},
+		throttle: &fakeThrottle{fakeLimiter{decision: ratelimit.Decision{Outcome: ratelimit.Allowed, Windows: []ratelimit.WindowState{
+			{Window: ratelimit.Window{Limit: 10, Period: time.Minute}, Remaining: 9, Reset: time.Now().Add(6 * time.Second)},
+		}}}},
+		registry: prometheus.NewRegistry(),
+		logs:     &logBuffer{},
+	}
+	cfg := Config{
+		Store:          memstore.New(),
+		Auth:           testAuth{},
+		Limiter:        ts.limiter,
+		Throttle:       ts.throttle,
+		Logger:         slog.New(slog.NewJSONHandler(ts.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Metrics:        NewMetrics(ts.registry),
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ts.store = cfg.Store
+	ts.handler = NewServer(cfg)
+	return ts
+}
+
+// response is a served response with its body read.
+type response struct {
+	*http.Response
+	body []byte
+}
+
+// errorBody decodes an Error body.
+func (r *response) errorBody(t *testing.T) errorBody {
+	t.Helper()
+	var e errorBody
+	if err := json.Unmarshal(r.body, &e); err != nil {
+		t.Fatalf("decode Error body %q: %v", r.body, err)
+	}
+	return e
+}
+
+// pet decodes a Pet body.
+func (r *response) pet(t *testing.T) pet.Pet {
+	t.Helper()
+	var p pet.Pet
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("decode Pet body %q: %v", r.body, err)
+	}
+	return p
+}
+
+// request describes a request to send.
+type request struct {
+	method  string
+	target  string
+	body    string
+	key     string // sent as a bearer token unless empty
+	headers map[string]string
+	remote  string // socket peer, default 192.0.2.1:1234
+	ctx     context.Context
+}
+
+// do serves req and validates the response against the OpenAPI document.
+func (ts *testServer) do(req request) *response {
+	ts.t.Helper()
+	method := req.method
+	if method == "" {
+		method = http.MethodGet
+	}
+	var body io.Reader
+	if req.body != "" {
+		body = strings.NewReader(req.body)
+	}
+	r := httptest.NewRequest(method, req.target, body)
+	if req.ctx != nil {
+		r = r.WithContext(req.ctx)
+	}
+	r.RemoteAddr = "192.0.2.1:1234"
+	if req.remote != "" {
+		r.RemoteAddr = req.remote
+	}
+	if req.key != "" {
+		r.Header.Set("Authorization", "Bearer "+req.key)
+	}
+	if req.body != "" && req.headers["Content-Type"] == "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range req.headers {
+		r.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	ts.handler.ServeHTTP(rec, r)
+	resp := &response{Response: rec.Result(), body: rec.Body.Bytes()}
+	ts.validate(r, resp)
+	return resp
+}
+
+// get is do for a GET with a key.
+func (ts *testServer) get(target, key string) *response {
+	ts.t.Helper()
+	return ts.do(request{target: target, key: key})
+}
+
+// create adds a pet through the API and returns it.
+func (ts *testServer) create(name string, categoryID int64, status pet.Status) pet.Pet {
+	ts.t.Helper()
+	resp := ts.do(request{method: http.MethodPost, target: "/v1/pets", key: keyFree,
+		body: fmt.Sprintf(`{"name":%q,"categoryId":%d,"status":%q}`, name, categoryID, status)})
+	if resp.StatusCode != http.StatusCreated {
+		ts.t.Fatalf("create %q: status %d, body %s", name, resp.StatusCode, resp.body)
+	}
+	return resp.pet(ts.t)
+}
+
+// validate checks a response against the document and the rules every
+// response follows.
+func (ts *testServer) validate(req *http.Request, resp *response) {
+	t := ts.t
+	t.Helper()
+	h := resp.Header
+	if h.Get("X-Request-Id") == "" {
+		t.Errorf("%s %s: no X-Request-Id", req.Method, req.URL)
+	}
+	if got := h.Get("X-Content-Type-Options"); got != "nosniff" {
+		t.Errorf("%s %s: X-Content-Type-Options = %q", req.Method, req.URL, got)
+	}
+	if req.URL.Path == "/v1" || strings.HasPrefix(req.URL.Path, "/v1/") {
+		if got := h.Get("Cache-Control"); got != "no-store" {
+			t.Errorf("%s %s: Cache-Control = %q, want no-store", req.Method, req.URL, got)
+		}
+	}
+	if resp.StatusCode >= 400 && req.Method != http.MethodHead {
+		if ct := h.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: error Content-Type = %q", req.Method, req.URL, ct)
+		}
+		if e := resp.errorBody(t); e.Status != resp.StatusCode {
+			t.Errorf("%s %s: Error.status %d != HTTP status %d", req.Method, req.URL, e.Status, resp.StatusCode)
+		}
+	}
+
+	// Route as the document sees it; HEAD is documented through GET.
+	routed := req.Clone(context.Background())
+	if routed.Method == http.MethodHead {
+		routed.Method = http.MethodGet
+	}
+	route, params, err := ts.contract.router.FindRoute(routed)
+	if err != nil {
+		ts.validateUnrouted(req, resp, err)
+		return
+	}
+	if req.Method == http.MethodHead {
+		if len(resp.body) != 0 {
+			t.Errorf("HEAD %s: body of %d bytes", req.URL, len(resp.body))
+		}
+		if route.Operation.Responses.Status(resp.StatusCode) == nil {
+			t.Errorf("HEAD %s: status %d not documented for GET", req.URL, resp.StatusCode)
+		}
+		return
+	}
+	in := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{
+			Request: routed, PathParams: params, Route: route,
+			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
+		},
+		Status:  resp.StatusCode,
+		Header:  resp.Header,
+		Options: &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
+	}
+	in.SetBodyBytes(resp.body)
+	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
+		t.Errorf("%s %s: response %d does not match the document: %v\nbody: %s", req.Method, req.URL, resp.StatusCode, err, resp.body)
+	}
+}
+
+// validateUnrouted checks responses to requests the document has no
+// operation for: they can only be errors the router gives for any path.
+func (ts *testServer) validateUnrouted(req *http.Request, resp *response, routeErr error) {
+	t := ts.t
+	t.Helper()
+	switch resp.StatusCode {
+	case http.StatusUnauthorized, http.StatusNotFound, http.StatusMethodNotAllowed,
+		http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		t.Errorf("%s %s: status %d for a request the document does not route (%v)", req.Method, req.URL, resp.StatusCode, routeErr)
+	}
+	if resp.StatusCode == http.StatusMethodNotAllowed && resp.Header.Get("Allow") == "" {
+		t.Errorf("%s %s: 405 without Allow", req.Method, req.URL)
+	}
+	if req.Method == http.MethodHead {
+		return
+	}
+	var v any
+	if err := json.Unmarshal(resp.body, &v); err != nil {
+		t.Fatalf("%s %s: body is not JSON: %v", req.Method, req.URL, err)
+	}
+	schema := ts.contract.doc.Components.Schemas["Error"].Value
+	if err := schema.VisitJSON(v, openapi3.VisitAsResponse()); err != nil {
+		t.Errorf("%s %s: body does not match Error: %v", req.Method, req.URL, err)
+	}
+}

@@ -1,0 +1,137 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// rateLimit asks the limiter about the authenticated key. Its answer goes
+// into the rate-limit headers before the handler runs, so that every
+// response (2xx and 4xx alike) carries them; a refusal is answered 429.
+func (s *server) rateLimit(next http.Handler) http.Handler {
+	if s.limiter == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, ok := apikey.FromContext(r.Context())
+		if !ok {
+			s.writeError(w, r, errors.New("rate limit: no principal in the request context"))
+			return
+		}
+		d, err := s.limiter.Allow(r.Context(), p.KeyID, p.Policy)
+		if err != nil {
+			s.writeError(w, r, fmt.Errorf("rate limit key %s: %w", p.KeyID, err))
+			return
+		}
+		setLimitHeaders(w.Header(), d, time.Now())
+		if !d.Allowed() {
+			s.writeError(w, r, &refusedError{decision: d})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// throttleByIP charges requests that are never authenticated (the OpenAPI
+// document, unknown paths) to the per-IP throttle.
+func (s *server) throttleByIP(next http.Handler) http.Handler {
+	if s.throttle == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := s.chargeIP(w, r); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// chargeIP counts the request against its client address's throttle and
+// sets the throttle's headers. It fails with *refusedError when the address
+// is over its limit.
+func (s *server) chargeIP(w http.ResponseWriter, r *http.Request) error {
+	if s.throttle == nil {
+		return nil
+	}
+	key := throttleKey(requestInfoFrom(r.Context()).clientIP)
+	d, err := s.throttle.Allow(r.Context(), key)
+	if err != nil {
+		return fmt.Errorf("throttle %s: %w", key, err)
+	}
+	setLimitHeaders(w.Header(), d, time.Now())
+	if !d.Allowed() {
+		return &refusedError{decision: d}
+	}
+	return nil
+}
+
+// setLimitHeaders describes a decision in two vocabularies:
+//
+//   - X-RateLimit-Limit, -Remaining and -Reset (Unix seconds, rounded up),
+//     the fields the API specification names, for the binding window;
+//   - RateLimit-Policy listing every window and RateLimit for the binding
+//     one, per draft-ietf-httpapi-ratelimit-headers, each window named by
+//     its period: RateLimit-Policy: "1m";q=60;w=60, "24h";q=1000;w=86400
+//     and RateLimit: "1m";r=12;t=30.
+//
+// A refused request has nothing remaining; a banned key's window resets
+// no earlier than its ban ends.
+func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
+	if len(d.Windows) == 0 {
+		return
+	}
+	bound := d.Bound()
+	remaining, reset := bound.Remaining, bound.Reset
+	if !d.Allowed() {
+		remaining = 0
+	}
+	if d.Outcome == ratelimit.Banned {
+		reset = later(reset, now.Add(d.RetryAfter))
+	}
+	reset = later(reset, now)
+
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(bound.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(remaining, 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilUnix(reset), 10))
+
+	var policy strings.Builder
+	for i, w := range d.Windows {
+		if i > 0 {
+			policy.WriteString(", ")
+		}
+		fmt.Fprintf(&policy, "%q;q=%d;w=%d", ratelimit.FormatPeriod(w.Period), w.Limit, max(ceilSeconds(w.Period), 1))
+	}
+	h.Set("RateLimit-Policy", policy.String())
+	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", ratelimit.FormatPeriod(bound.Period), remaining, ceilSeconds(reset.Sub(now))))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// ceilSeconds rounds d up to whole seconds (never below zero).
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// ceilUnix is t in Unix seconds, rounded up.
+func ceilUnix(t time.Time) int64 {
+	if t.Nanosecond() > 0 {
+		return t.Unix() + 1
+	}
+	return t.Unix()
+}

@@ -1,0 +1,52 @@
+package httpapi
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the HTTP layer's Prometheus metrics.
+type Metrics struct {
+	requests     *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	inFlight     prometheus.Gauge
+	storeErrors  *prometheus.CounterVec
+	authFailures *prometheus.CounterVec
+}
+
+// NewMetrics creates the HTTP metrics and registers them with reg (unless
+// reg is nil). Like promauto it panics if they are already registered: that
+// is a wiring mistake, found at startup.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "http", Name: "requests_total",
+			Help: "HTTP requests answered, by route pattern (\"unmatched\" for unknown paths), method and status code (499: client went away).",
+		}, []string{"route", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "petstore", Subsystem: "http", Name: "request_duration_seconds",
+			Help:    "Time to answer HTTP requests, by route pattern and method.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"route", "method"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "http", Name: "requests_in_flight",
+			Help: "HTTP requests being served.",
+		}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "store", Name: "errors_total",
+			Help: "Pet store calls that failed for reasons other than the request (not found, idempotency conflicts), by operation.",
+		}, []string{"operation"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "auth", Name: "failures_total",
+			Help: "Requests to /v1 without a usable API key, by reason (missing, malformed, unknown, revoked, unavailable).",
+		}, []string{"reason"}),
+	}
+	// Start every known series at zero so that rate() sees the first event.
+	for _, reason := range []string{authMissing, authMalformed, authUnknown, authRevoked, authUnavailable} {
+		m.authFailures.WithLabelValues(reason)
+	}
+	for _, op := range []string{opCreate, opGet, opList} {
+		m.storeErrors.WithLabelValues(op)
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.duration, m.inFlight, m.storeErrors, m.authFailures)
+	}
+	return m
+}

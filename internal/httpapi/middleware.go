@@ -1,0 +1,266 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
+
+// requestInfo is what the middleware learns about a request on its way in
+// and what the handlers report on the way out, for the access log and the
+// metrics, which wrap everything else and so cannot read inner contexts.
+type requestInfo struct {
+	id       string
+	clientIP netip.Addr
+	keyID    string
+	// unmatched marks requests no route answered (404, 405).
+	unmatched bool
+	// clientGone marks requests abandoned by the client.
+	clientGone bool
+	status     int
+	bytes      int
+}
+
+type requestInfoKey struct{}
+
+// requestInfoFrom returns the request's info, or a throwaway one outside the
+// router so that handlers never need to check.
+func requestInfoFrom(ctx context.Context) *requestInfo {
+	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+		return info
+	}
+	return &requestInfo{}
+}
+
+// requestIDFrom returns the request id, for log lines.
+func requestIDFrom(ctx context.Context) string { return requestInfoFrom(ctx).id }
+
+// maxRequestIDLength bounds an incoming X-Request-Id worth keeping.
+const maxRequestIDLength = 128
+
+// requestID adopts a sane incoming X-Request-Id (so that a proxy's id
+// follows the request into our logs) or makes one, and returns it.
+func (s *server) requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if !saneRequestID(id) {
+			id = newRequestID()
+		}
+		w.Header().Set("X-Request-Id", id)
+		info := &requestInfo{id: id}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
+	})
+}
+
+// saneRequestID accepts 1 to 128 characters that cannot break a log line or
+// a header: letters, digits and - _ . : / + = @.
+func saneRequestID(id string) bool {
+	if id == "" || len(id) > maxRequestIDLength {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("-_.:/+=@", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// newRequestID returns 128 random bits in hex.
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// clientIP records the caller's address (see clientAddr).
+func (s *server) clientIP(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requestInfoFrom(r.Context()).clientIP = clientAddr(r, s.proxies)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// recorder notes the status and size of a response in its requestInfo.
+type recorder struct {
+	http.ResponseWriter
+	info *requestInfo
+}
+
+func (w *recorder) WriteHeader(code int) {
+	if w.info.status == 0 {
+		w.info.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recorder) Write(b []byte) (int, error) {
+	if w.info.status == 0 {
+		w.info.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.info.bytes += n
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// statusClientClosed is recorded for requests the client abandoned, as
+// nginx does, so that they are not counted as server errors.
+const statusClientClosed = 499
+
+// observe writes the access log line and the request metrics.
+func (s *server) observe(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		info := requestInfoFrom(r.Context())
+		s.metrics.inFlight.Inc()
+		defer s.metrics.inFlight.Dec()
+
+		next.ServeHTTP(&recorder{ResponseWriter: w, info: info}, r)
+
+		elapsed := time.Since(start)
+		status := info.status
+		switch {
+		case info.clientGone:
+			status = statusClientClosed
+		case status == 0:
+			status = http.StatusOK
+		}
+		route := s.routeLabel(r, info)
+		method := methodLabel(r.Method)
+		s.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+		s.metrics.duration.WithLabelValues(route, method).Observe(elapsed.Seconds())
+
+		attrs := []slog.Attr{
+			slog.String("request_id", info.id),
+			slog.String("method", r.Method),
+			slog.String("route", route),
+			slog.String("path", r.URL.Path),
+			slog.Int("status", status),
+			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
+			slog.Int("bytes", info.bytes),
+			slog.String("client_ip", info.clientIP.String()),
+		}
+		if info.keyID != "" {
+			attrs = append(attrs, slog.String("key_id", info.keyID))
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	})
+}
+
+// routeLabel names the route for metrics and logs: the chi pattern, or
+// "unmatched" when no route answered, which bounds the label's values.
+func (s *server) routeLabel(r *http.Request, info *requestInfo) string {
+	if info.unmatched {
+		return "unmatched"
+	}
+	pattern := chi.RouteContext(r.Context()).RoutePattern()
+	if strings.HasSuffix(pattern, "/*") {
+		// Refused by middleware (401, 429, 503) before the /v1 router chose
+		// a route: look the route up so that refusals count against it.
+		pattern = s.findRoute(r.Method, r.URL.Path)
+	}
+	if pattern == "" {
+		return "unmatched"
+	}
+	return pattern
+}
+
+// findRoute returns the pattern of the route serving method and path, or "".
+func (s *server) findRoute(method, path string) string {
+	if method == http.MethodHead {
+		method = http.MethodGet // answered by the GET route
+	}
+	return s.mux.Find(chi.NewRouteContext(), method, path)
+}
+
+// methodLabel bounds the method label to the standard methods.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "other"
+}
+
+// recoverPanic turns a panic into a 500 Error (when nothing was sent yet)
+// and logs it with its stack. http.ErrAbortHandler keeps its meaning.
+func (s *server) recoverPanic(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			info := requestInfoFrom(r.Context())
+			s.log.LogAttrs(r.Context(), slog.LevelError, "panic serving request",
+				slog.String("request_id", info.id),
+				slog.String("panic", fmt.Sprint(v)),
+				slog.String("stack", string(debug.Stack())))
+			if info.status == 0 {
+				s.respondError(w, http.StatusInternalServerError, codeInternalError, "internal error")
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// commonHeaders sets the headers every public response carries.
+func commonHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// noStore keeps API responses out of caches: they depend on the caller's
+// key and on its remaining quota.
+func noStore(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// getPet deprecation: RFC 9745 Deprecation is a structured date, the moment
+// v1.0.0 declared the operation deprecated (2026-01-01T00:00:00Z); RFC 8594
+// Sunset is the HTTP date of its removal (5 December 2030).
+const (
+	deprecationValue = "@1767225600"
+	sunsetValue      = "Thu, 05 Dec 2030 00:00:00 GMT"
+	deprecationLinks = `</v1/pets>; rel="successor-version", </openapi.yaml>; rel="deprecation"; type="application/yaml"`
+)
+
+// deprecateGetPet marks every response for the getPet resource, including
+// the 401 and 429 given before routing completes, as deprecated.
+func (s *server) deprecateGetPet(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.findRoute(http.MethodGet, r.URL.Path) == getPetPattern {
+			h := w.Header()
+			h.Set("Deprecation", deprecationValue)
+			h.Set("Sunset", sunsetValue)
+			h.Set("Link", deprecationLinks)
+		}
+		next.ServeHTTP(w, r)
+	})
+}

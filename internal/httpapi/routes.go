@@ -1,0 +1,42 @@
+package httpapi
+
+import (
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+)
+
+// Route patterns referred to outside the route table.
+const getPetPattern = "/v1/pets/{petId}"
+
+// routes lists every route of the public API.
+func (s *server) routes() *chi.Mux {
+	r := chi.NewRouter()
+	r.Use(
+		s.requestID,    // X-Request-Id in and out
+		s.clientIP,     // the caller's address, believing only trusted proxies
+		s.observe,      // access log and metrics, outside recover so panics are seen
+		s.recoverPanic, // a panic becomes a 500 Error
+		commonHeaders,  // X-Content-Type-Options
+		middleware.GetHead,
+	)
+
+	// Outside /v1 nobody authenticates: every request is charged to the
+	// per-IP throttle.
+	r.NotFound(s.throttleByIP(s.handleNotFound()).ServeHTTP)
+	r.MethodNotAllowed(s.throttleByIP(s.handleMethodNotAllowed()).ServeHTTP)
+	r.With(s.throttleByIP).Get("/openapi.yaml", s.handleOpenAPIYAML())
+	r.With(s.throttleByIP).Get("/openapi.json", s.handleOpenAPIJSON())
+
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(noStore, s.deprecateGetPet, s.authenticate, s.rateLimit)
+		// Set here so that unknown paths and methods under /v1 are answered
+		// after authentication and limiting, not charged to the IP throttle.
+		r.NotFound(s.handleNotFound())
+		r.MethodNotAllowed(s.handleMethodNotAllowed())
+
+		r.Get("/pets", handleListPets(s.store, s.writeError))
+		r.Post("/pets", handleCreatePet(s.store, s.maxBodyBytes, s.idempotencyTTL, s.writeError))
+		r.Get("/pets/{petId}", handleGetPet(s.store, s.writeError))
+	})
+	return r
+}

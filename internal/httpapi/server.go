@@ -1,0 +1,120 @@
+package httpapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/internal/pet"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// PetStore keeps pets. Errors wrap pet.ErrNotFound and
+// pet.ErrIdempotencyConflict where those apply.
+type PetStore interface {
+	// Create stores np (already normalized and validated). With idem set a
+	// retry returns the original pet and replayed true.
+	Create(ctx context.Context, np pet.NewPet, idem *pet.Idempotency) (p pet.Pet, replayed bool, err error)
+	Get(ctx context.Context, id int64) (pet.Pet, error)
+	List(ctx context.Context, q pet.ListQuery) ([]pet.Pet, error)
+}
+
+// Authenticator resolves a bearer token to the caller. It fails with
+// apikey.ErrMalformed, ErrUnknown or ErrRevoked for keys that must be
+// refused; any other error means it could not decide (answered with 503).
+type Authenticator interface {
+	Authenticate(ctx context.Context, token string) (apikey.Principal, error)
+}
+
+// Limiter decides whether an authenticated key may make one more request.
+// It fails with ratelimit.ErrUnavailable when it cannot decide in fail-closed
+// mode.
+type Limiter interface {
+	Allow(ctx context.Context, key string, p ratelimit.Policy) (ratelimit.Decision, error)
+}
+
+// Throttle limits requests that carry no valid key, per client address.
+type Throttle interface {
+	Allow(ctx context.Context, key string) (ratelimit.Decision, error)
+}
+
+// Defaults applied by NewServer to zero Config fields.
+const (
+	DefaultMaxBodyBytes   = 64 << 10
+	DefaultIdempotencyTTL = 24 * time.Hour
+)
+
+// Config holds what the public server needs. Store and Auth are required.
+type Config struct {
+	Store PetStore
+	Auth  Authenticator
+	// Limiter limits authenticated requests; nil turns limiting off.
+	Limiter Limiter
+	// Throttle limits requests without a valid key per client IP; nil turns
+	// it off.
+	Throttle Throttle
+	// Logger receives the access log and errors; nil discards them.
+	Logger *slog.Logger
+	// Metrics records request metrics; nil records into an unregistered set.
+	Metrics *Metrics
+	// TrustedProxies are the networks whose X-Forwarded-For and Forwarded
+	// headers are believed when they are the socket peer.
+	TrustedProxies []netip.Prefix
+	// MaxBodyBytes caps a request body (DefaultMaxBodyBytes when zero).
+	MaxBodyBytes int64
+	// IdempotencyTTL is how long an Idempotency-Key is remembered
+	// (DefaultIdempotencyTTL when zero).
+	IdempotencyTTL time.Duration
+}
+
+// server carries the dependencies every handler and middleware shares.
+type server struct {
+	store          PetStore
+	auth           Authenticator
+	limiter        Limiter
+	throttle       Throttle
+	log            *slog.Logger
+	metrics        *Metrics
+	proxies        []netip.Prefix
+	maxBodyBytes   int64
+	idempotencyTTL time.Duration
+	openapi        openAPIDocument
+	// mux is the finished router, consulted to compute Allow headers and to
+	// recognise the deprecated resource before routing completes.
+	mux *chi.Mux
+}
+
+// NewServer returns the public HTTP handler: /v1 and the OpenAPI document.
+func NewServer(cfg Config) http.Handler {
+	s := &server{
+		store:          cfg.Store,
+		auth:           cfg.Auth,
+		limiter:        cfg.Limiter,
+		throttle:       cfg.Throttle,
+		log:            cfg.Logger,
+		metrics:        cfg.Metrics,
+		proxies:        cfg.TrustedProxies,
+		maxBodyBytes:   cfg.MaxBodyBytes,
+		idempotencyTTL: cfg.IdempotencyTTL,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.metrics == nil {
+		s.metrics = NewMetrics(nil)
+	}
+	if s.maxBodyBytes <= 0 {
+		s.maxBodyBytes = DefaultMaxBodyBytes
+	}
+	if s.idempotencyTTL <= 0 {
+		s.idempotencyTTL = DefaultIdempotencyTTL
+	}
+	s.openapi = loadOpenAPI()
+	s.mux = s.routes()
+	return s.mux
+}
