@@ -97,6 +97,14 @@ func TestPing(t *testing.T) {
 	if err := s.Ping(t.Context()); err != nil {
 		t.Fatalf("Ping: %v", err)
 	}
+	// The pool's session defaults reach the server.
+	var timeout, app string
+	if err := pool.QueryRow(t.Context(), "SELECT current_setting('statement_timeout'), current_setting('application_name')").Scan(&timeout, &app); err != nil {
+		t.Fatal(err)
+	}
+	if timeout != defaultStatementTimeout || app != "petstore" {
+		t.Errorf("session has statement_timeout=%s application_name=%s", timeout, app)
+	}
 	pool.Close()
 	if err := s.Ping(t.Context()); err == nil {
 		t.Fatal("Ping on a closed pool succeeded")
