@@ -1,0 +1,307 @@
+package apikey
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// StaticKeys is an immutable set of keys read from a keys file, by hash.
+// A nil *StaticKeys holds no keys.
+type StaticKeys struct {
+	byHash  map[string]Record
+	records []Record
+}
+
+// LoadKeys reads the keys file at path (see ParseKeys), checking it against
+// plans. An empty path means no file and no static keys.
+func LoadKeys(path string, plans *plan.Set) (*StaticKeys, error) {
+	if path == "" {
+		return &StaticKeys{}, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("keys file: %w", err)
+	}
+	k, err := ParseKeys(data, plans)
+	if err != nil {
+		return nil, fmt.Errorf("keys file %s: %w", path, err)
+	}
+	return k, nil
+}
+
+// ParseKeys decodes a keys file, checking every key against plans.
+//
+// The file is YAML with one key, keys, listing entries:
+//
+//	keys:
+//	  - key: pst_...             # the key itself, for development and tests
+//	    plan: free
+//	    label: local development
+//	  - sha256: 5f0c...          # or its lowercase hex SHA-256, for production
+//	    plan: Enterprise
+//	    label: acme
+//	    quotas: [{limit: 5000, period: 1m}, {limit: 2000000, period: 24h}]
+//	  - sha256: 9b1d...
+//	    plan: pro
+//	    revoked: true
+//
+// Each entry has exactly one of key (a well-formed key: it is hashed at
+// load and the plaintext is not kept) or sha256 (64 hex characters, any
+// case), and:
+//
+//   - plan (required): a plan of the plans set, in any case;
+//   - label (optional): who the key belongs to;
+//   - quotas (optional): list of {limit, period} as in the plans file, each
+//     replacing the plan's quota of the same period or adding one; required
+//     on a per-key plan such as enterprise;
+//   - revoked (optional): true to refuse the key (401) from now on.
+//
+// Decoding is strict: unknown fields, wrong types, an unknown plan, a
+// malformed key, both or neither of key and sha256, bad quotas and the same
+// key listed twice are errors naming the entry by its index (keys[2]).
+// Errors never quote a key. An empty file holds no keys.
+func ParseKeys(data []byte, plans *plan.Set) (*StaticKeys, error) {
+	var f keysFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, locate(data, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("a keys file holds a single YAML document")
+	}
+	k := &StaticKeys{byHash: make(map[string]Record, len(f.Keys)), records: make([]Record, 0, len(f.Keys))}
+	index := make(map[string]int, len(f.Keys))
+	var errs []string
+	for i, e := range f.Keys {
+		rec, err := e.record(plans)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("keys[%d]: %v", i, err))
+			continue
+		}
+		if j, dup := index[rec.Hash]; dup {
+			errs = append(errs, fmt.Sprintf("keys[%d]: the same key as keys[%d]", i, j))
+			continue
+		}
+		index[rec.Hash] = i
+		k.byHash[rec.Hash] = rec
+		k.records = append(k.records, rec)
+	}
+	if len(errs) > 0 {
+		return nil, errors.New(strings.Join(errs, "; "))
+	}
+	return k, nil
+}
+
+// Lookup returns the key whose hash is hash.
+func (k *StaticKeys) Lookup(hash string) (Record, bool) {
+	if k == nil {
+		return Record{}, false
+	}
+	r, ok := k.byHash[hash]
+	return cloneRecord(r), ok
+}
+
+// Records returns the keys in file order.
+func (k *StaticKeys) Records() []Record {
+	if k == nil {
+		return nil
+	}
+	out := make([]Record, len(k.records))
+	for i, r := range k.records {
+		out[i] = cloneRecord(r)
+	}
+	return out
+}
+
+// Len returns the number of keys.
+func (k *StaticKeys) Len() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.records)
+}
+
+func cloneRecord(r Record) Record {
+	r.Overrides = append([]ratelimit.Window(nil), r.Overrides...)
+	if r.RevokedAt != nil {
+		t := *r.RevokedAt
+		r.RevokedAt = &t
+	}
+	return r
+}
+
+type keysFile struct {
+	Keys []keySpec `yaml:"keys"`
+}
+
+type keySpec struct {
+	Key     string      `yaml:"key"`
+	SHA256  string      `yaml:"sha256"`
+	Plan    string      `yaml:"plan"`
+	Label   string      `yaml:"label"`
+	Quotas  []quotaSpec `yaml:"quotas"`
+	Revoked bool        `yaml:"revoked"`
+}
+
+type quotaSpec struct {
+	Limit  count  `yaml:"limit"`
+	Period string `yaml:"period"`
+}
+
+// count is a whole number. The decoder alone would truncate 1.5 to 1.
+type count int64
+
+// UnmarshalYAML accepts integers only.
+func (c *count) UnmarshalYAML(n *yaml.Node) error {
+	var v int64
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s into int64", n.Line, n.ShortTag())}}
+	}
+	*c = count(v)
+	return nil
+}
+
+func (e keySpec) record(plans *plan.Set) (Record, error) {
+	var hash string
+	switch {
+	case e.Key != "" && e.SHA256 != "":
+		return Record{}, errors.New("give either key or sha256, not both")
+	case e.Key != "":
+		if err := CheckFormat(e.Key); err != nil {
+			return Record{}, fmt.Errorf("key: %w", err)
+		}
+		hash = Hash(e.Key)
+	case e.SHA256 != "":
+		hash = strings.ToLower(e.SHA256)
+		if !validHash(hash) {
+			return Record{}, errors.New("sha256: want the 64 hex characters of a SHA-256")
+		}
+	default:
+		return Record{}, errors.New("give key or sha256")
+	}
+	if e.Plan == "" {
+		return Record{}, errors.New("plan: required")
+	}
+	overrides := make([]ratelimit.Window, 0, len(e.Quotas))
+	for i, q := range e.Quotas {
+		if q.Limit < 1 {
+			return Record{}, fmt.Errorf("quotas[%d].limit: must be at least 1, got %d", i, q.Limit)
+		}
+		d, err := plan.ParsePeriod(q.Period)
+		if err != nil {
+			return Record{}, fmt.Errorf("quotas[%d].period: %w", i, err)
+		}
+		overrides = append(overrides, ratelimit.Window{Limit: int64(q.Limit), Period: d})
+	}
+	if _, err := plans.Policy(e.Plan, overrides); err != nil {
+		return Record{}, fmt.Errorf("plan %q: %w", e.Plan, err)
+	}
+	rec := Record{
+		ID:        IDFromHash(hash),
+		Hash:      hash,
+		Label:     e.Label,
+		Plan:      plan.Normalize(e.Plan),
+		Overrides: overrides,
+	}
+	if e.Revoked {
+		// The file does not say when; the zero time stands for "revoked".
+		rec.RevokedAt = &time.Time{}
+	}
+	return rec, nil
+}
+
+var (
+	lineRE     = regexp.MustCompile(`^line (\d+): (.*)$`)
+	unknownRE  = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
+	mismatchRE = regexp.MustCompile("^cannot unmarshal (!!\\w+)(?: `.*`)? into (.+)$")
+	twiceRE    = regexp.MustCompile(`^mapping key "(.*)" already defined at line (\d+)$`)
+)
+
+// locate rewrites a decoding error so that each problem names the entry it
+// is in, in the file's terms, and never repeats a value from the file: a
+// misplaced key must not end up in a log.
+func locate(data []byte, err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return err
+	}
+	entries := keyEntries(&root)
+	msgs := make([]string, 0, len(te.Errors))
+	for _, e := range te.Errors {
+		m := lineRE.FindStringSubmatch(e)
+		if m == nil {
+			msgs = append(msgs, "problem in the file")
+			continue
+		}
+		line, _ := strconv.Atoi(m[1])
+		msg := m[2]
+		switch {
+		case unknownRE.MatchString(msg):
+			msg = fmt.Sprintf("unknown field %q", unknownRE.FindStringSubmatch(msg)[1])
+		case mismatchRE.MatchString(msg):
+			sm := mismatchRE.FindStringSubmatch(msg)
+			msg = fmt.Sprintf("want %s, got %s", typeWord(sm[2]), strings.TrimPrefix(sm[1], "!!"))
+		case twiceRE.MatchString(msg):
+			sm := twiceRE.FindStringSubmatch(msg)
+			msg = fmt.Sprintf("field %q given twice (first at line %s)", sm[1], sm[2])
+		default:
+			msg = "cannot decode"
+		}
+		where := fmt.Sprintf("line %d", line)
+		for i := len(entries) - 1; i >= 0; i-- {
+			if entries[i].Line <= line {
+				where = fmt.Sprintf("keys[%d] (line %d)", i, line)
+				break
+			}
+		}
+		msgs = append(msgs, where+": "+msg)
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// keyEntries returns the nodes of the keys list, if the file has one.
+func keyEntries(root *yaml.Node) []*yaml.Node {
+	if root.Kind != yaml.DocumentNode || len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+		return nil
+	}
+	m := root.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == "keys" && m.Content[i+1].Kind == yaml.SequenceNode {
+			return m.Content[i+1].Content
+		}
+	}
+	return nil
+}
+
+func typeWord(goType string) string {
+	switch {
+	case goType == "int64":
+		return "a whole number"
+	case goType == "bool":
+		return "true or false"
+	case goType == "string":
+		return "a string"
+	case strings.HasPrefix(goType, "[]"):
+		return "a list"
+	default:
+		return "a mapping"
+	}
+}

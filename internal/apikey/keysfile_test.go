@@ -1,0 +1,145 @@
+package apikey_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+func TestLoadKeysExample(t *testing.T) {
+	t.Parallel()
+	k, err := apikey.LoadKeys(filepath.Join("testdata", "keys.yaml"), plan.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := k.Records()
+	if len(recs) != 3 || k.Len() != 3 {
+		t.Fatalf("got %d records, want 3", len(recs))
+	}
+	dev := recs[0]
+	if dev.Hash != apikey.Hash(devKey) || dev.ID != apikey.IDFromHash(dev.Hash) || dev.Plan != "free" ||
+		dev.Label != "local development" || dev.Revoked() || len(dev.Overrides) != 0 {
+		t.Errorf("dev record = %+v", dev)
+	}
+	acme, ok := k.Lookup(apikey.Hash(acmeKey))
+	if !ok {
+		t.Fatal("the key listed by an upper-case sha256 was not found by its hash")
+	}
+	wantOverrides := []ratelimit.Window{{Limit: 5000, Period: time.Minute}, {Limit: 2000000, Period: 24 * time.Hour}}
+	if acme.Plan != "enterprise" || acme.Label != "acme" || !reflect.DeepEqual(acme.Overrides, wantOverrides) {
+		t.Errorf("acme record = %+v", acme)
+	}
+	if r, _ := k.Lookup(apikey.Hash(revokedKey)); !r.Revoked() {
+		t.Errorf("revoked record = %+v", r)
+	}
+	if _, ok := k.Lookup(apikey.Hash(otherKey)); ok {
+		t.Error("found a key that is not listed")
+	}
+	// The plaintext is not kept anywhere in the set.
+	for _, r := range recs {
+		if strings.Contains(strings.Join([]string{r.ID, r.Hash, r.Label, r.Plan}, " "), devKey) {
+			t.Errorf("record %+v holds the plaintext key", r)
+		}
+	}
+}
+
+func TestLoadKeysNoFile(t *testing.T) {
+	t.Parallel()
+	k, err := apikey.LoadKeys("", plan.Defaults())
+	if err != nil || k.Len() != 0 {
+		t.Fatalf("LoadKeys(\"\") = %v, %v; want no keys", k, err)
+	}
+	if _, err := apikey.LoadKeys(filepath.Join(t.TempDir(), "missing.yaml"), plan.Defaults()); err == nil {
+		t.Fatal("LoadKeys(missing file) succeeded")
+	}
+	var none *apikey.StaticKeys
+	if _, ok := none.Lookup("x"); ok || none.Len() != 0 || none.Records() != nil {
+		t.Fatal("a nil StaticKeys is not empty")
+	}
+}
+
+func TestParseKeysErrors(t *testing.T) {
+	t.Parallel()
+	h := apikey.Hash(otherKey)
+	tests := []struct {
+		name string
+		file string
+		want []string
+	}{
+		{"unknown plan", "keys:\n  - {key: " + devKey + ", plan: free}\n  - {sha256: " + h + ", plan: gold}\n", []string{`keys[1]: plan "gold": plan: unknown plan`}},
+		{"malformed key", "keys:\n  - {key: " + devKey[:41] + "x, plan: free}\n", []string{"keys[0]: key: apikey: malformed API key: checksum"}},
+		{"both key and sha256", "keys: [{key: " + devKey + ", sha256: " + h + ", plan: free}]", []string{"keys[0]: give either key or sha256, not both"}},
+		{"neither key nor sha256", "keys: [{plan: free}]", []string{"keys[0]: give key or sha256"}},
+		{"bad sha256", "keys: [{sha256: abc, plan: free}]", []string{"keys[0]: sha256: want the 64 hex characters"}},
+		{"no plan", "keys: [{sha256: " + h + "}]", []string{"keys[0]: plan: required"}},
+		{"duplicate key", "keys:\n  - {key: " + devKey + ", plan: free}\n  - {sha256: " + strings.ToUpper(apikey.Hash(devKey)) + ", plan: pro}\n", []string{"keys[1]: the same key as keys[0]"}},
+		{"per-key plan without quotas", "keys: [{sha256: " + h + ", plan: enterprise}]", []string{"keys[0]: plan \"enterprise\"", "agreed per key"}},
+		{"quota limit below 1", "keys: [{sha256: " + h + ", plan: free, quotas: [{limit: 0, period: 1m}]}]", []string{"keys[0]: quotas[0].limit: must be at least 1"}},
+		{"quota bad period", "keys: [{sha256: " + h + ", plan: free, quotas: [{limit: 1, period: often}]}]", []string{"keys[0]: quotas[0].period: period \"often\""}},
+		{"quota periods twice", "keys: [{sha256: " + h + ", plan: free, quotas: [{limit: 1, period: 1m}, {limit: 2, period: 60s}]}]", []string{"keys[0]: plan \"free\"", "two overrides for period 1m"}},
+		{"unknown field", "keys:\n  - sha256: " + h + "\n    plan: free\n  - sha256: " + apikey.Hash(devKey) + "\n    plan: free\n    expires: 2030-01-01\n", []string{`keys[1] (line 6): unknown field "expires"`}},
+		{"unknown top-level field", "key: []", []string{`line 1: unknown field "key"`}},
+		{"wrong type", "keys:\n  - sha256: " + h + "\n    plan: free\n    revoked: " + devKey + "\n", []string{"keys[0] (line 4): want true or false, got str"}},
+		{"limit as a fraction", "keys:\n  - sha256: " + h + "\n    plan: free\n    quotas: [{limit: 1.5, period: 1m}]\n", []string{"keys[0] (line 4): want a whole number, got float"}},
+		{"field twice", "keys:\n  - sha256: " + h + "\n    plan: free\n    plan: pro\n", []string{`keys[0] (line 4): field "plan" given twice (first at line 3)`}},
+		{"keys not a list", "keys: {a: 1}", []string{"line 1: want a list, got map"}},
+		{"every problem reported", "keys:\n  - {plan: free}\n  - {sha256: x, plan: free}\n", []string{"keys[0]: give key or sha256", "keys[1]: sha256"}},
+		{"two documents", "keys: []\n---\nkeys: []\n", []string{"single YAML document"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := apikey.ParseKeys([]byte(tt.file), plan.Defaults())
+			if err == nil {
+				t.Fatal("ParseKeys() succeeded, want an error")
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("ParseKeys() error = %q\nwant it to contain %q", err, want)
+				}
+			}
+			for _, k := range []string{devKey, otherKey, devKey[:41]} {
+				if strings.Contains(err.Error(), k) {
+					t.Errorf("the error quotes a key: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestParseKeysAgainstPlans(t *testing.T) {
+	t.Parallel()
+	file := []byte("keys: [{key: " + devKey + ", plan: tiny}]")
+	if _, err := apikey.ParseKeys(file, plan.Defaults()); err == nil {
+		t.Fatal("a key on a plan that does not exist was accepted")
+	}
+	plans, err := plan.Parse([]byte("plans: {tiny: {quotas: [{limit: 3, period: 10s}]}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := apikey.ParseKeys(file, plans)
+	if err != nil || k.Len() != 1 {
+		t.Fatalf("ParseKeys() = %v, %v", k, err)
+	}
+	if _, err := apikey.ParseKeys(nil, plans); err != nil {
+		t.Fatalf("an empty file: %v", err)
+	}
+}
+
+func TestLoadKeysNamesTheFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "keys.yaml")
+	if err := os.WriteFile(path, []byte("keys: [{plan: free}]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := apikey.LoadKeys(path, plan.Defaults()); err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("LoadKeys() error = %v, want it to name %s", err, path)
+	}
+}
