@@ -69,10 +69,11 @@ func (r ring) size() int64 { return headBytes + r.width + (r.n+1)*(r.width+offse
 type plan struct {
 	id      string
 	name    string
+	given   Policy // as the caller passed it
 	policy  Policy // windows sorted by period
 	windows []ring
 	ban     bool
-	strikes ring  // limit is the ban threshold
+	strikes ring    // limit is the ban threshold
 	banDurs []int64 // µs, for offences 1..len, the last repeating
 	memory  int64   // µs
 	layout  string  // identifies the windows' packed layout

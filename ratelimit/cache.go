@@ -1,0 +1,171 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// rejectCache remembers keys that Redis said are limited or banned, so that
+// a flood from one key is answered here until the verdict can change,
+// without a round trip per request.
+//
+// A limited key cannot be admitted before its RetryAfter: every replica
+// sees the same counts, and counts only fall with time. A banned key stays
+// banned until the ban ends unless it is lifted, which Unban announces
+// over pub/sub; banned entries are also re-checked every revalidate.
+//
+// Rejections answered here are strikes toward a ban. They are kept as
+// pending and sent with the next round trip for the key, which happens
+// when the strikes known could cross the ban threshold, every flushEvery
+// rejections, or every flushInterval.
+type rejectCache struct {
+	seed          maphash.Seed
+	shards        [memShards]cacheShard
+	maxPerShard   int
+	flushEvery    int64
+	flushInterval time.Duration
+	revalidate    time.Duration
+}
+
+type cacheShard struct {
+	mu   sync.Mutex
+	keys map[string]*cacheEntry
+}
+
+type cacheEntry struct {
+	pl       *plan
+	until    time.Time // answer locally until then
+	end      time.Time // when the rejection ends (RetryAfter's origin)
+	decision Decision
+	known    int64 // strikes Redis reported at the last round trip
+	pending  int64 // rejections answered here since
+	synced   time.Time
+	flushing bool
+}
+
+func newRejectCache(size int, flushEvery int, flushInterval, revalidate time.Duration) *rejectCache {
+	c := &rejectCache{
+		seed:          maphash.MakeSeed(),
+		maxPerShard:   max(size/memShards, 1),
+		flushEvery:    int64(flushEvery),
+		flushInterval: flushInterval,
+		revalidate:    revalidate,
+	}
+	for i := range c.shards {
+		c.shards[i].keys = make(map[string]*cacheEntry)
+	}
+	return c
+}
+
+func (c *rejectCache) shard(key string) *cacheShard {
+	return &c.shards[maphash.String(c.seed, key)%memShards]
+}
+
+// answer returns a cached decision for key (hit), or the number of
+// rejections answered locally that the caller's round trip must carry as
+// strikes.
+func (c *rejectCache) answer(key string, pl *plan, now time.Time) (d Decision, pending int64, hit bool) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if e == nil {
+		return Decision{}, 0, false
+	}
+	if e.pl != pl || !now.Before(e.until) {
+		delete(sh.keys, key)
+		return Decision{}, e.pending, false
+	}
+	if e.decision.Outcome == Limited && pl.ban && !e.flushing {
+		due := e.known+e.pending+1 > pl.strikes.limit ||
+			e.pending+1 >= c.flushEvery ||
+			now.Sub(e.synced) >= c.flushInterval
+		if due {
+			e.flushing = true
+			pending, e.pending = e.pending, 0
+			return Decision{}, pending, false
+		}
+	}
+	if e.decision.Outcome == Limited && pl.ban {
+		e.pending++
+	}
+	d = e.decision
+	d.Windows = append([]WindowState(nil), e.decision.Windows...)
+	d.RetryAfter = e.end.Sub(now)
+	d.Cached = true
+	return d, 0, true
+}
+
+// store records the outcome of a round trip for key that started at start:
+// rejections are cached, anything else clears the key.
+func (c *rejectCache) store(key string, pl *plan, d Decision, strikes int64, start time.Time) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if d.Outcome == Allowed || d.Degraded || d.RetryAfter <= 0 {
+		if e != nil {
+			delete(sh.keys, key)
+		}
+		return
+	}
+	if e == nil {
+		if len(sh.keys) >= c.maxPerShard {
+			return
+		}
+		e = &cacheEntry{}
+		sh.keys[key] = e
+	}
+	pending := e.pending
+	if e.pl != pl {
+		pending = 0
+	}
+	// Measured from the round trip's start, which precedes the server's
+	// clock reading, so the entry never outlives the real rejection.
+	end := start.Add(d.RetryAfter)
+	until := end
+	if d.Outcome == Banned && c.revalidate > 0 {
+		until = minTime(end, start.Add(c.revalidate))
+	}
+	*e = cacheEntry{pl: pl, until: until, end: end, decision: d, known: strikes, pending: pending, synced: start}
+}
+
+// abandon clears a flush in progress that failed.
+func (c *rejectCache) abandon(key string) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.keys[key]; e != nil {
+		e.flushing = false
+	}
+}
+
+// forget drops key.
+func (c *rejectCache) forget(key string) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	delete(sh.keys, key)
+	sh.mu.Unlock()
+}
+
+// sweep drops entries that have expired.
+func (c *rejectCache) sweep(now time.Time) {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.keys {
+			if !now.Before(e.until) {
+				delete(sh.keys, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,511 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// FailureMode says what the limiter does when Redis cannot be reached.
+type FailureMode int
+
+const (
+	// FailOpen enforces limits per replica, in memory, until Redis is back.
+	FailOpen FailureMode = iota
+	// FailClosed refuses decisions with ErrUnavailable until Redis is back.
+	FailClosed
+)
+
+func (m FailureMode) String() string {
+	if m == FailClosed {
+		return "closed"
+	}
+	return "open"
+}
+
+// ParseFailureMode parses "open" or "closed".
+func ParseFailureMode(s string) (FailureMode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "open":
+		return FailOpen, nil
+	case "closed":
+		return FailClosed, nil
+	}
+	return FailOpen, fmt.Errorf("ratelimit: failure mode %q: want open or closed", s)
+}
+
+// Options tune a Limiter. The zero value is usable: every field has a
+// default.
+type Options struct {
+	// Prefix starts every Redis key and channel name (default "petstore:rl:").
+	Prefix string
+	// Timeout bounds each wait on Redis (default 50ms).
+	Timeout time.Duration
+	// FailureMode applies when Redis fails or times out (default FailOpen).
+	FailureMode FailureMode
+	// Replicas is the expected number of replicas; while Redis is
+	// unreachable each one enforces limit/Replicas, rounded up (default 1).
+	Replicas int
+	// Registerer receives the metrics; nil exports none.
+	Registerer prometheus.Registerer
+	// Logger receives one line per change of Redis reachability (default: discard).
+	Logger *slog.Logger
+
+	// Buckets is the number of buckets a window is split into (default 100):
+	// requests slide out of a window of period W in steps of W/Buckets.
+	Buckets int
+	// StrikeBuckets is the number of buckets of a ban's strike window (default 20).
+	StrikeBuckets int
+	// MaxBatch caps the decisions sent in one pipeline (default 256).
+	MaxBatch int
+	// Pipelines is the number of pipelines in flight at once (default 4).
+	Pipelines int
+	// Queue caps the decisions waiting for a pipeline (default 8192).
+	Queue int
+	// ProbeInterval is how often an unreachable Redis is retried (default 500ms).
+	ProbeInterval time.Duration
+	// CacheSize caps the keys remembered as limited or banned (default
+	// 65536); negative disables the cache.
+	CacheSize int
+	// FlushEvery sends locally answered rejections to Redis as strikes
+	// after this many (default 64).
+	FlushEvery int
+	// FlushInterval sends locally answered rejections at least this often
+	// (default 250ms).
+	FlushInterval time.Duration
+	// BanRevalidate re-checks a cached ban with Redis at least this often,
+	// in case an Unban announcement was missed (default 2s).
+	BanRevalidate time.Duration
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Prefix == "" {
+		o.Prefix = "petstore:rl:"
+	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return o, errors.New("ratelimit: key prefix must not contain braces")
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defd := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defd(&o.Timeout, 50*time.Millisecond)
+	def(&o.Replicas, 1)
+	def(&o.Buckets, DefaultBuckets)
+	def(&o.StrikeBuckets, DefaultStrikeBuckets)
+	def(&o.MaxBatch, 256)
+	def(&o.Pipelines, 4)
+	def(&o.Queue, 8192)
+	defd(&o.ProbeInterval, 500*time.Millisecond)
+	if o.CacheSize == 0 {
+		o.CacheSize = 65536
+	}
+	def(&o.FlushEvery, 64)
+	defd(&o.FlushInterval, 250*time.Millisecond)
+	defd(&o.BanRevalidate, 2*time.Second)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.FailureMode != FailOpen && o.FailureMode != FailClosed {
+		return o, fmt.Errorf("ratelimit: unknown failure mode %d", o.FailureMode)
+	}
+	return o, nil
+}
+
+// Limiter decides whether requests for a key are within its Policy. With a
+// Redis client every replica shares the counts; without one the limiter
+// keeps them in this process.
+type Limiter struct {
+	rdb   redis.UniversalClient
+	opts  Options
+	log   *slog.Logger
+	met   *metrics
+	plans planCache
+	local *memStore // the whole store without Redis; the fallback with it
+	cache *rejectCache
+	batch *batcher
+	now   func() time.Time
+
+	health *health
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+// New returns a Limiter sharing state through client, or a purely local
+// one when client is nil. It loads the script into Redis; an unreachable
+// Redis is not an error here: the limiter starts in its failure mode and
+// recovers by itself.
+func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: register metrics: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Limiter{
+		rdb:    client,
+		opts:   opts,
+		log:    opts.Logger,
+		met:    met,
+		plans:  newPlanCache(),
+		local:  newMemStore(),
+		now:    time.Now,
+		cancel: cancel,
+	}
+	l.goBackground(ctx, l.sweepLoop)
+	if client == nil {
+		return l, nil
+	}
+	if opts.CacheSize > 0 {
+		l.cache = newRejectCache(opts.CacheSize, opts.FlushEvery, opts.FlushInterval, opts.BanRevalidate)
+	}
+	l.batch = newBatcher(client, newScript(decideLua), opts.MaxBatch, opts.Queue, opts.Timeout, met.observeRedis)
+	for range opts.Pipelines {
+		l.goBackground(ctx, l.batch.run)
+	}
+	l.health = &health{
+		what: "rate limits", mode: opts.FailureMode, log: opts.Logger, met: met, gauge: true,
+		now:      func() time.Time { return l.now() },
+		probe:    func(ctx context.Context) error { return client.ScriptLoad(ctx, decideLua).Err() },
+		onDown:   l.local.reset,
+		interval: opts.ProbeInterval, timeout: max(opts.Timeout, 100*time.Millisecond),
+		kick: make(chan struct{}, 1),
+	}
+	l.goBackground(ctx, l.health.run)
+	l.goBackground(ctx, l.subscribeLoop)
+
+	lctx, lcancel := context.WithTimeout(ctx, max(opts.Timeout, time.Second))
+	defer lcancel()
+	if err := client.ScriptLoad(lctx, decideLua).Err(); err != nil {
+		l.health.fail(err)
+	}
+	return l, nil
+}
+
+func (l *Limiter) goBackground(ctx context.Context, f func(context.Context)) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f(ctx)
+	}()
+}
+
+// Close stops the limiter's background work. It does not close the client.
+func (l *Limiter) Close() error {
+	if l.closed.CompareAndSwap(false, true) {
+		l.cancel()
+		l.wg.Wait()
+	}
+	return nil
+}
+
+// Allow decides one request for key under p and records it when admitted.
+// It returns an error only for an invalid policy, or ErrUnavailable in
+// fail-closed mode when Redis cannot answer within the timeout.
+func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, error) {
+	pl, err := l.plans.get(p, l.opts, l.met)
+	if err != nil {
+		return Decision{}, err
+	}
+	start := l.now()
+	if l.rdb == nil {
+		return l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), false, 0), false), nil
+	}
+	var extra int64
+	if l.cache != nil {
+		d, pending, hit := l.cache.answer(key, pl, start)
+		if hit {
+			pl.outcome[d.Outcome].Inc()
+			return d, nil
+		}
+		extra = pending
+	}
+	if l.health.isDown() {
+		return l.degraded(key, pl, start, extra)
+	}
+	reply, err := l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modeDecide, extra))
+	var v verdict
+	if err == nil {
+		v, err = decode(pl, reply)
+	}
+	if err != nil {
+		if l.cache != nil {
+			l.cache.abandon(key)
+		}
+		if ctx.Err() == nil {
+			// The caller giving up says nothing about Redis.
+			l.health.fail(err)
+		}
+		return l.degraded(key, pl, start, extra)
+	}
+	d := l.finish(pl, v, false)
+	if l.cache != nil {
+		l.cache.store(key, pl, d, v.strikes, start)
+	}
+	return d, nil
+}
+
+// degraded decides without Redis according to the failure mode.
+func (l *Limiter) degraded(key string, pl *plan, start time.Time, extra int64) (Decision, error) {
+	if l.opts.FailureMode == FailClosed {
+		return Decision{}, ErrUnavailable
+	}
+	v := l.local.decide(key, pl.local, start.UnixMicro(), false, extra)
+	return l.finish(pl, v, true), nil
+}
+
+// finish turns a verdict into a Decision stated in terms of pl's windows
+// (also for a verdict of the fallback plan, whose windows are the same
+// with smaller limits) and counts it.
+func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
+	d := Decision{
+		Outcome:    v.outcome,
+		Windows:    make([]WindowState, len(pl.policy.Windows)),
+		RetryAfter: time.Duration(v.retry) * time.Microsecond,
+		Degraded:   degraded,
+	}
+	for i, w := range pl.policy.Windows {
+		d.Windows[i] = WindowState{Window: w, Remaining: v.win[i].remaining, Reset: time.UnixMicro(v.win[i].reset)}
+		// Windows are ordered by period, so <= prefers the longer on a tie.
+		if d.Windows[i].Remaining <= d.Windows[d.Binding].Remaining {
+			d.Binding = i
+		}
+	}
+	pl.outcome[d.Outcome].Inc()
+	if v.newBan {
+		pl.banned.Inc()
+	}
+	return d
+}
+
+// WindowUsage is one window's standing for a key.
+type WindowUsage struct {
+	Window
+	// Used is how many admitted requests the window counts now.
+	Used      int64
+	Remaining int64
+	// Reset is when the counted requests have all slid out.
+	Reset time.Time
+}
+
+// Usage is a key's standing under a policy.
+type Usage struct {
+	Windows []WindowUsage
+	// Strikes is the number of rejected requests counted toward a ban.
+	Strikes int64
+	// BannedUntil is when the current ban ends; zero when not banned.
+	BannedUntil time.Time
+	// Offences is the number of bans remembered for escalation.
+	Offences int64
+	// Degraded is true when Redis could not be reached and the figures are
+	// this process's own.
+	Degraded bool
+}
+
+// Usage reports key's standing under p without counting a request.
+func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error) {
+	pl, err := l.plans.get(p, l.opts, l.met)
+	if err != nil {
+		return Usage{}, err
+	}
+	now := l.now().UnixMicro()
+	var v verdict
+	degraded := false
+	switch {
+	case l.rdb == nil:
+		v = l.local.decide(key, pl, now, true, 0)
+	default:
+		err := ErrUnavailable
+		if !l.health.isDown() {
+			var reply any
+			if reply, err = l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modePeek, 0)); err == nil {
+				v, err = decode(pl, reply)
+			}
+			if err != nil && ctx.Err() == nil {
+				l.health.fail(err)
+			}
+		}
+		if err != nil {
+			if l.opts.FailureMode == FailClosed {
+				return Usage{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			v, degraded = l.local.decide(key, pl.local, now, true, 0), true
+		}
+	}
+	u := Usage{Strikes: v.strikes, Offences: v.offences, Degraded: degraded, Windows: make([]WindowUsage, len(pl.policy.Windows))}
+	if v.banUntil > 0 {
+		u.BannedUntil = time.UnixMicro(v.banUntil)
+	}
+	for i, w := range pl.policy.Windows {
+		u.Windows[i] = WindowUsage{Window: w, Used: v.win[i].used, Remaining: v.win[i].remaining, Reset: time.UnixMicro(v.win[i].reset)}
+	}
+	return u, nil
+}
+
+// Unban lifts key's ban and forgets its strikes and past offences. Every
+// replica drops its cached ban at once through pub/sub (and within
+// Options.BanRevalidate if the announcement is lost).
+func (l *Limiter) Unban(ctx context.Context, key string) error {
+	l.local.unban(key)
+	if l.rdb == nil {
+		return nil
+	}
+	if l.cache != nil {
+		l.cache.forget(key)
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
+	if err := l.rdb.Del(ctx, stateKeys(l.opts.Prefix, key)[1]).Err(); err != nil {
+		return fmt.Errorf("ratelimit: unban %q: %w", key, err)
+	}
+	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {
+		return fmt.Errorf("ratelimit: announce unban of %q: %w", key, err)
+	}
+	return nil
+}
+
+// subscribeLoop drops cached bans that another process lifted.
+func (l *Limiter) subscribeLoop(ctx context.Context) {
+	if l.cache == nil {
+		return
+	}
+	sub := l.rdb.Subscribe(ctx, l.opts.Prefix+"unban")
+	defer sub.Close()
+	ch := sub.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-ch:
+			if !ok {
+				return
+			}
+			l.cache.forget(m.Payload)
+			l.local.unban(m.Payload)
+		}
+	}
+}
+
+// sweepLoop drops state of idle keys held in memory.
+func (l *Limiter) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			now := l.now()
+			l.local.sweep(now.UnixMicro())
+			if l.cache != nil {
+				l.cache.sweep(now)
+			}
+		}
+	}
+}
+
+// planCache maps policies to compiled plans without hashing them with
+// SHA-256 on every request: a cheap hash finds candidates, which are then
+// compared field by field.
+type planCache struct {
+	seed  maphash.Seed
+	mu    sync.RWMutex
+	plans map[uint64][]*plan
+	n     int
+}
+
+// maxPlans bounds the plan cache; past it the cache starts over.
+const maxPlans = 4096
+
+func newPlanCache() planCache {
+	return planCache{seed: maphash.MakeSeed(), plans: make(map[uint64][]*plan)}
+}
+
+func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
+	h := hashPolicy(c.seed, p)
+	c.mu.RLock()
+	for _, pl := range c.plans[h] {
+		if samePolicy(pl.given, p) {
+			c.mu.RUnlock()
+			return pl, nil
+		}
+	}
+	c.mu.RUnlock()
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	pl := compile(p, o.Buckets, o.StrikeBuckets, o.Replicas)
+	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban}
+	pl.counters = met.forPlan(p.Name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n >= maxPlans {
+		clear(c.plans)
+		c.n = 0
+	}
+	for _, q := range c.plans[h] {
+		if samePolicy(q.given, p) {
+			return q, nil
+		}
+	}
+	c.plans[h] = append(c.plans[h], pl)
+	c.n++
+	return pl, nil
+}
+
+func hashPolicy(seed maphash.Seed, p Policy) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	h.WriteString(p.Name)
+	var b [8]byte
+	put := func(v int64) {
+		binary.LittleEndian.PutUint64(b[:], uint64(v))
+		_, _ = h.Write(b[:])
+	}
+	for _, w := range p.Windows {
+		put(w.Limit)
+		put(int64(w.Period))
+	}
+	put(p.Ban.Threshold)
+	put(int64(p.Ban.StrikeWindow))
+	put(int64(p.Ban.Base))
+	put(int64(math.Float64bits(p.Ban.Multiplier)))
+	put(int64(p.Ban.Max))
+	put(int64(p.Ban.Memory))
+	return h.Sum64()
+}
+
+func samePolicy(a, b Policy) bool {
+	if a.Name != b.Name || a.Ban != b.Ban || len(a.Windows) != len(b.Windows) {
+		return false
+	}
+	for i := range a.Windows {
+		if a.Windows[i] != b.Windows[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,221 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+)
+
+// ThrottleLimit is a GCRA limit: Rate requests per Period on average, with
+// bursts of up to Burst requests.
+type ThrottleLimit struct {
+	Rate   int
+	Burst  int
+	Period time.Duration
+}
+
+func (t ThrottleLimit) validate() error {
+	if t.Rate < 1 || t.Burst < 1 || t.Period < time.Millisecond {
+		return fmt.Errorf("ratelimit: throttle %d/%s burst %d: rate and burst must be at least 1 and the period at least 1ms", t.Rate, t.Period, t.Burst)
+	}
+	return nil
+}
+
+// Throttle limits requests per client address (failed authentications and
+// other unauthenticated requests) with GCRA, shared through Redis by
+// redis_rate, or in this process without a client. It follows the same
+// failure mode as the Limiter.
+type Throttle struct {
+	rl     *redis_rate.Limiter
+	limit  ThrottleLimit
+	local  *gcraStore
+	llimit ThrottleLimit // per replica while Redis is unreachable
+	opts   Options
+	count  counters
+	health *health
+	now    func() time.Time
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// NewThrottle returns a Throttle sharing state through client, or local to
+// this process when client is nil. Decisions are counted under plan "ip".
+func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options) (*Throttle, error) {
+	if err := limit.validate(); err != nil {
+		return nil, err
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: register metrics: %w", err)
+	}
+	r := opts.Replicas
+	t := &Throttle{
+		limit:  limit,
+		local:  newGCRAStore(),
+		llimit: ThrottleLimit{Rate: (limit.Rate + r - 1) / r, Burst: (limit.Burst + r - 1) / r, Period: limit.Period},
+		opts:   opts,
+		count:  met.forPlan("ip"),
+		now:    time.Now,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.cancel = cancel
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+				t.local.sweep(t.now())
+			}
+		}
+	}()
+	if client == nil {
+		t.llimit = limit
+		return t, nil
+	}
+	t.rl = redis_rate.NewLimiter(client)
+	t.health = &health{
+		what: "address throttling", mode: opts.FailureMode, log: opts.Logger, met: met,
+		now:      func() time.Time { return t.now() },
+		probe:    func(ctx context.Context) error { return client.Ping(ctx).Err() },
+		onDown:   t.local.reset,
+		interval: opts.ProbeInterval, timeout: max(opts.Timeout, 100*time.Millisecond),
+		kick: make(chan struct{}, 1),
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		t.health.run(ctx)
+	}()
+	return t, nil
+}
+
+// Close stops the throttle's background work. It does not close the client.
+func (t *Throttle) Close() error {
+	t.once.Do(func() {
+		t.cancel()
+		t.wg.Wait()
+	})
+	return nil
+}
+
+// Allow decides one request from key (a client address). The Decision has
+// one window: Limit is the burst, Period the limit's period.
+func (t *Throttle) Allow(ctx context.Context, key string) (Decision, error) {
+	now := t.now()
+	if t.rl == nil {
+		return t.finish(t.local.allow(key, t.llimit, now), t.llimit, now, false), nil
+	}
+	if !t.health.isDown() {
+		res, err := t.remote(ctx, key)
+		if err == nil {
+			return t.finish(res, t.limit, now, false), nil
+		}
+		if ctx.Err() == nil {
+			t.health.fail(err)
+		}
+	}
+	if t.opts.FailureMode == FailClosed {
+		return Decision{}, ErrUnavailable
+	}
+	return t.finish(t.local.allow(key, t.llimit, now), t.llimit, now, true), nil
+}
+
+// remote asks Redis, waiting at most Options.Timeout whatever the
+// client's own timeouts.
+func (t *Throttle) remote(ctx context.Context, key string) (*redis_rate.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	type answer struct {
+		res *redis_rate.Result
+		err error
+	}
+	ch := make(chan answer, 1)
+	lim := redis_rate.Limit{Rate: t.limit.Rate, Burst: t.limit.Burst, Period: t.limit.Period}
+	start := time.Now()
+	go func() {
+		res, err := t.rl.Allow(ctx, t.opts.Prefix+"ip:{"+key+"}", lim)
+		ch <- answer{res, err}
+	}()
+	select {
+	case a := <-ch:
+		t.health.met.observeRedis(time.Since(start), a.err)
+		return a.res, a.err
+	case <-ctx.Done():
+		t.health.met.observeRedis(time.Since(start), ctx.Err())
+		return nil, errTimeout
+	}
+}
+
+func (t *Throttle) finish(res *redis_rate.Result, lim ThrottleLimit, now time.Time, degraded bool) Decision {
+	d := Decision{
+		Outcome:  Allowed,
+		Degraded: degraded,
+		Windows: []WindowState{{
+			Window:    Window{Limit: int64(lim.Burst), Period: lim.Period},
+			Remaining: int64(max(res.Remaining, 0)),
+			Reset:     now.Add(max(res.ResetAfter, 0)),
+		}},
+	}
+	if res.Allowed == 0 {
+		d.Outcome = Limited
+		d.RetryAfter = res.RetryAfter
+	}
+	t.count.outcome[d.Outcome].Inc()
+	return d
+}
+
+// gcraStore is GCRA in memory, the same algorithm as redis_rate's script.
+type gcraStore struct {
+	mu  sync.Mutex
+	tat map[string]time.Time // theoretical arrival time per key
+}
+
+func newGCRAStore() *gcraStore { return &gcraStore{tat: make(map[string]time.Time)} }
+
+func (g *gcraStore) allow(key string, lim ThrottleLimit, now time.Time) *redis_rate.Result {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	interval := lim.Period / time.Duration(lim.Rate)
+	tat := g.tat[key]
+	if tat.Before(now) {
+		tat = now
+	}
+	newTat := tat.Add(interval)
+	allowAt := newTat.Add(-interval * time.Duration(lim.Burst))
+	if diff := now.Sub(allowAt); diff < 0 {
+		return &redis_rate.Result{Allowed: 0, Remaining: 0, RetryAfter: -diff, ResetAfter: tat.Sub(now)}
+	}
+	g.tat[key] = newTat
+	remaining := int(now.Sub(allowAt) / interval)
+	return &redis_rate.Result{Allowed: 1, Remaining: remaining, RetryAfter: -1, ResetAfter: newTat.Sub(now)}
+}
+
+func (g *gcraStore) sweep(now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, tat := range g.tat {
+		if !tat.After(now) {
+			delete(g.tat, k)
+		}
+	}
+}
+
+func (g *gcraStore) reset() {
+	g.mu.Lock()
+	clear(g.tat)
+	g.mu.Unlock()
+}
