@@ -64,13 +64,17 @@ func New(opts ...Option) *Store {
 	return s
 }
 
-// Create stores a new pet, assigning the next id. With idem set, a retry of
-// the same request within idem.TTL returns the original pet with replayed
-// true, and a reuse of the key for another request fails with
-// pet.ErrIdempotencyConflict.
+// Create stores a new pet, assigning the next id. With idem set (and a
+// positive TTL), a retry of the same request within idem.TTL returns the
+// original pet with replayed true, and a reuse of the key for another
+// request fails with pet.ErrIdempotencyConflict.
 func (s *Store) Create(ctx context.Context, np pet.NewPet, idem *pet.Idempotency) (pet.Pet, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return pet.Pet{}, false, fmt.Errorf("memstore: create pet: %w", err)
+	}
+	if idem != nil && idem.TTL <= 0 {
+		// Remembered for no time at all: a plain create.
+		idem = nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -51,6 +51,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"IdempotentReplay", testIdempotentReplay},
 		{"IdempotencyConflict", testIdempotencyConflict},
 		{"IdempotencyExpiry", testIdempotencyExpiry},
+		{"IdempotencyWithoutTTL", testIdempotencyWithoutTTL},
 		{"ConcurrentCreates", testConcurrentCreates},
 		{"ConcurrentSameKey", testConcurrentSameKey},
 		{"UnicodeNames", testUnicodeNames},
@@ -361,6 +362,19 @@ func testIdempotencyExpiry(t *testing.T, s Store) {
 		t.Fatalf("Create with another fingerprint after expiry = %+v, %v, %v; want a new pet", third, replayed, err)
 	}
 	samePets(t, "pets after expiries", listAll(t, s), []pet.Pet{first, second, third})
+}
+
+// A key remembered for no time is never seen again: each create is new.
+func testIdempotencyWithoutTTL(t *testing.T, s Store) {
+	var want []pet.Pet
+	for _, fp := range []string{"fp-1", "fp-1", "fp-2"} {
+		p, replayed, err := s.Create(t.Context(), pet.NewPet{Name: "NoTTL", CategoryID: 1, Status: pet.StatusSold}, &pet.Idempotency{Key: "k1/none", Fingerprint: fp})
+		if err != nil || replayed {
+			t.Fatalf("Create with a zero TTL = %+v, %v, %v; want a new pet", p, replayed, err)
+		}
+		want = append(want, p)
+	}
+	samePets(t, "pets created with a zero TTL", listAll(t, s), want)
 }
 
 func testConcurrentCreates(t *testing.T, s Store) {
