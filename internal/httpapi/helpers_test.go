@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -280,11 +281,39 @@ func (ts *testServer) do(req request) *response {
 	for k, v := range req.headers {
 		r.Header.Set(k, v)
 	}
+	return ts.serve(r)
+}
+
+// serve serves a prepared request and validates the response.
+func (ts *testServer) serve(r *http.Request) *response {
+	ts.t.Helper()
 	rec := httptest.NewRecorder()
 	ts.handler.ServeHTTP(rec, r)
 	resp := &response{Response: rec.Result(), body: rec.Body.Bytes()}
 	ts.validate(r, resp)
 	return resp
+}
+
+// httpRequest builds a request from the default client address.
+func httpRequest(method, target, body string) *http.Request {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	r := httptest.NewRequest(method, target, rd)
+	r.RemoteAddr = "192.0.2.1:1234"
+	if body != "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	return r
+}
+
+// decodeJSON decodes a response body into v.
+func decodeJSON(t *testing.T, body []byte, v any) {
+	t.Helper()
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("decode %s: %v", body, err)
+	}
 }
 
 // get is do for a GET with a key.
@@ -304,29 +333,40 @@ func (ts *testServer) create(name string, categoryID int64, status pet.Status) p
 	return resp.pet(ts.t)
 }
 
-// validate checks a response against the document and the rules every
-// response follows.
+// validate reports every way a response breaks the document or the rules
+// every response follows.
 func (ts *testServer) validate(req *http.Request, resp *response) {
-	t := ts.t
-	t.Helper()
+	ts.t.Helper()
+	for _, err := range ts.contract.check(req, resp) {
+		ts.t.Errorf("%s %s: %v", req.Method, req.URL, err)
+	}
+}
+
+// check returns the ways resp breaks the document or the common rules.
+func (c *contractDoc) check(req *http.Request, resp *response) []error {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	h := resp.Header
 	if h.Get("X-Request-Id") == "" {
-		t.Errorf("%s %s: no X-Request-Id", req.Method, req.URL)
+		fail("no X-Request-Id")
 	}
 	if got := h.Get("X-Content-Type-Options"); got != "nosniff" {
-		t.Errorf("%s %s: X-Content-Type-Options = %q", req.Method, req.URL, got)
+		fail("X-Content-Type-Options = %q", got)
 	}
 	if req.URL.Path == "/v1" || strings.HasPrefix(req.URL.Path, "/v1/") {
 		if got := h.Get("Cache-Control"); got != "no-store" {
-			t.Errorf("%s %s: Cache-Control = %q, want no-store", req.Method, req.URL, got)
+			fail("Cache-Control = %q, want no-store", got)
 		}
 	}
 	if resp.StatusCode >= 400 && req.Method != http.MethodHead {
 		if ct := h.Get("Content-Type"); ct != "application/json" {
-			t.Errorf("%s %s: error Content-Type = %q", req.Method, req.URL, ct)
+			fail("error Content-Type = %q", ct)
 		}
-		if e := resp.errorBody(t); e.Status != resp.StatusCode {
-			t.Errorf("%s %s: Error.status %d != HTTP status %d", req.Method, req.URL, e.Status, resp.StatusCode)
+		var e errorBody
+		if err := json.Unmarshal(resp.body, &e); err != nil {
+			fail("error body %q: %v", resp.body, err)
+		} else if e.Status != resp.StatusCode {
+			fail("Error.status %d != HTTP status %d", e.Status, resp.StatusCode)
 		}
 	}
 
@@ -335,19 +375,18 @@ func (ts *testServer) validate(req *http.Request, resp *response) {
 	if routed.Method == http.MethodHead {
 		routed.Method = http.MethodGet
 	}
-	route, params, err := ts.contract.router.FindRoute(routed)
+	route, params, err := c.router.FindRoute(routed)
 	if err != nil {
-		ts.validateUnrouted(req, resp, err)
-		return
+		return append(errs, c.checkUnrouted(req, resp, err)...)
 	}
 	if req.Method == http.MethodHead {
 		if len(resp.body) != 0 {
-			t.Errorf("HEAD %s: body of %d bytes", req.URL, len(resp.body))
+			fail("HEAD answered with a body of %d bytes", len(resp.body))
 		}
 		if route.Operation.Responses.Status(resp.StatusCode) == nil {
-			t.Errorf("HEAD %s: status %d not documented for GET", req.URL, resp.StatusCode)
+			fail("status %d not documented for GET", resp.StatusCode)
 		}
-		return
+		return errs
 	}
 	in := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: &openapi3filter.RequestValidationInput{
@@ -360,33 +399,35 @@ func (ts *testServer) validate(req *http.Request, resp *response) {
 	}
 	in.SetBodyBytes(resp.body)
 	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
-		t.Errorf("%s %s: response %d does not match the document: %v\nbody: %s", req.Method, req.URL, resp.StatusCode, err, resp.body)
+		fail("response %d does not match the document: %v\nbody: %s", resp.StatusCode, err, resp.body)
 	}
+	return errs
 }
 
-// validateUnrouted checks responses to requests the document has no
-// operation for: they can only be errors the router gives for any path.
-func (ts *testServer) validateUnrouted(req *http.Request, resp *response, routeErr error) {
-	t := ts.t
-	t.Helper()
+// checkUnrouted checks responses to requests the document has no operation
+// for: they can only be errors the router gives for any path.
+func (c *contractDoc) checkUnrouted(req *http.Request, resp *response, routeErr error) []error {
+	var errs []error
 	switch resp.StatusCode {
 	case http.StatusUnauthorized, http.StatusNotFound, http.StatusMethodNotAllowed,
 		http.StatusTooManyRequests, http.StatusServiceUnavailable:
 	default:
-		t.Errorf("%s %s: status %d for a request the document does not route (%v)", req.Method, req.URL, resp.StatusCode, routeErr)
+		errs = append(errs, fmt.Errorf("status %d for a request the document does not route (%v)", resp.StatusCode, routeErr))
 	}
 	if resp.StatusCode == http.StatusMethodNotAllowed && resp.Header.Get("Allow") == "" {
-		t.Errorf("%s %s: 405 without Allow", req.Method, req.URL)
+		errs = append(errs, errors.New("405 without Allow"))
 	}
 	if req.Method == http.MethodHead {
-		return
+		return errs
 	}
 	var v any
 	if err := json.Unmarshal(resp.body, &v); err != nil {
-		t.Fatalf("%s %s: body is not JSON: %v", req.Method, req.URL, err)
+		return append(errs, fmt.Errorf("body is not JSON: %w", err))
 	}
-	schema := ts.contract.doc.Components.Schemas["Error"].Value
-	if err := schema.VisitJSON(v, openapi3.VisitAsResponse()); err != nil {
-		t.Errorf("%s %s: body does not match Error: %v", req.Method, req.URL, err)
+	if err := c.doc.Components.Schemas["Error"].Value.VisitJSON(v, openapi3.VisitAsResponse()); err != nil {
+		errs = append(errs, fmt.Errorf("body does not match Error: %w", err))
 	}
+	return errs
 }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -66,4 +66,3 @@ func serveDocument(w http.ResponseWriter, contentType string, body []byte) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
 }
-
