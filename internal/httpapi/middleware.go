@@ -225,19 +225,14 @@ func (s *server) recoverPanic(next http.Handler) http.Handler {
 	})
 }
 
-// commonHeaders sets the headers every public response carries.
+// commonHeaders sets the headers every public response carries. Responses
+// are not to be cached: they depend on the caller's key and on its
+// remaining quota. Only the OpenAPI document overrides that.
 func commonHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		next.ServeHTTP(w, r)
-	})
-}
-
-// noStore keeps API responses out of caches: they depend on the caller's
-// key and on its remaining quota.
-func noStore(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
+		h := w.Header()
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Cache-Control", "no-store")
 		next.ServeHTTP(w, r)
 	})
 }

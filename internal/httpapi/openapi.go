@@ -59,9 +59,12 @@ func (s *server) handleOpenAPIJSON() http.HandlerFunc {
 	}
 }
 
+// serveDocument writes the document, which may be cached briefly: it
+// changes only with a release.
 func serveDocument(w http.ResponseWriter, contentType string, body []byte) {
 	h := w.Header()
 	h.Set("Content-Type", contentType)
+	h.Set("Cache-Control", "public, max-age=300")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)

@@ -16,19 +16,20 @@ func (s *server) routes() *chi.Mux {
 		s.clientIP,     // the caller's address, believing only trusted proxies
 		s.observe,      // access log and metrics, outside recover so panics are seen
 		s.recoverPanic, // a panic becomes a 500 Error
-		commonHeaders,  // X-Content-Type-Options
+		commonHeaders,  // X-Content-Type-Options, Cache-Control
 		middleware.GetHead,
 	)
 
 	// Outside /v1 nobody authenticates: every request is charged to the
-	// per-IP throttle.
+	// per-IP throttle. So are methods chi does not know (PROPFIND), which
+	// it refuses here for any path, /v1 included.
 	r.NotFound(s.throttleByIP(s.handleNotFound()).ServeHTTP)
 	r.MethodNotAllowed(s.throttleByIP(s.handleMethodNotAllowed()).ServeHTTP)
 	r.With(s.throttleByIP).Get("/openapi.yaml", s.handleOpenAPIYAML())
 	r.With(s.throttleByIP).Get("/openapi.json", s.handleOpenAPIJSON())
 
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(noStore, s.deprecateGetPet, s.authenticate, s.rateLimit)
+		r.Use(s.deprecateGetPet, s.authenticate, s.rateLimit)
 		// Set here so that unknown paths and methods under /v1 are answered
 		// after authentication and limiting, not charged to the IP throttle.
 		r.NotFound(s.handleNotFound())

@@ -1,0 +1,173 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+func TestRateLimitHeadersOnEveryResponse(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	reset := time.Now().Add(30*time.Second + 300*time.Millisecond)
+	ts.limiter.decision = ratelimit.Decision{Outcome: ratelimit.Allowed, Binding: 0, Windows: []ratelimit.WindowState{
+		{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Remaining: 12, Reset: reset},
+		{Window: ratelimit.Window{Limit: 1000, Period: 24 * time.Hour}, Remaining: 500, Reset: time.Now().Add(10 * time.Hour)},
+	}}
+	p := ts.create("Rex", 1, "sold")
+	for _, req := range []request{
+		{target: "/v1/pets"},                                      // 200
+		{target: "/v1/pets/" + itoa(p.ID)},                        // 200, deprecated
+		{method: http.MethodPost, target: "/v1/pets", body: `{}`}, // 400
+		{target: "/v1/pets?limit=0"},                              // 400
+		{target: "/v1/pets/424242"},                               // 404
+		{target: "/v1/nothing"},                                   // 404
+		{method: http.MethodDelete, target: "/v1/pets"},           // 405
+		{method: http.MethodPost, target: "/v1/pets", body: `{"name":"Max","categoryId":2}`}, // 201
+	} {
+		req.key = keyFree
+		resp := ts.do(req)
+		h := resp.Header
+		want := map[string]string{
+			"X-RateLimit-Limit":     "60",
+			"X-RateLimit-Remaining": "12",
+			"X-RateLimit-Reset":     strconv.FormatInt(reset.Unix()+1, 10),
+			"RateLimit-Policy":      `"1m";q=60;w=60, "24h";q=1000;w=86400`,
+		}
+		for name, v := range want {
+			if got := h.Get(name); got != v {
+				t.Errorf("%s %s (%d): %s = %q, want %q", req.method, req.target, resp.StatusCode, name, got, v)
+			}
+		}
+		// t is 30 or 31 seconds depending on how long the request took.
+		if got := h.Get("RateLimit"); got != `"1m";r=12;t=31` && got != `"1m";r=12;t=30` {
+			t.Errorf("%s %s: RateLimit = %q", req.method, req.target, got)
+		}
+	}
+}
+
+func TestRateLimitHeadersBindingWindow(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		name string
+		d    ratelimit.Decision
+		want map[string]string
+	}{
+		{
+			name: "day window binds",
+			d: ratelimit.Decision{Outcome: ratelimit.Allowed, Binding: 1, Windows: []ratelimit.WindowState{
+				{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Remaining: 40, Reset: now.Add(10 * time.Second)},
+				{Window: ratelimit.Window{Limit: 1000, Period: 24 * time.Hour}, Remaining: 3, Reset: now.Add(90*time.Minute + 500*time.Millisecond)},
+			}},
+			want: map[string]string{
+				"X-RateLimit-Limit": "1000", "X-RateLimit-Remaining": "3", "X-RateLimit-Reset": "1700005401",
+				"RateLimit": `"24h";r=3;t=5401`, "RateLimit-Policy": `"1m";q=60;w=60, "24h";q=1000;w=86400`,
+			},
+		},
+		{
+			name: "sub-second window",
+			d: ratelimit.Decision{Outcome: ratelimit.Allowed, Windows: []ratelimit.WindowState{
+				{Window: ratelimit.Window{Limit: 5, Period: 500 * time.Millisecond}, Remaining: 5, Reset: now},
+			}},
+			want: map[string]string{
+				"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "5", "X-RateLimit-Reset": "1700000000",
+				"RateLimit": `"500ms";r=5;t=0`, "RateLimit-Policy": `"500ms";q=5;w=1`,
+			},
+		},
+		{
+			name: "limited shows nothing remaining",
+			d: ratelimit.Decision{Outcome: ratelimit.Limited, RetryAfter: 1500 * time.Millisecond, Windows: []ratelimit.WindowState{
+				{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Remaining: 0, Reset: now.Add(45 * time.Second)},
+			}},
+			want: map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000045", "RateLimit": `"1m";r=0;t=45`},
+		},
+		{
+			name: "banned resets when the ban ends",
+			d: ratelimit.Decision{Outcome: ratelimit.Banned, RetryAfter: 10 * time.Minute, Windows: []ratelimit.WindowState{
+				{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Remaining: 60, Reset: now},
+			}},
+			want: map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000600", "RateLimit": `"1m";r=0;t=600`},
+		},
+		{
+			name: "no windows, no headers",
+			d:    ratelimit.Decision{Outcome: ratelimit.Allowed},
+			want: map[string]string{"X-RateLimit-Limit": "", "RateLimit": "", "RateLimit-Policy": ""},
+		},
+	}
+	for _, tt := range tests {
+		h := http.Header{}
+		setLimitHeaders(h, tt.d, now)
+		for name, v := range tt.want {
+			if got := h.Get(name); got != v {
+				t.Errorf("%s: %s = %q, want %q", tt.name, name, got, v)
+			}
+		}
+	}
+}
+
+func TestRateLimitRefusals(t *testing.T) {
+	t.Parallel()
+	window := []ratelimit.WindowState{{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Reset: time.Now().Add(time.Minute)}}
+	tests := []struct {
+		name       string
+		d          ratelimit.Decision
+		err        error
+		status     int
+		code       string
+		retryAfter string
+	}{
+		{"limited 1.2s", ratelimit.Decision{Outcome: ratelimit.Limited, Windows: window, RetryAfter: 1200 * time.Millisecond}, nil, 429, codeRateLimited, "2"},
+		{"limited exactly 2s", ratelimit.Decision{Outcome: ratelimit.Limited, Windows: window, RetryAfter: 2 * time.Second}, nil, 429, codeRateLimited, "2"},
+		{"limited 1ns", ratelimit.Decision{Outcome: ratelimit.Limited, Windows: window, RetryAfter: time.Nanosecond}, nil, 429, codeRateLimited, "1"},
+		{"limited 100ms", ratelimit.Decision{Outcome: ratelimit.Limited, Windows: window, RetryAfter: 100 * time.Millisecond}, nil, 429, codeRateLimited, "1"},
+		{"limited zero", ratelimit.Decision{Outcome: ratelimit.Limited, Windows: window}, nil, 429, codeRateLimited, "1"},
+		{"limited 59.001s", ratelimit.Decision{Outcome: ratelimit.Limited, Windows: window, RetryAfter: 59001 * time.Millisecond}, nil, 429, codeRateLimited, "60"},
+		{"banned 5m", ratelimit.Decision{Outcome: ratelimit.Banned, Windows: window, RetryAfter: 5 * time.Minute}, nil, 429, codeKeyBanned, "300"},
+		{"banned 90.5s", ratelimit.Decision{Outcome: ratelimit.Banned, Windows: window, RetryAfter: 90500 * time.Millisecond}, nil, 429, codeKeyBanned, "91"},
+		{"fail closed", ratelimit.Decision{}, fmt.Errorf("redis: %w", ratelimit.ErrUnavailable), 503, codeUnavailable, "1"},
+		{"invalid policy", ratelimit.Decision{}, errors.New("ratelimit: policy has no windows"), 500, codeInternalError, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ts := newTestServer(t)
+			ts.limiter.decision, ts.limiter.err = tt.d, tt.err
+			for _, target := range []string{"/v1/pets", "/v1/pets/1"} {
+				resp := ts.get(target, keyFree)
+				if resp.StatusCode != tt.status {
+					t.Fatalf("%s: status %d, want %d", target, resp.StatusCode, tt.status)
+				}
+				if e := resp.errorBody(t); e.Code != tt.code {
+					t.Errorf("%s: code %q, want %q", target, e.Code, tt.code)
+				}
+				if got := resp.Header.Get("Retry-After"); got != tt.retryAfter {
+					t.Errorf("%s: Retry-After %q, want %q", target, got, tt.retryAfter)
+				}
+			}
+			// A refused request leaves nothing remaining.
+			if tt.status == 429 {
+				if resp := ts.get("/v1/pets", keyFree); resp.Header.Get("X-RateLimit-Remaining") != "0" {
+					t.Errorf("429 with X-RateLimit-Remaining %q", resp.Header.Get("X-RateLimit-Remaining"))
+				}
+			}
+		})
+	}
+}
+
+func TestRateLimitOff(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, func(c *Config) { c.Limiter = nil; c.Throttle = nil })
+	resp := ts.get("/v1/pets", keyFree)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Limit") != "" || resp.Header.Get("RateLimit") != "" {
+		t.Errorf("limiting off: %d, headers %v", resp.StatusCode, resp.Header)
+	}
+	if resp := ts.get("/v1/pets", ""); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("throttle off: %d", resp.StatusCode)
+	}
+}
