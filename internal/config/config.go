@@ -10,8 +10,6 @@ import (
 	"io"
 	"net/netip"
 	"net/url"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/animal-store/petstore/ratelimit"
@@ -201,21 +199,4 @@ func redact(v string) string {
 		return u.String()
 	}
 	return "xxxxx"
-}
-
-// ParseWindow parses COUNT/PERIOD, e.g. "30/1m".
-func ParseWindow(s string) (ratelimit.Window, error) {
-	n, p, ok := strings.Cut(strings.TrimSpace(s), "/")
-	if !ok {
-		return ratelimit.Window{}, fmt.Errorf("%q: want COUNT/PERIOD, e.g. 30/1m", s)
-	}
-	limit, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
-	if err != nil || limit < 1 {
-		return ratelimit.Window{}, fmt.Errorf("%q: count must be a positive integer", s)
-	}
-	period, err := time.ParseDuration(strings.TrimSpace(p))
-	if err != nil || period <= 0 {
-		return ratelimit.Window{}, fmt.Errorf("%q: period must be a positive duration such as 1s, 1m or 24h", s)
-	}
-	return ratelimit.Window{Limit: limit, Period: period}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/animal-store/petstore/internal/plan"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -185,7 +186,7 @@ func (v windowValue) String() string {
 }
 
 func (v windowValue) Set(s string) error {
-	w, err := ParseWindow(s)
+	w, err := plan.ParseQuota(s)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,302 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/internal/config"
+	"github.com/animal-store/petstore/internal/httpapi"
+	"github.com/animal-store/petstore/internal/memstore"
+	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/internal/postgres"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// Server timeouts: a slow client cannot hold a connection or a goroutine.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 30 * time.Second
+	writeTimeout      = 30 * time.Second
+	idleTimeout       = 120 * time.Second
+	maxHeaderBytes    = 64 << 10
+)
+
+// loadConfig parses the shared settings for a subcommand.
+func loadConfig(name, synopsis string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (config.Config, *config.Set, *flag.FlagSet, error) {
+	cfg := config.Default()
+	fs := flag.NewFlagSet("petstore "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if extra != nil {
+		extra(fs)
+	}
+	set := config.Register(fs, &cfg)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: petstore %s %s\n\nFlags (each with its environment variable twin; flags win):\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	if err := set.Parse(args, getenv); err != nil {
+		return cfg, nil, nil, err
+	}
+	return cfg, set, fs, cfg.Validate()
+}
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, set, _, err := loadConfig("serve", "[flags]", args, getenv, stderr, nil)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+	log.Info("starting petstore", "version", version, "settings", set.Redacted())
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(),
+	)
+
+	// Storage: pets in memory or PostgreSQL; API keys additionally in
+	// PostgreSQL whenever a database is configured.
+	var (
+		store  httpapi.PetStore
+		lookup apikey.KeyLookup
+		ping   = func(context.Context) error { return nil }
+	)
+	if cfg.DatabaseURL != "" {
+		pool, err := postgres.Open(ctx, cfg.DatabaseURL, int32(cfg.DBMaxConns))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		pg := postgres.New(pool)
+		lookup = pg
+		ping = pg.Ping
+		if cfg.Store == "postgres" {
+			store = pg
+		}
+	}
+	if store == nil {
+		store = memstore.New()
+	}
+
+	// Keys and plans: a development key when nothing else can authenticate.
+	var devKey string
+	if cfg.KeysFile == "" && lookup == nil {
+		if devKey, lookup, err = newDevKey(); err != nil {
+			return err
+		}
+	}
+	auth, err := apikey.NewAuthenticator(apikey.Options{Lookup: lookup, CacheTTL: cfg.KeyCacheTTL})
+	if err != nil {
+		return err
+	}
+	watcher, err := apikey.NewWatcher(apikey.WatcherOptions{
+		PlansFile:  cfg.PlansFile,
+		KeysFile:   cfg.KeysFile,
+		Interval:   cfg.ReloadInterval,
+		Apply:      auth.Update,
+		Logger:     log,
+		Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+	if err := watcher.Load(); err != nil {
+		return err
+	}
+
+	// Rate limiting: shared through Redis when configured, else in-process.
+	rdb, err := cfg.Redis.NewRedisClient()
+	if err != nil {
+		return err
+	}
+	if rdb != nil {
+		defer rdb.Close()
+	} else {
+		log.Warn("no Redis configured: rate limits are kept in this process only; set PETSTORE_REDIS_URL when running more than one replica")
+	}
+	mode, err := ratelimit.ParseFailureMode(cfg.FailureMode)
+	if err != nil {
+		return err
+	}
+	rlOpts := ratelimit.Options{
+		Timeout:     cfg.Redis.Timeout,
+		FailureMode: mode,
+		Replicas:    cfg.Replicas,
+		Registerer:  reg,
+		Logger:      log,
+	}
+	limiter, err := ratelimit.New(rdb, rlOpts)
+	if err != nil {
+		return err
+	}
+	defer limiter.Close()
+	throttle, err := ratelimit.NewThrottle(rdb, ratelimit.ThrottleLimit{
+		Rate:   int(cfg.AuthFailureLimit.Limit),
+		Burst:  int(cfg.AuthFailureLimit.Limit),
+		Period: cfg.AuthFailureLimit.Period,
+	}, rlOpts)
+	if err != nil {
+		return err
+	}
+	defer throttle.Close()
+
+	api := httpapi.NewServer(httpapi.Config{
+		Store:          store,
+		Auth:           auth,
+		Limiter:        limiter,
+		Throttle:       throttle,
+		Logger:         log,
+		Metrics:        httpapi.NewMetrics(reg),
+		TrustedProxies: cfg.TrustedProxies,
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+	})
+	readiness := httpapi.NewReadiness(ping)
+	ops := httpapi.NewOpsHandler(httpapi.OpsConfig{Readiness: readiness, Gatherer: reg, Logger: log})
+
+	apiLn, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	opsLn, err := net.Listen("tcp", cfg.OpsAddr)
+	if err != nil {
+		apiLn.Close()
+		return fmt.Errorf("listen on %s: %w", cfg.OpsAddr, err)
+	}
+	apiSrv := newHTTPServer(api, log)
+	opsSrv := newHTTPServer(ops, log)
+
+	errc := make(chan error, 2)
+	go func() { errc <- serveOn(apiSrv, apiLn) }()
+	go func() { errc <- serveOn(opsSrv, opsLn) }()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go watcher.Run(watchCtx)
+
+	log.Info("listening", "api", apiLn.Addr().String(), "ops", opsLn.Addr().String())
+	if devKey != "" {
+		printDevKey(stdout, devKey, apiLn.Addr())
+	}
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+
+	// Drain: stop being ready, give load balancers time to notice, then let
+	// in-flight requests finish within the grace period.
+	log.Info("shutting down: draining", "drain_delay", cfg.DrainDelay, "grace", cfg.ShutdownGrace)
+	readiness.SetDraining(true)
+	time.Sleep(cfg.DrainDelay)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownGrace)
+	defer cancel()
+	err = apiSrv.Shutdown(sctx)
+	if oerr := opsSrv.Shutdown(sctx); err == nil {
+		err = oerr
+	}
+	if err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+func serveOn(srv *http.Server, ln net.Listener) error {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "petstore",
+		Name:      "build_info",
+		Help:      "Always 1; the labels say which build is running.",
+	}, []string{"version", "goversion"})
+	g.WithLabelValues(version, runtime.Version()).Set(1)
+	return g
+}
+
+// devKeys authenticates the single development key generated when the
+// service starts with no keys file and no database.
+type devKeys struct{ rec apikey.Record }
+
+func (d devKeys) KeyByHash(_ context.Context, hash string) (apikey.Record, error) {
+	if hash == d.rec.Hash {
+		return d.rec, nil
+	}
+	return apikey.Record{}, apikey.ErrUnknown
+}
+
+func newDevKey() (string, apikey.KeyLookup, error) {
+	key, err := apikey.Generate()
+	if err != nil {
+		return "", nil, err
+	}
+	h := apikey.Hash(key)
+	return key, devKeys{apikey.Record{
+		ID:        apikey.IDFromHash(h),
+		Hash:      h,
+		Label:     "development",
+		Plan:      plan.Free,
+		CreatedAt: time.Now(),
+	}}, nil
+}
+
+func printDevKey(w io.Writer, key string, addr net.Addr) {
+	host := addr.String()
+	if tcp, ok := addr.(*net.TCPAddr); ok && (tcp.IP.IsUnspecified() || tcp.IP == nil) {
+		host = fmt.Sprintf("localhost:%d", tcp.Port)
+	}
+	base := "http://" + host
+	fmt.Fprintf(w, `
+No keys file and no database: this is a development API key on the free plan,
+valid until the process exits. It is shown only once.
+
+  %s
+
+Try it:
+
+  curl -i -H 'Authorization: Bearer %s' %s/v1/pets
+
+  curl -i -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' \
+       -d '{"name":"Rex","categoryId":1}' %s/v1/pets
+
+`, key, key, base, key, base)
+}
