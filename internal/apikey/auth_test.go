@@ -92,11 +92,13 @@ func record(key, planName string, overrides ...ratelimit.Window) apikey.Record {
 	return apikey.Record{ID: apikey.IDFromHash(h), Hash: h, Label: "test", Plan: planName, Overrides: overrides}
 }
 
-func staticKeys(t *testing.T) *apikey.StaticKeys {
-	t.Helper()
+func staticKeys(t *testing.T) *apikey.StaticKeys { return staticKeysB(t) }
+
+func staticKeysB(tb testing.TB) *apikey.StaticKeys {
+	tb.Helper()
 	k, err := apikey.LoadKeys(filepath.Join("testdata", "keys.yaml"), plan.Defaults())
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return k
 }

@@ -58,14 +58,15 @@ func Generate() (string, error) {
 			}
 		}
 	}
-	return string(append(key, checksum(key[len(Prefix):])...)), nil
+	sum := checksum(key[len(Prefix):])
+	return string(append(key, sum[:]...)), nil
 }
 
 // checksum is the CRC32 (IEEE) of secret in 6 base62 digits, zero-padded
 // (62^6 > 2^32).
-func checksum(secret []byte) []byte {
+func checksum(secret []byte) [checksumLen]byte {
 	n := crc32.ChecksumIEEE(secret)
-	out := make([]byte, checksumLen)
+	var out [checksumLen]byte
 	for i := checksumLen - 1; i >= 0; i-- {
 		out[i] = base62[n%62]
 		n /= 62
@@ -89,7 +90,7 @@ func CheckFormat(token string) error {
 			return fmt.Errorf("%w: characters outside 0-9, A-Z, a-z", ErrMalformed)
 		}
 	}
-	if string(checksum([]byte(body[:secretLen]))) != body[secretLen:] {
+	if sum := checksum([]byte(body[:secretLen])); string(sum[:]) != body[secretLen:] {
 		return fmt.Errorf("%w: checksum does not match", ErrMalformed)
 	}
 	return nil
