@@ -63,7 +63,7 @@ type Options struct {
 	// Logger receives one line per change of Redis reachability (default: discard).
 	Logger *slog.Logger
 
-	// Buckets is the number of buckets a window is split into (default 100):
+	// Buckets is the number of buckets a window is split into (default 200):
 	// requests slide out of a window of period W in steps of W/Buckets.
 	Buckets int
 	// StrikeBuckets is the number of buckets of a ban's strike window (default 20).
@@ -88,6 +88,9 @@ type Options struct {
 	// BanRevalidate re-checks a cached ban with Redis at least this often,
 	// in case an Unban announcement was missed (default 2s).
 	BanRevalidate time.Duration
+
+	// clock replaces time.Now in tests.
+	clock func() time.Time
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -121,6 +124,9 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.FlushEvery, 64)
 	defd(&o.FlushInterval, 250*time.Millisecond)
 	defd(&o.BanRevalidate, 2*time.Second)
+	if o.clock == nil {
+		o.clock = time.Now
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -172,7 +178,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		met:    met,
 		plans:  newPlanCache(),
 		local:  newMemStore(),
-		now:    time.Now,
+		now:    opts.clock,
 		cancel: cancel,
 	}
 	l.goBackground(ctx, l.sweepLoop)

@@ -16,6 +16,12 @@ const (
 	timeBytes   = 7 // an absolute time in microseconds
 	strikeBytes = 4 // a strike bucket's count
 	offenceCap  = 1<<16 - 1
+	// offsetsUpTo: windows whose limit is at most this many times their
+	// bucket count keep each bucket's last-event time. With few requests
+	// per bucket it lets a bucket leave the window as soon as its last
+	// request has; with many it gains next to nothing, and the bytes are
+	// better spent on more buckets.
+	offsetsUpTo = 1
 	layoutBytes = 8
 	maxOffset   = 1<<(8*offsetBytes) - 1
 	maxBanMicro = int64(1) << 50 // ~35 years: keeps ban ends inside timeBytes
@@ -33,17 +39,21 @@ type ring struct {
 	gran   int64 // µs per bucket
 	n      int64 // period spans at most n+1 buckets
 	width  int64 // bytes per bucket count
+	obytes int64 // bytes of a bucket's last-event offset: offsetBytes, or 0 to keep none
 	unit   int64 // µs per unit of a bucket's last-event offset
 	cap    int64 // largest count a bucket or the total can hold
 }
 
-func newRing(limit int64, period time.Duration, buckets int, width int64) ring {
+func newRing(limit int64, period time.Duration, buckets int, width int64, offsets bool) ring {
 	p := period.Microseconds()
 	g := p / int64(buckets)
 	if g < 1 {
 		g = 1
 	}
 	r := ring{limit: limit, period: p, gran: g, n: (p + g - 1) / g, width: width}
+	if offsets {
+		r.obytes = offsetBytes
+	}
 	r.unit = (g + maxOffset - 1) / maxOffset
 	r.cap = 1<<(8*width) - 1
 	return r
@@ -61,7 +71,7 @@ func countWidth(limit int64) int64 {
 }
 
 // size is the number of bytes of the ring's packed segment.
-func (r ring) size() int64 { return headBytes + r.width + (r.n+1)*(r.width+offsetBytes) }
+func (r ring) size() int64 { return headBytes + r.width + (r.n+1)*(r.width+r.obytes) }
 
 // plan is a Policy compiled for evaluation: ring geometry, the static
 // script arguments and the policy's metric handles. Plans are cached by
@@ -111,9 +121,9 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 	var desc strings.Builder
 	var maxTTL int64
 	for _, w := range p.Windows {
-		r := newRing(w.Limit, w.Period, buckets, countWidth(w.Limit))
+		r := newRing(w.Limit, w.Period, buckets, countWidth(w.Limit), w.Limit <= offsetsUpTo*int64(buckets))
 		pl.windows = append(pl.windows, r)
-		fmt.Fprintf(&desc, "%d/%d/%d/%d/%d;", r.period, r.gran, r.n, r.width, r.unit)
+		fmt.Fprintf(&desc, "%d/%d/%d/%d/%d/%d;", r.period, r.gran, r.n, r.width, r.obytes, r.unit)
 		if t := r.period + r.gran; t > maxTTL {
 			maxTTL = t
 		}
@@ -124,7 +134,7 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 	b := p.Ban
 	pl.ban = b.Enabled()
 	if pl.ban {
-		pl.strikes = newRing(b.Threshold, b.StrikeWindow, strikeBuckets, strikeBytes)
+		pl.strikes = newRing(b.Threshold, b.StrikeWindow, strikeBuckets, strikeBytes, true)
 		pl.memory = b.Memory.Microseconds()
 		for n := int64(1); n <= maxBanSteps; n++ {
 			d := min(b.Duration(n).Microseconds(), maxBanMicro)
@@ -146,7 +156,7 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 	// Static script arguments; see script.go for their order.
 	pl.argv = append(pl.argv, pl.layout, int64(len(pl.windows)))
 	for _, r := range pl.windows {
-		pl.argv = append(pl.argv, r.limit, r.period, r.gran, r.n, r.width, r.unit)
+		pl.argv = append(pl.argv, r.limit, r.period, r.gran, r.n, r.width, r.obytes, r.unit)
 	}
 	pl.argv = append(pl.argv, pl.stateMS)
 	if pl.ban {
@@ -173,7 +183,7 @@ func Granularity(d time.Duration, buckets int) time.Duration {
 	if buckets <= 0 {
 		buckets = DefaultBuckets
 	}
-	return time.Duration(newRing(1, d, buckets, 1).gran) * time.Microsecond
+	return time.Duration(newRing(1, d, buckets, 1, false).gran) * time.Microsecond
 }
 
 func (pl *plan) String() string {
@@ -191,7 +201,7 @@ func (pl *plan) String() string {
 // Defaults for the ring geometry.
 const (
 	// DefaultBuckets is the number of buckets a window is split into.
-	DefaultBuckets = 100
+	DefaultBuckets = 200
 	// DefaultStrikeBuckets is the number of buckets of the strike window.
 	DefaultStrikeBuckets = 20
 )

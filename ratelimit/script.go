@@ -14,13 +14,13 @@ import (
 // KEYS[1] window state, KEYS[2] strike and ban state (same hash slot).
 //
 // ARGV: mode (0 decide, 1 peek), extra strikes, layout, window count;
-// per window: limit, period, gran, n, width, unit (µs); window-state TTL
+// per window: limit, period, gran, n, width, offset bytes, unit (µs); window-state TTL
 // (ms); then the strike threshold (0: no bans) followed, when positive, by
 // strike period, gran, n, unit, strike layout, offence memory, the number
 // of ban lengths and the lengths (µs).
 //
 // Window state: layout (8 bytes), then per window: head (6), total
-// (width), and n+1 slots of count (width) + last-event offset (3).
+// (width), and n+1 slots of count (width) + last-event offset (3 or 0).
 // Ban state: ban end (7), offences (2), last offence (7), strike layout
 // (8), strike head (6), strike total (4), sn+1 slots of count (4) + offset (3).
 //
@@ -49,9 +49,9 @@ local function put(s, p, x)
   return sub(s, 1, p - 1) .. x .. sub(s, p + #x)
 end
 
-local function ring(s, P, limit, period, gran, n, width, unit)
+local function ring(s, P, limit, period, gran, n, width, ob, unit)
   local r = {P = P, R = P + 6 + width, limit = limit, period = period, gran = gran, n = n,
-    w = width, unit = unit, sz = width + 3, size = n + 1, cap = 256 ^ width - 1}
+    w = width, ob = ob, unit = unit, sz = width + ob, size = n + 1, cap = 256 ^ width - 1}
   r.head = get(s, P, 6)
   r.total = get(s, P + 6, width)
   return r
@@ -88,7 +88,10 @@ local function advance(s, r, b)
   return s
 end
 
-local function last(s, r, j, p) return j * r.gran + get(s, p + r.w, 3) * r.unit end
+local function last(s, r, j, p)
+  if r.ob == 0 then return (j + 1) * r.gran end
+  return j * r.gran + get(s, p + r.w, 3) * r.unit
+end
 
 local function untl(r, j, l)
   local t = l + r.period
@@ -132,9 +135,13 @@ local function add(s, r, b, now, k)
   local p = slot(r, b)
   local c = get(s, p, r.w) + k
   if c > r.cap then c = r.cap end
-  local o = now - b * r.gran
-  if o < 0 then o = 0 end
-  s = put(s, p, enc(c, r.w) .. enc(ceil(o / r.unit), 3))
+  if r.ob > 0 then
+    local o = now - b * r.gran
+    if o < 0 then o = 0 end
+    s = put(s, p, enc(c, r.w) .. enc(ceil(o / r.unit), 3))
+  else
+    s = put(s, p, enc(c, r.w))
+  end
   r.total = r.total + k
   if r.total > r.cap then r.total = r.cap end
   return put(s, r.P, enc(r.head, 6) .. enc(r.total, r.w))
@@ -150,10 +157,10 @@ local ws, bs = st[1], st[2]
 local a, pos = 5, 9
 local spec = {}
 for i = 1, nw do
-  local width, n = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 3])
+  local width, n, ob = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 5])
   spec[i] = {pos, a}
-  pos = pos + 6 + width + (n + 1) * (width + 3)
-  a = a + 6
+  pos = pos + 6 + width + (n + 1) * (width + ob)
+  a = a + 7
 end
 if not ws or #ws ~= pos - 1 or sub(ws, 1, 8) ~= layout then
   ws = layout .. rep('\0', pos - 9)
@@ -174,7 +181,7 @@ if ban then
     bs = sub(bs, 1, 16) .. sl .. rep('\0', blen - 24)
   end
   banUntil, offences, offenceAt = get(bs, 1, 7), get(bs, 8, 2), get(bs, 10, 7)
-  sr = ring(bs, 25, thr, sp, sg, sn, 4, su)
+  sr = ring(bs, 25, thr, sp, sg, sn, 4, 3, su)
   if offences > 0 and offenceAt + tonumber(ARGV[a + 7]) <= now then offences = 0 end
 end
 local banned = ban and banUntil > now
@@ -183,7 +190,7 @@ if banned then admit = false end
 for i = 1, nw do
   local x = spec[i][2]
   local r = ring(ws, spec[i][1], tonumber(ARGV[x]), tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]),
-    tonumber(ARGV[x + 3]), tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5]))
+    tonumber(ARGV[x + 3]), tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5]), tonumber(ARGV[x + 6]))
   local b = bucket(r, now)
   ws = advance(ws, r, b)
   local c, from = used(ws, r, now, b)

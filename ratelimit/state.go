@@ -44,8 +44,14 @@ func (s *ringState) advance(r *ring, b int64) {
 	s.head = b
 }
 
-// last returns the (rounded up) time of bucket j's last event.
-func (s *ringState) last(r *ring, j int64) int64 { return j*r.gran + s.off[j%(r.n+1)]*r.unit }
+// last returns the (rounded up) time of bucket j's last event; without
+// offsets, the bucket's end.
+func (s *ringState) last(r *ring, j int64) int64 {
+	if r.obytes == 0 {
+		return (j + 1) * r.gran
+	}
+	return j*r.gran + s.off[j%(r.n+1)]*r.unit
+}
 
 // until returns when bucket j stops counting: when the head has moved
 // n+1 buckets past it, or earlier, once it is the oldest bucket and its

@@ -64,7 +64,7 @@ func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options
 		llimit: ThrottleLimit{Rate: (limit.Rate + r - 1) / r, Burst: (limit.Burst + r - 1) / r, Period: limit.Period},
 		opts:   opts,
 		count:  met.forPlan("ip"),
-		now:    time.Now,
+		now:    opts.clock,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.cancel = cancel

@@ -1,0 +1,152 @@
+package ratelimit
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+)
+
+// fakeClock is one clock for a test: the limiter's local time and, when a
+// miniredis is attached, the server's TIME and TTLs.
+type fakeClock struct {
+	mu   sync.Mutex
+	t    time.Time
+	mini *miniredis.Miniredis
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+	if c.mini != nil {
+		c.mini.SetTime(t)
+	}
+}
+
+func (c *fakeClock) Add(d time.Duration) time.Time {
+	t := c.Now().Add(d)
+	c.Set(t)
+	return t
+}
+
+// commandCounter counts commands sent by a client.
+type commandCounter struct{ n atomic.Int64 }
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// fixture is a Limiter on a miniredis with one shared fake clock.
+type fixture struct {
+	l    *Limiter
+	mini *miniredis.Miniredis
+	rdb  *redis.Client
+	clk  *fakeClock
+	cmds *commandCounter
+	reg  *prometheus.Registry
+	logs *syncBuffer
+}
+
+var epoch = time.Date(2030, 3, 4, 5, 6, 7, 0, time.UTC)
+
+func newFixture(t *testing.T, opts Options) *fixture {
+	t.Helper()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	clk := &fakeClock{mini: m}
+	clk.Set(epoch)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	cmds := &commandCounter{}
+	rdb.AddHook(cmds)
+	t.Cleanup(func() { _ = rdb.Close() })
+	f := &fixture{mini: m, rdb: rdb, clk: clk, cmds: cmds, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	opts.clock = clk.Now
+	opts.Registerer = f.reg
+	opts.Logger = slog.New(slog.NewTextHandler(f.logs, nil))
+	if opts.Timeout == 0 {
+		// miniredis runs Lua interpreted in Go, far slower than Redis; the
+		// race detector slows it further.
+		opts.Timeout = 2 * time.Second
+	}
+	l, err := New(rdb, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	f.l = l
+	return f
+}
+
+func (f *fixture) allow(t *testing.T, key string, p Policy) Decision {
+	t.Helper()
+	d, err := f.l.Allow(context.Background(), key, p)
+	if err != nil {
+		t.Fatalf("Allow(%q): %v", key, err)
+	}
+	return d
+}
+
+func perMinute(n int64) Policy {
+	return Policy{Name: "test", Windows: []Window{{Limit: n, Period: time.Minute}}}
+}
+
+// ceilSecond rounds d up to whole seconds, as the HTTP layer does.
+func ceilSecond(d time.Duration) time.Duration {
+	return (d + time.Second - 1) / time.Second * time.Second
+}
+
+// metricValue reads a counter's or gauge's value.
+func metricValue(t *testing.T, m prometheus.Metric) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := m.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	if c := out.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return out.GetGauge().GetValue()
+}
