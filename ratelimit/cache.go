@@ -94,6 +94,7 @@ func (c *rejectCache) answer(key string, pl *plan, now time.Time) (d Decision, p
 	d.Windows = append([]WindowState(nil), e.decision.Windows...)
 	d.RetryAfter = e.end.Sub(now)
 	d.Cached = true
+	d.Time = now
 	return d, 0, true
 }
 

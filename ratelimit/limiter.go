@@ -292,6 +292,7 @@ func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
 		Windows:    make([]WindowState, len(pl.policy.Windows)),
 		RetryAfter: time.Duration(v.retry) * time.Microsecond,
 		Degraded:   degraded,
+		Time:       time.UnixMicro(v.now),
 	}
 	for i, w := range pl.policy.Windows {
 		d.Windows[i] = WindowState{Window: w, Remaining: v.win[i].remaining, Reset: time.UnixMicro(v.win[i].reset)}

@@ -191,6 +191,9 @@ type Decision struct {
 	// Cached is true when the decision came from the local cache of keys
 	// known to be limited or banned, without a round trip.
 	Cached bool
+	// Time is when the decision was made, by the clock that made it: the
+	// Redis server's for shared decisions, this process's otherwise.
+	Time time.Time
 }
 
 // Allowed reports whether the request may proceed.

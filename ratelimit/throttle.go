@@ -164,6 +164,7 @@ func (t *Throttle) finish(res *redis_rate.Result, lim ThrottleLimit, now time.Ti
 	d := Decision{
 		Outcome:  Allowed,
 		Degraded: degraded,
+		Time:     now,
 		Windows: []WindowState{{
 			Window:    Window{Limit: int64(lim.Burst), Period: lim.Period},
 			Remaining: int64(max(res.Remaining, 0)),
