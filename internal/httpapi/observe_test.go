@@ -1,0 +1,86 @@
+package httpapi
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestAccessLog(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	ts.do(request{target: "/v1/pets?limit=5", key: keyFree, headers: map[string]string{"X-Request-Id": "req-1"}})
+	ts.do(request{target: "/v1/pets", key: keyUnknown, headers: map[string]string{"X-Request-Id": "req-2"}})
+	ts.do(request{method: "BREW", target: "/coffee", headers: map[string]string{"X-Request-Id": "req-3"}})
+
+	want := map[string]map[string]any{
+		"req-1": {"method": "GET", "route": "/v1/pets", "path": "/v1/pets", "status": float64(200), "client_ip": "192.0.2.1", "key_id": "key_free"},
+		"req-2": {"method": "GET", "route": "/v1/pets", "status": float64(401), "client_ip": "192.0.2.1"},
+		"req-3": {"method": "BREW", "route": "unmatched", "status": float64(404)},
+	}
+	seen := 0
+	for _, rec := range ts.logs.records(t) {
+		if rec["msg"] != "request" {
+			continue
+		}
+		fields, ok := want[rec["request_id"].(string)]
+		if !ok {
+			continue
+		}
+		seen++
+		for k, v := range fields {
+			if rec[k] != v {
+				t.Errorf("%s: %s = %v, want %v", rec["request_id"], k, rec[k], v)
+			}
+		}
+		if _, ok := rec["duration_ms"].(float64); !ok {
+			t.Errorf("%s: no duration_ms", rec["request_id"])
+		}
+		if _, ok := rec["bytes"].(float64); !ok || rec["bytes"].(float64) <= 0 {
+			t.Errorf("%s: bytes = %v", rec["request_id"], rec["bytes"])
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("%d access log lines, want %d:\n%s", seen, len(want), ts.logs)
+	}
+	// No API key ever reaches the log.
+	if out := ts.logs.String(); strings.Contains(out, keyFree) || strings.Contains(out, keyUnknown) {
+		t.Errorf("an API key was logged:\n%s", out)
+	}
+}
+
+func TestRequestMetrics(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	p := ts.create("Rex", 1, "sold")
+	ts.get("/v1/pets/"+itoa(p.ID), keyFree)
+	ts.get("/v1/pets/"+itoa(p.ID), "")   // 401, refused before the /v1 router routes
+	ts.get("/v1/pets/12345", keyFree)    // 404 from the handler: still the route
+	ts.get("/v1/no/such/thing", keyFree) // unmatched
+	ts.do(request{method: http.MethodDelete, target: "/v1/pets", key: keyFree})
+	ts.do(request{method: "X-CUSTOM", target: "/v1/pets", key: keyFree})
+
+	tests := []struct {
+		route, method, code string
+		want                float64
+	}{
+		{"/v1/pets", "POST", "201", 1},
+		{"/v1/pets/{petId}", "GET", "200", 1},
+		{"/v1/pets/{petId}", "GET", "401", 1},
+		{"/v1/pets/{petId}", "GET", "404", 1},
+		{"unmatched", "GET", "404", 1},
+		{"unmatched", "DELETE", "405", 1},
+		{"unmatched", "other", "405", 1},
+	}
+	for _, tt := range tests {
+		if got := metricValue(t, ts.metrics.requests.WithLabelValues(tt.route, tt.method, tt.code)); got != tt.want {
+			t.Errorf("requests{%s %s %s} = %v, want %v", tt.route, tt.method, tt.code, got, tt.want)
+		}
+	}
+	if got := metricValue(t, ts.metrics.inFlight); got != 0 {
+		t.Errorf("in flight = %v after all requests finished", got)
+	}
+	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues(authMissing)); got != 1 {
+		t.Errorf("auth failures{missing} = %v", got)
+	}
+}
