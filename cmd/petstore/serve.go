@@ -108,7 +108,11 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			return err
 		}
 	}
-	auth, err := apikey.NewAuthenticator(apikey.Options{Lookup: lookup, CacheTTL: cfg.KeyCacheTTL})
+	cacheTTL := cfg.KeyCacheTTL
+	if cacheTTL == 0 {
+		cacheTTL = -1 // 0 means no cache: every database key is looked up
+	}
+	auth, err := apikey.NewAuthenticator(apikey.Options{Lookup: lookup, CacheTTL: cacheTTL})
 	if err != nil {
 		return err
 	}

@@ -117,7 +117,7 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("auth-failure-limit", "PETSTORE_AUTH_FAILURE_LIMIT", "per-client-IP limit on requests without a valid key, as COUNT/PERIOD", false, windowValue{&cfg.AuthFailureLimit})
 	s.add("plans-file", "PETSTORE_PLANS_FILE", "YAML plans file (empty: built-in Free, Pro, Business, Enterprise); reloaded on change", false, stringValue{&cfg.PlansFile})
 	s.add("keys-file", "PETSTORE_KEYS_FILE", "YAML static API keys file; reloaded on change", false, stringValue{&cfg.KeysFile})
-	s.add("key-cache-ttl", "PETSTORE_KEY_CACHE_TTL", "how long a database key lookup is cached (a revocation takes effect within it)", false, durationValue{&cfg.KeyCacheTTL, 0})
+	s.add("key-cache-ttl", "PETSTORE_KEY_CACHE_TTL", "how long a database key lookup is cached; a revocation takes effect within it (0: no cache)", false, durationValue{&cfg.KeyCacheTTL, 0})
 	s.add("reload-interval", "PETSTORE_RELOAD_INTERVAL", "how often the plans and keys files are checked for changes", false, durationValue{&cfg.ReloadInterval, 100 * time.Millisecond})
 	s.add("trusted-proxies", "PETSTORE_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For/Forwarded headers are believed", false, prefixListValue{&cfg.TrustedProxies})
 	s.add("max-body-bytes", "PETSTORE_MAX_BODY_BYTES", "largest accepted request body; larger ones get 413", false, int64Value{&cfg.MaxBodyBytes, 2})

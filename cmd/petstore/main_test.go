@@ -1,0 +1,412 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/animal-store/petstore/internal/config"
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// syncBuffer is a bytes.Buffer safe for the server goroutine to write while
+// the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// instance is one running `petstore serve`.
+type instance struct {
+	api, ops string
+	stdout   *syncBuffer
+	stderr   *syncBuffer
+	stop     func() error
+}
+
+// start runs `petstore serve` with args on free loopback ports and waits
+// until /readyz answers 200.
+func start(t *testing.T, env map[string]string, args ...string) *instance {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{stdout: &syncBuffer{}, stderr: &syncBuffer{}}
+	all := append([]string{"serve", "--addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0", "--drain-delay", "0", "--log-level", "debug"}, args...)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, all, func(k string) string { return env[k] }, in.stdout, in.stderr) }()
+	var once sync.Once
+	var stopErr error
+	in.stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case stopErr = <-done:
+			case <-time.After(30 * time.Second):
+				stopErr = fmt.Errorf("serve did not stop within 30s")
+			}
+		})
+		return stopErr
+	}
+	t.Cleanup(func() {
+		if err := in.stop(); err != nil {
+			t.Errorf("serve: %v\nlogs:\n%s", err, in.stderr.String())
+		}
+	})
+
+	listening := regexp.MustCompile(`"msg":"listening","api":"([^"]+)","ops":"([^"]+)"`)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if m := listening.FindStringSubmatch(in.stderr.String()); m != nil {
+			in.api, in.ops = "http://"+m[1], "http://"+m[2]
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve exited early: %v\nlogs:\n%s", err, in.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start:\n%s", in.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
+		resp, err := http.Get(in.ops + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return in
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready: %v\n%s", err, in.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func do(t *testing.T, method, url, key, body string) (*http.Response, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+var devKeyRE = regexp.MustCompile(`(?m)^  (pst_[0-9A-Za-z]+)$`)
+
+// TestServeDefaults is the newcomer's path: no settings, paste the printed
+// key, list and create pets.
+func TestServeDefaults(t *testing.T) {
+	t.Parallel()
+	in := start(t, nil)
+	m := devKeyRE.FindStringSubmatch(in.stdout.String())
+	if m == nil {
+		t.Fatalf("no development key printed:\n%s", in.stdout.String())
+	}
+	key := m[1]
+	if !strings.Contains(in.stdout.String(), "curl -i -H 'Authorization: Bearer "+key+"' "+in.api+"/v1/pets") {
+		t.Errorf("no ready curl line for %s:\n%s", in.api, in.stdout.String())
+	}
+	if strings.Contains(in.stderr.String(), key) {
+		t.Error("the API key appears in the logs")
+	}
+
+	resp, body := do(t, "GET", in.api+"/v1/pets", key, "")
+	if resp.StatusCode != 200 || strings.TrimSpace(string(body)) != "[]" {
+		t.Fatalf("list: %d %s", resp.StatusCode, body)
+	}
+	if resp.Header.Get("X-RateLimit-Limit") != "60" {
+		t.Errorf("X-RateLimit-Limit = %q, want the free plan's 60", resp.Header.Get("X-RateLimit-Limit"))
+	}
+	resp, body = do(t, "POST", in.api+"/v1/pets", key, `{"name":"Rex","categoryId":1}`)
+	if resp.StatusCode != 201 {
+		t.Fatalf("create: %d %s", resp.StatusCode, body)
+	}
+	var p struct {
+		ID     int64  `json:"id"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(body, &p); err != nil || p.ID < 1 || p.Status != "available" {
+		t.Fatalf("create body %s: %v", body, err)
+	}
+	resp, _ = do(t, "GET", in.api+"/v1/pets", "pst_wrong", "")
+	if resp.StatusCode != 401 {
+		t.Errorf("bad key: %d", resp.StatusCode)
+	}
+
+	resp, body = do(t, "GET", in.ops+"/metrics", "", "")
+	for _, name := range []string{"petstore_http_requests_total", "petstore_build_info", "petstore_ratelimit_decisions_total", "go_goroutines"} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if resp.StatusCode != 200 {
+		t.Errorf("/metrics: %d", resp.StatusCode)
+	}
+	if err := in.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+}
+
+// TestServeDrains checks the shutdown sequence: readiness goes false first,
+// the listener stays up during the drain delay, then run returns nil.
+func TestServeDrains(t *testing.T) {
+	t.Parallel()
+	in := start(t, nil, "--drain-delay", "700ms")
+	stopped := make(chan error, 1)
+	go func() { stopped <- in.stop() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get(in.ops + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("readiness never turned false while draining")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Still serving during the drain delay.
+	if resp, err := http.Get(in.api + "/openapi.yaml"); err != nil {
+		t.Fatalf("public port closed during drain: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("run returned %v", err)
+	}
+}
+
+func TestCommands(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args    []string
+		wantErr string
+		wantOut string
+	}{
+		{[]string{"version"}, "", "petstore dev"},
+		{[]string{"help"}, "", "petstore limits show KEY-ID"},
+		{nil, "no command", ""},
+		{[]string{"frobnicate"}, "unknown command", ""},
+		{[]string{"serve", "--store", "postgres"}, "database-url", ""},
+		{[]string{"serve", "--redis-timeout", "soon"}, "redis-timeout", ""},
+		{[]string{"keys", "list"}, "needs PostgreSQL", ""},
+		{[]string{"limits", "show", "key_x"}, "set --redis-url", ""},
+		{[]string{"keys", "rotate"}, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), tt.args, func(string) string { return "" }, &out, &errOut)
+			switch {
+			case tt.wantErr == "" && tt.wantOut == "" && err == nil:
+				t.Fatalf("expected an error")
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+			case tt.wantOut != "" && (err != nil || !strings.Contains(out.String(), tt.wantOut)):
+				t.Fatalf("err %v, output %q, want %q", err, out.String(), tt.wantOut)
+			}
+		})
+	}
+}
+
+// TestReadmeListsEverySetting keeps the configuration reference honest.
+func TestReadmeListsEverySetting(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	for _, s := range config.Register(flag.NewFlagSet("petstore", flag.ContinueOnError), &cfg).Settings() {
+		if !bytes.Contains(readme, []byte("`"+s.Env+"`")) || !bytes.Contains(readme, []byte("--"+s.Flag)) {
+			t.Errorf("README.md does not document --%s / %s", s.Flag, s.Env)
+		}
+	}
+}
+
+func randomName(prefix string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// withSchema returns a database URL whose connections use a fresh schema,
+// dropped when the test ends.
+func withSchema(t *testing.T) string {
+	t.Helper()
+	base := testenv.PostgresURL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	schema := randomName("petstore_cmd_")
+	if _, err := conn.Exec(ctx, "create schema "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), base)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		c.Exec(context.Background(), "drop schema "+schema+" cascade")
+	})
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	return base + sep + "search_path=" + schema
+}
+
+func runOK(t *testing.T, env map[string]string, args ...string) string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), args, func(k string) string { return env[k] }, &out, &errOut); err != nil {
+		t.Fatalf("petstore %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String()
+}
+
+// TestProductionPath runs the production shape end to end on a real
+// PostgreSQL and Redis: migrate, issue a key with the CLI, serve with a
+// plans file, exceed the limit, get banned, inspect and lift the ban.
+func TestProductionPath(t *testing.T) {
+	t.Parallel()
+	dbURL := withSchema(t)
+	redisAddr := testenv.RedisAddr(t)
+
+	plans := t.TempDir() + "/plans.yaml"
+	if err := os.WriteFile(plans, []byte(`plans:
+  tiny:
+    quotas: [{limit: 3, period: 1m}]
+    ban: {threshold: 2, within: 1m, duration: 1m, multiplier: 2, max: 10m, memory: 1h}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"PETSTORE_DATABASE_URL": dbURL,
+		"PETSTORE_PLANS_FILE":   plans,
+		"PETSTORE_REDIS_ADDRS":  redisAddr,
+		"PETSTORE_STORE":        "postgres",
+	}
+	if out := runOK(t, env, "migrate"); !strings.Contains(out, "applied") {
+		t.Fatalf("migrate: %q", out)
+	}
+	if out := runOK(t, env, "migrate"); !strings.Contains(out, "up to date") {
+		t.Fatalf("second migrate: %q", out)
+	}
+	out := runOK(t, env, "keys", "create", "--plan", "tiny", "--label", "acme")
+	key := regexp.MustCompile(`key:\s+(pst_\S+)`).FindStringSubmatch(out)
+	id := regexp.MustCompile(`id:\s+(key_\S+)`).FindStringSubmatch(out)
+	if key == nil || id == nil {
+		t.Fatalf("keys create printed %q", out)
+	}
+	if list := runOK(t, env, "keys", "list"); !strings.Contains(list, id[1]) || strings.Contains(list, key[1]) {
+		t.Fatalf("keys list must show the id and never the key:\n%s", list)
+	}
+
+	in := start(t, env)
+	if strings.Contains(in.stdout.String(), "pst_") {
+		t.Fatal("a development key was printed although keys come from the database")
+	}
+	resp, body := do(t, "POST", in.api+"/v1/pets", key[1], `{"name":"Rex","categoryId":7,"status":"pending"}`)
+	if resp.StatusCode != 201 {
+		t.Fatalf("create: %d %s", resp.StatusCode, body)
+	}
+	for i := 0; i < 2; i++ {
+		if resp, body = do(t, "GET", in.api+"/v1/pets?status=pending", key[1], ""); resp.StatusCode != 200 {
+			t.Fatalf("list %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	if !strings.Contains(string(body), `"name":"Rex"`) {
+		t.Fatalf("list body %s", body)
+	}
+	// Over the limit: 429 with Retry-After, then a ban after more than two
+	// rejected requests.
+	resp, body = do(t, "GET", in.api+"/v1/pets", key[1], "")
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), `"rate_limited"`) {
+		t.Fatalf("over limit: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	var banned bool
+	for i := 0; i < 10 && !banned; i++ {
+		resp, body = do(t, "GET", in.api+"/v1/pets", key[1], "")
+		banned = strings.Contains(string(body), `"key_banned"`)
+		if !banned {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if !banned {
+		t.Fatalf("never banned; last answer %d %s", resp.StatusCode, body)
+	}
+	show := runOK(t, env, "limits", "show", id[1])
+	if !strings.Contains(show, "ban:     until") || !strings.Contains(show, "1m") {
+		t.Fatalf("limits show:\n%s", show)
+	}
+	runOK(t, env, "limits", "unban", id[1])
+	if show := runOK(t, env, "limits", "show", id[1]); !strings.Contains(show, "ban:     none") {
+		t.Fatalf("after unban:\n%s", show)
+	}
+
+	// Revocation reaches the server within the key cache TTL.
+	runOK(t, env, "keys", "revoke", id[1])
+	sc := bufio.NewScanner(strings.NewReader(runOK(t, env, "keys", "list")))
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), id[1]) && strings.HasSuffix(strings.TrimSpace(sc.Text()), "-") {
+			t.Fatalf("revoked key listed as active: %s", sc.Text())
+		}
+	}
+}
