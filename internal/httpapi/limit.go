@@ -83,10 +83,15 @@ func (s *server) chargeIP(w http.ResponseWriter, r *http.Request) error {
 //     and RateLimit: "1m";r=12;t=30.
 //
 // A refused request has nothing remaining; a banned key's window resets
-// no earlier than its ban ends.
+// no earlier than its ban ends. Times are measured on the clock that made
+// the decision (Redis's, for shared decisions) when it says which; now is
+// the fallback.
 func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 	if len(d.Windows) == 0 {
 		return
+	}
+	if !d.Time.IsZero() {
+		now = d.Time
 	}
 	bound := d.Bound()
 	remaining, reset := bound.Remaining, bound.Reset

@@ -95,6 +95,13 @@ func TestRateLimitHeadersBindingWindow(t *testing.T) {
 			want: map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000600", "RateLimit": `"1m";r=0;t=600`},
 		},
 		{
+			name: "measured on the deciding clock",
+			d: ratelimit.Decision{Outcome: ratelimit.Allowed, Time: now.Add(-time.Hour), Windows: []ratelimit.WindowState{
+				{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Remaining: 7, Reset: now.Add(-time.Hour + 20*time.Second)},
+			}},
+			want: map[string]string{"X-RateLimit-Reset": "1699996420", "RateLimit": `"1m";r=7;t=20`},
+		},
+		{
 			name: "no windows, no headers",
 			d:    ratelimit.Decision{Outcome: ratelimit.Allowed},
 			want: map[string]string{"X-RateLimit-Limit": "", "RateLimit": "", "RateLimit-Policy": ""},
