@@ -9,15 +9,6 @@ import (
 	"github.com/animal-store/petstore/internal/apikey"
 )
 
-// Labels of petstore_auth_failures_total{reason}.
-const (
-	authMissing     = "missing"
-	authMalformed   = "malformed"
-	authUnknown     = "unknown"
-	authRevoked     = "revoked"
-	authUnavailable = "unavailable"
-)
-
 // authenticate resolves the bearer key to a principal and puts it in the
 // request's context. A request without a valid key is answered 401, after
 // being charged to the per-IP throttle (which may answer 429 instead), so
@@ -35,10 +26,14 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.writeError(w, r, fmt.Errorf("authenticate: %w", r.Context().Err()))
 			return
 		}
-		reason := authFailureReason(err)
+		reason := apikey.Reason(err)
 		s.metrics.authFailures.WithLabelValues(reason).Inc()
-		if reason == authUnavailable {
+		switch {
+		case errors.Is(err, apikey.ErrUnavailable):
 			s.writeError(w, r, &unavailableError{what: "authenticate", err: err})
+			return
+		case reason == "error":
+			s.writeError(w, r, fmt.Errorf("authenticate: %w", err))
 			return
 		}
 		if err := s.chargeIP(w, r); err != nil {
@@ -58,8 +53,10 @@ func (s *server) principal(r *http.Request) (apikey.Principal, error) {
 	return s.auth.Authenticate(r.Context(), token)
 }
 
-// bearerToken returns the key of "Authorization: Bearer <key>": one header,
-// the scheme in any case, one space, one token.
+// bearerToken returns the key of the request's one Authorization header,
+// "Bearer <key>" (apikey.ParseAuthorization: the scheme in any case). A
+// header that is not of that form, or that holds more than one token, is
+// errAuthorizationSyntax; a missing or empty one is apikey.ErrMissing.
 func bearerToken(h http.Header) (string, error) {
 	values := h.Values("Authorization")
 	switch len(values) {
@@ -69,24 +66,14 @@ func bearerToken(h http.Header) (string, error) {
 	default:
 		return "", errAuthorizationSyntax
 	}
-	scheme, token, ok := strings.Cut(values[0], " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" || strings.ContainsAny(token, " \t") {
+	token, err := apikey.ParseAuthorization(values[0])
+	switch {
+	case errors.Is(err, apikey.ErrMalformed):
+		return "", fmt.Errorf("%w (%w)", errAuthorizationSyntax, err)
+	case err != nil:
+		return "", err
+	case strings.ContainsAny(token, " \t"):
 		return "", errAuthorizationSyntax
 	}
 	return token, nil
-}
-
-// authFailureReason classifies an authentication error for the metrics.
-func authFailureReason(err error) string {
-	switch {
-	case errors.Is(err, apikey.ErrMissing):
-		return authMissing
-	case errors.Is(err, apikey.ErrMalformed):
-		return authMalformed
-	case errors.Is(err, apikey.ErrUnknown):
-		return authUnknown
-	case errors.Is(err, apikey.ErrRevoked):
-		return authRevoked
-	}
-	return authUnavailable
 }

@@ -20,18 +20,20 @@ func TestAuthentication(t *testing.T) {
 	}{
 		{"valid", []string{"Bearer " + keyFree}, http.StatusOK, "", ""},
 		{"scheme in any case", []string{"bEARER " + keyFree}, http.StatusOK, "", ""},
-		{"missing", nil, http.StatusUnauthorized, `Bearer realm="petstore"`, authMissing},
-		{"basic scheme", []string{"Basic dXNlcjpwYXNz"}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, authMalformed},
-		{"no token", []string{"Bearer"}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, authMalformed},
-		{"empty token", []string{"Bearer "}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, authMalformed},
-		{"two spaces", []string{"Bearer  " + keyFree}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, authMalformed},
-		{"two tokens", []string{"Bearer " + keyFree + " " + keyOther}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, authMalformed},
-		{"two headers", []string{"Bearer " + keyFree, "Bearer " + keyFree}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, authMalformed},
-		{"bare key", []string{keyFree}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, authMalformed},
-		{"malformed key", []string{"Bearer " + keyBadShape}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_token"`, authMalformed},
-		{"unknown key", []string{"Bearer " + keyUnknown}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_token"`, authUnknown},
-		{"revoked key", []string{"Bearer " + keyRevoked}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_token"`, authRevoked},
-		{"key store down", []string{"Bearer " + keyDBDown}, http.StatusServiceUnavailable, "", authUnavailable},
+		{"missing", nil, http.StatusUnauthorized, `Bearer realm="petstore"`, "missing"},
+		{"basic scheme", []string{"Basic dXNlcjpwYXNz"}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, "malformed"},
+		{"no token", []string{"Bearer"}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, "malformed"},
+		{"empty token", []string{"Bearer "}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, "malformed"},
+		{"several spaces (RFC 7235 1*SP)", []string{"Bearer   " + keyFree}, http.StatusOK, "", ""},
+		{"empty header", []string{""}, http.StatusUnauthorized, `Bearer realm="petstore"`, "missing"},
+		{"two tokens", []string{"Bearer " + keyFree + " " + keyOther}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, "malformed"},
+		{"two headers", []string{"Bearer " + keyFree, "Bearer " + keyFree}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, "malformed"},
+		{"bare key", []string{keyFree}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_request"`, "malformed"},
+		{"malformed key", []string{"Bearer " + keyBadShape}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_token"`, "malformed"},
+		{"unknown key", []string{"Bearer " + keyUnknown}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_token"`, "unknown"},
+		{"revoked key", []string{"Bearer " + keyRevoked}, http.StatusUnauthorized, `Bearer realm="petstore", error="invalid_token"`, "revoked"},
+		{"key store down", []string{"Bearer " + keyDBDown}, http.StatusServiceUnavailable, "", "unavailable"},
+		{"authenticator fault", []string{"Bearer " + keyBroken}, http.StatusInternalServerError, "", "error"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,9 +79,13 @@ func TestAuthentication(t *testing.T) {
 				if e := resp.errorBody(t); e.Code != codeUnavailable || resp.Header.Get("Retry-After") != "1" {
 					t.Errorf("503: %s Retry-After %q", resp.body, resp.Header.Get("Retry-After"))
 				}
-				if strings.Contains(string(resp.body), "connection refused") {
-					t.Errorf("503 leaks the cause: %s", resp.body)
+			case http.StatusInternalServerError:
+				if e := resp.errorBody(t); e.Code != codeInternalError {
+					t.Errorf("500: %s", resp.body)
 				}
+			}
+			if strings.Contains(string(resp.body), "connection refused") || strings.Contains(string(resp.body), "invariant") {
+				t.Errorf("answer leaks the cause: %s", resp.body)
 			}
 			if tt.reason != "" {
 				if got := metricValue(t, ts.metrics.authFailures.WithLabelValues(tt.reason)); got != 1 {

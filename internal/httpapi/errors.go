@@ -108,7 +108,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.respondError(w, http.StatusUnsupportedMediaType, codeUnsupportedMediaType,
 			"Content-Type must be application/json (charset, if given, utf-8)")
 	case errors.Is(err, errNoRoute):
-		s.respondError(w, http.StatusNotFound, codeNotFound, "no resource at "+r.URL.Path)
+		s.respondError(w, http.StatusNotFound, codeNotFound, "no resource at "+shorten(r.URL.Path))
 	case errors.As(err, &notAllowed):
 		h.Set("Allow", strings.Join(notAllowed.allow, ", "))
 		s.respondError(w, http.StatusMethodNotAllowed, codeMethodNotAllowed,
@@ -146,9 +146,6 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.LogAttrs(r.Context(), slog.LevelDebug, "client closed request",
 			slog.String("request_id", requestIDFrom(r.Context())), slog.String("error", err.Error()))
 	case errors.As(err, &unavailable), errors.Is(err, ratelimit.ErrUnavailable):
-		if errors.As(err, &failedStore) {
-			s.metrics.storeErrors.WithLabelValues(failedStore.op).Inc()
-		}
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "dependency unavailable",
 			slog.String("request_id", requestIDFrom(r.Context())), slog.String("error", err.Error()))
 		h.Set("Retry-After", "1")

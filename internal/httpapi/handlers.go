@@ -339,7 +339,7 @@ func (s *server) handleMethodNotAllowed() http.HandlerFunc {
 		requestInfoFrom(r.Context()).unmatched = true
 		var allow []string
 		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
-			if s.findRoute(m, r.URL.Path) != "" {
+			if s.findRoute(m, r) != "" {
 				allow = append(allow, m)
 			}
 		}

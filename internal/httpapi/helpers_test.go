@@ -71,6 +71,7 @@ const (
 	keyUnknown  = "pst_unknown_key"
 	keyBadShape = "not-a-key"
 	keyDBDown   = "pst_db_down"
+	keyBroken   = "pst_broken"
 )
 
 var freePolicy = ratelimit.Policy{Name: "free", Windows: []ratelimit.Window{
@@ -89,7 +90,9 @@ func (testAuth) Authenticate(_ context.Context, token string) (apikey.Principal,
 	case keyRevoked:
 		return apikey.Principal{}, fmt.Errorf("key_revoked: %w", apikey.ErrRevoked)
 	case keyDBDown:
-		return apikey.Principal{}, errors.New("apikey: key store unavailable: dial tcp: connection refused")
+		return apikey.Principal{}, fmt.Errorf("%w: dial tcp: connection refused", apikey.ErrUnavailable)
+	case keyBroken:
+		return apikey.Principal{}, errors.New("apikey: cache invariant broken at entry 7")
 	}
 	if !strings.HasPrefix(token, "pst_") {
 		return apikey.Principal{}, apikey.ErrMalformed

@@ -1,6 +1,12 @@
 package httpapi
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/animal-store/petstore/internal/apikey"
+)
 
 // Metrics are the HTTP layer's Prometheus metrics.
 type Metrics struct {
@@ -35,12 +41,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"operation"}),
 		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "auth", Name: "failures_total",
-			Help: "Requests to /v1 without a usable API key, by reason (missing, malformed, unknown, revoked, unavailable).",
+			Help: "Requests to /v1 without a usable API key, by reason (missing, malformed, unknown, revoked, unavailable, error).",
 		}, []string{"reason"}),
 	}
 	// Start every known series at zero so that rate() sees the first event.
-	for _, reason := range []string{authMissing, authMalformed, authUnknown, authRevoked, authUnavailable} {
-		m.authFailures.WithLabelValues(reason)
+	for _, err := range []error{apikey.ErrMissing, apikey.ErrMalformed, apikey.ErrUnknown, apikey.ErrRevoked, apikey.ErrUnavailable, errors.New("other")} {
+		m.authFailures.WithLabelValues(apikey.Reason(err))
 	}
 	for _, op := range []string{opCreate, opGet, opList} {
 		m.storeErrors.WithLabelValues(op)

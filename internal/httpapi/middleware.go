@@ -174,7 +174,7 @@ func (s *server) routeLabel(r *http.Request, info *requestInfo) string {
 	if strings.HasSuffix(pattern, "/*") {
 		// Refused by middleware (401, 429, 503) before the /v1 router chose
 		// a route: look the route up so that refusals count against it.
-		pattern = s.findRoute(r.Method, r.URL.Path)
+		pattern = s.findRoute(r.Method, r)
 	}
 	if pattern == "" {
 		return "unmatched"
@@ -182,10 +182,15 @@ func (s *server) routeLabel(r *http.Request, info *requestInfo) string {
 	return pattern
 }
 
-// findRoute returns the pattern of the route serving method and path, or "".
-func (s *server) findRoute(method, path string) string {
+// findRoute returns the pattern of the route that serves method at r's
+// path, or "".
+func (s *server) findRoute(method string, r *http.Request) string {
 	if method == http.MethodHead {
 		method = http.MethodGet // answered by the GET route
+	}
+	path := r.URL.RawPath // what chi routes on, when set
+	if path == "" {
+		path = r.URL.Path
 	}
 	return s.mux.Find(chi.NewRouteContext(), method, path)
 }
@@ -250,7 +255,7 @@ const (
 // the 401 and 429 given before routing completes, as deprecated.
 func (s *server) deprecateGetPet(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.findRoute(http.MethodGet, r.URL.Path) == getPetPattern {
+		if s.findRoute(http.MethodGet, r) == getPetPattern {
 			h := w.Header()
 			h.Set("Deprecation", deprecationValue)
 			h.Set("Sunset", sunsetValue)

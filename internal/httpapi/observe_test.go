@@ -80,7 +80,7 @@ func TestRequestMetrics(t *testing.T) {
 	if got := metricValue(t, ts.metrics.inFlight); got != 0 {
 		t.Errorf("in flight = %v after all requests finished", got)
 	}
-	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues(authMissing)); got != 1 {
+	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues("missing")); got != 1 {
 		t.Errorf("auth failures{missing} = %v", got)
 	}
 }
