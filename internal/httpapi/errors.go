@@ -43,7 +43,7 @@ type errorWriter func(w http.ResponseWriter, r *http.Request, err error)
 // Errors raised by the HTTP layer itself; the domain's come from package pet.
 var (
 	errNoRoute              = errors.New("no resource at this path")
-	errUnsupportedMediaType = errors.New("Content-Type must be application/json")
+	errUnsupportedMediaType = errors.New("content type is not application/json")
 	// errAuthorizationSyntax is an Authorization header that is not
 	// "Bearer <key>"; it counts as a malformed key.
 	errAuthorizationSyntax = fmt.Errorf("%w: the Authorization header must be \"Bearer <key>\"", apikey.ErrMalformed)
