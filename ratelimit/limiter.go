@@ -158,9 +158,9 @@ type Limiter struct {
 }
 
 // New returns a Limiter sharing state through client, or a purely local
-// one when client is nil. It loads the script into Redis; an unreachable
-// Redis is not an error here: the limiter starts in its failure mode and
-// recovers by itself.
+// one when client is nil. It does not wait for Redis: the script is loaded
+// in the background, and an unreachable Redis is handled like any outage,
+// by the failure mode, until it answers.
 func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -203,11 +203,15 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	l.goBackground(ctx, l.health.run)
 	l.goBackground(ctx, l.subscribeLoop)
 
-	lctx, lcancel := context.WithTimeout(ctx, max(opts.Timeout, time.Second))
-	defer lcancel()
-	if err := client.ScriptLoad(lctx, decideLua).Err(); err != nil {
-		l.health.fail(err)
-	}
+	// Preload the script without holding up the caller: an unreachable
+	// Redis at start is an outage like any other.
+	l.goBackground(ctx, func(ctx context.Context) {
+		lctx, cancel := context.WithTimeout(ctx, max(opts.Timeout, time.Second))
+		defer cancel()
+		if err := client.ScriptLoad(lctx, decideLua).Err(); err != nil && ctx.Err() == nil {
+			l.health.fail(err)
+		}
+	})
 	return l, nil
 }
 
@@ -219,13 +223,29 @@ func (l *Limiter) goBackground(ctx context.Context, f func(context.Context)) {
 	}()
 }
 
-// Close stops the limiter's background work. It does not close the client.
+// Close stops the limiter's background work. It does not close the
+// client, and it does not wait for a round trip stuck on an unresponsive
+// Redis longer than a second: closing the client ends those.
 func (l *Limiter) Close() error {
 	if l.closed.CompareAndSwap(false, true) {
 		l.cancel()
-		l.wg.Wait()
+		waitBounded(&l.wg, time.Second)
 	}
 	return nil
+}
+
+func waitBounded(wg *sync.WaitGroup, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // Allow decides one request for key under p and records it when admitted.

@@ -103,11 +103,11 @@ func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options
 	return t, nil
 }
 
-// Close stops the throttle's background work. It does not close the client.
+// Close stops the throttle's background work, like Limiter.Close.
 func (t *Throttle) Close() error {
 	t.once.Do(func() {
 		t.cancel()
-		t.wg.Wait()
+		waitBounded(&t.wg, time.Second)
 	})
 	return nil
 }

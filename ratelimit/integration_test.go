@@ -1,0 +1,315 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestIntegrationStrictAcrossReplicas hammers one key from several
+// limiters (replicas, each with its own connection pool) and checks, by
+// the Redis clock, that no interval of any window admitted too many.
+func TestIntegrationStrictAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	addr := testenv.RedisAddr(t)
+	prefix := randomPrefix(t)
+	p := Policy{Name: "strict", Windows: []Window{{Limit: 25, Period: 200 * time.Millisecond}, {Limit: 60, Period: time.Second}}}
+	ctx := context.Background()
+	var (
+		mu    sync.Mutex
+		times []int64
+		wg    sync.WaitGroup
+	)
+	stop := time.Now().Add(3 * time.Second)
+	for r := range 3 {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		defer rdb.Close()
+		l, err := New(rdb, Options{Prefix: prefix, Timeout: time.Second, CacheSize: []int{0, 0, -1}[r]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					d, err := l.Allow(ctx, "hot", p)
+					if err != nil || d.Degraded {
+						t.Errorf("decision %+v %v", d, err)
+						return
+					}
+					if d.Allowed() {
+						mu.Lock()
+						times = append(times, d.Time.UnixMicro())
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	slices.Sort(times)
+	for _, w := range p.Windows {
+		checkStrict(t, times, w)
+	}
+	// Three seconds at 60/s: nearly 180 admissions when the limiter is not
+	// needlessly strict.
+	if len(times) < 150 {
+		t.Fatalf("only %d admitted in 3s under 60/s", len(times))
+	}
+	t.Logf("%d admitted", len(times))
+}
+
+// TestIntegrationTimeout checks that a Redis that never answers holds a
+// decision no longer than Options.Timeout, whatever the client's own
+// (here very long) timeouts.
+func TestIntegrationTimeout(t *testing.T) {
+	t.Parallel()
+	testenv.RedisAddr(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // read nothing, answer nothing
+		}
+	}()
+	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ReadTimeout: time.Minute, WriteTimeout: time.Minute, MaxRetries: -1})
+	defer rdb.Close()
+	const timeout = 50 * time.Millisecond
+	// Generous slack for a loaded machine: without the bound a decision
+	// would wait for the client's one-minute read timeout.
+	const slack = 400 * time.Millisecond
+	for _, mode := range []FailureMode{FailOpen, FailClosed} {
+		t.Run(mode.String(), func(t *testing.T) {
+			l, err := New(rdb, Options{Timeout: timeout, FailureMode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			for i := range 3 {
+				start := time.Now()
+				d, err := l.Allow(context.Background(), fmt.Sprint("k", i), perMinute(5))
+				elapsed := time.Since(start)
+				if elapsed > timeout+slack {
+					t.Fatalf("decision took %s, bound is %s", elapsed, timeout)
+				}
+				switch mode {
+				case FailOpen:
+					if err != nil || !d.Degraded || !d.Allowed() {
+						t.Fatalf("fail-open: %+v %v", d, err)
+					}
+				case FailClosed:
+					if !errors.Is(err, ErrUnavailable) {
+						t.Fatalf("fail-closed: %v", err)
+					}
+				}
+			}
+			th, err := NewThrottle(rdb, ThrottleLimit{Rate: 1, Burst: 1, Period: time.Second}, Options{Timeout: timeout, FailureMode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer th.Close()
+			start := time.Now()
+			_, err = th.Allow(context.Background(), "10.1.1.1")
+			if elapsed := time.Since(start); elapsed > timeout+slack {
+				t.Fatalf("throttle decision took %s", elapsed)
+			}
+			if mode == FailClosed && !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("throttle fail-closed: %v", err)
+			}
+		})
+	}
+}
+
+// TestIntegrationStallAndRestart stalls a real redis-server (SIGSTOP),
+// resumes it, then restarts it empty, and checks the limiter falls back
+// within its timeout and returns to shared limiting by itself each time.
+func TestIntegrationStallAndRestart(t *testing.T) {
+	t.Parallel()
+	testenv.RedisAddr(t)
+	s := startRedisServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1, ContextTimeoutEnabled: true,
+		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	l, err := New(rdb, Options{Prefix: randomPrefix(t), Timeout: 50 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	p := perMinute(10)
+	// shared waits for a shared decision and returns its remaining count,
+	// which must be one of want. A decision that timed out on the client
+	// may still have run on the server, so expectations allow for one
+	// extra admission.
+	shared := func(want ...int64) int64 {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			d, err := l.Allow(ctx, "k", p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Degraded {
+				if !slices.Contains(want, d.Windows[0].Remaining) {
+					t.Fatalf("shared decision with %d remaining, want one of %v", d.Windows[0].Remaining, want)
+				}
+				return d.Windows[0].Remaining
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no shared decision within 10s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	r := shared(9, 8)
+	r = shared(r-1, r-2)
+
+	s.signal(t, syscall.SIGSTOP)
+	start := time.Now()
+	d, err := l.Allow(ctx, "k", p)
+	if elapsed := time.Since(start); elapsed > 500*time.Millisecond {
+		t.Fatalf("decision against a stalled redis took %s", elapsed)
+	}
+	if err != nil || !d.Degraded || d.Windows[0].Limit != 10 {
+		t.Fatalf("during the stall: %+v %v", d, err)
+	}
+	s.signal(t, syscall.SIGCONT)
+	// The stalled request was decided locally; Redis may still run it once
+	// it resumes, as its command was already sent.
+	shared(r-1, r-2)
+
+	s.stop()
+	s.start(t) // empty: no keys, no scripts
+	shared(9, 8)
+}
+
+// TestIntegrationCluster runs the limiter on a three-master Redis Cluster
+// built from redis-server processes: every script must touch a single
+// slot (both state keys of a key share its hash tag) and Unban must reach
+// a subscriber on any node.
+func TestIntegrationCluster(t *testing.T) {
+	t.Parallel()
+	testenv.RedisAddr(t)
+	var servers []*redisServer
+	var addrs []string
+	for range 3 {
+		s := startRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		servers = append(servers, s)
+		addrs = append(addrs, s.addr)
+	}
+	ctx := context.Background()
+	ranges := [][2]int64{{0, 5460}, {5461, 10922}, {10923, 16383}}
+	var nodes []*redis.Client
+	for i, s := range servers {
+		c := redis.NewClient(&redis.Options{Addr: s.addr})
+		defer c.Close()
+		nodes = append(nodes, c)
+		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", ranges[i][0], ranges[i][1]).Err(); err != nil {
+			t.Fatalf("ADDSLOTSRANGE: %v", err)
+		}
+	}
+	for _, s := range servers[1:] {
+		if err := nodes[0].ClusterMeet(ctx, "127.0.0.1", fmt.Sprint(s.port)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, c := range nodes {
+		for {
+			info, _ := c.ClusterInfo(ctx).Result()
+			if strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:3") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster not ready: %s", info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer cc.Close()
+	l, err := New(cc, Options{Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	p := Policy{Name: "c", Windows: []Window{{Limit: 2, Period: time.Minute}, {Limit: 100, Period: time.Hour}},
+		Ban: BanPolicy{Threshold: 1, StrikeWindow: time.Minute, Base: time.Hour}}
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprint("key-", i)
+			for j := range 3 {
+				d, err := l.Allow(ctx, key, p)
+				if err != nil || d.Degraded || (j < 2) != d.Allowed() {
+					t.Errorf("%s request %d: %+v %v", key, j, d, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range 300 {
+		keys := stateKeys(l.opts.Prefix, fmt.Sprint("key-", i))
+		a, _ := nodes[0].ClusterKeySlot(ctx, keys[0]).Result()
+		b, _ := nodes[0].ClusterKeySlot(ctx, keys[1]).Result()
+		if a != b {
+			t.Fatalf("%v hash to slots %d and %d", keys, a, b)
+		}
+	}
+	for i, c := range nodes {
+		if n, _ := c.DBSize(ctx).Result(); n == 0 {
+			t.Errorf("node %d holds no keys: keys did not spread over the cluster", i)
+		}
+	}
+	// A ban, lifted through another limiter on the same cluster.
+	if d, _ := l.Allow(ctx, "key-0", p); d.Outcome != Banned {
+		t.Fatalf("want key-0 banned after two rejections over threshold 1: %+v", d)
+	}
+	other, err := New(cc, Options{Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	time.Sleep(200 * time.Millisecond) // let the subscription settle
+	if err := other.Unban(ctx, "key-0"); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(2 * time.Second)
+	for {
+		d, err := l.Allow(ctx, "key-0", p)
+		if err == nil && d.Outcome == Limited {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after Unban: %+v %v", d, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
