@@ -53,7 +53,10 @@ func decodeJSONObject(body io.Reader, member func(name string, dec *json.Decoder
 		if err != nil {
 			return syntaxError(err)
 		}
-		name := tok.(string) // inside an object the decoder yields only string keys here
+		name, ok := tok.(string) // the decoder yields only string keys here
+		if !ok {
+			return &pet.ValidationError{Field: "body", Message: "malformed JSON: object member names must be strings"}
+		}
 		if seen[name] {
 			return &pet.ValidationError{Field: name, Message: "appears more than once"}
 		}
