@@ -209,3 +209,36 @@ func TestConfigChecksumToggle(t *testing.T) {
 		t.Errorf("checksum/config must change with the plans: %q vs %q", a, b)
 	}
 }
+
+// TestToggles renders the switches the ci values files leave alone and
+// checks each rendering as the ci files are checked.
+func TestToggles(t *testing.T) {
+	t.Parallel()
+	const pg = "{store: postgres, postgres: {url: 'postgres://u:ci-toggle-pw@db:5432/p'}"
+	tests := []struct {
+		name string
+		vals string
+	}{
+		{"budget off with replicas", pg + ", replicaCount: 3, podDisruptionBudget: {enabled: false}}"},
+		{"autoscaling on cpu only", pg + ", autoscaling: {enabled: true, minReplicas: 2}}"},
+		{"migration off", "{store: postgres, replicaCount: 2, postgres: {url: 'postgres://u:ci-toggle-pw@db:5432/p', migrate: {enabled: false}}}"},
+		{"no tests", "{tests: {enabled: false}}"},
+		{"sentinel without password", pg + ", replicaCount: 2, redis: {enabled: true, mode: sentinel, addrs: ['s:26379'], masterName: m}}"},
+		{"network policy memory store", "{networkPolicy: {enabled: true}}"},
+		{"digest and ingress", "{image: {digest: 'sha256:" + strings.Repeat("ab", 32) + "'}, ingress: {enabled: true, hosts: [{host: a.example}]}}"},
+		{"existing keys secret", "{apiKeys: {existingSecret: my-keys, secretKey: k.yaml}}"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var vals map[string]any
+			if err := yaml.Unmarshal([]byte(tt.vals), &vals); err != nil {
+				t.Fatal(err)
+			}
+			objs := mustRender(t, vals, renderOptions{})
+			for _, err := range checkRelease(t, objs, effectiveValues(t, vals)) {
+				t.Error(err)
+			}
+		})
+	}
+}
