@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -25,9 +26,6 @@ const (
 	layoutBytes = 8
 	maxOffset   = 1<<(8*offsetBytes) - 1
 	maxBanMicro = int64(1) << 50 // ~35 years: keeps ban ends inside timeBytes
-	// maxBanSteps bounds the table of ban lengths passed to the script;
-	// further offences get the last length.
-	maxBanSteps = 32
 )
 
 // ring describes one sliding window as a ring of buckets: a window of
@@ -44,18 +42,24 @@ type ring struct {
 	cap    int64 // largest count a bucket or the total can hold
 }
 
-func newRing(limit int64, period time.Duration, buckets int, width int64, offsets bool) ring {
+// newRing derives a ring's geometry from its limit, period and bucket
+// count; the script derives it the same way from the same three numbers.
+// Strike rings have fixed-width counts and always keep offsets.
+func newRing(limit int64, period time.Duration, buckets int, strikes bool) ring {
 	p := period.Microseconds()
 	g := p / int64(buckets)
 	if g < 1 {
 		g = 1
 	}
-	r := ring{limit: limit, period: p, gran: g, n: (p + g - 1) / g, width: width}
-	if offsets {
+	r := ring{limit: limit, period: p, gran: g, n: (p + g - 1) / g, width: countWidth(limit)}
+	if strikes {
+		r.width = strikeBytes
+	}
+	if strikes || limit <= offsetsUpTo*int64(buckets) {
 		r.obytes = offsetBytes
 	}
 	r.unit = (g + maxOffset - 1) / maxOffset
-	r.cap = 1<<(8*width) - 1
+	r.cap = 1<<(8*r.width) - 1
 	return r
 }
 
@@ -84,7 +88,9 @@ type plan struct {
 	windows []ring
 	ban     bool
 	strikes ring    // limit is the ban threshold
-	banDurs []int64 // µs, for offences 1..len, the last repeating
+	banBase int64   // µs
+	banMult float64 // at least 1
+	banMax  int64   // µs, 0: no cap
 	memory  int64   // µs
 	layout  string  // identifies the windows' packed layout
 	slayout string  // identifies the strike ring's packed layout
@@ -119,56 +125,64 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 	p = p.Sorted()
 	pl := &plan{id: planID(p), name: p.Name, policy: p}
 	var desc strings.Builder
-	var maxTTL int64
 	for _, w := range p.Windows {
-		r := newRing(w.Limit, w.Period, buckets, countWidth(w.Limit), w.Limit <= offsetsUpTo*int64(buckets))
+		r := newRing(w.Limit, w.Period, buckets, false)
 		pl.windows = append(pl.windows, r)
 		fmt.Fprintf(&desc, "%d/%d/%d/%d/%d/%d;", r.period, r.gran, r.n, r.width, r.obytes, r.unit)
-		if t := r.period + r.gran; t > maxTTL {
-			maxTTL = t
-		}
 	}
-	pl.layout = digest(desc.String())
-	pl.stateMS = maxTTL/1000 + 2
+	pl.layout = digest("v2;" + desc.String())
+	// Window state is needed until the last admission has slid out of the
+	// longest window (at most its period plus a bucket later). The script
+	// refreshes the TTL only when that window's bucket changes, so the TTL
+	// holds one bucket more.
+	longest := pl.windows[len(pl.windows)-1]
+	pl.stateMS = (longest.period+2*longest.gran)/1000 + 2
 
 	b := p.Ban
 	pl.ban = b.Enabled()
 	if pl.ban {
-		pl.strikes = newRing(b.Threshold, b.StrikeWindow, strikeBuckets, strikeBytes, true)
+		pl.strikes = newRing(b.Threshold, b.StrikeWindow, strikeBuckets, true)
 		pl.memory = b.Memory.Microseconds()
-		for n := int64(1); n <= maxBanSteps; n++ {
-			d := min(b.Duration(n).Microseconds(), maxBanMicro)
-			if d < 1 {
-				d = 1
-			}
-			pl.banDurs = append(pl.banDurs, d)
-			if n > 1 && d == pl.banDurs[n-2] {
-				pl.banDurs = pl.banDurs[:n-1]
-				break
-			}
-		}
+		pl.banBase, pl.banMult, pl.banMax = b.Base.Microseconds(), max(b.Multiplier, 1), b.Max.Microseconds()
 		s := pl.strikes
 		pl.slayout = digest(fmt.Sprintf("s%d/%d/%d/%d", s.period, s.gran, s.n, s.unit))
 	} else {
 		pl.slayout = digest("none")
 	}
 
-	// Static script arguments; see script.go for their order.
-	pl.argv = append(pl.argv, pl.layout, int64(len(pl.windows)))
+	// Static script arguments; see script.go for their order. Few of
+	// them: each costs the script about 0.1µs.
+	pl.argv = append(pl.argv, pl.layout, int64(len(pl.windows)), int64(buckets))
 	for _, r := range pl.windows {
-		pl.argv = append(pl.argv, r.limit, r.period, r.gran, r.n, r.width, r.obytes, r.unit)
+		pl.argv = append(pl.argv, r.limit, r.period)
 	}
 	pl.argv = append(pl.argv, pl.stateMS)
 	if pl.ban {
 		s := pl.strikes
-		pl.argv = append(pl.argv, s.limit, s.period, s.gran, s.n, s.unit, pl.slayout, pl.memory, int64(len(pl.banDurs)))
-		for _, d := range pl.banDurs {
-			pl.argv = append(pl.argv, d)
-		}
+		pl.argv = append(pl.argv, s.limit, s.period, int64(strikeBuckets), pl.slayout, pl.memory,
+			pl.banBase, strconv.FormatFloat(pl.banMult, 'g', -1, 64), pl.banMax)
 	} else {
 		pl.argv = append(pl.argv, int64(0))
 	}
 	return pl
+}
+
+// banLength returns the length (µs) of the ban for the n-th offence,
+// computed exactly as the script does: Base*Multiplier^(n-1), capped at
+// Max (when set) and at maxBanMicro.
+func (pl *plan) banLength(n int64) int64 {
+	d := float64(pl.banBase)
+	limit := float64(maxBanMicro)
+	if pl.banMax > 0 {
+		limit = float64(pl.banMax)
+	}
+	for i := int64(1); i < n && d < limit && pl.banMult > 1; i++ {
+		d *= pl.banMult
+	}
+	if d > limit {
+		d = limit
+	}
+	return max(int64(math.Floor(d)), 1)
 }
 
 func digest(s string) string {
@@ -183,7 +197,7 @@ func Granularity(d time.Duration, buckets int) time.Duration {
 	if buckets <= 0 {
 		buckets = DefaultBuckets
 	}
-	return time.Duration(newRing(1, d, buckets, 1, false).gran) * time.Microsecond
+	return time.Duration(newRing(1, d, buckets, false).gran) * time.Microsecond
 }
 
 func (pl *plan) String() string {

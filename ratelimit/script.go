@@ -7,256 +7,362 @@ import (
 
 // decideLua evaluates one request atomically on the Redis server: the same
 // algorithm as keyState.decide (state.go), on packed strings, with the
-// server's clock. It makes three calls (TIME, MGET, and one SET when state
-// changes; two SETs when an admission and strikes happen together), and
-// sets a TTL with every write so no key outlives its use.
+// server's clock. It reads with TIME and one MGET. An admission writes only
+// the bytes that change (rebuilding a 1 KB string costs several times
+// more in Lua), and refreshes the TTL when the longest window moves to a
+// new bucket; strikes rewrite the small ban string with its TTL. No key is
+// ever left without a TTL.
 //
 // KEYS[1] window state, KEYS[2] strike and ban state (same hash slot).
 //
-// ARGV: mode (0 decide, 1 peek), extra strikes, layout, window count;
-// per window: limit, period, gran, n, width, offset bytes, unit (µs); window-state TTL
-// (ms); then the strike threshold (0: no bans) followed, when positive, by
-// strike period, gran, n, unit, strike layout, offence memory, the number
-// of ban lengths and the lengths (µs).
+// ARGV: mode (0 decide, 1 peek), extra strikes, layout, window count,
+// buckets; per window: limit, period (µs); window-state TTL (ms); then the
+// strike threshold (0: no bans) followed, when positive, by strike period,
+// strike buckets, strike layout, offence memory, ban base, multiplier and
+// max (µs). Ring geometry is derived from these as in newRing.
 //
-// Window state: layout (8 bytes), then per window: head (6), total
-// (width), and n+1 slots of count (width) + last-event offset (3 or 0).
+// Window state: layout (8 bytes), every window's header: head (6), total
+// (width), the head bucket's count (width) and last-event offset (3 or 0);
+// then every window's n+1 slots of count and offset for older buckets. An
+// admission in the head bucket writes only the headers (one SETRANGE for
+// all windows); slots are written when the head moves. Slots of buckets
+// newer than the stored head are stale and read as empty; they are zeroed
+// when the head passes them.
 // Ban state: ban end (7), offences (2), last offence (7), strike layout
-// (8), strike head (6), strike total (4), sn+1 slots of count (4) + offset (3).
+// (8), strike ring header (6+4+4+3), sn+1 slots of count (4) + offset (3).
 //
 // Reply: outcome, retry, now, new ban, strikes, ban end, offences, then per
 // window used, remaining, reset. All integers, times in µs.
 const decideLua = `
 local byte, char, sub, rep, floor, ceil = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil
 
+-- get reads a k-byte big-endian integer at position p of s.
 local function get(s, p, k)
+  if k == 1 then return byte(s, p) end
+  if k == 2 then
+    local a, b = byte(s, p, p + 1)
+    return a * 256 + b
+  end
+  if k == 3 then
+    local a, b, c = byte(s, p, p + 2)
+    return (a * 256 + b) * 256 + c
+  end
+  if k == 6 then
+    local a, b, c, d, e, f = byte(s, p, p + 5)
+    return ((a * 256 + b) * 256 + c) * 16777216 + (d * 256 + e) * 256 + f
+  end
   local v = 0
   for i = p, p + k - 1 do v = v * 256 + byte(s, i) end
   return v
 end
 
+-- enc writes v as a k-byte big-endian integer.
 local function enc(v, k)
-  local t = {}
-  for i = k, 1, -1 do
-    local r = v % 256
-    t[i] = r
-    v = (v - r) / 256
+  if k == 1 then return char(v) end
+  if k == 2 then return char(floor(v / 256), v % 256) end
+  if k == 3 then return char(floor(v / 65536), floor(v / 256) % 256, v % 256) end
+  local hi = floor(v / 16777216)
+  local lo = v - hi * 16777216
+  if k == 6 then
+    return char(floor(hi / 65536), floor(hi / 256) % 256, hi % 256, floor(lo / 65536), floor(lo / 256) % 256, lo % 256)
   end
-  return char(unpack(t))
+  return enc(hi, k - 3) .. enc(lo, 3)
 end
 
-local function put(s, p, x)
-  return sub(s, 1, p - 1) .. x .. sub(s, p + #x)
-end
-
-local function ring(s, P, limit, period, gran, n, width, ob, unit)
-  local r = {P = P, R = P + 6 + width, limit = limit, period = period, gran = gran, n = n,
-    w = width, ob = ob, unit = unit, sz = width + ob, size = n + 1, cap = 256 ^ width - 1}
-  r.head = get(s, P, 6)
-  r.total = get(s, P + 6, width)
-  return r
-end
-
-local function slot(r, j) return r.R + (j % r.size) * r.sz end
-
-local function bucket(r, now)
-  local b = floor(now / r.gran)
-  if b < r.head then b = r.head end
-  return b
-end
-
-local function advance(s, r, b)
-  if b <= r.head then return s end
-  if r.total > 0 then
-    if b - r.head > r.n then
-      s = sub(s, 1, r.R - 1) .. rep('\0', r.size * r.sz) .. sub(s, r.R + r.size * r.sz)
-      r.total = 0
-    else
-      local zero = rep('\0', r.w)
-      for j = r.head - r.n, b - r.n - 1 do
-        local p = slot(r, j)
-        local c = get(s, p, r.w)
-        if c > 0 then
-          r.total = r.total - c
-          if r.total < 0 then r.total = 0 end
-          s = put(s, p, zero)
-        end
-      end
-    end
+-- geometry derives a ring's shape from its limit, period and bucket
+-- count, as newRing (plan.go) does: gran, n, count width, offset bytes,
+-- offset unit.
+local function geometry(limit, period, buckets, strikes)
+  local g = floor(period / buckets)
+  if g < 1 then g = 1 end
+  local n = floor((period + g - 1) / g)
+  local w, ob = 4, 3
+  if not strikes then
+    if limit <= 255 then w = 1 elseif limit <= 65535 then w = 2 elseif limit <= 16777215 then w = 3
+    elseif limit <= 4294967295 then w = 4 elseif limit <= 1099511627775 then w = 5 else w = 6 end
+    if limit > buckets then ob = 0 end
   end
-  r.head = b
-  return s
+  return g, n, w, ob, floor((g + 16777214) / 16777215)
 end
 
-local function last(s, r, j, p)
-  if r.ob == 0 then return (j + 1) * r.gran end
-  return j * r.gran + get(s, p + r.w, 3) * r.unit
+-- banLength is plan.banLength: base*mult^(off-1), capped.
+local function banLength(off, base, mult, max)
+  local d, limit = base, 2 ^ 50
+  if max > 0 then limit = max end
+  local i = 1
+  while i < off and d < limit and mult > 1 do
+    d = d * mult
+    i = i + 1
+  end
+  if d > limit then d = limit end
+  d = floor(d)
+  if d < 1 then d = 1 end
+  return d
 end
 
-local function untl(r, j, l)
-  local t = l + r.period
-  local lo, hi = (j + r.n) * r.gran, (j + r.n + 1) * r.gran
+-- A ring covers the buckets head-n .. head. Its header holds the head
+-- bucket, the total, and the head bucket's count and last-event offset
+-- (hc, ho); the n+1 slots after it hold the older buckets, slot j%(n+1)
+-- for bucket j, each a w-byte count and, when ob > 0, the 3-byte offset
+-- (in units) of the bucket's last event. A slot is written when the head
+-- moves past its bucket; slots of buckets after the stored head vh are
+-- stale and read as empty.
+
+local function cnt(s, R, n, sz, w, vh, hc, j)
+  if j > vh then return 0 end
+  if j == vh then return hc end
+  return get(s, R + (j % (n + 1)) * sz, w)
+end
+
+local function lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j)
+  if ob == 0 then return (j + 1) * g end
+  if j == vh then return j * g + ho * unit end
+  return j * g + get(s, R + (j % (n + 1)) * sz + w, 3) * unit
+end
+
+-- untl is when bucket j (last event at l) stops counting.
+local function untl(j, l, period, n, g)
+  local t = l + period
+  local lo, hi = (j + n) * g, (j + n + 1) * g
   if t < lo then t = lo end
   if t > hi then t = hi end
   return t
 end
 
-local function used(s, r, now, b)
-  local j0 = b - r.n
-  local p = slot(r, j0)
-  local c0 = get(s, p, r.w)
-  if c0 > 0 and last(s, r, j0, p) + r.period <= now then return r.total - c0, j0 + 1 end
-  return r.total, j0
+-- advanced returns the total once the head moves from vh to b.
+local function advanced(s, R, n, sz, w, vh, total, b)
+  if b <= vh or total <= 0 then return total end
+  if b - vh > n then return 0 end
+  for j = vh - n, b - n - 1 do total = total - get(s, R + (j % (n + 1)) * sz, w) end
+  if total < 0 then total = 0 end
+  return total
 end
 
-local function retry(s, r, from, b, excess)
-  local acc = 0
-  for j = from, b do
-    local p = slot(r, j)
-    local c = get(s, p, r.w)
-    if c > 0 then
-      acc = acc + c
-      if acc >= excess then return untl(r, j, last(s, r, j, p)) end
+-- used returns the events counted at now (head b) and the first bucket
+-- that counts: the oldest bucket leaves as soon as its last event is a
+-- full period old.
+local function used(s, R, n, sz, w, ob, g, unit, period, vh, hc, ho, total, now, b)
+  local j0 = b - n
+  local c0 = cnt(s, R, n, sz, w, vh, hc, j0)
+  if c0 > 0 and lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j0) + period <= now then return total - c0, j0 + 1 end
+  return total, j0
+end
+
+-- scan returns, walking from bucket from to b, when enough buckets have
+-- stopped counting to drop excess of the u events counted (retry), or,
+-- with excess 0, when the newest counted bucket stops counting (reset).
+-- Once the older buckets' counts are all seen it jumps to the head.
+local function scan(s, R, n, sz, w, ob, g, unit, period, vh, hc, ho, from, b, excess, u, now)
+  if excess > 0 then
+    local acc, older, j = 0, u - hc, from
+    while j <= b do
+      if j < vh and acc >= older then j = vh end
+      local c = cnt(s, R, n, sz, w, vh, hc, j)
+      if c > 0 then
+        acc = acc + c
+        if acc >= excess then return untl(j, lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j), period, n, g) end
+      end
+      j = j + 1
     end
+    return now
   end
-  return 0
-end
-
-local function reset(s, r, from, b, u, now)
-  if u <= 0 then return now end
   for j = b, from, -1 do
-    local p = slot(r, j)
-    if get(s, p, r.w) > 0 then return untl(r, j, last(s, r, j, p)) end
+    if cnt(s, R, n, sz, w, vh, hc, j) > 0 then return untl(j, lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j), period, n, g) end
   end
   return now
 end
 
-local function add(s, r, b, now, k)
-  local p = slot(r, b)
-  local c = get(s, p, r.w) + k
-  if c > r.cap then c = r.cap end
-  if r.ob > 0 then
-    local o = now - b * r.gran
-    if o < 0 then o = 0 end
-    s = put(s, p, enc(c, r.w) .. enc(ceil(o / r.unit), 3))
-  else
-    s = put(s, p, enc(c, r.w))
+-- move calls f(position, bytes) for every slot write needed when the head
+-- moves from vh to b: the old head bucket's count (when still in the
+-- ring) and zeros over the stale slots of the buckets skipped.
+local function move(n, sz, w, ob, R, vh, hc, ho, b, f)
+  if vh >= b - n and hc > 0 then
+    local x = enc(hc, w)
+    if ob > 0 then x = x .. enc(ho, 3) end
+    f(R + (vh % (n + 1)) * sz, x)
   end
-  r.total = r.total + k
-  if r.total > r.cap then r.total = r.cap end
-  return put(s, r.P, enc(r.head, 6) .. enc(r.total, r.w))
+  local lo = vh + 1
+  if lo < b - n then lo = b - n end
+  local k = b - lo
+  if k <= 0 then return end
+  local i = lo % (n + 1)
+  if i + k <= n + 1 then
+    f(R + i * sz, rep('\0', k * sz))
+  else
+    f(R + i * sz, rep('\0', (n + 1 - i) * sz))
+    f(R, rep('\0', (i + k - n - 1) * sz))
+  end
 end
 
-local mode, extra, layout, nw = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local mode, extra, layout, nw, buckets = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local peek = mode == 1
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local st = redis.call('MGET', KEYS[1], KEYS[2])
 local ws, bs = st[1], st[2]
 
-local a, pos = 5, 9
-local spec = {}
+-- Per window, 18 fields: limit, period, gran, n, width, offset bytes,
+-- unit, header position, ring position, stored head, total, head, first
+-- counted bucket, used, head count, head offset, new head offset.
+local V = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+local hp = 9
 for i = 1, nw do
-  local width, n, ob = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 5])
-  spec[i] = {pos, a}
-  pos = pos + 6 + width + (n + 1) * (width + ob)
-  a = a + 7
+  local o = 18 * (i - 1)
+  local limit, period = tonumber(ARGV[4 + 2 * i]), tonumber(ARGV[5 + 2 * i])
+  local g, n, w, ob, unit = geometry(limit, period, buckets, false)
+  V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7], V[o + 8] = limit, period, g, n, w, ob, unit, hp
+  hp = hp + 6 + 2 * w + ob
 end
-if not ws or #ws ~= pos - 1 or sub(ws, 1, 8) ~= layout then
-  ws = layout .. rep('\0', pos - 9)
+local rp = hp
+for i = 1, nw do
+  local o = 18 * (i - 1)
+  V[o + 9] = rp
+  rp = rp + (V[o + 4] + 1) * (V[o + 5] + V[o + 6])
 end
+local fresh = not ws or #ws ~= rp - 1 or sub(ws, 1, 8) ~= layout
+if fresh then ws = layout .. rep('\0', rp - 9) end
+local a = 6 + 2 * nw
 local stateMS = tonumber(ARGV[a])
 local thr = tonumber(ARGV[a + 1])
 local ban = thr > 0
 
-local rs, bks, frs, us = {}, {}, {}, {}
-local admit = true
-local banUntil, offences, offenceAt, sr = 0, 0, 0, nil
+-- Ban state: ban end (7), offences (2), last offence (7), strike layout
+-- (8), strike ring header (17), strike slots.
+local banUntil, offences, offenceAt = 0, 0, 0
+local sg, sn, su, sp, sl, memory
 if ban then
-  local sp, sg, sn, su, sl = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), ARGV[a + 6]
-  local blen = 34 + (sn + 1) * 7
-  if not bs or #bs ~= blen then
-    bs = rep('\0', 16) .. sl .. rep('\0', blen - 24)
-  elseif sub(bs, 17, 24) ~= sl then
-    bs = sub(bs, 1, 16) .. sl .. rep('\0', blen - 24)
+  sp, sl, memory = tonumber(ARGV[a + 2]), ARGV[a + 4], tonumber(ARGV[a + 5])
+  local sw, sob
+  sg, sn, sw, sob, su = geometry(thr, sp, tonumber(ARGV[a + 3]), true)
+  if bs then
+    if #bs ~= 41 + (sn + 1) * 7 then
+      bs = false
+    elseif sub(bs, 17, 24) ~= sl then
+      bs = sub(bs, 1, 16) .. sl .. rep('\0', 17 + (sn + 1) * 7)
+    end
   end
-  banUntil, offences, offenceAt = get(bs, 1, 7), get(bs, 8, 2), get(bs, 10, 7)
-  sr = ring(bs, 25, thr, sp, sg, sn, 4, 3, su)
-  if offences > 0 and offenceAt + tonumber(ARGV[a + 7]) <= now then offences = 0 end
+  if bs then
+    banUntil, offences, offenceAt = get(bs, 1, 7), get(bs, 8, 2), get(bs, 10, 7)
+    if offences > 0 and offenceAt + memory <= now then offences = 0 end
+  end
 end
 local banned = ban and banUntil > now
-if banned then admit = false end
+local admit = not banned
 
 for i = 1, nw do
-  local x = spec[i][2]
-  local r = ring(ws, spec[i][1], tonumber(ARGV[x]), tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]),
-    tonumber(ARGV[x + 3]), tonumber(ARGV[x + 4]), tonumber(ARGV[x + 5]), tonumber(ARGV[x + 6]))
-  local b = bucket(r, now)
-  ws = advance(ws, r, b)
-  local c, from = used(ws, r, now, b)
-  rs[i], bks[i], frs[i], us[i] = r, b, from, c
-  if c >= r.limit then admit = false end
+  local o = 18 * (i - 1)
+  local g, n, w, ob, P = V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 8]
+  local vh, total, hc, ho = get(ws, P, 6), get(ws, P + 6, w), get(ws, P + 6 + w, w), 0
+  if ob > 0 then ho = get(ws, P + 6 + 2 * w, 3) end
+  local b = floor(now / g)
+  if b < vh then b = vh end
+  total = advanced(ws, V[o + 9], n, w + ob, w, vh, total, b)
+  local c, from = used(ws, V[o + 9], n, w + ob, w, ob, g, V[o + 7], V[o + 2], vh, hc, ho, total, now, b)
+  V[o + 10], V[o + 11], V[o + 12], V[o + 13], V[o + 14], V[o + 15], V[o + 16] = vh, total, b, from, c, hc, ho
+  if c >= V[o + 1] then admit = false end
 end
+
 if admit and not peek then
-  for i = 1, nw do ws = add(ws, rs[i], bks[i], now, 1) end
-  redis.call('SET', KEYS[1], ws, 'PX', stateMS)
+  local key = KEYS[1]
+  if fresh then redis.call('SET', key, ws) end
+  local hdr = ''
+  local refresh = fresh
+  for i = 1, nw do
+    local o = 18 * (i - 1)
+    local g, n, w, ob, vh, b, hc = V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 10], V[o + 12], V[o + 15]
+    if b > vh then
+      if not fresh then
+        move(n, w + ob, w, ob, V[o + 9], vh, hc, V[o + 16], b, function(p, x) redis.call('SETRANGE', key, p - 1, x) end)
+      end
+      hc = 0
+      -- The longest window (last) keeps the TTL: refreshed when its
+      -- bucket changes, to its period plus two buckets.
+      if i == nw then refresh = true end
+    end
+    local x = enc(b, 6) .. enc(V[o + 11] + 1, w) .. enc(hc + 1, w)
+    if ob > 0 then
+      local off = now - b * g
+      if off < 0 then off = 0 end
+      off = ceil(off / V[o + 7])
+      V[o + 17] = off
+      x = x .. enc(off, 3)
+    end
+    hdr = hdr .. x
+  end
+  redis.call('SETRANGE', key, 8, hdr)
+  if refresh then redis.call('PEXPIRE', key, stateMS) end
 end
 
 local newBan, strikes = 0, 0
-if ban then
-  local b = bucket(sr, now)
-  bs = advance(bs, sr, b)
-  local k = extra
-  if not admit and not banned then k = k + 1 end
+local k = extra
+if not admit and not banned then k = k + 1 end
+if ban and not bs and not peek and k > 0 then bs = rep('\0', 16) .. sl .. rep('\0', 17 + (sn + 1) * 7) end
+if ban and bs then
+  local R, sz = 42, 7
+  local vh, total, hc, ho = get(bs, 25, 6), get(bs, 31, 4), get(bs, 35, 4), get(bs, 39, 3)
+  local b = floor(now / sg)
+  if b < vh then b = vh end
+  total = advanced(bs, R, sn, sz, 4, vh, total, b)
   if not peek and not banned and k > 0 then
-    bs = add(bs, sr, b, now, k)
-    local c = used(bs, sr, now, b)
-    if c > thr then
-      local nd = tonumber(ARGV[a + 8])
+    if b > vh then
+      move(sn, sz, 4, 3, R, vh, hc, ho, b, function(p, x) bs = sub(bs, 1, p - 1) .. x .. sub(bs, p + #x) end)
+      hc = 0
+    end
+    hc = hc + k
+    if hc > 4294967295 then hc = 4294967295 end
+    total = total + k
+    if total > 4294967295 then total = 4294967295 end
+    local off = now - b * sg
+    if off < 0 then off = 0 end
+    ho, vh = ceil(off / su), b
+    if used(bs, R, sn, sz, 4, 3, sg, su, sp, vh, hc, ho, total, now, b) > thr then
       offences = offences + 1
       if offences > 65535 then offences = 65535 end
       offenceAt = now
-      local idx = offences
-      if idx > nd then idx = nd end
-      banUntil = now + tonumber(ARGV[a + 8 + idx])
-      sr.total = 0
-      bs = sub(bs, 1, 30) .. rep('\0', 4 + (sr.size) * 7)
+      banUntil = now + banLength(offences, tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]))
+      total, hc, ho = 0, 0, 0
+      bs = sub(bs, 1, 41) .. rep('\0', (sn + 1) * sz)
       banned, newBan = true, 1
     end
-    bs = enc(banUntil, 7) .. enc(offences, 2) .. enc(offenceAt, 7) .. sub(bs, 17)
+    bs = enc(banUntil, 7) .. enc(offences, 2) .. enc(offenceAt, 7) .. sl .. enc(b, 6) .. enc(total, 4) .. enc(hc, 4) .. enc(ho, 3) .. sub(bs, 42)
     local e = banUntil
-    if offenceAt + tonumber(ARGV[a + 7]) > e then e = offenceAt + tonumber(ARGV[a + 7]) end
-    if (b + sr.n + 1) * sr.gran > e then e = (b + sr.n + 1) * sr.gran end
+    if offenceAt + memory > e then e = offenceAt + memory end
+    if (b + sn + 1) * sg > e then e = (b + sn + 1) * sg end
     redis.call('SET', KEYS[2], bs, 'PX', ceil((e - now) / 1000) + 1)
   end
-  strikes = used(bs, sr, now, b)
+  strikes = used(bs, R, sn, sz, 4, 3, sg, su, sp, vh, hc, ho, total, now, b)
   if banUntil <= now then banUntil = 0 end
 end
 
 local admitted = admit and not peek
-local out, rt = 0, 0
+local rt = 0
 local res = {0, 0, now, newBan, strikes, banUntil, offences}
 for i = 1, nw do
-  local r, u = rs[i], us[i]
-  if admitted then u = u + 1 end
-  local rem = r.limit - u
+  local o = 18 * (i - 1)
+  local limit, period, g, n, w, ob, unit = V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7]
+  local vh, b, from, u = V[o + 10], V[o + 12], V[o + 13], V[o + 14]
+  local reset_
+  if admitted then
+    u = u + 1
+    local l = (b + 1) * g
+    if ob > 0 then l = b * g + V[o + 17] * unit end
+    reset_ = untl(b, l, period, n, g)
+  else
+    reset_ = scan(ws, V[o + 9], n, w + ob, w, ob, g, unit, period, vh, V[o + 15], V[o + 16], from, b, 0, u, now)
+  end
+  local rem = limit - u
   if rem < 0 then rem = 0 end
-  res[#res + 1] = u
-  res[#res + 1] = rem
-  res[#res + 1] = reset(ws, r, frs[i], bks[i], u, now)
-  if not admit and u >= r.limit then
-    local x = retry(ws, r, frs[i], bks[i], u - r.limit + 1) - now
+  res[8 + 3 * (i - 1)], res[9 + 3 * (i - 1)], res[10 + 3 * (i - 1)] = u, rem, reset_
+  if not admit and u >= limit then
+    local x = scan(ws, V[o + 9], n, w + ob, w, ob, g, unit, period, vh, V[o + 15], V[o + 16], from, b, u - limit + 1, u, now) - now
     if x > rt then rt = x end
   end
 end
 if banned then
-  out, rt = 2, banUntil - now
+  res[1], res[2] = 2, banUntil - now
 elseif not admit then
-  out = 1
-else
-  rt = 0
+  res[1], res[2] = 1, rt
 end
-res[1], res[2] = out, rt
 return res
 `
 

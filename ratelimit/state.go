@@ -197,7 +197,7 @@ func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64) verdict 
 			if c, _ := s.used(r, now, b); c > r.limit {
 				offences = min(offences+1, offenceCap)
 				st.offenceAt = now
-				st.banUntil = now + pl.banDurs[min(offences, int64(len(pl.banDurs)))-1]
+				st.banUntil = now + pl.banLength(offences)
 				clear(s.count)
 				s.total = 0
 				banned, v.newBan = true, true

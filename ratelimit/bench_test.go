@@ -1,0 +1,338 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+)
+
+// Benchmarks run against a private redis-server (so that INFO
+// commandstats and CONFIG RESETSTAT see only their own traffic); they
+// need PETSTORE_TEST_REDIS_ADDR set like every Redis test, and the
+// redis-server binary.
+
+// The spec's plans (requests per minute and per day), with a ban rule.
+var benchPlans = []Policy{
+	{Name: "free", Windows: []Window{{Limit: 60, Period: time.Minute}, {Limit: 1000, Period: 24 * time.Hour}}},
+	{Name: "pro", Windows: []Window{{Limit: 300, Period: time.Minute}, {Limit: 10_000, Period: 24 * time.Hour}}},
+	{Name: "business", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}},
+}
+
+var benchBan = BanPolicy{Threshold: 100, StrikeWindow: time.Minute, Base: time.Minute, Multiplier: 2, Max: time.Hour, Memory: 24 * time.Hour}
+
+func withBan(p Policy) Policy {
+	p.Ban = benchBan
+	return p
+}
+
+func benchRedis(b *testing.B) (*redis.Client, *commandCounter) {
+	b.Helper()
+	testenv.RedisAddr(b)
+	s := startRedisServer(b)
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, PoolSize: 128})
+	cmds := &commandCounter{}
+	rdb.AddHook(cmds)
+	b.Cleanup(func() { _ = rdb.Close() })
+	return rdb, cmds
+}
+
+// commandStats returns calls and usec_per_call of one command from INFO
+// commandstats.
+func commandStats(b *testing.B, rdb *redis.Client, name string) (calls int64, usecPerCall float64) {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec_per_call":
+				usecPerCall, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+	}
+	return calls, usecPerCall
+}
+
+func resetStats(b *testing.B, rdb *redis.Client) {
+	b.Helper()
+	if err := rdb.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// twoWindowRedisRate checks the same two windows with redis_rate: two
+// GCRA calls, each with a burst of the window's limit.
+func twoWindowRedisRate(ctx context.Context, rl *redis_rate.Limiter, key string, p Policy) (bool, error) {
+	for _, w := range p.Windows {
+		res, err := rl.Allow(ctx, key+":"+FormatPeriod(w.Period), redis_rate.Limit{Rate: int(w.Limit), Burst: int(w.Limit), Period: w.Period})
+		if err != nil || res.Allowed == 0 {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+const benchKeys = 20_000
+
+func benchKey(i int64) string { return "key-" + strconv.FormatInt(i%benchKeys, 10) }
+
+// BenchmarkAllow measures decisions of a two-window plan under
+// concurrency (RunParallel with 32 goroutines per CPU), with allocations.
+func BenchmarkAllow(b *testing.B) {
+	p := benchPlans[2]
+	b.Run("ratelimit", func(b *testing.B) {
+		rdb, cmds := benchRedis(b)
+		l, err := New(rdb, Options{Timeout: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Close()
+		ctx := context.Background()
+		var i atomic.Int64
+		var denied atomic.Int64
+		resetStats(b, rdb)
+		cmds.n.Store(0)
+		b.ReportAllocs()
+		b.SetParallelism(32)
+		b.ResetTimer()
+		start := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				d, err := l.Allow(ctx, benchKey(i.Add(1)), p)
+				if err != nil || d.Degraded {
+					b.Errorf("%+v %v", d, err)
+					return
+				}
+				if !d.Allowed() {
+					denied.Add(1)
+				}
+			}
+		})
+		elapsed := time.Since(start)
+		b.StopTimer()
+		calls, _ := commandStats(b, rdb, "evalsha")
+		evals, _ := commandStats(b, rdb, "eval")
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+		b.ReportMetric(float64(calls+evals)/float64(b.N), "redis-cmds/decision")
+		b.ReportMetric(float64(cmds.n.Load())/float64(b.N), "client-cmds/decision")
+		if denied.Load() > 0 {
+			b.Fatalf("%d decisions denied: the benchmark must measure admitted requests", denied.Load())
+		}
+	})
+	b.Run("redis_rate", func(b *testing.B) {
+		rdb, _ := benchRedis(b)
+		rl := redis_rate.NewLimiter(rdb)
+		ctx := context.Background()
+		var i atomic.Int64
+		b.ReportAllocs()
+		b.SetParallelism(32)
+		b.ResetTimer()
+		start := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if ok, err := twoWindowRedisRate(ctx, rl, benchKey(i.Add(1)), p); err != nil || !ok {
+					b.Errorf("%v %v", ok, err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
+	})
+}
+
+// BenchmarkAllowVsRedisRate runs both limiters on the same Redis in the
+// same run, alternating, with the same concurrency, b.N decisions per
+// round, and reports their throughputs and ratio.
+func BenchmarkAllowVsRedisRate(b *testing.B) {
+	const concurrency = 64
+	rdb, _ := benchRedis(b)
+	p := benchPlans[2]
+	l, err := New(rdb, Options{Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	rl := redis_rate.NewLimiter(rdb)
+	ctx := context.Background()
+	run := func(round int, decide func(key string) error) time.Duration {
+		var i atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range concurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					n := i.Add(1)
+					if n > int64(b.N) {
+						return
+					}
+					if err := decide(fmt.Sprintf("r%d-%s", round, benchKey(n))); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return time.Since(start)
+	}
+	ours := func(key string) error {
+		d, err := l.Allow(ctx, key, p)
+		if err == nil && (!d.Allowed() || d.Degraded) {
+			err = fmt.Errorf("decision %+v", d)
+		}
+		return err
+	}
+	theirs := func(key string) error {
+		ok, err := twoWindowRedisRate(ctx, rl, key, p)
+		if err == nil && !ok {
+			err = fmt.Errorf("redis_rate denied %s", key)
+		}
+		return err
+	}
+	var tOurs, tTheirs time.Duration
+	b.ResetTimer()
+	for round := range 4 {
+		if round%2 == 0 {
+			tOurs += run(round, ours)
+			tTheirs += run(round, theirs)
+		} else {
+			tTheirs += run(round, theirs)
+			tOurs += run(round, ours)
+		}
+	}
+	b.StopTimer()
+	rOurs := float64(4*b.N) / tOurs.Seconds()
+	rTheirs := float64(4*b.N) / tTheirs.Seconds()
+	b.ReportMetric(rOurs, "ratelimit-decisions/s")
+	b.ReportMetric(rTheirs, "redis_rate-decisions/s")
+	b.ReportMetric(rOurs/rTheirs, "speedup")
+}
+
+// BenchmarkScriptCost compares the server time of the decision script
+// (two windows and bans) with redis_rate's single GCRA call, by
+// usec_per_call in INFO commandstats, on the same Redis in the same run.
+func BenchmarkScriptCost(b *testing.B) {
+	rdb, _ := benchRedis(b)
+	ctx := context.Background()
+	pl := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets, 1)
+	sc := newScript(decideLua)
+	if err := rdb.ScriptLoad(ctx, sc.src).Err(); err != nil {
+		b.Fatal(err)
+	}
+	rl := redis_rate.NewLimiter(rdb)
+	lim := redis_rate.PerMinute(1000)
+	b.ResetTimer()
+	resetStats(b, rdb)
+	for i := range b.N {
+		if err := rdb.EvalSha(ctx, sc.sha, stateKeys("b:", benchKey(int64(i))), scriptArgs(pl, modeDecide, 0)...).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_, ours := commandStats(b, rdb, "evalsha")
+	resetStats(b, rdb)
+	for i := range b.N {
+		if _, err := rl.Allow(ctx, benchKey(int64(i)), lim); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_, theirs := commandStats(b, rdb, "evalsha")
+	b.StopTimer()
+	b.ReportMetric(ours, "script-usec/call")
+	b.ReportMetric(theirs, "gcra-usec/call")
+	b.ReportMetric(ours/theirs, "ratio")
+}
+
+// BenchmarkFloodRejected floods one key from many goroutines and reports
+// the Redis commands sent per rejected request.
+func BenchmarkFloodRejected(b *testing.B) {
+	rdb, cmds := benchRedis(b)
+	l, err := New(rdb, Options{Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	p := withBan(benchPlans[0])
+	p.Ban.Threshold = 1000
+	ctx := context.Background()
+	var rejected, banned atomic.Int64
+	resetStats(b, rdb)
+	cmds.n.Store(0)
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			d, err := l.Allow(ctx, "flood", p)
+			if err != nil || d.Degraded {
+				b.Errorf("%+v %v", d, err)
+				return
+			}
+			if !d.Allowed() {
+				rejected.Add(1)
+			}
+			if d.Outcome == Banned {
+				banned.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	calls, _ := commandStats(b, rdb, "evalsha")
+	if r := rejected.Load(); r > 0 {
+		b.ReportMetric(float64(cmds.n.Load())/float64(r), "client-cmds/rejection")
+		b.ReportMetric(float64(calls)/float64(r), "redis-cmds/rejection")
+	}
+	if b.N > 2000 && banned.Load() == 0 {
+		b.Fatalf("no ban after %d rejections over a threshold of 1000", rejected.Load())
+	}
+}
+
+// BenchmarkMemoryPerKey reports MEMORY USAGE of one key's state (both
+// Redis keys, with a ban rule and strikes recorded) for the spec's plans.
+func BenchmarkMemoryPerKey(b *testing.B) {
+	for _, p := range benchPlans {
+		b.Run(p.Name, func(b *testing.B) {
+			rdb, _ := benchRedis(b)
+			ctx := context.Background()
+			pl := compile(withBan(p), DefaultBuckets, DefaultStrikeBuckets, 1)
+			var total int64
+			for i := range b.N {
+				keys := stateKeys("m:", benchKey(int64(i)))
+				// One admission and one locally answered rejection carried
+				// as a strike: both keys exist.
+				if err := rdb.Eval(ctx, decideLua, keys, scriptArgs(pl, modeDecide, 1)...).Err(); err != nil {
+					b.Fatal(err)
+				}
+				for _, k := range keys {
+					n, err := rdb.MemoryUsage(ctx, k).Result()
+					if err != nil {
+						b.Fatal(err)
+					}
+					if ttl, _ := rdb.PTTL(ctx, k).Result(); ttl <= 0 {
+						b.Fatalf("%s has no TTL", k)
+					}
+					total += n
+				}
+			}
+			b.ReportMetric(float64(total)/float64(b.N), "bytes/key")
+		})
+	}
+}
