@@ -90,7 +90,7 @@ func twoWindowRedisRate(ctx context.Context, rl *redis_rate.Limiter, key string,
 	return true, nil
 }
 
-const benchKeys = 20_000
+const benchKeys = 2000
 
 func benchKey(i int64) string { return "key-" + strconv.FormatInt(i%benchKeys, 10) }
 

@@ -85,21 +85,6 @@ local function geometry(limit, period, buckets, strikes)
   return g, n, w, ob, floor((g + 16777214) / 16777215)
 end
 
--- banLength is plan.banLength: base*mult^(off-1), capped.
-local function banLength(off, base, mult, max)
-  local d, limit = base, 2 ^ 50
-  if max > 0 then limit = max end
-  local i = 1
-  while i < off and d < limit and mult > 1 do
-    d = d * mult
-    i = i + 1
-  end
-  if d > limit then d = limit end
-  d = floor(d)
-  if d < 1 then d = 1 end
-  return d
-end
-
 -- A ring covers the buckets head-n .. head. Its header holds the head
 -- bucket, the total, and the head bucket's count and last-event offset
 -- (hc, ho); the n+1 slots after it hold the older buckets, slot j%(n+1)
@@ -172,25 +157,27 @@ local function scan(s, R, n, sz, w, ob, g, unit, period, vh, hc, ho, from, b, ex
   return now
 end
 
--- move calls f(position, bytes) for every slot write needed when the head
--- moves from vh to b: the old head bucket's count (when still in the
--- ring) and zeros over the stale slots of the buckets skipped.
+-- move calls f(position, bytes) for the slot writes needed when the head
+-- moves from vh to b: the old head bucket's count (when it stays in the
+-- ring) and zeros over the stale slots of the buckets skipped. These
+-- slots are consecutive, so this is one write (two when the ring wraps).
 local function move(n, sz, w, ob, R, vh, hc, ho, b, f)
-  if vh >= b - n and hc > 0 then
-    local x = enc(hc, w)
+  local lo, x = b - n, ''
+  if vh >= lo then
+    lo = vh
+    x = enc(hc, w)
     if ob > 0 then x = x .. enc(ho, 3) end
-    f(R + (vh % (n + 1)) * sz, x)
   end
-  local lo = vh + 1
-  if lo < b - n then lo = b - n end
   local k = b - lo
   if k <= 0 then return end
+  x = x .. rep('\0', k * sz - #x)
   local i = lo % (n + 1)
   if i + k <= n + 1 then
-    f(R + i * sz, rep('\0', k * sz))
+    f(R + i * sz, x)
   else
-    f(R + i * sz, rep('\0', (n + 1 - i) * sz))
-    f(R, rep('\0', (i + k - n - 1) * sz))
+    local first = (n + 1 - i) * sz
+    f(R + i * sz, sub(x, 1, first))
+    f(R, sub(x, first + 1))
   end
 end
 
@@ -319,6 +306,20 @@ if ban and bs then
       offences = offences + 1
       if offences > 65535 then offences = 65535 end
       offenceAt = now
+      -- banLength is plan.banLength: base*mult^(off-1), capped.
+      local function banLength(off, base, mult, max)
+        local d, limit = base, 2 ^ 50
+        if max > 0 then limit = max end
+        local i = 1
+        while i < off and d < limit and mult > 1 do
+          d = d * mult
+          i = i + 1
+        end
+        if d > limit then d = limit end
+        d = floor(d)
+        if d < 1 then d = 1 end
+        return d
+      end
       banUntil = now + banLength(offences, tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]))
       total, hc, ho = 0, 0, 0
       bs = sub(bs, 1, 41) .. rep('\0', (sn + 1) * sz)
