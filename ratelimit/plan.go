@@ -81,7 +81,6 @@ func (r ring) size() int64 { return headBytes + r.width + (r.n+1)*(r.width+r.oby
 // script arguments and the policy's metric handles. Plans are cached by
 // name and fingerprint.
 type plan struct {
-	id      string
 	name    string
 	given   Policy // as the caller passed it
 	policy  Policy // windows sorted by period
@@ -104,8 +103,6 @@ type plan struct {
 	counters
 }
 
-func planID(p Policy) string { return p.Name + "\x00" + p.Fingerprint() }
-
 // compile builds the plan for p, which must be valid. replicas > 1 also
 // builds the plan for local fallback.
 func compile(p Policy, buckets, strikeBuckets int, replicas int) *plan {
@@ -123,7 +120,7 @@ func compile(p Policy, buckets, strikeBuckets int, replicas int) *plan {
 
 func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 	p = p.Sorted()
-	pl := &plan{id: planID(p), name: p.Name, policy: p}
+	pl := &plan{name: p.Name, policy: p}
 	var desc strings.Builder
 	for _, w := range p.Windows {
 		r := newRing(w.Limit, w.Period, buckets, false)
@@ -198,18 +195,6 @@ func Granularity(d time.Duration, buckets int) time.Duration {
 		buckets = DefaultBuckets
 	}
 	return time.Duration(newRing(1, d, buckets, false).gran) * time.Microsecond
-}
-
-func (pl *plan) String() string {
-	var b strings.Builder
-	b.WriteString(pl.name)
-	for _, r := range pl.windows {
-		b.WriteString(" ")
-		b.WriteString(strconv.FormatInt(r.limit, 10))
-		b.WriteString("/")
-		b.WriteString(FormatPeriod(time.Duration(r.period) * time.Microsecond))
-	}
-	return b.String()
 }
 
 // Defaults for the ring geometry.
