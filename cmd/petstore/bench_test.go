@@ -31,7 +31,7 @@ func BenchmarkListPetsEndToEnd(b *testing.B) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: 32})
 	defer rdb.Close()
 
-	plans, err := plan.Parse([]byte("plans:\n  bench:\n    quotas: [{limit: 1000000000, period: 1m}, {limit: 10000000000, period: 24h}]\n    ban: off\n"))
+	plans, err := plan.Parse([]byte("plans:\n  bench:\n    quotas: [{limit: 100000, period: 1m}, {limit: 10000000, period: 24h}]\n    ban: off\n"))
 	if err != nil {
 		b.Fatal(err)
 	}
