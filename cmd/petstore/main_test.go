@@ -410,3 +410,43 @@ func TestProductionPath(t *testing.T) {
 		}
 	}
 }
+
+// TestDashboardMetricsAreExported closes the loop between the service and
+// deploy/: the offline chart checks verify the dashboard and alert rules
+// against helm/chartest/testdata/metrics.txt, and this test verifies that
+// file against the running binary's /metrics, so neither can drift.
+func TestDashboardMetricsAreExported(t *testing.T) {
+	t.Parallel()
+	want, err := os.ReadFile("../../helm/chartest/testdata/metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := start(t, map[string]string{"PETSTORE_REDIS_ADDRS": testenv.RedisAddr(t)})
+	key := devKeyRE.FindStringSubmatch(in.stdout.String())
+	if key == nil {
+		t.Fatal("no development key printed")
+	}
+	do(t, "GET", in.api+"/v1/pets", key[1], "")
+	do(t, "GET", in.api+"/v1/pets", "pst_unknown", "")
+	_, body := do(t, "GET", in.ops+"/metrics", "", "")
+	live := map[string]bool{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "# TYPE petstore_") {
+			live[line] = true
+		}
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(string(want), "\n") {
+		if strings.HasPrefix(line, "# TYPE petstore_") {
+			listed[line] = true
+			if !live[line] {
+				t.Errorf("metrics.txt lists %q but the service does not export it", line)
+			}
+		}
+	}
+	for line := range live {
+		if !listed[line] {
+			t.Errorf("the service exports %q but helm/chartest/testdata/metrics.txt does not list it", line)
+		}
+	}
+}
