@@ -149,30 +149,12 @@ type keysFile struct {
 }
 
 type keySpec struct {
-	Key     string      `yaml:"key"`
-	SHA256  string      `yaml:"sha256"`
-	Plan    string      `yaml:"plan"`
-	Label   string      `yaml:"label"`
-	Quotas  []quotaSpec `yaml:"quotas"`
-	Revoked bool        `yaml:"revoked"`
-}
-
-type quotaSpec struct {
-	Limit  count  `yaml:"limit"`
-	Period string `yaml:"period"`
-}
-
-// count is a whole number. The decoder alone would truncate 1.5 to 1.
-type count int64
-
-// UnmarshalYAML accepts integers only.
-func (c *count) UnmarshalYAML(n *yaml.Node) error {
-	var v int64
-	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s into int64", n.Line, n.ShortTag())}}
-	}
-	*c = count(v)
-	return nil
+	Key     string       `yaml:"key"`
+	SHA256  string       `yaml:"sha256"`
+	Plan    string       `yaml:"plan"`
+	Label   string       `yaml:"label"`
+	Quotas  []plan.Quota `yaml:"quotas"`
+	Revoked bool         `yaml:"revoked"`
 }
 
 func (e keySpec) record(plans *plan.Set) (Record, error) {

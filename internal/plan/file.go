@@ -99,22 +99,25 @@ type fileSpec struct {
 }
 
 type planSpec struct {
-	Quotas *[]quotaSpec `yaml:"quotas"`
-	Ban    *banSpec     `yaml:"ban"`
-	PerKey *bool        `yaml:"per_key"`
-	Remove bool         `yaml:"remove"`
+	Quotas *[]Quota `yaml:"quotas"`
+	Ban    *banSpec `yaml:"ban"`
+	PerKey *bool    `yaml:"per_key"`
+	Remove bool     `yaml:"remove"`
 }
 
-type quotaSpec struct {
-	Limit  count  `yaml:"limit"`
+// Quota is one {limit, period} entry as written in the plans and keys
+// files; ParsePeriod reads its period.
+type Quota struct {
+	Limit  Count  `yaml:"limit"`
 	Period string `yaml:"period"`
 }
 
-// count is a whole number. The decoder alone would truncate 1.5 to 1.
-type count int64
+// Count is a whole number in a YAML file. The decoder alone would truncate
+// 1.5 to 1.
+type Count int64
 
 // UnmarshalYAML accepts integers only.
-func (c *count) UnmarshalYAML(n *yaml.Node) error {
+func (c *Count) UnmarshalYAML(n *yaml.Node) error {
 	var v int64
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil {
 		value := ""
@@ -123,14 +126,14 @@ func (c *count) UnmarshalYAML(n *yaml.Node) error {
 		}
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s%s into int64", n.Line, n.ShortTag(), value)}}
 	}
-	*c = count(v)
+	*c = Count(v)
 	return nil
 }
 
 // banSpec is "off" or a mapping of ban settings.
 type banSpec struct {
 	Off        bool
-	Threshold  *count   `yaml:"threshold"`
+	Threshold  *Count   `yaml:"threshold"`
 	Within     string   `yaml:"within"`
 	Duration   string   `yaml:"duration"`
 	Multiplier *float64 `yaml:"multiplier"`
