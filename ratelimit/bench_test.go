@@ -244,7 +244,7 @@ func BenchmarkScriptCost(b *testing.B) {
 	b.ResetTimer()
 	resetStats(b, rdb)
 	for i := range b.N {
-		if err := rdb.EvalSha(ctx, sc.sha, stateKeys("b:", benchKey(int64(i))), scriptArgs(pl, modeDecide, 0)...).Err(); err != nil {
+		if err := rdb.EvalSha(ctx, sc.sha, stateKeys("b:", benchKey(int64(i))), scriptArgs(pl, modeDecide, 0, noLease)...).Err(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -318,7 +318,7 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 				keys := stateKeys("m:", benchKey(int64(i)))
 				// One admission and one locally answered rejection carried
 				// as a strike: both keys exist.
-				if err := rdb.Eval(ctx, decideLua, keys, scriptArgs(pl, modeDecide, 1)...).Err(); err != nil {
+				if err := rdb.Eval(ctx, decideLua, keys, scriptArgs(pl, modeDecide, 1, noLease)...).Err(); err != nil {
 					b.Fatal(err)
 				}
 				for _, k := range keys {

@@ -88,6 +88,10 @@ type Options struct {
 	// BanRevalidate re-checks a cached ban with Redis at least this often,
 	// in case an Unban announcement was missed (default 2s).
 	BanRevalidate time.Duration
+	// MaxLease caps the admissions a replica reserves for a busy key in
+	// one round trip and then grants in process (default 64); 1 (or
+	// less) disables leasing: one round trip per admitted request.
+	MaxLease int
 
 	// clock replaces time.Now in tests.
 	clock func() time.Time
@@ -124,6 +128,10 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.FlushEvery, 64)
 	defd(&o.FlushInterval, 250*time.Millisecond)
 	defd(&o.BanRevalidate, 2*time.Second)
+	if o.MaxLease == 0 {
+		o.MaxLease = 64
+	}
+	o.MaxLease = max(o.MaxLease, 1)
 	if o.clock == nil {
 		o.clock = time.Now
 	}
@@ -147,6 +155,7 @@ type Limiter struct {
 	plans planCache
 	local *memStore // the whole store without Redis; the fallback with it
 	cache *rejectCache
+	lease *leaseTable // nil when leasing is off
 	batch *batcher
 	now   func() time.Time
 
@@ -187,6 +196,9 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	}
 	if opts.CacheSize > 0 {
 		l.cache = newRejectCache(opts.CacheSize, opts.FlushEvery, opts.FlushInterval, opts.BanRevalidate)
+	}
+	if opts.MaxLease > 1 {
+		l.lease = newLeaseTable(opts.MaxLease, opts.Replicas)
 	}
 	l.batch = newBatcher(client, newScript(decideLua), opts.MaxBatch, opts.Queue, opts.Timeout, met.observeRedis)
 	for range opts.Pipelines {
@@ -260,19 +272,53 @@ func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, er
 	if l.rdb == nil {
 		return l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), false, 0), false), nil
 	}
+	ask := noLease
+	if l.lease != nil {
+		for first := true; ; first = false {
+			d, served, a, wait := l.lease.take(key, pl, start, first)
+			if served {
+				pl.outcome[Allowed].Inc()
+				return d, nil
+			}
+			if wait == nil {
+				ask = a
+				break
+			}
+			// A round trip asking for a lease for this key is in flight:
+			// its lease is likely to cover this request too.
+			select {
+			case <-wait:
+			case <-ctx.Done():
+			}
+			start = l.now()
+		}
+	}
 	var extra int64
 	if l.cache != nil {
 		d, pending, hit := l.cache.answer(key, pl, start)
 		if hit {
+			if ask.want > 1 {
+				l.lease.done(key, pl, start, verdict{}, d, false)
+			}
 			pl.outcome[d.Outcome].Inc()
 			return d, nil
 		}
 		extra = pending
 	}
-	if l.health.isDown() {
-		return l.degraded(key, pl, start, extra)
+	d, v, err := l.decide(ctx, key, pl, start, extra, ask)
+	if ask.want > 1 {
+		l.lease.done(key, pl, start, v, d, err == nil && !d.Degraded)
 	}
-	reply, err := l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modeDecide, extra))
+	return d, err
+}
+
+// decide asks Redis, or the fallback when it cannot answer.
+func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk) (Decision, verdict, error) {
+	if l.health.isDown() {
+		d, err := l.degraded(key, pl, start, extra)
+		return d, verdict{}, err
+	}
+	reply, err := l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modeDecide, extra, ask))
 	var v verdict
 	if err == nil {
 		v, err = decode(pl, reply)
@@ -285,13 +331,22 @@ func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, er
 			// The caller giving up says nothing about Redis.
 			l.health.fail(err)
 		}
-		return l.degraded(key, pl, start, extra)
+		d, err := l.degraded(key, pl, start, extra)
+		return d, verdict{}, err
+	}
+	if v.granted > 1 {
+		// The whole lease is counted, but the rest of it is this
+		// process's to grant: report what remains for this request, as if
+		// it had been admitted alone.
+		for i := range v.win {
+			v.win[i].remaining += v.granted - 1
+		}
 	}
 	d := l.finish(pl, v, false)
 	if l.cache != nil {
 		l.cache.store(key, pl, d, v.strikes, start)
 	}
-	return d, nil
+	return d, v, nil
 }
 
 // degraded decides without Redis according to the failure mode.
@@ -368,7 +423,7 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 		err := ErrUnavailable
 		if !l.health.isDown() {
 			var reply any
-			if reply, err = l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modePeek, 0)); err == nil {
+			if reply, err = l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modePeek, 0, noLease)); err == nil {
 				v, err = decode(pl, reply)
 			}
 			if err != nil && ctx.Err() == nil {
@@ -449,6 +504,9 @@ func (l *Limiter) sweepLoop(ctx context.Context) {
 			l.local.sweep(now.UnixMicro())
 			if l.cache != nil {
 				l.cache.sweep(now)
+			}
+			if l.lease != nil {
+				l.lease.sweep(now)
 			}
 		}
 	}

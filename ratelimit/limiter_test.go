@@ -238,7 +238,7 @@ func pacedFraction(w Window, buckets, periods int) float64 {
 	var n int64
 	for i := range total {
 		now := start + i*w.Period.Microseconds()/w.Limit
-		if v := st.decide(pl, now, false, 0); v.outcome == Allowed && i >= w.Limit {
+		if v := st.decide(pl, now, false, 0, noLease); v.outcome == Allowed && i >= w.Limit {
 			n++
 		}
 	}

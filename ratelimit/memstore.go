@@ -45,7 +45,7 @@ func (m *memStore) decide(key string, pl *plan, now int64, peek bool, extra int6
 			sh.keys[key] = st
 		}
 	}
-	return st.decide(pl, now, peek, extra)
+	return st.decide(pl, now, peek, extra, noLease)
 }
 
 // unban lifts key's ban and forgets its strikes and offences.

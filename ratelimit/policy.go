@@ -191,8 +191,14 @@ type Decision struct {
 	// Cached is true when the decision came from the local cache of keys
 	// known to be limited or banned, without a round trip.
 	Cached bool
+	// Leased is true when the request was admitted from admissions this
+	// process had reserved for the key in advance (a lease), without a
+	// round trip.
+	Leased bool
 	// Time is when the decision was made, by the clock that made it: the
-	// Redis server's for shared decisions, this process's otherwise.
+	// Redis server's for shared decisions, this process's otherwise. For a
+	// leased admission it is the server time of the lease's round trip plus
+	// the local time elapsed since that round trip began.
 	Time time.Time
 }
 

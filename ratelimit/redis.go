@@ -22,19 +22,19 @@ func stateKeys(prefix, key string) []string {
 }
 
 // scriptArgs returns the full ARGV for one evaluation.
-func scriptArgs(pl *plan, mode, extra int64) []any {
-	args := make([]any, 0, 2+len(pl.argv))
-	args = append(args, mode, extra)
+func scriptArgs(pl *plan, mode, extra int64, ask leaseAsk) []any {
+	args := make([]any, 0, 5+len(pl.argv))
+	args = append(args, mode, extra, ask.want, ask.need, ask.life)
 	return append(args, pl.argv...)
 }
 
 // decode turns the script's reply into a verdict.
 func decode(pl *plan, reply any) (verdict, error) {
 	vals, ok := reply.([]any)
-	if !ok || len(vals) != 7+3*len(pl.windows) {
+	if !ok || len(vals) != 9+3*len(pl.windows) {
 		return verdict{}, fmt.Errorf("ratelimit: unexpected script reply %T (%d values)", reply, len(vals))
 	}
-	var ints [7]int64
+	var ints [9]int64
 	for i := range ints {
 		if ints[i], ok = vals[i].(int64); !ok {
 			return verdict{}, fmt.Errorf("ratelimit: unexpected script reply value %T", vals[i])
@@ -48,12 +48,14 @@ func decode(pl *plan, reply any) (verdict, error) {
 		strikes:  ints[4],
 		banUntil: ints[5],
 		offences: ints[6],
+		granted:  ints[7],
+		leaseEnd: ints[8],
 		win:      make([]winVerdict, len(pl.windows)),
 	}
 	for i := range v.win {
-		u, ok1 := vals[7+3*i].(int64)
-		r, ok2 := vals[8+3*i].(int64)
-		t, ok3 := vals[9+3*i].(int64)
+		u, ok1 := vals[9+3*i].(int64)
+		r, ok2 := vals[10+3*i].(int64)
+		t, ok3 := vals[11+3*i].(int64)
 		if !ok1 || !ok2 || !ok3 {
 			return verdict{}, errors.New("ratelimit: unexpected script reply window values")
 		}

@@ -15,8 +15,9 @@ import (
 //
 // KEYS[1] window state, KEYS[2] strike and ban state (same hash slot).
 //
-// ARGV: mode (0 decide, 1 peek), extra strikes, layout, window count,
-// buckets; per window: limit, period (µs); window-state TTL (ms); then the
+// ARGV: mode (0 decide, 1 peek), extra strikes, lease size wanted, lease
+// room needed, lease life (µs), layout, window count, buckets; per
+// window: limit, period (µs); window-state TTL (ms); then the
 // strike threshold (0: no bans) followed, when positive, by strike period,
 // strike buckets, strike layout, offence memory, ban base, multiplier and
 // max (µs). Ring geometry is derived from these as in newRing.
@@ -31,8 +32,16 @@ import (
 // Ban state: ban end (7), offences (2), last offence (7), strike layout
 // (8), strike ring header (6+4+4+3), sn+1 slots of count (4) + offset (3).
 //
-// Reply: outcome, retry, now, new ban, strikes, ban end, offences, then per
-// window used, remaining, reset. All integers, times in µs.
+// Leases: an admission counts want admissions at once (a lease) when every
+// window has at least need (>= want) remaining; they count in the current
+// bucket of every window and may be spent until the lease ends: the end of
+// the current bucket of every window, and at most life after now. Where a
+// bucket keeps its last admission's time, the lease's end is recorded, and
+// that time only ever grows. Otherwise one admission counts, as always.
+//
+// Reply: outcome, retry, now, new ban, strikes, ban end, offences, admissions
+// granted, lease end, then per window used, remaining, reset. All integers,
+// times in µs.
 const decideLua = `
 local byte, char, sub, rep, floor, ceil = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil
 
@@ -181,7 +190,8 @@ local function move(n, sz, w, ob, R, vh, hc, ho, b, f)
   end
 end
 
-local mode, extra, layout, nw, buckets = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local mode, extra, want, need, life = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local layout, nw, buckets = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local peek = mode == 1
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -195,7 +205,7 @@ local V = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 local hp = 9
 for i = 1, nw do
   local o = 18 * (i - 1)
-  local limit, period = tonumber(ARGV[4 + 2 * i]), tonumber(ARGV[5 + 2 * i])
+  local limit, period = tonumber(ARGV[7 + 2 * i]), tonumber(ARGV[8 + 2 * i])
   local g, n, w, ob, unit = geometry(limit, period, buckets, false)
   V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7], V[o + 8] = limit, period, g, n, w, ob, unit, hp
   hp = hp + 6 + 2 * w + ob
@@ -208,7 +218,7 @@ for i = 1, nw do
 end
 local fresh = not ws or #ws ~= rp - 1 or sub(ws, 1, 8) ~= layout
 if fresh then ws = layout .. rep('\0', rp - 9) end
-local a = 6 + 2 * nw
+local a = 9 + 2 * nw
 local stateMS = tonumber(ARGV[a])
 local thr = tonumber(ARGV[a + 1])
 local ban = thr > 0
@@ -235,6 +245,7 @@ if ban then
 end
 local banned = ban and banUntil > now
 local admit = not banned
+local room, lend = -1, now + life
 
 for i = 1, nw do
   local o = 18 * (i - 1)
@@ -247,7 +258,13 @@ for i = 1, nw do
   local c, from = used(ws, V[o + 9], n, w + ob, w, ob, g, V[o + 7], V[o + 2], vh, hc, ho, total, now, b)
   V[o + 10], V[o + 11], V[o + 12], V[o + 13], V[o + 14], V[o + 15], V[o + 16] = vh, total, b, from, c, hc, ho
   if c >= V[o + 1] then admit = false end
+  if room < 0 or V[o + 1] - c < room then room = V[o + 1] - c end
+  if (b + 1) * g < lend then lend = (b + 1) * g end
 end
+
+-- granted admissions count at once; at is the time recorded for them.
+local granted, at = 1, now
+if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
 
 if admit and not peek then
   local key = KEYS[1]
@@ -266,11 +283,12 @@ if admit and not peek then
       -- bucket changes, to its period plus two buckets.
       if i == nw then refresh = true end
     end
-    local x = enc(b, 6) .. enc(V[o + 11] + 1, w) .. enc(hc + 1, w)
+    local x = enc(b, 6) .. enc(V[o + 11] + granted, w) .. enc(hc + granted, w)
     if ob > 0 then
-      local off = now - b * g
+      local off = at - b * g
       if off < 0 then off = 0 end
       off = ceil(off / V[o + 7])
+      if hc > 0 and V[o + 16] > off then off = V[o + 16] end
       V[o + 17] = off
       x = x .. enc(off, 3)
     end
@@ -336,15 +354,16 @@ if ban and bs then
 end
 
 local admitted = admit and not peek
+if not admitted then granted, lend = 0, 0 end
 local rt = 0
-local res = {0, 0, now, newBan, strikes, banUntil, offences}
+local res = {0, 0, now, newBan, strikes, banUntil, offences, granted, lend}
 for i = 1, nw do
   local o = 18 * (i - 1)
   local limit, period, g, n, w, ob, unit = V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7]
   local vh, b, from, u = V[o + 10], V[o + 12], V[o + 13], V[o + 14]
   local reset_
   if admitted then
-    u = u + 1
+    u = u + granted
     local l = (b + 1) * g
     if ob > 0 then l = b * g + V[o + 17] * unit end
     reset_ = untl(b, l, period, n, g)
@@ -353,7 +372,7 @@ for i = 1, nw do
   end
   local rem = limit - u
   if rem < 0 then rem = 0 end
-  res[8 + 3 * (i - 1)], res[9 + 3 * (i - 1)], res[10 + 3 * (i - 1)] = u, rem, reset_
+  res[10 + 3 * (i - 1)], res[11 + 3 * (i - 1)], res[12 + 3 * (i - 1)] = u, rem, reset_
   if not admit and u >= limit then
     local x = scan(ws, V[o + 9], n, w + ob, w, ob, g, unit, period, vh, V[o + 15], V[o + 16], from, b, u - limit + 1, u, now) - now
     if x > rt then rt = x end

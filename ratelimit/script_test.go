@@ -22,10 +22,10 @@ func newMini(t *testing.T, start time.Time) (*miniredis.Miniredis, *redis.Client
 	return m, rdb
 }
 
-func evalScript(t *testing.T, rdb *redis.Client, key string, pl *plan, mode, extra int64) verdict {
+func evalScript(t *testing.T, rdb *redis.Client, key string, pl *plan, mode, extra int64, ask leaseAsk) verdict {
 	t.Helper()
 	sc := newScript(decideLua)
-	reply, err := rdb.Eval(context.Background(), sc.src, stateKeys("t:", key), scriptArgs(pl, mode, extra)...).Result()
+	reply, err := rdb.Eval(context.Background(), sc.src, stateKeys("t:", key), scriptArgs(pl, mode, extra, ask)...).Result()
 	if err != nil {
 		t.Fatalf("eval: %v", err)
 	}
@@ -57,7 +57,7 @@ func TestScriptMatchesReference(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(len(p.Name))))
 			now := start
 			var seen [3]int
-			newBans := 0
+			newBans, leases := 0, 0
 			for i := range 3000 {
 				// Mostly small steps, sometimes long idle gaps.
 				switch r := rng.IntN(100); {
@@ -76,19 +76,30 @@ func TestScriptMatchesReference(t *testing.T) {
 				if rng.IntN(20) == 0 {
 					extra = int64(rng.IntN(4))
 				}
-				got := evalScript(t, rdb, "k", pl, mode, extra)
-				want := ref.decide(pl, now.UnixMicro(), mode == modePeek, extra)
+				// Some decisions ask for a lease, of every size and need
+				// (granted or not), with lives shorter and longer than a
+				// bucket.
+				ask := noLease
+				if mode == modeDecide && rng.IntN(3) == 0 {
+					w := int64(2 + rng.IntN(12))
+					ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(400_000))}
+				}
+				got := evalScript(t, rdb, "k", pl, mode, extra, ask)
+				want := ref.decide(pl, now.UnixMicro(), mode == modePeek, extra, ask)
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d at %s (mode %d extra %d):\nscript    %+v\nreference %+v", i, now.Format(time.RFC3339Nano), mode, extra, got, want)
 				}
 				seen[got.outcome]++
+				if got.granted > 1 {
+					leases++
+				}
 				if got.newBan {
 					newBans++
 				}
 			}
-			t.Logf("outcomes %v, bans %d", seen, newBans)
-			if seen[Allowed] == 0 || seen[Limited] == 0 || (p.Ban.Enabled() && (seen[Banned] == 0 || newBans < 2)) {
-				t.Errorf("traffic did not exercise every outcome: %v, %d bans", seen, newBans)
+			t.Logf("outcomes %v, bans %d, leases %d", seen, newBans, leases)
+			if seen[Allowed] == 0 || seen[Limited] == 0 || (p.Ban.Enabled() && (seen[Banned] == 0 || newBans < 2)) || leases == 0 {
+				t.Errorf("traffic did not exercise every outcome: %v, %d bans, %d leases", seen, newBans, leases)
 			}
 		})
 	}

@@ -98,11 +98,17 @@ func (s *ringState) reset(r *ring, from, b, used, now int64) int64 {
 	return now
 }
 
-// add records k events at now in bucket b (the head).
-func (s *ringState) add(r *ring, b, now, k int64) {
+// add records k events at time at in bucket b (the head). The bucket's
+// last-event time only grows: a lease records its end, which later
+// admissions in the same bucket must not move back.
+func (s *ringState) add(r *ring, b, at, k int64) {
 	i := b % (r.n + 1)
+	off := ceilDiv(max(at-b*r.gran, 0), r.unit)
+	if s.count[i] > 0 {
+		off = max(off, s.off[i])
+	}
 	s.count[i] = min(s.count[i]+k, r.cap)
-	s.off[i] = ceilDiv(max(now-b*r.gran, 0), r.unit)
+	s.off[i] = off
 	s.total = min(s.total+k, r.cap)
 }
 
@@ -134,12 +140,26 @@ type verdict struct {
 	strikes  int64
 	banUntil int64
 	offences int64
+	granted  int64 // admissions counted: 0 when not admitted, more than 1 for a lease
+	leaseEnd int64 // µs; when granted > 1, the leased admissions may be spent until then
 	win      []winVerdict
 }
 
+// leaseAsk asks a decision to count want admissions at once (a lease)
+// when every window has at least need of them remaining, to be spent
+// within life µs and before the current bucket of any window ends. A
+// want of 1 or less asks for the request alone.
+type leaseAsk struct {
+	want, need, life int64
+}
+
+// noLease asks for one admission.
+var noLease = leaseAsk{want: 1, need: 1, life: 1}
+
 // decide evaluates one request (peek: only report) for the key whose state
-// is st, at now, recording extra earlier rejections as strikes.
-func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64) verdict {
+// is st, at now, recording extra earlier rejections as strikes. An
+// admission counts ask.want admissions when the lease is granted.
+func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64, ask leaseAsk) verdict {
 	if st.layout != pl.layout || len(st.windows) != len(pl.windows) {
 		st.layout = pl.layout
 		st.windows = st.windows[:0]
@@ -166,6 +186,7 @@ func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64) verdict 
 	var fr [8]int64
 	froms := fr[:0]
 	admit := !banned
+	room, end := int64(-1), now+ask.life
 	for i := range pl.windows {
 		r, s := &pl.windows[i], &st.windows[i]
 		b := s.bucket(r, now)
@@ -176,12 +197,23 @@ func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64) verdict 
 		if c >= r.limit {
 			admit = false
 		}
+		if room < 0 || r.limit-c < room {
+			room = r.limit - c
+		}
+		end = min(end, (b+1)*r.gran)
+	}
+	granted, at := int64(1), now
+	if ask.want > 1 && room >= ask.need && room >= ask.want {
+		granted, at = ask.want, end
+	} else {
+		end = 0
 	}
 	if admit && !peek {
 		for i := range pl.windows {
-			st.windows[i].add(&pl.windows[i], buckets[i], now, 1)
+			st.windows[i].add(&pl.windows[i], buckets[i], at, granted)
 		}
 		st.expires = max(st.expires, now+pl.stateMS*1000)
+		v.granted, v.leaseEnd = granted, end
 	}
 
 	if pl.ban {
@@ -217,7 +249,7 @@ func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64) verdict 
 		r, s := &pl.windows[i], &st.windows[i]
 		w := &v.win[i]
 		if admitted {
-			w.used++
+			w.used += granted
 		}
 		w.remaining = max(r.limit-w.used, 0)
 		w.reset = s.reset(r, froms[i], buckets[i], w.used, now)

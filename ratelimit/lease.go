@@ -1,0 +1,230 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// Leasing: while every window of a key has plenty of quota left, a replica
+// asks the script for a block of k admissions (a lease) instead of one,
+// and answers the key's next k-1 requests in process. The script counts
+// all k at once, in the current bucket of every window, so the windows
+// stay strict across replicas; the price is that admissions leased but
+// never spent count until they slide out. Hence:
+//
+//   - a lease is spent only until the end of the current bucket of every
+//     window (and at most leaseLife), converted to this process's
+//     monotonic clock from the round trip's start, so that latency and
+//     clock skew can only shorten it;
+//   - k is this replica's expected demand for the key within that time
+//     (from its rate over the last rateSpan or two), at most MaxLease;
+//   - the script grants k only while every window has at least
+//     leaseMargin·k·Replicas remaining, and one admission otherwise: near
+//     its limit a key is decided exactly, one request per round trip.
+const (
+	leaseMargin = 4
+	leaseLife   = time.Second
+	rateSpan    = 250 * time.Millisecond
+	// leaseKeys caps the keys whose demand and lease this process tracks.
+	leaseKeys = 65536
+)
+
+// leaseTable holds this process's leases and per-key demand.
+type leaseTable struct {
+	seed        maphash.Seed
+	shards      [memShards]leaseShard
+	maxPerShard int
+	maxLease    int64
+	replicas    int64
+}
+
+type leaseShard struct {
+	mu   sync.Mutex
+	keys map[string]*leaseEntry
+}
+
+type leaseEntry struct {
+	// Demand: requests seen in the current rate period (from curStart)
+	// and in the one before.
+	cur, prev int64
+	curStart  time.Time
+
+	// The lease: left admissions to spend before deadline (local clock),
+	// granted under pl by a round trip that started at sent and ran at
+	// redisNow (µs, server clock).
+	pl       *plan
+	left     int64
+	spent    int64
+	deadline time.Time
+	sent     time.Time
+	redisNow int64
+	windows  []WindowState // as reported for the first admission of the lease
+	binding  int
+
+	// refill is open while a round trip asking for a lease is in flight;
+	// closed when it ends.
+	refill chan struct{}
+}
+
+func newLeaseTable(maxLease, replicas int) *leaseTable {
+	t := &leaseTable{
+		seed:        maphash.MakeSeed(),
+		maxPerShard: max(leaseKeys/memShards, 1),
+		maxLease:    int64(maxLease),
+		replicas:    int64(max(replicas, 1)),
+	}
+	for i := range t.shards {
+		t.shards[i].keys = make(map[string]*leaseEntry)
+	}
+	return t
+}
+
+func (t *leaseTable) shard(key string) *leaseShard {
+	return &t.shards[maphash.String(t.seed, key)%memShards]
+}
+
+// take answers one request for key under pl from its lease (served). When
+// it cannot, it returns what to ask the script for; wait, when not nil, is
+// a lease round trip for the key already in flight, which the caller may
+// wait for and then call take again with first false. first also counts
+// the request toward the key's demand. A caller given an ask with want > 1
+// must call done when its round trip ends.
+func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool) (d Decision, served bool, ask leaseAsk, wait <-chan struct{}) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if e == nil {
+		if len(sh.keys) >= t.maxPerShard {
+			return Decision{}, false, noLease, nil
+		}
+		e = &leaseEntry{curStart: now}
+		sh.keys[key] = e
+	}
+	if first {
+		e.note(now)
+	}
+	if e.left > 0 {
+		if e.pl == pl && now.Before(e.deadline) {
+			e.left--
+			return e.serve(now), true, noLease, nil
+		}
+		e.drop()
+	}
+	if e.refill != nil {
+		if first {
+			return Decision{}, false, noLease, e.refill
+		}
+		return Decision{}, false, noLease, nil
+	}
+	k := e.size(pl, now, t.maxLease)
+	if k <= 1 {
+		return Decision{}, false, noLease, nil
+	}
+	e.refill = make(chan struct{})
+	return Decision{}, false, leaseAsk{want: k, need: k * leaseMargin * t.replicas, life: leaseLife.Microseconds()}, nil
+}
+
+// done ends a lease round trip for key that started at sent. With ok, v
+// is its verdict and d the decision made from it; a grant of more than one
+// admission becomes the key's lease.
+func (t *leaseTable) done(key string, pl *plan, sent time.Time, v verdict, d Decision, ok bool) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if e == nil {
+		return
+	}
+	if e.refill != nil {
+		close(e.refill)
+		e.refill = nil
+	}
+	if !ok || v.granted <= 1 || d.Outcome != Allowed {
+		return
+	}
+	e.pl, e.left, e.spent = pl, v.granted-1, 1
+	e.sent, e.redisNow = sent, v.now
+	// The server's remaining lease time, counted from before the round
+	// trip began: never later than the lease's end on the server's clock.
+	e.deadline = sent.Add(time.Duration(v.leaseEnd-v.now) * time.Microsecond)
+	e.windows = append(e.windows[:0], d.Windows...)
+	e.binding = d.Binding
+}
+
+// note counts one request toward the key's demand.
+func (e *leaseEntry) note(now time.Time) {
+	if el := now.Sub(e.curStart); el >= rateSpan {
+		if el >= 2*rateSpan {
+			e.prev = 0
+		} else {
+			e.prev = e.cur
+		}
+		e.cur, e.curStart = 0, now
+	}
+	e.cur++
+}
+
+// size returns the lease to ask for: the requests expected within the
+// time a lease taken now could be spent, at most maxLease.
+func (e *leaseEntry) size(pl *plan, now time.Time, maxLease int64) int64 {
+	if maxLease <= 1 {
+		return 1
+	}
+	span := rateSpan + now.Sub(e.curStart)
+	us := now.UnixMicro()
+	rest := leaseLife.Microseconds()
+	for i := range pl.windows {
+		g := pl.windows[i].gran
+		rest = min(rest, (us/g+1)*g-us)
+	}
+	k := (e.prev + e.cur) * rest / span.Microseconds()
+	return min(k, maxLease)
+}
+
+// serve returns the decision for one admission from the lease.
+func (e *leaseEntry) serve(now time.Time) Decision {
+	d := Decision{
+		Outcome: Allowed,
+		Windows: make([]WindowState, len(e.windows)),
+		Binding: e.binding,
+		Time:    time.UnixMicro(e.redisNow).Add(now.Sub(e.sent)),
+		Leased:  true,
+	}
+	for i, w := range e.windows {
+		w.Remaining = max(w.Remaining-e.spent, 0)
+		d.Windows[i] = w
+	}
+	e.spent++
+	return d
+}
+
+func (e *leaseEntry) drop() {
+	e.pl, e.left, e.spent, e.windows = nil, 0, 0, e.windows[:0]
+}
+
+// forget drops key's lease (its leased admissions stay counted).
+func (t *leaseTable) forget(key string) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	if e := sh.keys[key]; e != nil {
+		e.drop()
+	}
+	sh.mu.Unlock()
+}
+
+// sweep drops keys without a usable lease or a round trip in flight that
+// have been idle for two rate periods.
+func (t *leaseTable) sweep(now time.Time) {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.keys {
+			if e.refill == nil && now.Sub(e.curStart) >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) {
+				delete(sh.keys, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
