@@ -44,19 +44,29 @@ func (c *fakeClock) Add(d time.Duration) time.Time {
 	return t
 }
 
-// commandCounter counts commands sent by a client.
-type commandCounter struct{ n atomic.Int64 }
+// commandCounter counts commands sent by a client, and among them the
+// script evaluations (EVALSHA and EVAL) in scripts.
+type commandCounter struct{ n, scripts atomic.Int64 }
+
+func (c *commandCounter) count(cmd redis.Cmder) {
+	c.n.Add(1)
+	if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		c.scripts.Add(1)
+	}
+}
 
 func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
+		c.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(int64(len(cmds)))
+		for _, cmd := range cmds {
+			c.count(cmd)
+		}
 		return next(ctx, cmds)
 	}
 }

@@ -18,7 +18,8 @@ import (
 //     monotonic clock from the round trip's start, so that latency and
 //     clock skew can only shorten it;
 //   - k is this replica's expected demand for the key within that time
-//     (from its rate over the last rateSpan or two), at most MaxLease;
+//     (from its rate over the last rateSpan or two), at most MaxLease, so
+//     that little of a lease is left when it ends;
 //   - the script grants k only while every window has at least
 //     leaseMargin·k·Replicas remaining, and one admission otherwise: near
 //     its limit a key is decided exactly, one request per round trip.
@@ -147,8 +148,9 @@ func (t *leaseTable) done(key string, pl *plan, sent time.Time, v verdict, d Dec
 	e.pl, e.left, e.spent = pl, v.granted-1, 1
 	e.sent, e.redisNow = sent, v.now
 	// The server's remaining lease time, counted from before the round
-	// trip began: never later than the lease's end on the server's clock.
-	e.deadline = sent.Add(time.Duration(v.leaseEnd-v.now) * time.Microsecond)
+	// trip began, less a microsecond for the resolution of the server's
+	// clock: never later than the lease's end on the server's clock.
+	e.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
 	e.windows = append(e.windows[:0], d.Windows...)
 	e.binding = d.Binding
 }
@@ -167,7 +169,9 @@ func (e *leaseEntry) note(now time.Time) {
 }
 
 // size returns the lease to ask for: the requests expected within the
-// time a lease taken now could be spent, at most maxLease.
+// time a lease taken now could be spent, at most maxLease. The rate is
+// that of the requests seen before this one, over the current rate period
+// and the one before, so a key seen once in a while never leases.
 func (e *leaseEntry) size(pl *plan, now time.Time, maxLease int64) int64 {
 	if maxLease <= 1 {
 		return 1
@@ -179,7 +183,7 @@ func (e *leaseEntry) size(pl *plan, now time.Time, maxLease int64) int64 {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
 	}
-	k := (e.prev + e.cur) * rest / span.Microseconds()
+	k := (e.prev + e.cur - 1) * rest / span.Microseconds()
 	return min(k, maxLease)
 }
 
