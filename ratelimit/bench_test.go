@@ -158,14 +158,70 @@ func BenchmarkAllow(b *testing.B) {
 	})
 }
 
+// BenchmarkAllowBusyKeys measures decisions for a few busy keys far from
+// their limits (16 keys, 100 000/min and 10 000 000/day, 32 goroutines),
+// with leasing on (the default) and off (MaxLease 1), each on its own
+// Redis, and reports the script calls Redis ran per admitted request.
+func BenchmarkAllowBusyKeys(b *testing.B) {
+	p := Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
+	for _, tc := range []struct {
+		name     string
+		maxLease int
+	}{{"lease=on", 0}, {"lease=off", 1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			rdb, cmds := benchRedis(b)
+			l, err := New(rdb, Options{Timeout: time.Second, MaxLease: tc.maxLease})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			ctx := context.Background()
+			var i, denied, leased atomic.Int64
+			resetStats(b, rdb)
+			cmds.n.Store(0)
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				key := "busy-" + strconv.FormatInt(i.Add(1)%16, 10)
+				for pb.Next() {
+					d, err := l.Allow(ctx, key, p)
+					if err != nil || d.Degraded {
+						b.Errorf("%+v %v", d, err)
+						return
+					}
+					if !d.Allowed() {
+						denied.Add(1)
+					}
+					if d.Leased {
+						leased.Add(1)
+					}
+				}
+			})
+			elapsed := time.Since(start)
+			b.StopTimer()
+			calls, _ := commandStats(b, rdb, "evalsha")
+			evals, _ := commandStats(b, rdb, "eval")
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+			b.ReportMetric(float64(calls+evals)/float64(b.N), "redis-cmds/decision")
+			b.ReportMetric(float64(leased.Load())/float64(b.N), "leased/decision")
+			if denied.Load() > 0 {
+				b.Fatalf("%d decisions denied: the benchmark must measure admitted requests", denied.Load())
+			}
+		})
+	}
+}
+
 // BenchmarkAllowVsRedisRate runs both limiters on the same Redis in the
 // same run, alternating, with the same concurrency, b.N decisions per
-// round, and reports their throughputs and ratio.
+// round, and reports their throughputs and ratio. Leasing is off: this
+// compares one script call per decision with redis_rate's calls.
 func BenchmarkAllowVsRedisRate(b *testing.B) {
 	const concurrency = 64
 	rdb, _ := benchRedis(b)
 	p := benchPlans[2]
-	l, err := New(rdb, Options{Timeout: time.Second})
+	l, err := New(rdb, Options{Timeout: time.Second, MaxLease: 1})
 	if err != nil {
 		b.Fatal(err)
 	}

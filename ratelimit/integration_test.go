@@ -71,6 +71,70 @@ func TestIntegrationStrictAcrossReplicas(t *testing.T) {
 	t.Logf("%d admitted", len(times))
 }
 
+// TestIntegrationLeasesStrictAcrossReplicas hammers one key from three
+// limiters that lease (Replicas: 3) until both windows refuse, and checks
+// by the Redis clock (the lease's server time plus local time elapsed for
+// leased admissions) that no interval of any window admitted too many.
+func TestIntegrationLeasesStrictAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	addr := testenv.RedisAddr(t)
+	prefix := randomPrefix(t)
+	p := Policy{Name: "lease", Windows: []Window{{Limit: 2000, Period: time.Second}, {Limit: 5000, Period: 5 * time.Second}}}
+	ctx := context.Background()
+	var (
+		mu               sync.Mutex
+		times            []int64
+		leased, rejected int
+		wg               sync.WaitGroup
+	)
+	stop := time.Now().Add(3 * time.Second)
+	for range 3 {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		defer rdb.Close()
+		l, err := New(rdb, Options{Prefix: prefix, Timeout: time.Second, Replicas: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					d, err := l.Allow(ctx, "hot", p)
+					if err != nil || d.Degraded {
+						t.Errorf("decision %+v %v", d, err)
+						return
+					}
+					mu.Lock()
+					if d.Allowed() {
+						times = append(times, d.Time.UnixMicro())
+					} else {
+						rejected++
+					}
+					if d.Leased {
+						leased++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	slices.Sort(times)
+	for _, w := range p.Windows {
+		checkStrict(t, times, w)
+	}
+	t.Logf("%d admitted (%d leased), %d rejected", len(times), leased, rejected)
+	if leased == 0 || rejected == 0 {
+		t.Fatalf("%d leased, %d rejected: want leases, and the key driven over its limits", leased, rejected)
+	}
+	// Leases left unspent count as admissions: a few, not many.
+	if len(times) < 4500 {
+		t.Fatalf("only %d admitted in 3s under 5000/5s", len(times))
+	}
+}
+
 // TestIntegrationTimeout checks that a Redis that never answers holds a
 // decision no longer than Options.Timeout, whatever the client's own
 // (here very long) timeouts.

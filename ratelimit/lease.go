@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,9 +18,11 @@ import (
 //     window (and at most leaseLife), converted to this process's
 //     monotonic clock from the round trip's start, so that latency and
 //     clock skew can only shorten it;
-//   - k is this replica's expected demand for the key within that time
-//     (from its rate over the last rateSpan or two), at most MaxLease, so
-//     that little of a lease is left when it ends;
+//   - k is this replica's expected demand for the key within that time,
+//     less two round trips (the lease arrives one round trip late, and
+//     its end is brought forward by the latency), from its rate over the
+//     last rateSpan or two, at most MaxLease, so that little of a lease is
+//     left when it ends; no lease is asked when that time is too short;
 //   - the script grants k only while every window has at least
 //     leaseMargin·k·Replicas remaining, and one admission otherwise: near
 //     its limit a key is decided exactly, one request per round trip.
@@ -38,6 +41,7 @@ type leaseTable struct {
 	maxPerShard int
 	maxLease    int64
 	replicas    int64
+	rtt         atomic.Int64 // moving average of decision round trips, µs
 }
 
 type leaseShard struct {
@@ -119,7 +123,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool) (d De
 		}
 		return Decision{}, false, noLease, nil
 	}
-	k := e.size(pl, now, t.maxLease)
+	k := e.size(pl, now, t.maxLease, t.rtt.Load())
 	if k <= 1 {
 		return Decision{}, false, noLease, nil
 	}
@@ -155,6 +159,17 @@ func (t *leaseTable) done(key string, pl *plan, sent time.Time, v verdict, d Dec
 	e.binding = d.Binding
 }
 
+// observe adds a decision round trip of d to the moving average.
+func (t *leaseTable) observe(d time.Duration) {
+	us := max(d.Microseconds(), 0)
+	for {
+		old := t.rtt.Load()
+		if t.rtt.CompareAndSwap(old, old+(us-old)/8) {
+			return
+		}
+	}
+}
+
 // note counts one request toward the key's demand.
 func (e *leaseEntry) note(now time.Time) {
 	if el := now.Sub(e.curStart); el >= rateSpan {
@@ -172,7 +187,7 @@ func (e *leaseEntry) note(now time.Time) {
 // time a lease taken now could be spent, at most maxLease. The rate is
 // that of the requests seen before this one, over the current rate period
 // and the one before, so a key seen once in a while never leases.
-func (e *leaseEntry) size(pl *plan, now time.Time, maxLease int64) int64 {
+func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
 	if maxLease <= 1 {
 		return 1
 	}
@@ -182,6 +197,10 @@ func (e *leaseEntry) size(pl *plan, now time.Time, maxLease int64) int64 {
 	for i := range pl.windows {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
+	}
+	rest -= 2 * rtt
+	if rest <= 0 {
+		return 1
 	}
 	k := (e.prev + e.cur - 1) * rest / span.Microseconds()
 	return min(k, maxLease)

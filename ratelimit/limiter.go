@@ -334,6 +334,9 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		d, err := l.degraded(key, pl, start, extra)
 		return d, verdict{}, err
 	}
+	if l.lease != nil {
+		l.lease.observe(l.now().Sub(start))
+	}
 	if v.granted > 1 {
 		// The whole lease is counted, but the rest of it is this
 		// process's to grant: report what remains for this request, as if
