@@ -91,7 +91,9 @@ func TestIntegrationLeasesStrictAcrossReplicas(t *testing.T) {
 	for range 3 {
 		rdb := redis.NewClient(&redis.Options{Addr: addr})
 		defer rdb.Close()
-		l, err := New(rdb, Options{Prefix: prefix, Timeout: time.Second, Replicas: 3})
+		// 20 buckets: leases last up to 50ms, longer than a round trip
+		// even on a loaded machine.
+		l, err := New(rdb, Options{Prefix: prefix, Timeout: time.Second, Replicas: 3, Buckets: 20})
 		if err != nil {
 			t.Fatal(err)
 		}
