@@ -272,38 +272,39 @@ func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, er
 	if l.rdb == nil {
 		return l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), false, 0), false), nil
 	}
+	var extra int64
 	ask := noLease
-	if l.lease != nil {
-		for first := true; ; first = false {
-			d, served, a, wait := l.lease.take(key, pl, start, first)
-			if served {
-				pl.outcome[Allowed].Inc()
+	for first := true; ; first = false {
+		if l.cache != nil {
+			d, pending, hit := l.cache.answer(key, pl, start)
+			if hit {
+				pl.outcome[d.Outcome].Inc()
 				return d, nil
 			}
-			if wait == nil {
-				ask = a
-				break
-			}
-			// A round trip asking for a lease for this key is in flight:
-			// its lease is likely to cover this request too.
-			select {
-			case <-wait:
-			case <-ctx.Done():
-			}
-			start = l.now()
+			extra = pending
 		}
-	}
-	var extra int64
-	if l.cache != nil {
-		d, pending, hit := l.cache.answer(key, pl, start)
-		if hit {
-			if ask.want > 1 {
-				l.lease.done(key, pl, start, verdict{}, d, false)
-			}
-			pl.outcome[d.Outcome].Inc()
+		// Rejections answered locally must reach Redis as strikes: a
+		// request carrying them makes the round trip.
+		if l.lease == nil || extra > 0 {
+			break
+		}
+		d, served, a, wait := l.lease.take(key, pl, start, first)
+		if served {
+			pl.outcome[Allowed].Inc()
 			return d, nil
 		}
-		extra = pending
+		if wait == nil {
+			ask = a
+			break
+		}
+		// A round trip asking for a lease for this key is in flight: its
+		// lease is likely to cover this request too, and if it finds the
+		// key limited, the cache answers.
+		select {
+		case <-wait:
+		case <-ctx.Done():
+		}
+		start = l.now()
 	}
 	d, v, err := l.decide(ctx, key, pl, start, extra, ask)
 	if ask.want > 1 {
