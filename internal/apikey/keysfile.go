@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/internal/yamlerr"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -206,51 +205,36 @@ func (e keySpec) record(plans *plan.Set) (Record, error) {
 	return rec, nil
 }
 
-var (
-	lineRE     = regexp.MustCompile(`^line (\d+): (.*)$`)
-	unknownRE  = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
-	mismatchRE = regexp.MustCompile("^cannot unmarshal (!!\\w+)(?: `.*`)? into (.+)$")
-	twiceRE    = regexp.MustCompile(`^mapping key "(.*)" already defined at line (\d+)$`)
-)
-
 // locate rewrites a decoding error so that each problem names the entry it
 // is in, in the file's terms, and never repeats a value from the file: a
 // misplaced key must not end up in a log.
 func locate(data []byte, err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
+	root, problems, ok := yamlerr.Problems(data, err)
+	if !ok {
 		return err
 	}
-	var root yaml.Node
-	if yaml.Unmarshal(data, &root) != nil {
-		return err
-	}
-	entries := keyEntries(&root)
-	msgs := make([]string, 0, len(te.Errors))
-	for _, e := range te.Errors {
-		m := lineRE.FindStringSubmatch(e)
-		if m == nil {
+	entries := keyEntries(root)
+	msgs := make([]string, 0, len(problems))
+	for _, p := range problems {
+		if p.Line == 0 {
 			msgs = append(msgs, "problem in the file")
 			continue
 		}
-		line, _ := strconv.Atoi(m[1])
-		msg := m[2]
-		switch {
-		case unknownRE.MatchString(msg):
-			msg = fmt.Sprintf("unknown field %q", unknownRE.FindStringSubmatch(msg)[1])
-		case mismatchRE.MatchString(msg):
-			sm := mismatchRE.FindStringSubmatch(msg)
-			msg = fmt.Sprintf("want %s, got %s", typeWord(sm[2]), strings.TrimPrefix(sm[1], "!!"))
-		case twiceRE.MatchString(msg):
-			sm := twiceRE.FindStringSubmatch(msg)
-			msg = fmt.Sprintf("field %q given twice (first at line %s)", sm[1], sm[2])
+		var msg string
+		switch p.Kind {
+		case yamlerr.UnknownField:
+			msg = fmt.Sprintf("unknown field %q", p.Field)
+		case yamlerr.TypeMismatch:
+			msg = fmt.Sprintf("want %s, got %s", typeWord(p.Into), strings.TrimPrefix(p.Tag, "!!"))
+		case yamlerr.Duplicate:
+			msg = fmt.Sprintf("field %q given twice (first at line %s)", p.Field, p.FirstLine)
 		default:
 			msg = "cannot decode"
 		}
-		where := fmt.Sprintf("line %d", line)
+		where := fmt.Sprintf("line %d", p.Line)
 		for i := len(entries) - 1; i >= 0; i-- {
-			if entries[i].Line <= line {
-				where = fmt.Sprintf("keys[%d] (line %d)", i, line)
+			if entries[i].Line <= p.Line {
+				where = fmt.Sprintf("keys[%d] (line %d)", i, p.Line)
 				break
 			}
 		}

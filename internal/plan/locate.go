@@ -3,82 +3,64 @@ package plan
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
-)
 
-// The messages of a *yaml.TypeError, one per problem, each starting with
-// the line it is on.
-var (
-	lineRE     = regexp.MustCompile(`^line (\d+): (.*)$`)
-	unknownRE  = regexp.MustCompile(`^field (\S+) not found in type \S+$`)
-	mismatchRE = regexp.MustCompile("^cannot unmarshal (!!\\w+)(?: `(.*)`)? into (.+)$")
-	twiceRE    = regexp.MustCompile(`^mapping key "(.*)" already defined at line (\d+)$`)
+	"github.com/animal-store/petstore/internal/yamlerr"
 )
 
 // locate rewrites a decoding error so that each problem names the field it
 // is about (plans.free.quotas[0].limit) in the file's terms rather than in
 // the decoder's Go types.
 func locate(data []byte, err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
+	root, problems, ok := yamlerr.Problems(data, err)
+	if !ok {
 		return err
 	}
-	var root yaml.Node
-	if yaml.Unmarshal(data, &root) != nil {
-		return err
-	}
-	msgs := make([]string, 0, len(te.Errors))
-	for _, e := range te.Errors {
-		msgs = append(msgs, describe(&root, e))
+	msgs := make([]string, 0, len(problems))
+	for _, p := range problems {
+		msgs = append(msgs, describe(root, p))
 	}
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-func describe(root *yaml.Node, e string) string {
-	m := lineRE.FindStringSubmatch(e)
-	if m == nil {
-		return e
+func describe(root *yaml.Node, p yamlerr.Problem) string {
+	if p.Line == 0 {
+		return p.Message
 	}
-	line, _ := strconv.Atoi(m[1])
-	msg := m[2]
-	onLine := func(n *yaml.Node) bool { return n.Line == line }
+	onLine := func(n *yaml.Node) bool { return n.Line == p.Line }
 	var (
 		path string
 		ok   bool
+		msg  = p.Message
 	)
-	switch {
-	case unknownRE.MatchString(msg):
-		name := unknownRE.FindStringSubmatch(msg)[1]
-		path, ok = findPath(root, "", func(k *yaml.Node) bool { return onLine(k) && k.Value == name }, nil)
+	switch p.Kind {
+	case yamlerr.UnknownField:
+		path, ok = findPath(root, "", func(k *yaml.Node) bool { return onLine(k) && k.Value == p.Field }, nil)
 		msg = "unknown field"
-	case mismatchRE.MatchString(msg):
-		sm := mismatchRE.FindStringSubmatch(msg)
-		tag, value, into := sm[1], sm[2], sm[3]
-		prefix := strings.TrimSuffix(value, "...")
+	case yamlerr.TypeMismatch:
+		prefix := strings.TrimSuffix(p.Value, "...")
 		path, ok = findPath(root, "", nil, func(v *yaml.Node) bool {
-			if !onLine(v) || v.ShortTag() != tag {
+			if !onLine(v) || v.ShortTag() != p.Tag {
 				return false
 			}
 			return v.Kind != yaml.ScalarNode || strings.HasPrefix(v.Value, prefix)
 		})
-		got := kindWord(tag)
-		if value != "" {
-			got += " " + strconv.Quote(value)
+		got := kindWord(p.Tag)
+		if p.Value != "" {
+			got += " " + strconv.Quote(p.Value)
 		}
-		msg = fmt.Sprintf("want %s, got %s", typeWord(into), got)
-	case twiceRE.MatchString(msg):
-		sm := twiceRE.FindStringSubmatch(msg)
-		path, ok = findPath(root, "", func(k *yaml.Node) bool { return onLine(k) && k.Value == sm[1] }, nil)
-		msg = "defined twice (first at line " + sm[2] + ")"
+		msg = fmt.Sprintf("want %s, got %s", typeWord(p.Into), got)
+	case yamlerr.Duplicate:
+		path, ok = findPath(root, "", func(k *yaml.Node) bool { return onLine(k) && k.Value == p.Field }, nil)
+		msg = "defined twice (first at line " + p.FirstLine + ")"
 	}
 	if !ok {
-		return fmt.Sprintf("line %d: %s", line, msg)
+		return fmt.Sprintf("line %d: %s", p.Line, msg)
 	}
-	return fmt.Sprintf("%s (line %d): %s", path, line, msg)
+	return fmt.Sprintf("%s (line %d): %s", path, p.Line, msg)
 }
 
 // findPath returns the path to the first mapping key matching key, or to the
