@@ -24,30 +24,11 @@ import (
 	"github.com/animal-store/petstore/internal/testenv"
 )
 
-// syncBuffer is a bytes.Buffer safe for the server goroutine to write while
-// the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // instance is one running `petstore serve`.
 type instance struct {
 	api, ops string
-	stdout   *syncBuffer
-	stderr   *syncBuffer
+	stdout   *testenv.Buffer
+	stderr   *testenv.Buffer
 	stop     func() error
 }
 
@@ -56,7 +37,7 @@ type instance struct {
 func start(t *testing.T, env map[string]string, args ...string) *instance {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{stdout: &syncBuffer{}, stderr: &syncBuffer{}}
+	in := &instance{stdout: &testenv.Buffer{}, stderr: &testenv.Buffer{}}
 	all := append([]string{"serve", "--addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0", "--drain-delay", "0", "--log-level", "debug"}, args...)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, all, func(k string) string { return env[k] }, in.stdout, in.stderr) }()

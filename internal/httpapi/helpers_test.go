@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +27,7 @@ import (
 	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/memstore"
 	"github.com/animal-store/petstore/internal/pet"
+	"github.com/animal-store/petstore/internal/testenv"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -142,22 +142,7 @@ func allowed(now time.Time, remMinute, remDay int64) ratelimit.Decision {
 }
 
 // logBuffer collects log output safely across goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type logBuffer struct{ testenv.Buffer }
 
 // lines returns the JSON log records.
 func (b *logBuffer) records(t *testing.T) []map[string]any {
