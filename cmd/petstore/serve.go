@@ -149,6 +149,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		Timeout:     cfg.Redis.Timeout,
 		FailureMode: mode,
 		Replicas:    cfg.Replicas,
+		MaxLease:    cfg.MaxLease,
 		Registerer:  reg,
 		Logger:      log,
 	}

@@ -28,6 +28,7 @@ type Config struct {
 
 	FailureMode      string
 	Replicas         int
+	MaxLease         int
 	AuthFailureLimit ratelimit.Window
 
 	PlansFile      string
@@ -70,6 +71,7 @@ func Default() Config {
 		Redis:            Redis{Mode: "single", Timeout: 50 * time.Millisecond},
 		FailureMode:      "open",
 		Replicas:         1,
+		MaxLease:         64,
 		AuthFailureLimit: ratelimit.Window{Limit: 30, Period: time.Minute},
 		KeyCacheTTL:      30 * time.Second,
 		ReloadInterval:   5 * time.Second,
@@ -114,6 +116,7 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("redis-timeout", "PETSTORE_REDIS_TIMEOUT", "deadline of every Redis call made on a request's behalf", false, durationValue{&cfg.Redis.Timeout, time.Millisecond})
 	s.add("ratelimit-failure-mode", "PETSTORE_RATELIMIT_FAILURE_MODE", "when Redis is unreachable: open (limit locally per replica) or closed (answer 503)", false, choiceValue{&cfg.FailureMode, []string{"open", "closed"}})
 	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "expected replica count; in fail-open mode each replica allows limit/replicas (rounded up)", false, intValue{&cfg.Replicas, 1})
+	s.add("ratelimit-max-lease", "PETSTORE_RATELIMIT_MAX_LEASE", "most admissions a replica reserves at once for a busy key (1: every request asks Redis)", false, intValue{&cfg.MaxLease, 1})
 	s.add("auth-failure-limit", "PETSTORE_AUTH_FAILURE_LIMIT", "per-client-IP limit on requests without a valid key, as COUNT/PERIOD", false, windowValue{&cfg.AuthFailureLimit})
 	s.add("plans-file", "PETSTORE_PLANS_FILE", "YAML plans file (empty: built-in Free, Pro, Business, Enterprise); reloaded on change", false, stringValue{&cfg.PlansFile})
 	s.add("keys-file", "PETSTORE_KEYS_FILE", "YAML static API keys file; reloaded on change", false, stringValue{&cfg.KeysFile})
