@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -147,20 +148,43 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 		pl.slayout = digest("none")
 	}
 
-	// Static script arguments; see script.go for their order. Few of
-	// them: each costs the script about 0.1µs.
-	pl.argv = append(pl.argv, pl.layout, int64(len(pl.windows)), int64(buckets))
+	// Static script arguments; see script.go for their order. The numbers
+	// travel packed in one string (8 bytes each) with the format that
+	// reads them, and so does the format of the window headers.
+	var nums []int64
+	size := int64(layoutBytes)
 	for _, r := range pl.windows {
-		pl.argv = append(pl.argv, r.limit, r.period)
+		size += headBytes + 2*r.width + r.obytes
 	}
-	pl.argv = append(pl.argv, pl.stateMS)
+	hfmt := ">"
+	nums = append(nums, int64(len(pl.windows)), 0, pl.stateMS, 0)
+	for _, r := range pl.windows {
+		hfmt += fmt.Sprintf("I%dI%dI%d", headBytes, r.width, r.width)
+		if r.obytes > 0 {
+			hfmt += fmt.Sprintf("I%d", r.obytes)
+		}
+	}
+	hp := int64(layoutBytes + 1)
+	for _, r := range pl.windows {
+		nums = append(nums, r.limit, r.period, r.gran, r.n, r.width, r.obytes, r.unit, hp, size+1)
+		nums = append(nums, make([]int64, 9)...)
+		hp += headBytes + 2*r.width + r.obytes
+		size += (r.n + 1) * (r.width + r.obytes)
+	}
+	nums[1] = size
+	mult := "1"
 	if pl.ban {
 		s := pl.strikes
-		pl.argv = append(pl.argv, s.limit, s.period, int64(strikeBuckets), pl.slayout, pl.memory,
-			pl.banBase, strconv.FormatFloat(pl.banMult, 'g', -1, 64), pl.banMax)
-	} else {
-		pl.argv = append(pl.argv, int64(0))
+		nums[3] = s.limit
+		nums = append(nums, s.period, s.gran, s.n, s.unit, pl.memory, pl.banBase, pl.banMax)
+		mult = strconv.FormatFloat(pl.banMult, 'g', -1, 64)
 	}
+	packed := make([]byte, 0, 8*len(nums))
+	for _, v := range nums {
+		packed = binary.BigEndian.AppendUint64(packed, uint64(v))
+	}
+	rfmt := ">" + strings.Repeat("i8", replyFields+3*len(pl.windows))
+	pl.argv = []any{pl.layout, ">" + strings.Repeat("I8", len(nums)), string(packed), hfmt, pl.slayout, mult, rfmt}
 	return pl
 }
 

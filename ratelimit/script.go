@@ -16,11 +16,17 @@ import (
 // KEYS[1] window state, KEYS[2] strike and ban state (same hash slot).
 //
 // ARGV: mode (0 decide, 1 peek), extra strikes, lease size wanted, lease
-// room needed, lease life (µs), layout, window count, buckets; per
-// window: limit, period (µs); window-state TTL (ms); then the
-// strike threshold (0: no bans) followed, when positive, by strike period,
-// strike buckets, strike layout, offence memory, ban base, multiplier and
-// max (µs). Ring geometry is derived from these as in newRing.
+// room needed, lease life (µs); then the plan's: window layout, the format
+// and the packed string of its numbers, the format of the window headers,
+// strike layout, ban multiplier. The plan's numbers (8-byte integers, see
+// plan.argv): window count, state size, window-state TTL (ms), strike
+// threshold (0: no bans); per window 18 fields: limit, period (µs), ring
+// geometry as newRing computes it (gran, n, count width, offset bytes,
+// offset unit), header and ring positions, then 9 zeros (room the script
+// fills with the window's working values); with bans, strike period,
+// gran, n and offset unit, offence memory, ban base and max (µs). Numbers
+// come packed because tonumber costs Redis about 0.1 µs per argument,
+// and the geometry precomputed because deriving it costs as much again.
 //
 // Window state: layout (8 bytes), every window's header: head (6), total
 // (width), the head bucket's count (width) and last-event offset (3 or 0);
@@ -44,6 +50,7 @@ import (
 // times in µs.
 const decideLua = `
 local byte, char, sub, rep, floor, ceil = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil
+` + codecLua + `
 
 -- get reads a k-byte big-endian integer at position p of s.
 local function get(s, p, k)
@@ -76,22 +83,6 @@ local function enc(v, k)
     return char(floor(hi / 65536), floor(hi / 256) % 256, hi % 256, floor(lo / 65536), floor(lo / 256) % 256, lo % 256)
   end
   return enc(hi, k - 3) .. enc(lo, 3)
-end
-
--- geometry derives a ring's shape from its limit, period and bucket
--- count, as newRing (plan.go) does: gran, n, count width, offset bytes,
--- offset unit.
-local function geometry(limit, period, buckets, strikes)
-  local g = floor(period / buckets)
-  if g < 1 then g = 1 end
-  local n = floor((period + g - 1) / g)
-  local w, ob = 4, 3
-  if not strikes then
-    if limit <= 255 then w = 1 elseif limit <= 65535 then w = 2 elseif limit <= 16777215 then w = 3
-    elseif limit <= 4294967295 then w = 4 elseif limit <= 1099511627775 then w = 5 else w = 6 end
-    if limit > buckets then ob = 0 end
-  end
-  return g, n, w, ob, floor((g + 16777214) / 16777215)
 end
 
 -- A ring covers the buckets head-n .. head. Its header holds the head
@@ -190,37 +181,25 @@ local function move(n, sz, w, ob, R, vh, hc, ho, b, f)
   end
 end
 
-local mode, extra, want, need, life = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local layout, nw, buckets = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local mode, extra, want, need, life = unpack_('>I8I8I8I8I8', ARGV[1], 1)
+local layout, hfmt = ARGV[2], ARGV[5]
 local peek = mode == 1
+-- V: the plan's numbers (see the layout above); per window 18 fields
+-- from 5: limit, period, gran, n, width, offset bytes, unit, header
+-- position, ring position (from the plan), then stored head, total,
+-- head, first counted bucket, used, head count, head offset, new head
+-- offset (filled in here).
+local V = {unpack_(ARGV[3], ARGV[4], 1)}
+local nw, size, stateMS, thr = V[1], V[2], V[3], V[4]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local st = redis.call('MGET', KEYS[1], KEYS[2])
 local ws, bs = st[1], st[2]
 
--- Per window, 18 fields: limit, period, gran, n, width, offset bytes,
--- unit, header position, ring position, stored head, total, head, first
--- counted bucket, used, head count, head offset, new head offset.
-local V = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-local hp = 9
-for i = 1, nw do
-  local o = 18 * (i - 1)
-  local limit, period = tonumber(ARGV[7 + 2 * i]), tonumber(ARGV[8 + 2 * i])
-  local g, n, w, ob, unit = geometry(limit, period, buckets, false)
-  V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7], V[o + 8] = limit, period, g, n, w, ob, unit, hp
-  hp = hp + 6 + 2 * w + ob
-end
-local rp = hp
-for i = 1, nw do
-  local o = 18 * (i - 1)
-  V[o + 9] = rp
-  rp = rp + (V[o + 4] + 1) * (V[o + 5] + V[o + 6])
-end
-local fresh = not ws or #ws ~= rp - 1 or sub(ws, 1, 8) ~= layout
-if fresh then ws = layout .. rep('\0', rp - 9) end
-local a = 9 + 2 * nw
-local stateMS = tonumber(ARGV[a])
-local thr = tonumber(ARGV[a + 1])
+local fresh = not ws or #ws ~= size or sub(ws, 1, 8) ~= layout
+if fresh then ws = layout .. rep('\0', size - 8) end
+local H = {unpack_(hfmt, ws, 9)}
+local a = 5 + 18 * nw
 local ban = thr > 0
 
 -- Ban state: ban end (7), offences (2), last offence (7), strike layout
@@ -228,9 +207,7 @@ local ban = thr > 0
 local banUntil, offences, offenceAt = 0, 0, 0
 local sg, sn, su, sp, sl, memory
 if ban then
-  sp, sl, memory = tonumber(ARGV[a + 2]), ARGV[a + 4], tonumber(ARGV[a + 5])
-  local sw, sob
-  sg, sn, sw, sob, su = geometry(thr, sp, tonumber(ARGV[a + 3]), true)
+  sp, sg, sn, su, memory, sl = V[a], V[a + 1], V[a + 2], V[a + 3], V[a + 4], ARGV[6]
   if bs then
     if #bs ~= 41 + (sn + 1) * 7 then
       bs = false
@@ -247,11 +224,17 @@ local banned = ban and banUntil > now
 local admit = not banned
 local room, lend = -1, now + life
 
+local k = 1
 for i = 1, nw do
-  local o = 18 * (i - 1)
-  local g, n, w, ob, P = V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 8]
-  local vh, total, hc, ho = get(ws, P, 6), get(ws, P + 6, w), get(ws, P + 6 + w, w), 0
-  if ob > 0 then ho = get(ws, P + 6 + 2 * w, 3) end
+  local o = 4 + 18 * (i - 1)
+  local g, n, w, ob = V[o + 3], V[o + 4], V[o + 5], V[o + 6]
+  local vh, total, hc, ho = H[k], H[k + 1], H[k + 2], 0
+  if ob > 0 then
+    ho = H[k + 3]
+    k = k + 4
+  else
+    k = k + 3
+  end
   local b = floor(now / g)
   if b < vh then b = vh end
   total = advanced(ws, V[o + 9], n, w + ob, w, vh, total, b)
@@ -269,10 +252,10 @@ if want > 1 and room >= need and room >= want then granted, at = want, lend else
 if admit and not peek then
   local key = KEYS[1]
   if fresh then redis.call('SET', key, ws) end
-  local hdr = ''
+  local hdr, h = {}, 0
   local refresh = fresh
   for i = 1, nw do
-    local o = 18 * (i - 1)
+    local o = 4 + 18 * (i - 1)
     local g, n, w, ob, vh, b, hc = V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 10], V[o + 12], V[o + 15]
     if b > vh then
       if not fresh then
@@ -283,23 +266,24 @@ if admit and not peek then
       -- bucket changes, to its period plus two buckets.
       if i == nw then refresh = true end
     end
-    local x = enc(b, 6) .. enc(V[o + 11] + granted, w) .. enc(hc + granted, w)
+    hdr[h + 1], hdr[h + 2], hdr[h + 3] = b, V[o + 11] + granted, hc + granted
+    h = h + 3
     if ob > 0 then
       local off = at - b * g
       if off < 0 then off = 0 end
       off = ceil(off / V[o + 7])
       if hc > 0 and V[o + 16] > off then off = V[o + 16] end
       V[o + 17] = off
-      x = x .. enc(off, 3)
+      h = h + 1
+      hdr[h] = off
     end
-    hdr = hdr .. x
   end
-  redis.call('SETRANGE', key, 8, hdr)
+  redis.call('SETRANGE', key, 8, pack_(hfmt, unpack(hdr)))
   if refresh then redis.call('PEXPIRE', key, stateMS) end
 end
 
 local newBan, strikes = 0, 0
-local k = extra
+k = extra
 if not admit and not banned then k = k + 1 end
 if ban and not bs and not peek and k > 0 then bs = rep('\0', 16) .. sl .. rep('\0', 17 + (sn + 1) * 7) end
 if ban and bs then
@@ -338,7 +322,7 @@ if ban and bs then
         if d < 1 then d = 1 end
         return d
       end
-      banUntil = now + banLength(offences, tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]))
+      banUntil = now + banLength(offences, V[a + 5], tonumber(ARGV[7]), V[a + 6])
       total, hc, ho = 0, 0, 0
       bs = sub(bs, 1, 41) .. rep('\0', (sn + 1) * sz)
       banned, newBan = true, 1
@@ -358,7 +342,7 @@ if not admitted then granted, lend = 0, 0 end
 local rt = 0
 local res = {0, 0, now, newBan, strikes, banUntil, offences, granted, lend}
 for i = 1, nw do
-  local o = 18 * (i - 1)
+  local o = 4 + 18 * (i - 1)
   local limit, period, g, n, w, ob, unit = V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7]
   local vh, b, from, u = V[o + 10], V[o + 12], V[o + 13], V[o + 14]
   local reset_
@@ -383,7 +367,48 @@ if banned then
 elseif not admit then
   res[1], res[2] = 1, rt
 end
-return res
+return pack_(ARGV[8], unpack(res))
+`
+
+// codecLua binds unpack_ and pack_: big-endian unsigned integers of the
+// given byte widths (">I6I2I3"), read from string s at position p (the
+// values, then the position after them) or packed into one string. Redis
+// has them in C (the struct library, several times faster than decoding
+// byte by byte in Lua); elsewhere (miniredis in tests) the same functions
+// are written in Lua, for the formats used here: '>' then 'I' with a
+// width of 1 to 8. TestCodecMatchesStruct checks that they agree.
+const codecLua = `
+local unpack_, pack_
+local lib = rawget(_G, 'struct')
+if lib then
+  unpack_, pack_ = lib.unpack, lib.pack
+else
+  unpack_ = function(f, s, p)
+    local out, m = {}, 0
+    for d in string.gmatch(f, '[Ii](%d)') do
+      local v, w = 0, tonumber(d)
+      for i = p, p + w - 1 do v = v * 256 + byte(s, i) end
+      m = m + 1
+      out[m] = v
+      p = p + w
+    end
+    out[m + 1] = p
+    return unpack(out, 1, m + 1)
+  end
+  pack_ = function(f, ...)
+    local args, out, m = {...}, {}, 0
+    for d in string.gmatch(f, '[Ii](%d)') do
+      m = m + 1
+      local v, x = args[m], ''
+      for _ = 1, tonumber(d) do
+        x = char(v % 256) .. x
+        v = floor(v / 256)
+      end
+      out[m] = x
+    end
+    return table.concat(out)
+  end
+end
 `
 
 // script is decideLua with its SHA1 for EVALSHA.

@@ -4,10 +4,13 @@ import (
 	"context"
 	"math/rand/v2"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/animal-store/petstore/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -102,5 +105,71 @@ func TestScriptMatchesReference(t *testing.T) {
 				t.Errorf("traffic did not exercise every outcome: %v, %d bans, %d leases", seen, newBans, leases)
 			}
 		})
+	}
+}
+
+// TestCodecMatchesStruct checks the Lua fallback of codecLua (what
+// miniredis runs, and so what TestScriptMatchesReference checks) against
+// Redis's struct library (what production runs), on random values of
+// every width the script uses.
+func TestCodecMatchesStruct(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	fallback := strings.Replace(codecLua, "rawget(_G, 'struct')", "nil", 1)
+	if fallback == codecLua {
+		t.Fatal("codecLua no longer looks up struct as expected")
+	}
+	src := "local byte, char, floor = string.byte, string.char, math.floor\n" + fallback + `
+local vals = {}
+for i = 2, #ARGV do vals[i - 1] = tonumber(ARGV[i]) end
+local a, b = pack_(ARGV[1], unpack(vals)), struct.pack(ARGV[1], unpack(vals))
+local out = {a, b}
+if not string.find(ARGV[1], 'i') then
+  local ua, ub = {unpack_(ARGV[1], b, 1)}, {struct.unpack(ARGV[1], b, 1)}
+  for i = 1, #ua do out[#out + 1] = string.format('%.0f/%.0f', ua[i], ub[i]) end
+end
+return out`
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 300 {
+		format := ">"
+		args := []any{""}
+		var want []int64
+		for range 1 + rng.IntN(8) {
+			w := 1 + rng.IntN(8)
+			hi := int64(1) << min(8*w, 53)
+			v := rng.Int64N(hi)
+			switch rng.IntN(4) {
+			case 0:
+				v = hi - 1
+			case 1:
+				v = 0
+			}
+			format += "I" + strconv.Itoa(w)
+			args = append(args, v)
+			want = append(want, v)
+		}
+		if rng.IntN(3) == 0 {
+			// Reply fields: signed, 8 bytes, never read back by Lua.
+			format = ">i8i8i8"
+			args = []any{"", -rng.Int64N(1 << 53), rng.Int64N(1 << 53), int64(-1)}
+			want = nil
+		}
+		args[0] = format
+		res, err := rdb.Eval(context.Background(), src, nil, args...).StringSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0] != res[1] {
+			t.Fatalf("%s %v: pack_ %x, struct.pack %x", format, args[1:], res[0], res[1])
+		}
+		for i, v := range want {
+			if got, exp := res[2+i], strconv.FormatInt(v, 10)+"/"+strconv.FormatInt(v, 10); got != exp {
+				t.Fatalf("%s %v: field %d: unpack_/struct.unpack %s, want %s", format, args[1:], i, got, exp)
+			}
+		}
+		if want != nil && len(res) != 2+len(want)+1 {
+			t.Fatalf("%s: %d values back, want %d and the next position", format, len(res)-2, len(want))
+		}
 	}
 }
