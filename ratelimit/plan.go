@@ -25,6 +25,7 @@ const (
 	// better spent on more buckets.
 	offsetsUpTo = 1
 	layoutBytes = 8
+	flagBytes   = 1 // after the layout: 1 when the key's ban state may exist
 	maxOffset   = 1<<(8*offsetBytes) - 1
 	maxBanMicro = int64(1) << 50 // ~35 years: keeps ban ends inside timeBytes
 )
@@ -128,7 +129,7 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 		pl.windows = append(pl.windows, r)
 		fmt.Fprintf(&desc, "%d/%d/%d/%d/%d/%d;", r.period, r.gran, r.n, r.width, r.obytes, r.unit)
 	}
-	pl.layout = digest("v2;" + desc.String())
+	pl.layout = digest("v3;" + desc.String())
 	// Window state is needed until the last admission has slid out of the
 	// longest window (at most its period plus a bucket later). The script
 	// refreshes the TTL only when that window's bucket changes, so the TTL
@@ -149,42 +150,35 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 	}
 
 	// Static script arguments; see script.go for their order. The numbers
-	// travel packed in one string (8 bytes each) with the format that
-	// reads them, and so does the format of the window headers.
-	var nums []int64
-	size := int64(layoutBytes)
+	// travel packed (8 bytes each) with the format that reads them; so do
+	// the ban's, read only when a key has ban state.
+	size := int64(layoutBytes + flagBytes)
+	hfmt := ">"
 	for _, r := range pl.windows {
 		size += headBytes + 2*r.width + r.obytes
-	}
-	hfmt := ">"
-	nums = append(nums, int64(len(pl.windows)), 0, pl.stateMS, 0)
-	for _, r := range pl.windows {
 		hfmt += fmt.Sprintf("I%dI%dI%d", headBytes, r.width, r.width)
 		if r.obytes > 0 {
 			hfmt += fmt.Sprintf("I%d", r.obytes)
 		}
 	}
-	hp := int64(layoutBytes + 1)
+	nums := []int64{int64(len(pl.windows)), 0, pl.stateMS, 0}
+	hp := int64(layoutBytes + flagBytes + 1)
 	for _, r := range pl.windows {
 		nums = append(nums, r.limit, r.period, r.gran, r.n, r.width, r.obytes, r.unit, hp, size+1)
-		nums = append(nums, make([]int64, 9)...)
 		hp += headBytes + 2*r.width + r.obytes
 		size += (r.n + 1) * (r.width + r.obytes)
 	}
 	nums[1] = size
 	mult := "1"
+	var banNums []int64
 	if pl.ban {
 		s := pl.strikes
 		nums[3] = s.limit
-		nums = append(nums, s.period, s.gran, s.n, s.unit, pl.memory, pl.banBase, pl.banMax)
+		banNums = []int64{s.period, s.gran, s.n, s.unit, pl.memory, pl.banBase, pl.banMax}
 		mult = strconv.FormatFloat(pl.banMult, 'g', -1, 64)
 	}
-	packed := make([]byte, 0, 8*len(nums))
-	for _, v := range nums {
-		packed = binary.BigEndian.AppendUint64(packed, uint64(v))
-	}
 	rfmt := ">" + strings.Repeat("i8", replyFields+3*len(pl.windows))
-	pl.argv = []any{pl.layout, ">" + strings.Repeat("I8", len(nums)), string(packed), hfmt, pl.slayout, mult, rfmt}
+	pl.argv = []any{pl.layout, packFormat(nums), packNums(nums), hfmt, pl.slayout, mult, rfmt, packFormat(banNums), packNums(banNums)}
 	return pl
 }
 
@@ -204,6 +198,18 @@ func (pl *plan) banLength(n int64) int64 {
 		d = limit
 	}
 	return max(int64(math.Floor(d)), 1)
+}
+
+// packFormat is the struct format that reads nums packed by packNums.
+func packFormat(nums []int64) string { return ">" + strings.Repeat("I8", len(nums)) }
+
+// packNums packs non-negative integers as 8-byte big-endian ones.
+func packNums(nums []int64) string {
+	b := make([]byte, 0, 8*len(nums))
+	for _, v := range nums {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return string(b)
 }
 
 func digest(s string) string {

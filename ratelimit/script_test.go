@@ -173,3 +173,75 @@ return out`
 		}
 	}
 }
+
+// TestScriptMatchesReferenceOnRedis drives the script on a real Redis
+// (with struct, which miniredis lacks) and the Go reference at
+// the time the script saw, with the same random traffic, and requires
+// identical answers. Windows of tens of milliseconds let real time move
+// their heads by one bucket and by several.
+func TestScriptMatchesReferenceOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	policies := []Policy{
+		{Name: "tight", Windows: []Window{{Limit: 8, Period: 100 * time.Millisecond}, {Limit: 40, Period: 500 * time.Millisecond}},
+			Ban: BanPolicy{Threshold: 5, StrikeWindow: 300 * time.Millisecond, Base: 50 * time.Millisecond, Multiplier: 2, Max: 200 * time.Millisecond, Memory: time.Second}},
+		{Name: "roomy", Windows: []Window{{Limit: 300, Period: 200 * time.Millisecond}, {Limit: 2000, Period: 800 * time.Millisecond}},
+			Ban: BanPolicy{Threshold: 100, StrikeWindow: time.Second, Base: time.Second}},
+	}
+	for _, p := range policies {
+		t.Run(p.Name, func(t *testing.T) {
+			t.Parallel()
+			pl := compile(p, 10, 4, 1)
+			keys := stateKeys(randomPrefix(t), "k")
+			sc := newScript(decideLua)
+			ref := &keyState{}
+			rng := rand.New(rand.NewPCG(5, uint64(len(p.Name))))
+			var seen [3]int
+			leases := 0
+			for i := range 400 {
+				switch r := rng.IntN(100); {
+				case r < 60:
+				case r < 95:
+					time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
+				default:
+					time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
+				}
+				mode, extra := modeDecide, int64(0)
+				if rng.IntN(10) == 0 {
+					mode = modePeek
+				}
+				if rng.IntN(20) == 0 {
+					extra = int64(rng.IntN(4))
+				}
+				ask := noLease
+				if mode == modeDecide && rng.IntN(3) == 0 {
+					w := int64(2 + rng.IntN(12))
+					ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(40_000))}
+				}
+				reply, err := rdb.Eval(context.Background(), sc.src, keys, scriptArgs(pl, mode, extra, ask)...).Result()
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				got, err := decode(pl, reply)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := ref.decide(pl, got.now, mode == modePeek, extra, ask)
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("step %d (mode %d extra %d):\nscript    %+v\nreference %+v", i, mode, extra, got, want)
+				}
+				seen[got.outcome]++
+				if got.granted > 1 {
+					leases++
+				}
+			}
+			t.Logf("outcomes %v, leases %d", seen, leases)
+			// "tight" must see every outcome; "roomy" stays far from its
+			// limits, where the script reads and writes the least.
+			if seen[Allowed] == 0 || leases == 0 || (p.Name == "tight" && (seen[Limited] == 0 || seen[Banned] == 0)) {
+				t.Errorf("traffic did not exercise every outcome: %v, %d leases", seen, leases)
+			}
+		})
+	}
+}
