@@ -7,11 +7,15 @@ import (
 
 // decideLua evaluates one request atomically on the Redis server: the same
 // algorithm as keyState.decide (state.go), on packed strings, with the
-// server's clock. It reads with TIME and one MGET. An admission writes only
-// the bytes that change (rebuilding a 1 KB string costs several times
-// more in Lua), and refreshes the TTL when the longest window moves to a
-// new bucket; strikes rewrite the small ban string with its TTL. No key is
-// ever left without a TTL.
+// server's clock. It reads the window state in parts (GETRANGE): the
+// layout and headers, then only the slots the decision needs (usually
+// none, or the one that leaves a window as its head moves), and the whole
+// string only to scan it for a rejection or a peek; the ban state only
+// when the window state flags it. An admission writes only the bytes that
+// change (rebuilding a 1 KB string costs several times more in Lua), and
+// refreshes the TTL when the longest window moves to a new bucket; strikes
+// rewrite the small ban string with its TTL. No key is ever left without
+// a TTL.
 //
 // KEYS[1] window state, KEYS[2] strike and ban state (same hash slot).
 //
@@ -30,7 +34,10 @@ import (
 // because deriving it costs as much again; and the ban's numbers are
 // decoded only for keys with ban state.
 //
-// Window state: layout (8 bytes), every window's header: head (6), total
+// Window state: layout (8 bytes), ban flag (1: 1 when the ban state may
+// exist; set whenever the script writes the ban state while the window
+// state exists, and written with the window state when it is created),
+// every window's header: head (6), total
 // (width), the head bucket's count (width) and last-event offset (3 or 0);
 // then every window's n+1 slots of count and offset for older buckets. An
 // admission in the head bucket writes only the headers (one SETRANGE for
@@ -47,9 +54,9 @@ import (
 // bucket keeps its last admission's time, the lease's end is recorded, and
 // that time only ever grows. Otherwise one admission counts, as always.
 //
-// Reply: outcome, retry, now, new ban, strikes, ban end, offences, admissions
-// granted, lease end, then per window used, remaining, reset. All integers,
-// times in µs.
+// Reply: one string of 8-byte big-endian signed integers (decode reads it):
+// outcome, retry, now, new ban, strikes, ban end, offences, admissions
+// granted, lease end, then per window used, remaining, reset. Times in µs.
 const decideLua = `
 local byte, char, sub, rep, floor, ceil = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil
 ` + codecLua + `
