@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -24,6 +25,7 @@ const (
 	// better spent on more buckets.
 	offsetsUpTo = 1
 	layoutBytes = 8
+	flagBytes   = 1 // after the layout: 1 when the key's ban state may exist
 	maxOffset   = 1<<(8*offsetBytes) - 1
 	maxBanMicro = int64(1) << 50 // ~35 years: keeps ban ends inside timeBytes
 )
@@ -127,7 +129,7 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 		pl.windows = append(pl.windows, r)
 		fmt.Fprintf(&desc, "%d/%d/%d/%d/%d/%d;", r.period, r.gran, r.n, r.width, r.obytes, r.unit)
 	}
-	pl.layout = digest("v2;" + desc.String())
+	pl.layout = digest("v3;" + desc.String())
 	// Window state is needed until the last admission has slid out of the
 	// longest window (at most its period plus a bucket later). The script
 	// refreshes the TTL only when that window's bucket changes, so the TTL
@@ -147,20 +149,36 @@ func compileOne(p Policy, buckets, strikeBuckets int) *plan {
 		pl.slayout = digest("none")
 	}
 
-	// Static script arguments; see script.go for their order. Few of
-	// them: each costs the script about 0.1µs.
-	pl.argv = append(pl.argv, pl.layout, int64(len(pl.windows)), int64(buckets))
+	// Static script arguments; see script.go for their order. The numbers
+	// travel packed (8 bytes each) with the format that reads them; so do
+	// the ban's, read only when a key has ban state.
+	size := int64(layoutBytes + flagBytes)
+	hfmt := ">"
 	for _, r := range pl.windows {
-		pl.argv = append(pl.argv, r.limit, r.period)
+		size += headBytes + 2*r.width + r.obytes
+		hfmt += fmt.Sprintf("I%dI%dI%d", headBytes, r.width, r.width)
+		if r.obytes > 0 {
+			hfmt += fmt.Sprintf("I%d", r.obytes)
+		}
 	}
-	pl.argv = append(pl.argv, pl.stateMS)
+	nums := []int64{int64(len(pl.windows)), 0, pl.stateMS, 0}
+	hp := int64(layoutBytes + flagBytes + 1)
+	for _, r := range pl.windows {
+		nums = append(nums, r.limit, r.period, r.gran, r.n, r.width, r.obytes, r.unit, hp, size+1)
+		hp += headBytes + 2*r.width + r.obytes
+		size += (r.n + 1) * (r.width + r.obytes)
+	}
+	nums[1] = size
+	mult := "1"
+	var banNums []int64
 	if pl.ban {
 		s := pl.strikes
-		pl.argv = append(pl.argv, s.limit, s.period, int64(strikeBuckets), pl.slayout, pl.memory,
-			pl.banBase, strconv.FormatFloat(pl.banMult, 'g', -1, 64), pl.banMax)
-	} else {
-		pl.argv = append(pl.argv, int64(0))
+		nums[3] = s.limit
+		banNums = []int64{s.period, s.gran, s.n, s.unit, pl.memory, pl.banBase, pl.banMax}
+		mult = strconv.FormatFloat(pl.banMult, 'g', -1, 64)
 	}
+	rfmt := ">" + strings.Repeat("i8", replyFields+3*len(pl.windows))
+	pl.argv = []any{pl.layout, packFormat(nums), packNums(nums), hfmt, pl.slayout, mult, rfmt, packFormat(banNums), packNums(banNums)}
 	return pl
 }
 
@@ -180,6 +198,18 @@ func (pl *plan) banLength(n int64) int64 {
 		d = limit
 	}
 	return max(int64(math.Floor(d)), 1)
+}
+
+// packFormat is the struct format that reads nums packed by packNums.
+func packFormat(nums []int64) string { return ">" + strings.Repeat("I8", len(nums)) }
+
+// packNums packs non-negative integers as 8-byte big-endian ones.
+func packNums(nums []int64) string {
+	b := make([]byte, 0, 8*len(nums))
+	for _, v := range nums {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return string(b)
 }
 
 func digest(s string) string {

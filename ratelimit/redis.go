@@ -1,7 +1,7 @@
 package ratelimit
 
 import (
-	"errors"
+	"encoding/binary"
 	"fmt"
 	"strings"
 
@@ -21,45 +21,45 @@ func stateKeys(prefix, key string) []string {
 	return []string{prefix + "{" + key + "}:w", prefix + "{" + key + "}:b"}
 }
 
-// scriptArgs returns the full ARGV for one evaluation.
+// scriptArgs returns the full ARGV for one evaluation: the per-call
+// numbers packed in one string, then the plan's arguments.
 func scriptArgs(pl *plan, mode, extra int64, ask leaseAsk) []any {
-	args := make([]any, 0, 5+len(pl.argv))
-	args = append(args, mode, extra, ask.want, ask.need, ask.life)
+	var b [40]byte
+	for i, v := range [5]int64{mode, extra, ask.want, ask.need, ask.life} {
+		binary.BigEndian.PutUint64(b[8*i:], uint64(v))
+	}
+	args := make([]any, 0, 1+len(pl.argv))
+	args = append(args, string(b[:]))
 	return append(args, pl.argv...)
 }
 
-// decode turns the script's reply into a verdict.
+// replyFields is the number of 8-byte integers in the script's reply
+// before the per-window ones (three each).
+const replyFields = 9
+
+// decode turns the script's reply (8-byte big-endian integers, see
+// script.go) into a verdict.
 func decode(pl *plan, reply any) (verdict, error) {
-	vals, ok := reply.([]any)
-	if !ok || len(vals) != 9+3*len(pl.windows) {
-		return verdict{}, fmt.Errorf("ratelimit: unexpected script reply %T (%d values)", reply, len(vals))
+	s, ok := reply.(string)
+	if !ok || len(s) != 8*(replyFields+3*len(pl.windows)) {
+		return verdict{}, fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
 	}
-	var ints [9]int64
-	for i := range ints {
-		if ints[i], ok = vals[i].(int64); !ok {
-			return verdict{}, fmt.Errorf("ratelimit: unexpected script reply value %T", vals[i])
-		}
-	}
+	at := func(i int) int64 { return int64(binary.BigEndian.Uint64([]byte(s[8*i : 8*i+8]))) }
 	v := verdict{
-		outcome:  Outcome(ints[0]),
-		retry:    ints[1],
-		now:      ints[2],
-		newBan:   ints[3] == 1,
-		strikes:  ints[4],
-		banUntil: ints[5],
-		offences: ints[6],
-		granted:  ints[7],
-		leaseEnd: ints[8],
+		outcome:  Outcome(at(0)),
+		retry:    at(1),
+		now:      at(2),
+		newBan:   at(3) == 1,
+		strikes:  at(4),
+		banUntil: at(5),
+		offences: at(6),
+		granted:  at(7),
+		leaseEnd: at(8),
 		win:      make([]winVerdict, len(pl.windows)),
 	}
 	for i := range v.win {
-		u, ok1 := vals[9+3*i].(int64)
-		r, ok2 := vals[10+3*i].(int64)
-		t, ok3 := vals[11+3*i].(int64)
-		if !ok1 || !ok2 || !ok3 {
-			return verdict{}, errors.New("ratelimit: unexpected script reply window values")
-		}
-		v.win[i] = winVerdict{used: u, remaining: r, reset: t}
+		k := replyFields + 3*i
+		v.win[i] = winVerdict{used: at(k), remaining: at(k + 1), reset: at(k + 2)}
 	}
 	return v, nil
 }

@@ -4,10 +4,13 @@ import (
 	"context"
 	"math/rand/v2"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/animal-store/petstore/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -100,6 +103,144 @@ func TestScriptMatchesReference(t *testing.T) {
 			t.Logf("outcomes %v, bans %d, leases %d", seen, newBans, leases)
 			if seen[Allowed] == 0 || seen[Limited] == 0 || (p.Ban.Enabled() && (seen[Banned] == 0 || newBans < 2)) || leases == 0 {
 				t.Errorf("traffic did not exercise every outcome: %v, %d bans, %d leases", seen, newBans, leases)
+			}
+		})
+	}
+}
+
+// TestCodecMatchesStruct checks the Lua fallback of codecLua (what
+// miniredis runs, and so what TestScriptMatchesReference checks) against
+// Redis's struct library (what production runs), on random values of
+// every width the script uses.
+func TestCodecMatchesStruct(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	fallback := strings.Replace(codecLua, "rawget(_G, 'struct')", "nil", 1)
+	if fallback == codecLua {
+		t.Fatal("codecLua no longer looks up struct as expected")
+	}
+	src := "local byte, char, floor = string.byte, string.char, math.floor\n" + fallback + `
+local vals = {}
+for i = 2, #ARGV do vals[i - 1] = tonumber(ARGV[i]) end
+local a, b = pack_(ARGV[1], unpack(vals)), struct.pack(ARGV[1], unpack(vals))
+local out = {a, b}
+if not string.find(ARGV[1], 'i') then
+  local ua, ub = {unpack_(ARGV[1], b, 1)}, {struct.unpack(ARGV[1], b, 1)}
+  for i = 1, #ua do out[#out + 1] = string.format('%.0f/%.0f', ua[i], ub[i]) end
+end
+return out`
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 300 {
+		format := ">"
+		args := []any{""}
+		var want []int64
+		for range 1 + rng.IntN(8) {
+			w := 1 + rng.IntN(8)
+			hi := int64(1) << min(8*w, 53)
+			v := rng.Int64N(hi)
+			switch rng.IntN(4) {
+			case 0:
+				v = hi - 1
+			case 1:
+				v = 0
+			}
+			format += "I" + strconv.Itoa(w)
+			args = append(args, v)
+			want = append(want, v)
+		}
+		if rng.IntN(3) == 0 {
+			// Reply fields: signed, 8 bytes, never read back by Lua.
+			format = ">i8i8i8"
+			args = []any{"", -rng.Int64N(1 << 53), rng.Int64N(1 << 53), int64(-1)}
+			want = nil
+		}
+		args[0] = format
+		res, err := rdb.Eval(context.Background(), src, nil, args...).StringSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0] != res[1] {
+			t.Fatalf("%s %v: pack_ %x, struct.pack %x", format, args[1:], res[0], res[1])
+		}
+		for i, v := range want {
+			if got, exp := res[2+i], strconv.FormatInt(v, 10)+"/"+strconv.FormatInt(v, 10); got != exp {
+				t.Fatalf("%s %v: field %d: unpack_/struct.unpack %s, want %s", format, args[1:], i, got, exp)
+			}
+		}
+		if want != nil && len(res) != 2+len(want)+1 {
+			t.Fatalf("%s: %d values back, want %d and the next position", format, len(res)-2, len(want))
+		}
+	}
+}
+
+// TestScriptMatchesReferenceOnRedis drives the script on a real Redis
+// (with struct, which miniredis lacks) and the Go reference at
+// the time the script saw, with the same random traffic, and requires
+// identical answers. Windows of tens of milliseconds let real time move
+// their heads by one bucket and by several.
+func TestScriptMatchesReferenceOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	policies := []Policy{
+		{Name: "tight", Windows: []Window{{Limit: 8, Period: 100 * time.Millisecond}, {Limit: 40, Period: 500 * time.Millisecond}},
+			Ban: BanPolicy{Threshold: 5, StrikeWindow: 300 * time.Millisecond, Base: 50 * time.Millisecond, Multiplier: 2, Max: 200 * time.Millisecond, Memory: time.Second}},
+		{Name: "roomy", Windows: []Window{{Limit: 300, Period: 200 * time.Millisecond}, {Limit: 2000, Period: 800 * time.Millisecond}},
+			Ban: BanPolicy{Threshold: 100, StrikeWindow: time.Second, Base: time.Second}},
+	}
+	for _, p := range policies {
+		t.Run(p.Name, func(t *testing.T) {
+			t.Parallel()
+			pl := compile(p, 10, 4, 1)
+			keys := stateKeys(randomPrefix(t), "k")
+			sc := newScript(decideLua)
+			ref := &keyState{}
+			rng := rand.New(rand.NewPCG(5, uint64(len(p.Name))))
+			var seen [3]int
+			leases := 0
+			for i := range 400 {
+				switch r := rng.IntN(100); {
+				case r < 60:
+				case r < 95:
+					time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
+				default:
+					time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
+				}
+				mode, extra := modeDecide, int64(0)
+				if rng.IntN(10) == 0 {
+					mode = modePeek
+				}
+				if rng.IntN(20) == 0 {
+					extra = int64(rng.IntN(4))
+				}
+				ask := noLease
+				if mode == modeDecide && rng.IntN(3) == 0 {
+					w := int64(2 + rng.IntN(12))
+					ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(40_000))}
+				}
+				reply, err := rdb.Eval(context.Background(), sc.src, keys, scriptArgs(pl, mode, extra, ask)...).Result()
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				got, err := decode(pl, reply)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := ref.decide(pl, got.now, mode == modePeek, extra, ask)
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("step %d (mode %d extra %d):\nscript    %+v\nreference %+v", i, mode, extra, got, want)
+				}
+				seen[got.outcome]++
+				if got.granted > 1 {
+					leases++
+				}
+			}
+			t.Logf("outcomes %v, leases %d", seen, leases)
+			// "tight" must see every outcome; "roomy" stays far from its
+			// limits, where the script reads and writes the least.
+			if seen[Allowed] == 0 || leases == 0 || (p.Name == "tight" && (seen[Limited] == 0 || seen[Banned] == 0)) {
+				t.Errorf("traffic did not exercise every outcome: %v, %d leases", seen, leases)
 			}
 		})
 	}
