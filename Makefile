@@ -40,7 +40,8 @@ helm-test:
 ## bench: the benchmarks whose figures the README quotes
 bench: services
 	$(GO) test -run '^$$' -bench . -benchtime=40000x -count=1 ./ratelimit/ | tee bench.txt
-	$(GO) test -run '^$$' -bench ListPetsEndToEnd -benchtime 3s -count 6 ./cmd/petstore/ | tee -a bench.txt
+	$(GO) test -c -o bin/petstore.test ./cmd/petstore/
+	for i in 1 2 3 4 5 6; do bin/petstore.test -test.run '^$$' -test.bench ListPetsEndToEnd -test.benchtime 3s; done | tee -a bench.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/memstore/ ./internal/apikey/ ./internal/httpapi/ | tee -a bench.txt
 
 fuzz:

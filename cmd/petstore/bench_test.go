@@ -23,9 +23,9 @@ import (
 
 // BenchmarkListPetsEndToEnd serves GET /v1/pets over real TCP with the
 // rate limiter off and on (real Redis), in one run, so the ratio of the two
-// req/s figures is the cost of shared limiting end to end:
-//
-//	go test -run '^$' -bench ListPetsEndToEnd -count 6 ./cmd/petstore/
+// req/s figures is the cost of shared limiting end to end. Run it once per
+// process, several times, so that off and on rounds interleave (the README
+// has the loop); -count would run every "off" round before every "on" one.
 func BenchmarkListPetsEndToEnd(b *testing.B) {
 	addr := testenv.RedisAddr(b)
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: 32})
