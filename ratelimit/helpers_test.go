@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"sync"
@@ -13,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // fakeClock is one clock for a test: the limiter's local time and, when a
@@ -71,24 +72,6 @@ func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // fixture is a Limiter on a miniredis with one shared fake clock.
 type fixture struct {
 	l    *Limiter
@@ -97,7 +80,7 @@ type fixture struct {
 	clk  *fakeClock
 	cmds *commandCounter
 	reg  *prometheus.Registry
-	logs *syncBuffer
+	logs *testenv.Buffer
 }
 
 var epoch = time.Date(2030, 3, 4, 5, 6, 7, 0, time.UTC)
@@ -112,7 +95,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	cmds := &commandCounter{}
 	rdb.AddHook(cmds)
 	t.Cleanup(func() { _ = rdb.Close() })
-	f := &fixture{mini: m, rdb: rdb, clk: clk, cmds: cmds, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	f := &fixture{mini: m, rdb: rdb, clk: clk, cmds: cmds, reg: prometheus.NewRegistry(), logs: &testenv.Buffer{}}
 	opts.clock = clk.Now
 	opts.Registerer = f.reg
 	opts.Logger = slog.New(slog.NewTextHandler(f.logs, nil))
