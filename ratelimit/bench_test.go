@@ -45,14 +45,20 @@ func benchRedis(b *testing.B) (*redis.Client, *commandCounter) {
 	return rdb, cmds
 }
 
-// commandStats returns calls and usec_per_call of one command from INFO
-// commandstats.
-func commandStats(b *testing.B, rdb *redis.Client, name string) (calls int64, usecPerCall float64) {
+// cmdStat is one command's calls and total time from INFO commandstats.
+type cmdStat struct {
+	calls int64
+	usec  float64
+}
+
+// commandStats returns one command's figures from INFO commandstats.
+func commandStats(b *testing.B, rdb *redis.Client, name string) cmdStat {
 	b.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
+	var st cmdStat
 	for _, line := range strings.Split(info, "\r\n") {
 		rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":")
 		if !ok {
@@ -62,13 +68,13 @@ func commandStats(b *testing.B, rdb *redis.Client, name string) (calls int64, us
 			k, v, _ := strings.Cut(kv, "=")
 			switch k {
 			case "calls":
-				calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec_per_call":
-				usecPerCall, _ = strconv.ParseFloat(v, 64)
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, _ = strconv.ParseFloat(v, 64)
 			}
 		}
 	}
-	return calls, usecPerCall
+	return st
 }
 
 func resetStats(b *testing.B, rdb *redis.Client) {
@@ -128,8 +134,8 @@ func BenchmarkAllow(b *testing.B) {
 		})
 		elapsed := time.Since(start)
 		b.StopTimer()
-		calls, _ := commandStats(b, rdb, "evalsha")
-		evals, _ := commandStats(b, rdb, "eval")
+		calls := commandStats(b, rdb, "evalsha").calls
+		evals := commandStats(b, rdb, "eval").calls
 		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
 		b.ReportMetric(float64(calls+evals)/float64(b.N), "redis-cmds/decision")
 		b.ReportMetric(float64(cmds.n.Load())/float64(b.N), "client-cmds/decision")
@@ -201,8 +207,8 @@ func BenchmarkAllowBusyKeys(b *testing.B) {
 			})
 			elapsed := time.Since(start)
 			b.StopTimer()
-			calls, _ := commandStats(b, rdb, "evalsha")
-			evals, _ := commandStats(b, rdb, "eval")
+			calls := commandStats(b, rdb, "evalsha").calls
+			evals := commandStats(b, rdb, "eval").calls
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
 			b.ReportMetric(float64(calls+evals)/float64(b.N), "redis-cmds/decision")
 			b.ReportMetric(float64(leased.Load())/float64(b.N), "leased/decision")
@@ -316,15 +322,15 @@ func BenchmarkScriptCost(b *testing.B) {
 	for start := 0; start < b.N; start += scriptCostBlock {
 		end := min(start+scriptCostBlock, b.N)
 		for k, f := range []func(int) error{ours, theirs} {
-			c0, u0 := commandTotals(b, rdb, "evalsha")
+			before := commandStats(b, rdb, "evalsha")
 			for i := start; i < end; i++ {
 				if err := f(i); err != nil {
 					b.Fatal(err)
 				}
 			}
-			c1, u1 := commandTotals(b, rdb, "evalsha")
-			calls[k] += c1 - c0
-			usec[k] += u1 - u0
+			after := commandStats(b, rdb, "evalsha")
+			calls[k] += after.calls - before.calls
+			usec[k] += after.usec - before.usec
 		}
 	}
 	b.StopTimer()
@@ -337,32 +343,6 @@ func BenchmarkScriptCost(b *testing.B) {
 // scriptCostBlock is how many calls of one kind BenchmarkScriptCost makes
 // before switching to the other.
 const scriptCostBlock = 500
-
-// commandTotals returns calls and usec (total) of one command from INFO
-// commandstats.
-func commandTotals(b *testing.B, rdb *redis.Client, name string) (calls int64, usec float64) {
-	b.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":")
-		if !ok {
-			continue
-		}
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "calls":
-				calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				usec, _ = strconv.ParseFloat(v, 64)
-			}
-		}
-	}
-	return calls, usec
-}
 
 // BenchmarkFloodRejected floods one key from many goroutines and reports
 // the Redis commands sent per rejected request.
@@ -397,7 +377,7 @@ func BenchmarkFloodRejected(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	calls, _ := commandStats(b, rdb, "evalsha")
+	calls := commandStats(b, rdb, "evalsha").calls
 	if r := rejected.Load(); r > 0 {
 		b.ReportMetric(float64(cmds.n.Load())/float64(r), "client-cmds/rejection")
 		b.ReportMetric(float64(calls)/float64(r), "redis-cmds/rejection")

@@ -72,21 +72,7 @@ func TestScriptMatchesReference(t *testing.T) {
 					now = now.Add(time.Duration(rng.IntN(20)) * time.Second)
 				}
 				m.SetTime(now)
-				mode, extra := modeDecide, int64(0)
-				if rng.IntN(10) == 0 {
-					mode = modePeek
-				}
-				if rng.IntN(20) == 0 {
-					extra = int64(rng.IntN(4))
-				}
-				// Some decisions ask for a lease, of every size and need
-				// (granted or not), with lives shorter and longer than a
-				// bucket.
-				ask := noLease
-				if mode == modeDecide && rng.IntN(3) == 0 {
-					w := int64(2 + rng.IntN(12))
-					ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(400_000))}
-				}
+				mode, extra, ask := randomRequest(rng, 400_000)
 				got := evalScript(t, rdb, "k", pl, mode, extra, ask)
 				want := ref.decide(pl, now.UnixMicro(), mode == modePeek, extra, ask)
 				if !reflect.DeepEqual(got, want) {
@@ -207,18 +193,7 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 				default:
 					time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
 				}
-				mode, extra := modeDecide, int64(0)
-				if rng.IntN(10) == 0 {
-					mode = modePeek
-				}
-				if rng.IntN(20) == 0 {
-					extra = int64(rng.IntN(4))
-				}
-				ask := noLease
-				if mode == modeDecide && rng.IntN(3) == 0 {
-					w := int64(2 + rng.IntN(12))
-					ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(40_000))}
-				}
+				mode, extra, ask := randomRequest(rng, 40_000)
 				reply, err := rdb.Eval(context.Background(), sc.src, keys, scriptArgs(pl, mode, extra, ask)...).Result()
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
@@ -244,4 +219,23 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 			}
 		})
 	}
+}
+
+// randomRequest draws one call of the differential tests: mostly
+// decisions, some peeks, some with pending strikes, and some decisions
+// asking for a lease of every size and need (granted or not) with a life
+// of up to maxLife µs, so shorter and longer than a bucket.
+func randomRequest(rng *rand.Rand, maxLife int) (mode, extra int64, ask leaseAsk) {
+	mode, ask = modeDecide, noLease
+	if rng.IntN(10) == 0 {
+		mode = modePeek
+	}
+	if rng.IntN(20) == 0 {
+		extra = int64(rng.IntN(4))
+	}
+	if mode == modeDecide && rng.IntN(3) == 0 {
+		w := int64(2 + rng.IntN(12))
+		ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(maxLife))}
+	}
+	return mode, extra, ask
 }
