@@ -1,10 +1,8 @@
 package apikey
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -73,14 +71,8 @@ func LoadKeys(path string, plans *plan.Set) (*StaticKeys, error) {
 // Errors never quote a key. An empty file holds no keys.
 func ParseKeys(data []byte, plans *plan.Set) (*StaticKeys, error) {
 	var f keysFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+	if err := yamlerr.DecodeStrict(data, &f, "keys file"); err != nil {
 		return nil, locate(data, err)
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("a keys file holds a single YAML document")
 	}
 	k := &StaticKeys{byHash: make(map[string]Record, len(f.Keys)), records: make([]Record, 0, len(f.Keys))}
 	index := make(map[string]int, len(f.Keys))

@@ -1,10 +1,8 @@
 package plan
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"strings"
@@ -12,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/animal-store/petstore/internal/yamlerr"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -82,14 +81,8 @@ func Load(path string) (*Set, error) {
 // built-in plans as they are.
 func Parse(data []byte) (*Set, error) {
 	var f fileSpec
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+	if err := yamlerr.DecodeStrict(data, &f, "plans file"); err != nil {
 		return nil, locate(data, err)
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, errors.New("a plans file holds a single YAML document")
 	}
 	return f.build()
 }

@@ -4,7 +4,10 @@
 package yamlerr
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 
@@ -85,4 +88,21 @@ func parse(e string) Problem {
 		p.Kind, p.Field, p.FirstLine = Duplicate, sm[1], sm[2]
 	}
 	return p
+}
+
+// DecodeStrict decodes data, a file holding at most one YAML document, into
+// v, refusing unknown fields. An empty file leaves v as it is. name says
+// what the file is ("plans file") in the error for a second document;
+// decoding errors are returned as the decoder made them, for Problems.
+func DecodeStrict(data []byte, v any, name string) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("a %s holds a single YAML document", name)
+	}
+	return nil
 }

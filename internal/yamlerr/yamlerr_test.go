@@ -75,3 +75,21 @@ func TestProblemsOtherErrors(t *testing.T) {
 		t.Errorf("got %+v %v", ps, ok)
 	}
 }
+
+func TestDecodeStrict(t *testing.T) {
+	t.Parallel()
+	var d doc
+	if err := DecodeStrict([]byte(""), &d, "test file"); err != nil || d != (doc{}) {
+		t.Errorf("empty file: %v %+v", err, d)
+	}
+	if err := DecodeStrict([]byte("name: a\ncount: 2\n"), &d, "test file"); err != nil || d != (doc{Name: "a", Count: 2}) {
+		t.Errorf("one document: %v %+v", err, d)
+	}
+	if err := DecodeStrict([]byte("name: a\n---\nname: b\n"), &d, "test file"); err == nil || err.Error() != "a test file holds a single YAML document" {
+		t.Errorf("two documents: %v", err)
+	}
+	err := DecodeStrict([]byte("nope: 1\n"), &d, "test file")
+	if _, ps, ok := Problems([]byte("nope: 1\n"), err); !ok || len(ps) != 1 || ps[0].Kind != UnknownField {
+		t.Errorf("unknown field: %v", err)
+	}
+}
