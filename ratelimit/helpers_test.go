@@ -10,7 +10,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/testenv"
@@ -132,14 +131,4 @@ func ceilSecond(d time.Duration) time.Duration {
 }
 
 // metricValue reads a counter's or gauge's value.
-func metricValue(t *testing.T, m prometheus.Metric) float64 {
-	t.Helper()
-	var out dto.Metric
-	if err := m.Write(&out); err != nil {
-		t.Fatal(err)
-	}
-	if c := out.GetCounter(); c != nil {
-		return c.GetValue()
-	}
-	return out.GetGauge().GetValue()
-}
+func metricValue(t *testing.T, m prometheus.Metric) float64 { return testenv.MetricValue(t, m) }

@@ -22,7 +22,6 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/memstore"
@@ -424,17 +423,7 @@ func (c *contractDoc) checkUnrouted(req *http.Request, resp *response, routeErr 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // metricValue reads a counter's or gauge's value.
-func metricValue(t *testing.T, m prometheus.Metric) float64 {
-	t.Helper()
-	var out dto.Metric
-	if err := m.Write(&out); err != nil {
-		t.Fatal(err)
-	}
-	if c := out.GetCounter(); c != nil {
-		return c.GetValue()
-	}
-	return out.GetGauge().GetValue()
-}
+func metricValue(t *testing.T, m prometheus.Metric) float64 { return testenv.MetricValue(t, m) }
 
 // newRecorderOnly is a recorder for requests whose answer nobody reads.
 func newRecorderOnly() *httptest.ResponseRecorder { return httptest.NewRecorder() }
