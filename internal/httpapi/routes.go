@@ -6,7 +6,10 @@ import (
 )
 
 // Route patterns referred to outside the route table.
-const getPetPattern = "/v1/pets/{petId}"
+const (
+	getPetPattern = "/v1/pets/{petId}"
+	getPetPrefix  = "/v1/pets/" // every path getPetPattern can match starts so
+)
 
 // routes lists every route of the public API.
 func (s *server) routes() *chi.Mux {
