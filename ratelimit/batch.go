@@ -42,8 +42,8 @@ func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout ti
 	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, observe: observe}
 }
 
-// do evaluates the script for keys and args and waits at most timeout.
-func (b *batcher) do(ctx context.Context, keys []string, args []any) (any, error) {
+// do evaluates the script for keys and args and waits at most wait.
+func (b *batcher) do(ctx context.Context, keys []string, args []any, wait time.Duration) (any, error) {
 	c := callPool.Get().(*call)
 	c.keys, c.args = keys, args
 	select {
@@ -53,7 +53,7 @@ func (b *batcher) do(ctx context.Context, keys []string, args []any) (any, error
 		callPool.Put(c)
 		return nil, errOverloaded
 	}
-	timer := time.NewTimer(b.timeout)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case <-c.done:

@@ -302,7 +302,7 @@ func BenchmarkAllowVsRedisRate(b *testing.B) {
 func BenchmarkScriptCost(b *testing.B) {
 	rdb, _ := benchRedis(b)
 	ctx := context.Background()
-	pl := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets, 1)
+	pl := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets)
 	sc := newScript(decideLua)
 	if err := rdb.ScriptLoad(ctx, sc.src).Err(); err != nil {
 		b.Fatal(err)
@@ -310,7 +310,7 @@ func BenchmarkScriptCost(b *testing.B) {
 	rl := redis_rate.NewLimiter(rdb)
 	lim := redis_rate.PerMinute(1000)
 	ours := func(i int) error {
-		return rdb.EvalSha(ctx, sc.sha, stateKeys("b:", benchKey(int64(i))), scriptArgs(pl, modeDecide, 0, noLease)...).Err()
+		return rdb.EvalSha(ctx, sc.sha, stateKeys("b:", benchKey(int64(i)), pl), scriptArgs(pl, input{lease: noLease})...).Err()
 	}
 	theirs := func(i int) error {
 		_, err := rl.Allow(ctx, benchKey(int64(i)), lim)
@@ -394,13 +394,13 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		b.Run(p.Name, func(b *testing.B) {
 			rdb, _ := benchRedis(b)
 			ctx := context.Background()
-			pl := compile(withBan(p), DefaultBuckets, DefaultStrikeBuckets, 1)
+			pl := compile(withBan(p), DefaultBuckets, DefaultStrikeBuckets)
 			var total int64
 			for i := range b.N {
-				keys := stateKeys("m:", benchKey(int64(i)))
+				keys := stateKeys("m:", benchKey(int64(i)), pl)
 				// One admission and one locally answered rejection carried
 				// as a strike: both keys exist.
-				if err := rdb.Eval(ctx, decideLua, keys, scriptArgs(pl, modeDecide, 1, noLease)...).Err(); err != nil {
+				if err := rdb.Eval(ctx, decideLua, keys, scriptArgs(pl, input{extra: 1, lease: noLease})...).Err(); err != nil {
 					b.Fatal(err)
 				}
 				for _, k := range keys {

@@ -96,6 +96,9 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	t.Cleanup(func() { _ = rdb.Close() })
 	f := &fixture{mini: m, rdb: rdb, clk: clk, cmds: cmds, reg: prometheus.NewRegistry(), logs: &testenv.Buffer{}}
 	opts.clock = clk.Now
+	// Heartbeats run on real time and would be counted among the scripts;
+	// the fake clock's tests set the replica count themselves.
+	opts.noHeartbeat = true
 	opts.Registerer = f.reg
 	opts.Logger = slog.New(slog.NewTextHandler(f.logs, nil))
 	if opts.Timeout == 0 {

@@ -87,7 +87,15 @@ func TestIntegrationLeasesStrictAcrossReplicas(t *testing.T) {
 		leased, rejected int
 		wg               sync.WaitGroup
 	)
-	stop := time.Now().Add(3 * time.Second)
+	// Drive the key until it is refused (its limits reached), for at least
+	// 3 s: a loaded machine takes longer to get there.
+	begin := time.Now()
+	running := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		el := time.Since(begin)
+		return el < 3*time.Second || (rejected == 0 && el < 20*time.Second)
+	}
 	for range 3 {
 		rdb := redis.NewClient(&redis.Options{Addr: addr})
 		defer rdb.Close()
@@ -102,7 +110,7 @@ func TestIntegrationLeasesStrictAcrossReplicas(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for time.Now().Before(stop) {
+				for running() {
 					d, err := l.Allow(ctx, "hot", p)
 					if err != nil || d.Degraded {
 						t.Errorf("decision %+v %v", d, err)
@@ -131,9 +139,10 @@ func TestIntegrationLeasesStrictAcrossReplicas(t *testing.T) {
 	if leased == 0 || rejected == 0 {
 		t.Fatalf("%d leased, %d rejected: want leases, and the key driven over its limits", leased, rejected)
 	}
-	// Leases left unspent count as admissions: a few, not many.
-	if len(times) < 4500 {
-		t.Fatalf("only %d admitted in 3s under 5000/5s", len(times))
+	// Leases left unspent count as admissions: a few, not many. Whichever
+	// window refused, it had admitted nearly its limit.
+	if a, b := maxWithin(times, time.Second), maxWithin(times, 5*time.Second); a < 1800 && b < 4500 {
+		t.Fatalf("at most %d admitted in a second (2000/s) and %d in 5 s (5000/5s): unspent leases wasted too much", a, b)
 	}
 }
 
@@ -229,22 +238,28 @@ func TestIntegrationStallAndRestart(t *testing.T) {
 	ctx := context.Background()
 	p := perMinute(10)
 	// shared waits for a shared decision and returns its remaining count,
-	// which must be one of want. A decision that timed out on the client
-	// may still have run on the server, so expectations allow for one
-	// extra admission.
-	shared := func(want ...int64) int64 {
+	// which must be from base-locals-slack to base-locals, where locals
+	// counts the requests admitted locally while it waited: they are added
+	// to the shared window by that round trip. A decision that timed out
+	// on the client may still have run on the server (slack).
+	shared := func(base, slack int64) int64 {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
+		var locals int64
 		for {
 			d, err := l.Allow(ctx, "k", p)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !d.Degraded {
-				if !slices.Contains(want, d.Windows[0].Remaining) {
-					t.Fatalf("shared decision with %d remaining, want one of %v", d.Windows[0].Remaining, want)
+				r := d.Windows[0].Remaining
+				if r > base-locals || r < base-locals-slack {
+					t.Fatalf("shared decision with %d remaining, want %d to %d (%d admitted locally meanwhile)", r, base-locals-slack, base-locals, locals)
 				}
-				return d.Windows[0].Remaining
+				return r
+			}
+			if d.Allowed() {
+				locals++
 			}
 			if time.Now().After(deadline) {
 				t.Fatal("no shared decision within 10s")
@@ -252,8 +267,8 @@ func TestIntegrationStallAndRestart(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	r := shared(9, 8)
-	r = shared(r-1, r-2)
+	r := shared(9, 1)
+	r = shared(r-1, 1)
 
 	s.signal(t, syscall.SIGSTOP)
 	start := time.Now()
@@ -266,12 +281,18 @@ func TestIntegrationStallAndRestart(t *testing.T) {
 	}
 	s.signal(t, syscall.SIGCONT)
 	// The stalled request was decided locally; Redis may still run it once
-	// it resumes, as its command was already sent.
-	shared(r-1, r-2)
+	// it resumes, as its command was already sent, and the admission made
+	// locally is added with the next round trip: counted once, or twice
+	// (never too few).
+	var stalled int64
+	if d.Allowed() {
+		stalled = 1
+	}
+	shared(r-1-stalled, 1+stalled)
 
 	s.stop()
 	s.start(t) // empty: no keys, no scripts
-	shared(9, 8)
+	shared(9, 1)
 }
 
 // TestIntegrationCluster runs the limiter on a three-master Redis Cluster
@@ -342,11 +363,12 @@ func TestIntegrationCluster(t *testing.T) {
 	}
 	wg.Wait()
 	for i := range 300 {
-		keys := stateKeys(l.opts.Prefix, fmt.Sprint("key-", i))
+		keys := stateKeys(l.opts.Prefix, fmt.Sprint("key-", i), compile(p, DefaultBuckets, DefaultStrikeBuckets))
 		a, _ := nodes[0].ClusterKeySlot(ctx, keys[0]).Result()
-		b, _ := nodes[0].ClusterKeySlot(ctx, keys[1]).Result()
-		if a != b {
-			t.Fatalf("%v hash to slots %d and %d", keys, a, b)
+		for _, k := range keys[1:] {
+			if b, _ := nodes[0].ClusterKeySlot(ctx, k).Result(); a != b {
+				t.Fatalf("%v hash to slots %d and %d", keys, a, b)
+			}
 		}
 	}
 	for i, c := range nodes {
@@ -378,4 +400,17 @@ func TestIntegrationCluster(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// maxWithin returns the most admission times (µs, ascending) that any
+// interval of length d holds.
+func maxWithin(times []int64, d time.Duration) int {
+	best, lo := 0, 0
+	for hi := range times {
+		for times[hi]-times[lo] >= d.Microseconds() {
+			lo++
+		}
+		best = max(best, hi-lo+1)
+	}
+	return best
 }

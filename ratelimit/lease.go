@@ -40,7 +40,7 @@ type leaseTable struct {
 	shards      [memShards]leaseShard
 	maxPerShard int
 	maxLease    int64
-	replicas    int64
+	replicas    func() int64 // live replica count
 	rtt         atomic.Int64 // moving average of decision round trips, µs
 }
 
@@ -72,12 +72,12 @@ type leaseEntry struct {
 	refill chan struct{}
 }
 
-func newLeaseTable(maxLease, replicas int) *leaseTable {
+func newLeaseTable(maxLease int, replicas func() int64) *leaseTable {
 	t := &leaseTable{
 		seed:        maphash.MakeSeed(),
 		maxPerShard: max(leaseKeys/memShards, 1),
 		maxLease:    int64(maxLease),
-		replicas:    int64(max(replicas, 1)),
+		replicas:    replicas,
 	}
 	for i := range t.shards {
 		t.shards[i].keys = make(map[string]*leaseEntry)
@@ -128,7 +128,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool) (d De
 		return Decision{}, false, noLease, nil
 	}
 	e.refill = make(chan struct{})
-	return Decision{}, false, leaseAsk{want: k, need: k * leaseMargin * t.replicas, life: leaseLife.Microseconds()}, nil
+	return Decision{}, false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil
 }
 
 // done ends a lease round trip for key that started at sent. With ok, v

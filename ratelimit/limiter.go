@@ -55,8 +55,9 @@ type Options struct {
 	Timeout time.Duration
 	// FailureMode applies when Redis fails or times out (default FailOpen).
 	FailureMode FailureMode
-	// Replicas is the expected number of replicas; while Redis is
-	// unreachable each one enforces limit/Replicas, rounded up (default 1).
+	// Replicas is the number of replicas assumed until the first heartbeat
+	// through Redis counts the live ones (default 1). Without Redis, each
+	// replica enforces its share of every limit: see fallback.go.
 	Replicas int
 	// Registerer receives the metrics; nil exports none.
 	Registerer prometheus.Registerer
@@ -74,8 +75,13 @@ type Options struct {
 	Pipelines int
 	// Queue caps the decisions waiting for a pipeline (default 8192).
 	Queue int
-	// ProbeInterval is how often an unreachable Redis is retried (default 500ms).
+	// ProbeInterval is how often an unreachable Redis is retried (default 100ms).
 	ProbeInterval time.Duration
+	// TripAfter is how long round trips must keep failing, with no success
+	// in between (and at least 3 of them), before the replica stops asking
+	// Redis (default 1s). Until then only the requests whose own round trip
+	// failed are decided without it.
+	TripAfter time.Duration
 	// CacheSize caps the keys remembered as limited or banned (default
 	// 65536); negative disables the cache.
 	CacheSize int
@@ -95,6 +101,8 @@ type Options struct {
 
 	// clock replaces time.Now in tests.
 	clock func() time.Time
+	// noHeartbeat keeps the live replica count at Replicas (tests).
+	noHeartbeat bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -121,7 +129,8 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.MaxBatch, 256)
 	def(&o.Pipelines, 4)
 	def(&o.Queue, 8192)
-	defd(&o.ProbeInterval, 500*time.Millisecond)
+	defd(&o.ProbeInterval, 100*time.Millisecond)
+	defd(&o.TripAfter, time.Second)
 	if o.CacheSize == 0 {
 		o.CacheSize = 65536
 	}
@@ -153,13 +162,15 @@ type Limiter struct {
 	log   *slog.Logger
 	met   *metrics
 	plans planCache
-	local *memStore // the whole store without Redis; the fallback with it
+	local *memStore // the whole store without Redis
+	fb    *fallback // decisions without Redis when it has one
 	cache *rejectCache
 	lease *leaseTable // nil when leasing is off
 	batch *batcher
 	now   func() time.Time
 
-	health *health
+	breaker  *breaker
+	replicas *replicas
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -190,29 +201,47 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		now:    opts.clock,
 		cancel: cancel,
 	}
-	l.goBackground(ctx, l.sweepLoop)
 	if client == nil {
+		l.goBackground(ctx, l.sweepLoop)
 		return l, nil
 	}
+	// Everything the background goroutines read is built before the first
+	// of them starts.
 	if opts.CacheSize > 0 {
 		l.cache = newRejectCache(opts.CacheSize, opts.FlushEvery, opts.FlushInterval, opts.BanRevalidate)
 	}
+	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, met)
 	if opts.MaxLease > 1 {
-		l.lease = newLeaseTable(opts.MaxLease, opts.Replicas)
+		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
 	}
-	l.batch = newBatcher(client, newScript(decideLua), opts.MaxBatch, opts.Queue, opts.Timeout, met.observeRedis)
-	for range opts.Pipelines {
-		l.goBackground(ctx, l.batch.run)
-	}
-	l.health = &health{
+	l.fb = newFallback(fallbackSize, l.replicas.live)
+	l.breaker = &breaker{
 		what: "rate limits", mode: opts.FailureMode, log: opts.Logger, met: met, gauge: true,
 		now:      func() time.Time { return l.now() },
 		probe:    func(ctx context.Context) error { return client.ScriptLoad(ctx, decideLua).Err() },
-		onDown:   l.local.reset,
 		interval: opts.ProbeInterval, timeout: max(opts.Timeout, 100*time.Millisecond),
-		kick: make(chan struct{}, 1),
+		tripAfter: opts.TripAfter,
+		kick:      make(chan struct{}, 1),
 	}
-	l.goBackground(ctx, l.health.run)
+	// The breaker hears from the pipelines, which time a round trip from
+	// when it is sent: a decision that waited in the queue is not a Redis
+	// failure.
+	l.batch = newBatcher(client, newScript(decideLua), opts.MaxBatch, opts.Queue, opts.Timeout, func(d time.Duration, err error) {
+		met.observeRedis(d, err)
+		if err != nil {
+			l.breaker.failed(err)
+		} else {
+			l.breaker.succeeded()
+		}
+	})
+	for range opts.Pipelines {
+		l.goBackground(ctx, l.batch.run)
+	}
+	l.goBackground(ctx, l.sweepLoop)
+	l.goBackground(ctx, l.breaker.run)
+	if !opts.noHeartbeat {
+		l.goBackground(ctx, func(ctx context.Context) { l.replicas.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
+	}
 	l.goBackground(ctx, l.subscribeLoop)
 
 	// Preload the script without holding up the caller: an unreachable
@@ -221,7 +250,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		lctx, cancel := context.WithTimeout(ctx, max(opts.Timeout, time.Second))
 		defer cancel()
 		if err := client.ScriptLoad(lctx, decideLua).Err(); err != nil && ctx.Err() == nil {
-			l.health.fail(err)
+			l.log.Warn("ratelimit: cannot load the decision script yet", "err", err)
 		}
 	})
 	return l, nil
@@ -270,8 +299,12 @@ func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, er
 	}
 	start := l.now()
 	if l.rdb == nil {
-		return l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), false, 0), false), nil
+		return l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), input{lease: noLease}), false), nil
 	}
+	// No request waits for Redis longer than Options.Timeout in all,
+	// whether for a lease another request is fetching or for its own round
+	// trip.
+	entered := time.Now()
 	var extra int64
 	ask := noLease
 	for first := true; ; first = false {
@@ -300,13 +333,16 @@ func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, er
 		// A round trip asking for a lease for this key is in flight: its
 		// lease is likely to cover this request too, and if it finds the
 		// key limited, the cache answers.
+		t := time.NewTimer(l.opts.Timeout)
 		select {
 		case <-wait:
+		case <-t.C:
 		case <-ctx.Done():
 		}
+		t.Stop()
 		start = l.now()
 	}
-	d, v, err := l.decide(ctx, key, pl, start, extra, ask)
+	d, v, err := l.decide(ctx, key, pl, start, extra, ask, l.opts.Timeout-time.Since(entered))
 	if ask.want > 1 {
 		l.lease.done(key, pl, start, v, d, err == nil && !d.Degraded)
 	}
@@ -314,27 +350,31 @@ func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, er
 }
 
 // decide asks Redis, or the fallback when it cannot answer.
-func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk) (Decision, verdict, error) {
-	if l.health.isDown() {
+func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration) (Decision, verdict, error) {
+	if l.breaker.isOpen() || budget <= 0 {
 		d, err := l.degraded(key, pl, start, extra)
 		return d, verdict{}, err
 	}
-	reply, err := l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modeDecide, extra, ask))
+	// Admissions this replica made without Redis travel with the key's
+	// next round trip.
+	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
+	reply, err := l.batch.do(ctx, stateKeys(l.opts.Prefix, key, pl), scriptArgs(pl, input{extra: extra, add: add, lease: ask}), budget)
 	var v verdict
 	if err == nil {
 		v, err = decode(pl, reply)
 	}
 	if err != nil {
+		l.fb.restorePending(key, pending)
 		if l.cache != nil {
 			l.cache.abandon(key)
 		}
-		if ctx.Err() == nil {
-			// The caller giving up says nothing about Redis.
-			l.health.fail(err)
-		}
+		// This request alone is decided without Redis; whether Redis is
+		// down is the breaker's to judge, from the pipelines.
 		d, err := l.degraded(key, pl, start, extra)
 		return d, verdict{}, err
 	}
+	// Before the lease's own part is added back to what it reports.
+	l.fb.remember(key, pl, start.UnixMicro(), v)
 	if l.lease != nil {
 		l.lease.observe(l.now().Sub(start))
 	}
@@ -358,7 +398,8 @@ func (l *Limiter) degraded(key string, pl *plan, start time.Time, extra int64) (
 	if l.opts.FailureMode == FailClosed {
 		return Decision{}, ErrUnavailable
 	}
-	v := l.local.decide(key, pl.local, start.UnixMicro(), false, extra)
+	v := l.fb.decide(key, pl, start.UnixMicro(), input{extra: extra, lease: noLease})
+	l.met.local.WithLabelValues(pl.name, v.outcome.String()).Inc()
 	return l.finish(pl, v, true), nil
 }
 
@@ -422,23 +463,20 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 	degraded := false
 	switch {
 	case l.rdb == nil:
-		v = l.local.decide(key, pl, now, true, 0)
+		v = l.local.decide(key, pl, now, input{peek: true, lease: noLease})
 	default:
 		err := ErrUnavailable
-		if !l.health.isDown() {
+		if !l.breaker.isOpen() {
 			var reply any
-			if reply, err = l.batch.do(ctx, stateKeys(l.opts.Prefix, key), scriptArgs(pl, modePeek, 0, noLease)); err == nil {
+			if reply, err = l.batch.do(ctx, stateKeys(l.opts.Prefix, key, pl), scriptArgs(pl, input{peek: true, lease: noLease}), l.opts.Timeout); err == nil {
 				v, err = decode(pl, reply)
-			}
-			if err != nil && ctx.Err() == nil {
-				l.health.fail(err)
 			}
 		}
 		if err != nil {
 			if l.opts.FailureMode == FailClosed {
 				return Usage{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 			}
-			v, degraded = l.local.decide(key, pl.local, now, true, 0), true
+			v, degraded = l.fb.decide(key, pl, now, input{peek: true, lease: noLease}), true
 		}
 	}
 	u := Usage{Strikes: v.strikes, Offences: v.offences, Degraded: degraded, Windows: make([]WindowUsage, len(pl.policy.Windows))}
@@ -459,16 +497,48 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 	if l.rdb == nil {
 		return nil
 	}
+	l.fb.unban(key)
 	if l.cache != nil {
 		l.cache.forget(key)
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	if err := l.rdb.Del(ctx, stateKeys(l.opts.Prefix, key)[1]).Err(); err != nil {
+	if err := l.rdb.Del(ctx, banKey(l.opts.Prefix, key)).Err(); err != nil {
 		return fmt.Errorf("ratelimit: unban %q: %w", key, err)
 	}
 	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {
 		return fmt.Errorf("ratelimit: announce unban of %q: %w", key, err)
+	}
+	return nil
+}
+
+// Reset forgets everything stored for key under p: the counts of p's
+// windows, its strikes, ban and offence history, as if it had never sent
+// a request. (Counts of windows that p does not have, kept from an
+// earlier plan, expire with their period.) Every
+// replica drops what it cached for the key through the same announcement
+// as Unban; an admission lease another replica holds for the key is spent
+// until it ends (at most 1 s).
+func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
+	pl, err := l.plans.get(p, l.opts, l.met)
+	if err != nil {
+		return err
+	}
+	l.local.forget(key)
+	if l.rdb == nil {
+		return nil
+	}
+	l.fb.forget(key)
+	if l.cache != nil {
+		l.cache.forget(key)
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
+	if err := l.rdb.Del(ctx, stateKeys(l.opts.Prefix, key, pl)...).Err(); err != nil {
+		return fmt.Errorf("ratelimit: reset %q: %w", key, err)
+	}
+	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {
+		return fmt.Errorf("ratelimit: announce reset of %q: %w", key, err)
 	}
 	return nil
 }
@@ -490,7 +560,7 @@ func (l *Limiter) subscribeLoop(ctx context.Context) {
 				return
 			}
 			l.cache.forget(m.Payload)
-			l.local.unban(m.Payload)
+			l.fb.unban(m.Payload)
 		}
 	}
 }
@@ -506,6 +576,9 @@ func (l *Limiter) sweepLoop(ctx context.Context) {
 		case <-t.C:
 			now := l.now()
 			l.local.sweep(now.UnixMicro())
+			if l.fb != nil {
+				l.fb.sweep(now.UnixMicro())
+			}
 			if l.cache != nil {
 				l.cache.sweep(now)
 			}
@@ -525,6 +598,9 @@ type planCache struct {
 	plans map[uint64][]*plan
 	n     int
 }
+
+// fallbackSize bounds the keys whose last shared verdict the fallback keeps.
+const fallbackSize = 1 << 17
 
 // maxPlans bounds the plan cache; past it the cache starts over.
 const maxPlans = 4096
@@ -546,7 +622,7 @@ func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	pl := compile(p, o.Buckets, o.StrikeBuckets, o.Replicas)
+	pl := compile(p, o.Buckets, o.StrikeBuckets)
 	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban}
 	pl.counters = met.forPlan(p.Name)
 	c.mu.Lock()

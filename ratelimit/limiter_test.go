@@ -82,7 +82,8 @@ func TestMultipleWindowsAndBinding(t *testing.T) {
 
 func TestPolicyChangesPerKey(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{})
+	// Without leases, so that every admission counts exactly one.
+	f := newFixture(t, Options{MaxLease: 1})
 	base := perMinute(5)
 	for range 5 {
 		f.allow(t, "k", base)
@@ -105,10 +106,28 @@ func TestPolicyChangesPerKey(t *testing.T) {
 	if d := f.allow(t, "k", raised); d.Outcome != Limited {
 		t.Fatalf("raised limit exhausted: %+v", d)
 	}
-	// A new window changes the stored layout: counting starts over.
+	// Each window is its own record: adding a window leaves the minute's
+	// counts alone (still exhausted), and the new day window counts from
+	// now on.
 	daily := Policy{Name: "test", Windows: []Window{{Limit: 8, Period: time.Minute}, {Limit: 1000, Period: 24 * time.Hour}}}
-	if d := f.allow(t, "k", daily); !d.Allowed() || d.Windows[0].Remaining != 7 {
-		t.Fatalf("after adding a window: %+v", d)
+	if d := f.allow(t, "k", daily); d.Outcome != Limited {
+		t.Fatalf("after adding a window the minute must still be exhausted: %+v", d)
+	}
+	f.clk.Add(time.Minute)
+	if d := f.allow(t, "k", daily); !d.Allowed() || d.Windows[0].Remaining != 7 || d.Windows[1].Remaining != 999 {
+		t.Fatalf("a minute later: %+v", d)
+	}
+	// Changing the day's limit keeps its count; so does removing the
+	// minute window and adding it back.
+	lowered := Policy{Name: "test", Windows: []Window{{Limit: 8, Period: time.Minute}, {Limit: 500, Period: 24 * time.Hour}}}
+	if d := f.allow(t, "k", lowered); !d.Allowed() || d.Windows[1].Remaining != 500-2 {
+		t.Fatalf("day window after lowering its limit: %+v", d)
+	}
+	if d := f.allow(t, "k", Policy{Name: "test", Windows: []Window{{Limit: 500, Period: 24 * time.Hour}}}); !d.Allowed() || d.Windows[0].Remaining != 500-3 {
+		t.Fatalf("day window without the minute window: %+v", d)
+	}
+	if d := f.allow(t, "k", daily); !d.Allowed() || d.Windows[0].Remaining != 5 || d.Windows[1].Remaining != 1000-4 {
+		t.Fatalf("minute window added back: %+v", d)
 	}
 	if _, err := f.l.Allow(context.Background(), "k", Policy{Name: "bad"}); err == nil {
 		t.Fatal("a policy without windows must be refused")
@@ -231,14 +250,14 @@ func TestPacingAdmitsNearlyAll(t *testing.T) {
 // pacedFraction returns the share of the limit admitted to a client sending
 // exactly limit requests per period, over periods windows after the first.
 func pacedFraction(w Window, buckets, periods int) float64 {
-	pl := compile(Policy{Name: "p", Windows: []Window{w}}, buckets, DefaultStrikeBuckets, 1)
+	pl := compile(Policy{Name: "p", Windows: []Window{w}}, buckets, DefaultStrikeBuckets)
 	st := &keyState{}
 	start := epoch.UnixMicro()
 	total := int64(periods+1) * w.Limit
 	var n int64
 	for i := range total {
 		now := start + i*w.Period.Microseconds()/w.Limit
-		if v := st.decide(pl, now, false, 0, noLease); v.outcome == Allowed && i >= w.Limit {
+		if v := st.decide(pl, now, input{lease: noLease}); v.outcome == Allowed && i >= w.Limit {
 			n++
 		}
 	}
@@ -248,12 +267,16 @@ func pacedFraction(w Window, buckets, periods int) float64 {
 func TestBansEscalateAndExpire(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	p := Policy{Name: "b", Windows: []Window{{Limit: 2, Period: time.Hour}},
+	// The window refills within every ban, so Retry-After is the ban's.
+	p := Policy{Name: "b", Windows: []Window{{Limit: 2, Period: 5 * time.Second}},
 		Ban: BanPolicy{Threshold: 3, StrikeWindow: time.Minute, Base: 10 * time.Second, Multiplier: 3, Max: time.Minute, Memory: 10 * time.Minute}}
-	f.allow(t, "k", p)
-	f.allow(t, "k", p)
 	ban := func(want time.Duration) {
 		t.Helper()
+		for i := range 2 {
+			if d := f.allow(t, "k", p); !d.Allowed() {
+				t.Fatalf("request %d: %+v, want allowed", i+1, d)
+			}
+		}
 		for i := range 3 {
 			if d := f.allow(t, "k", p); d.Outcome != Limited {
 				t.Fatalf("rejection %d: %+v, want limited (not yet over the threshold)", i+1, d)
@@ -287,6 +310,7 @@ func TestBansEscalateAndExpire(t *testing.T) {
 	// Strikes spread thinner than the threshold per strike window never ban.
 	q := p
 	q.Name = "slow"
+	q.Windows = []Window{{Limit: 2, Period: time.Hour}}
 	f.allow(t, "slow", q)
 	f.allow(t, "slow", q)
 	for i := range 20 {
@@ -294,6 +318,31 @@ func TestBansEscalateAndExpire(t *testing.T) {
 		if d := f.allow(t, "slow", q); d.Outcome != Limited {
 			t.Fatalf("slow strike %d: %+v", i, d)
 		}
+	}
+}
+
+// TestBanRetryAfterWaitsForTheWindows: a ban shorter than the wait of an
+// exhausted window answers with the window's wait, so a client that
+// waits Retry-After is admitted on its first retry.
+func TestBanRetryAfterWaitsForTheWindows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{CacheSize: -1})
+	p := Policy{Name: "b", Windows: []Window{{Limit: 2, Period: time.Hour}},
+		Ban: BanPolicy{Threshold: 1, StrikeWindow: time.Minute, Base: time.Second}}
+	f.allow(t, "k", p)
+	f.allow(t, "k", p)
+	f.allow(t, "k", p) // strike 1
+	d := f.allow(t, "k", p)
+	if d.Outcome != Banned || d.RetryAfter < 59*time.Minute {
+		t.Fatalf("banned for 1s with the hour exhausted: %+v, want Retry-After of about an hour", d)
+	}
+	f.clk.Add(d.RetryAfter - time.Microsecond)
+	if d := f.allow(t, "k", p); d.Allowed() {
+		t.Fatalf("admitted 1µs before Retry-After: %+v", d)
+	}
+	f.clk.Add(time.Microsecond)
+	if d := f.allow(t, "k", p); !d.Allowed() {
+		t.Fatalf("not admitted after waiting Retry-After: %+v", d)
 	}
 }
 
@@ -313,8 +362,8 @@ func TestScriptReloadAfterFlush(t *testing.T) {
 	if err != nil || !ok[0] {
 		t.Fatalf("script not loaded again: %v %v", ok, err)
 	}
-	if f.l.health.isDown() {
-		t.Fatal("NOSCRIPT must not count as an outage")
+	if f.l.breaker.isOpen() || f.l.breaker.failing.Load() {
+		t.Fatal("NOSCRIPT must not count as a failure")
 	}
 }
 
@@ -344,14 +393,18 @@ func TestEveryKeyHasTTLAndExpires(t *testing.T) {
 	}
 }
 
+// TestFailOpenFallbackAndRecovery: Redis failing for good trips the
+// breaker once failures span TripAfter; meanwhile and after, the replica
+// admits only its share of what the last shared verdict left; the
+// admissions it made alone reach the shared window when Redis is back.
 func TestFailOpenFallbackAndRecovery(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{Replicas: 3, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second})
+	f := newFixture(t, Options{Replicas: 3, noHeartbeat: true, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
 	p := perMinute(10)
-	f.allow(t, "k", p)
+	f.allow(t, "k", p) // 9 remain: this replica's share is 3
 	f.mini.SetError("LOADING Redis is loading the dataset in memory")
 	admitted := 0
-	for range 20 {
+	for i := range 20 {
 		d := f.allow(t, "k", p)
 		if !d.Degraded {
 			t.Fatalf("decision during the outage not marked degraded: %+v", d)
@@ -359,39 +412,86 @@ func TestFailOpenFallbackAndRecovery(t *testing.T) {
 		if d.Allowed() {
 			admitted++
 		}
+		if open := f.l.breaker.isOpen(); open != (i >= 10) {
+			// Failures every 100 ms span TripAfter (1 s) at the 11th.
+			t.Fatalf("request %d: breaker open %v", i, open)
+		}
 		f.clk.Add(100 * time.Millisecond)
 	}
-	if admitted != 4 {
-		t.Fatalf("admitted %d during the outage, want ceil(10/3) = 4", admitted)
+	if admitted != 3 {
+		t.Fatalf("admitted %d during the outage, want floor(9 remaining / 3 replicas) = 3", admitted)
 	}
 	if g := metricValue(t, f.l.met.fallbackActive); g != 1 {
 		t.Fatalf("fallback gauge %v during the outage", g)
+	}
+	if n := metricValue(t, f.l.met.breakerTrips); n != 1 {
+		t.Fatalf("breaker trips %v, want 1", n)
+	}
+	if n := metricValue(t, f.l.met.local.WithLabelValues("test", "allowed")); n != 3 {
+		t.Fatalf("local decisions allowed %v, want 3", n)
 	}
 	if n := strings.Count(f.logs.String(), "redis unreachable"); n != 1 {
 		t.Fatalf("%d outage log lines, want 1:\n%s", n, f.logs)
 	}
 	f.mini.SetError("")
 	deadline := time.Now().Add(5 * time.Second)
-	for f.l.health.isDown() {
+	for f.l.breaker.isOpen() {
 		if time.Now().After(deadline) {
 			t.Fatal("did not return to shared limiting")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if d := f.allow(t, "k", p); d.Degraded || !d.Allowed() || d.Windows[0].Remaining != 8 {
-		t.Fatalf("after recovery: %+v, want the shared count again", d)
+	// 1 shared + 3 local (reconciled with this round trip) + this one.
+	if d := f.allow(t, "k", p); d.Degraded || !d.Allowed() || d.Windows[0].Remaining != 5 {
+		t.Fatalf("after recovery: %+v, want the shared count with the local admissions added (5 remaining)", d)
 	}
 	if g := metricValue(t, f.l.met.fallbackActive); g != 0 {
 		t.Fatalf("fallback gauge %v after recovery", g)
 	}
-	if s := metricValue(t, f.l.met.fallbackSeconds); s < 1.9 {
-		t.Fatalf("fallback seconds %v, want about 2 (the clock moved 2s during the outage)", s)
+	if s := metricValue(t, f.l.met.fallbackSeconds); s < 0.8 {
+		t.Fatalf("fallback seconds %v, want about 0.9 (the clock moved 0.9 s with the breaker open)", s)
 	}
 	if n := strings.Count(f.logs.String(), "reachable again"); n != 1 {
 		t.Fatalf("%d recovery log lines, want 1:\n%s", n, f.logs)
 	}
 	if got := metricValue(t, f.l.met.redisErrors); got < 1 {
 		t.Fatalf("redis errors %v", got)
+	}
+}
+
+// TestBlipDoesNotTrip: a failed round trip decides its own request from
+// local state and nothing else: no trip, no log line, and the next request
+// is shared again.
+func TestBlipDoesNotTrip(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{Replicas: 3, noHeartbeat: true, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
+	p := perMinute(5)
+	for range 3 {
+		f.allow(t, "k", p) // 2 remain: this replica's share is 0
+	}
+	f.mini.SetError("LOADING Redis is loading the dataset in memory")
+	for range 2 {
+		if d := f.allow(t, "k", p); !d.Degraded || d.Allowed() {
+			t.Fatalf("during a blip with a share of 0: %+v, want refused locally", d)
+		}
+	}
+	f.mini.SetError("")
+	if d := f.allow(t, "k", p); d.Degraded || !d.Allowed() || d.Windows[0].Remaining != 1 {
+		t.Fatalf("after the blip: %+v, want shared again with 1 remaining", d)
+	}
+	if f.l.breaker.isOpen() || metricValue(t, f.l.met.breakerTrips) != 0 || strings.Contains(f.logs.String(), "unreachable") {
+		t.Fatalf("a blip tripped the breaker:\n%s", f.logs)
+	}
+	// A key never seen gets max(1, floor(5/3)) = 1 per window.
+	f.mini.SetError("LOADING Redis is loading the dataset in memory")
+	got := 0
+	for range 4 {
+		if d := f.allow(t, "fresh", p); d.Allowed() {
+			got++
+		}
+	}
+	if got != 1 {
+		t.Fatalf("unseen key admitted %d during a blip, want 1", got)
 	}
 }
 
@@ -408,6 +508,21 @@ func TestFailClosed(t *testing.T) {
 	}
 	if _, err := f.l.Usage(context.Background(), "k", p); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("usage err %v, want ErrUnavailable", err)
+	}
+	// Three failures at one instant are a blip, not an outage: the very
+	// next request is shared again, with no wait for a probe.
+	f.mini.SetError("")
+	if d, err := f.l.Allow(context.Background(), "k", p); err != nil || !d.Allowed() || d.Degraded {
+		t.Fatalf("after the blip: %+v %v", d, err)
+	}
+	// Failures that persist for TripAfter trip the breaker: from then on
+	// refusals come at once, and the probe ends them.
+	f.mini.SetError("LOADING Redis is loading the dataset in memory")
+	for !f.l.breaker.isOpen() {
+		if _, err := f.l.Allow(context.Background(), "k", p); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("err %v, want ErrUnavailable", err)
+		}
+		f.clk.Add(300 * time.Millisecond)
 	}
 	f.mini.SetError("")
 	deadline := time.Now().Add(5 * time.Second)
@@ -553,4 +668,103 @@ func TestLocalLimiter(t *testing.T) {
 	if d, _ := l.Allow(ctx, "k", p); !d.Allowed() {
 		t.Fatalf("after a minute: %+v", d)
 	}
+}
+
+func TestResetForgetsCountsStrikesAndBansOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	other, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	p := Policy{Name: "r", Windows: []Window{{Limit: 2, Period: time.Hour}},
+		Ban: BanPolicy{Threshold: 1, StrikeWindow: time.Minute, Base: time.Hour}}
+	for range 4 {
+		f.allow(t, "k", p)
+	}
+	ctx := context.Background()
+	if d, _ := other.Allow(ctx, "k", p); d.Outcome != Banned {
+		t.Fatalf("other replica before reset: %+v", d)
+	}
+	// Subscriptions are set up asynchronously; give them a moment.
+	time.Sleep(100 * time.Millisecond)
+	if err := f.l.Reset(ctx, "k", p); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		d, err := other.Allow(ctx, "k", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed() {
+			if d.Bound().Remaining != 1 {
+				t.Fatalf("after reset the window should count only this request: %+v", d)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %+v after Reset on another replica", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	u, err := f.l.Usage(ctx, "k", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !u.BannedUntil.IsZero() || u.Strikes != 0 || u.Offences != 0 || u.Windows[0].Used != 1 {
+		t.Fatalf("usage after reset %+v", u)
+	}
+}
+
+// TestReconcileSendsWhatEachWindowStillCounts: after an outage of several
+// minutes, the first round trip adds to the minute window only the local
+// admissions of the last minute, and to the hour window all of them, so a
+// long outage is not followed by a full minute of refusals.
+func TestReconcileSendsWhatEachWindowStillCounts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{Replicas: 3, noHeartbeat: true, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
+	p := Policy{Name: "r", Windows: []Window{{Limit: 30, Period: time.Minute}, {Limit: 1000, Period: time.Hour}}}
+	f.allow(t, "k", p)
+	f.mini.SetError("LOADING Redis is loading the dataset in memory")
+	var local []time.Time
+	for range 90 {
+		f.clk.Add(2 * time.Second)
+		if d := f.allow(t, "k", p); d.Allowed() {
+			if !d.Degraded {
+				t.Fatalf("shared decision during the outage: %+v", d)
+			}
+			local = append(local, f.clk.Now())
+		}
+	}
+	if !f.l.breaker.isOpen() {
+		t.Fatal("three minutes of failures did not trip the breaker")
+	}
+	f.mini.SetError("")
+	deadline := time.Now().Add(5 * time.Second)
+	for f.l.breaker.isOpen() {
+		if time.Now().After(deadline) {
+			t.Fatal("did not return to shared limiting")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	now := f.clk.Now()
+	recent := 0
+	for _, at := range local {
+		if now.Sub(at) < time.Minute {
+			recent++
+		}
+	}
+	d := f.allow(t, "k", p)
+	if d.Degraded || !d.Allowed() {
+		t.Fatalf("after recovery: %+v", d)
+	}
+	if got, want := d.Windows[0].Remaining, int64(30-recent-1); got != want {
+		t.Fatalf("minute window after recovery: %d remaining, want %d (the %d local admissions of the last minute, of %d)", got, want, recent, len(local))
+	}
+	if got, want := d.Windows[1].Remaining, int64(1000-1-len(local)-1); got != want {
+		t.Fatalf("hour window after recovery: %d remaining, want %d (all %d local admissions)", got, want, len(local))
+	}
+	t.Logf("%d local admissions in 3 minutes (share 10/min of 30/min over 3 replicas), %d in the last minute", len(local), recent)
 }

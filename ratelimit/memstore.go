@@ -10,7 +10,7 @@ import (
 const memShards = 32
 
 // memStore keeps key states in this process: the whole store when there
-// is no Redis, and the fail-open fallback when Redis cannot be reached.
+// is no Redis (the fallback when Redis is unreachable is fallback.go's).
 type memStore struct {
 	seed   maphash.Seed
 	shards [memShards]memShard
@@ -34,18 +34,18 @@ func (m *memStore) shard(key string) *memShard {
 }
 
 // decide evaluates a request for key at now (µs).
-func (m *memStore) decide(key string, pl *plan, now int64, peek bool, extra int64) verdict {
+func (m *memStore) decide(key string, pl *plan, now int64, in input) verdict {
 	sh := m.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	st := sh.keys[key]
 	if st == nil {
 		st = &keyState{}
-		if !peek {
+		if !in.peek {
 			sh.keys[key] = st
 		}
 	}
-	return st.decide(pl, now, peek, extra, noLease)
+	return st.decide(pl, now, in)
 }
 
 // unban lifts key's ban and forgets its strikes and offences.
@@ -54,9 +54,16 @@ func (m *memStore) unban(key string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if st := sh.keys[key]; st != nil {
-		st.banUntil, st.offences, st.offenceAt = 0, 0, 0
-		st.slayout = ""
+		st.ban = banState{}
 	}
+}
+
+// forget drops everything held for key.
+func (m *memStore) forget(key string) {
+	sh := m.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	delete(sh.keys, key)
 }
 
 // sweep drops the state of keys idle long enough for it to mean nothing.
@@ -71,26 +78,4 @@ func (m *memStore) sweep(now int64) {
 		}
 		sh.mu.Unlock()
 	}
-}
-
-// reset forgets every key.
-func (m *memStore) reset() {
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		clear(sh.keys)
-		sh.mu.Unlock()
-	}
-}
-
-// size returns the number of keys held.
-func (m *memStore) size() int {
-	n := 0
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		n += len(sh.keys)
-		sh.mu.Unlock()
-	}
-	return n
 }

@@ -16,6 +16,9 @@ type metrics struct {
 	redisErrors     prometheus.Counter
 	fallbackActive  prometheus.Gauge
 	fallbackSeconds prometheus.Counter
+	breakerTrips    prometheus.Counter
+	local           *prometheus.CounterVec
+	replicasLive    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -45,6 +48,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "fallback_seconds_total",
 			Help: "Time this replica spent enforcing limits locally.",
 		}),
+		breakerTrips: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "breaker_trips_total",
+			Help: "Times this replica stopped asking Redis after round trips kept failing.",
+		}),
+		local: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "local_decisions_total",
+			Help: "Decisions made without Redis (its round trip failed, or the breaker is open), by plan and outcome.",
+		}, []string{"plan", "outcome"}),
+		replicasLive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "replicas_live",
+			Help: "Live replicas last counted through Redis heartbeats; the fallback divides limits by it.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -66,6 +81,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.fallbackSeconds, err = register(reg, m.fallbackSeconds); err != nil {
+		return nil, err
+	}
+	if m.breakerTrips, err = register(reg, m.breakerTrips); err != nil {
+		return nil, err
+	}
+	if m.local, err = register(reg, m.local); err != nil {
+		return nil, err
+	}
+	if m.replicasLive, err = register(reg, m.replicasLive); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -1,87 +1,50 @@
 package ratelimit
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
-	"fmt"
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
-)
-
-// Sizes of the fields of the packed state (see script.go for the layout).
-const (
-	headBytes   = 6 // bucket index of a ring's newest bucket
-	offsetBytes = 3 // a bucket's last event, as an offset from the bucket's start
-	timeBytes   = 7 // an absolute time in microseconds
-	strikeBytes = 4 // a strike bucket's count
-	offenceCap  = 1<<16 - 1
-	// offsetsUpTo: windows whose limit is at most this many times their
-	// bucket count keep each bucket's last-event time. With few requests
-	// per bucket it lets a bucket leave the window as soon as its last
-	// request has; with many it gains next to nothing, and the bytes are
-	// better spent on more buckets.
-	offsetsUpTo = 1
-	layoutBytes = 8
-	flagBytes   = 1 // after the layout: 1 when the key's ban state may exist
-	maxOffset   = 1<<(8*offsetBytes) - 1
-	maxBanMicro = int64(1) << 50 // ~35 years: keeps ban ends inside timeBytes
 )
 
 // ring describes one sliding window as a ring of buckets: a window of
 // period W is split into buckets of gran µs, and an interval of length W
-// touches at most n+1 consecutive buckets, which the ring holds.
+// touches at most n+1 consecutive buckets, which the ring holds. The
+// geometry depends only on the period and the bucket count, never on the
+// limit: the record a ring is stored in (format.go) is the same whatever
+// the limit, so a limit can change without touching the counts.
 type ring struct {
 	limit  int64 // events admitted in any interval of length period
 	period int64 // µs
 	gran   int64 // µs per bucket
 	n      int64 // period spans at most n+1 buckets
-	width  int64 // bytes per bucket count
-	obytes int64 // bytes of a bucket's last-event offset: offsetBytes, or 0 to keep none
 	unit   int64 // µs per unit of a bucket's last-event offset
-	cap    int64 // largest count a bucket or the total can hold
+	ttlMS  int64 // how long the ring's record is worth keeping after a write
+	name   string
 }
 
-// newRing derives a ring's geometry from its limit, period and bucket
-// count; the script derives it the same way from the same three numbers.
-// Strike rings have fixed-width counts and always keep offsets.
-func newRing(limit int64, period time.Duration, buckets int, strikes bool) ring {
+// newRing derives a ring's geometry from its period and bucket count; the
+// script reads the same numbers from its arguments.
+func newRing(limit int64, period time.Duration, buckets int) ring {
 	p := period.Microseconds()
-	g := p / int64(buckets)
-	if g < 1 {
-		g = 1
-	}
-	r := ring{limit: limit, period: p, gran: g, n: (p + g - 1) / g, width: countWidth(limit)}
-	if strikes {
-		r.width = strikeBytes
-	}
-	if strikes || limit <= offsetsUpTo*int64(buckets) {
-		r.obytes = offsetBytes
-	}
-	r.unit = (g + maxOffset - 1) / maxOffset
-	r.cap = 1<<(8*r.width) - 1
+	g := max(p/int64(buckets), 1)
+	n := (p + g - 1) / g
+	r := ring{limit: limit, period: p, gran: g, n: n, unit: (g + maxOffset - 1) / maxOffset}
+	// The record is needed until its newest bucket has slid out: at most
+	// a period and a bucket after it began. The script refreshes the TTL
+	// whenever the head moves, so one bucket more covers the head's own.
+	r.ttlMS = (p+2*g+999)/1000 + 1
+	// The name identifies the geometry; it is part of the Redis key of a
+	// window's record, so two geometries never share a record.
+	r.name = strconv.FormatInt(p, 10) + ":" + strconv.FormatInt(g, 10)
 	return r
 }
 
-// countWidth is the number of bytes a bucket needs to count up to limit
-// events: no bucket ever holds more than limit admissions, because all of
-// them fall in an interval shorter than the window.
-func countWidth(limit int64) int64 {
-	w := int64(1)
-	for w < headBytes && limit > 1<<(8*w)-1 {
-		w++
-	}
-	return w
-}
-
-// size is the number of bytes of the ring's packed segment.
-func (r ring) size() int64 { return headBytes + r.width + (r.n+1)*(r.width+r.obytes) }
-
 // plan is a Policy compiled for evaluation: ring geometry, the static
 // script arguments and the policy's metric handles. Plans are cached by
-// name and fingerprint.
+// policy.
 type plan struct {
 	name    string
 	given   Policy // as the caller passed it
@@ -93,92 +56,49 @@ type plan struct {
 	banMult float64 // at least 1
 	banMax  int64   // µs, 0: no cap
 	memory  int64   // µs
-	layout  string  // identifies the windows' packed layout
-	slayout string  // identifies the strike ring's packed layout
 	argv    []any   // script arguments after the per-call ones
-	stateMS int64   // TTL of the window state after an admission, ms
+	keys    []string
 
-	// local is the plan enforced by one replica alone while the shared
-	// store is unreachable: each limit divided by the replica count.
-	local *plan
+	buckets, strikeBuckets int
+
+	// local is the plan one replica enforces alone while the shared store
+	// is unreachable, for the live replica count it was made for
+	// (fallback.go).
+	local atomic.Pointer[localPlan]
 
 	counters
 }
 
-// compile builds the plan for p, which must be valid. replicas > 1 also
-// builds the plan for local fallback.
-func compile(p Policy, buckets, strikeBuckets int, replicas int) *plan {
-	pl := compileOne(p, buckets, strikeBuckets)
-	pl.local = pl
-	if replicas > 1 {
-		lp := p.Sorted()
-		for i, w := range lp.Windows {
-			lp.Windows[i].Limit = (w.Limit + int64(replicas) - 1) / int64(replicas)
-		}
-		pl.local = compileOne(lp, buckets, strikeBuckets)
-	}
-	return pl
-}
-
-func compileOne(p Policy, buckets, strikeBuckets int) *plan {
+// compile builds the plan for p, which must be valid.
+func compile(p Policy, buckets, strikeBuckets int) *plan {
 	p = p.Sorted()
-	pl := &plan{name: p.Name, policy: p}
-	var desc strings.Builder
+	pl := &plan{name: p.Name, policy: p, buckets: buckets, strikeBuckets: strikeBuckets}
 	for _, w := range p.Windows {
-		r := newRing(w.Limit, w.Period, buckets, false)
-		pl.windows = append(pl.windows, r)
-		fmt.Fprintf(&desc, "%d/%d/%d/%d/%d/%d;", r.period, r.gran, r.n, r.width, r.obytes, r.unit)
+		pl.windows = append(pl.windows, newRing(w.Limit, w.Period, buckets))
 	}
-	pl.layout = digest("v3;" + desc.String())
-	// Window state is needed until the last admission has slid out of the
-	// longest window (at most its period plus a bucket later). The script
-	// refreshes the TTL only when that window's bucket changes, so the TTL
-	// holds one bucket more.
-	longest := pl.windows[len(pl.windows)-1]
-	pl.stateMS = (longest.period+2*longest.gran)/1000 + 2
-
 	b := p.Ban
 	pl.ban = b.Enabled()
 	if pl.ban {
-		pl.strikes = newRing(b.Threshold, b.StrikeWindow, strikeBuckets, true)
+		pl.strikes = newRing(b.Threshold, b.StrikeWindow, strikeBuckets)
 		pl.memory = b.Memory.Microseconds()
 		pl.banBase, pl.banMult, pl.banMax = b.Base.Microseconds(), max(b.Multiplier, 1), b.Max.Microseconds()
-		s := pl.strikes
-		pl.slayout = digest(fmt.Sprintf("s%d/%d/%d/%d", s.period, s.gran, s.n, s.unit))
-	} else {
-		pl.slayout = digest("none")
 	}
 
 	// Static script arguments; see script.go for their order. The numbers
-	// travel packed (8 bytes each) with the format that reads them; so do
-	// the ban's, read only when a key has ban state.
-	size := int64(layoutBytes + flagBytes)
-	hfmt := ">"
+	// travel packed, 8 bytes each, with the format that reads them.
+	nums := []int64{int64(len(pl.windows)), 0}
 	for _, r := range pl.windows {
-		size += headBytes + 2*r.width + r.obytes
-		hfmt += fmt.Sprintf("I%dI%dI%d", headBytes, r.width, r.width)
-		if r.obytes > 0 {
-			hfmt += fmt.Sprintf("I%d", r.obytes)
-		}
+		nums = append(nums, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS)
 	}
-	nums := []int64{int64(len(pl.windows)), 0, pl.stateMS, 0}
-	hp := int64(layoutBytes + flagBytes + 1)
-	for _, r := range pl.windows {
-		nums = append(nums, r.limit, r.period, r.gran, r.n, r.width, r.obytes, r.unit, hp, size+1)
-		hp += headBytes + 2*r.width + r.obytes
-		size += (r.n + 1) * (r.width + r.obytes)
-	}
-	nums[1] = size
 	mult := "1"
-	var banNums []int64
 	if pl.ban {
 		s := pl.strikes
-		nums[3] = s.limit
-		banNums = []int64{s.period, s.gran, s.n, s.unit, pl.memory, pl.banBase, pl.banMax}
+		nums[1] = s.limit
+		nums = append(nums, s.period, s.gran, s.n, s.unit, s.ttlMS, pl.memory, pl.banBase, pl.banMax)
 		mult = strconv.FormatFloat(pl.banMult, 'g', -1, 64)
 	}
 	rfmt := ">" + strings.Repeat("i8", replyFields+3*len(pl.windows))
-	pl.argv = []any{pl.layout, packFormat(nums), packNums(nums), hfmt, pl.slayout, mult, rfmt, packFormat(banNums), packNums(banNums)}
+	pl.argv = []any{packFormat(nums), packNums(nums), mult, rfmt}
 	return pl
 }
 
@@ -212,11 +132,6 @@ func packNums(nums []int64) string {
 	return string(b)
 }
 
-func digest(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:layoutBytes/2])
-}
-
 // Granularity returns the bucket width the limiter uses for a window of
 // period d with the given number of buckets: the precision with which
 // requests slide out of the window.
@@ -224,7 +139,7 @@ func Granularity(d time.Duration, buckets int) time.Duration {
 	if buckets <= 0 {
 		buckets = DefaultBuckets
 	}
-	return time.Duration(newRing(1, d, buckets, false).gran) * time.Microsecond
+	return time.Duration(newRing(1, d, buckets).gran) * time.Microsecond
 }
 
 // Defaults for the ring geometry.

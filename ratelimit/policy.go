@@ -79,11 +79,11 @@ func (p Policy) Validate() error {
 	}
 	seen := map[time.Duration]bool{}
 	for _, w := range p.Windows {
-		if w.Limit < 1 {
-			return fmt.Errorf("ratelimit: window %s: limit must be at least 1", w)
+		if w.Limit < 1 || w.Limit > MaxLimit {
+			return fmt.Errorf("ratelimit: window %s: limit must be from 1 to %d", w, MaxLimit)
 		}
-		if w.Period < time.Millisecond {
-			return fmt.Errorf("ratelimit: window %s: period must be at least 1ms", w)
+		if err := checkPeriod(w.Period); err != nil {
+			return fmt.Errorf("ratelimit: window %s: %w", w, err)
 		}
 		if seen[w.Period] {
 			return fmt.Errorf("ratelimit: two windows with period %s", FormatPeriod(w.Period))
@@ -95,12 +95,23 @@ func (p Policy) Validate() error {
 		return errors.New("ratelimit: ban settings must not be negative")
 	}
 	if b.Enabled() {
-		if b.StrikeWindow <= 0 {
-			return errors.New("ratelimit: ban strike window must be positive")
+		if err := checkPeriod(b.StrikeWindow); err != nil {
+			return fmt.Errorf("ratelimit: ban strike window: %w", err)
+		}
+		if b.Threshold > MaxLimit {
+			return fmt.Errorf("ratelimit: ban threshold must be at most %d", MaxLimit)
 		}
 		if b.Max > 0 && b.Max < b.Base {
 			return errors.New("ratelimit: ban max must be at least its base")
 		}
+	}
+	return nil
+}
+
+// checkPeriod reports a period outside [MinPeriod, MaxPeriod].
+func checkPeriod(d time.Duration) error {
+	if d < MinPeriod || d > MaxPeriod {
+		return fmt.Errorf("period must be from %s to %s", FormatPeriod(MinPeriod), FormatPeriod(MaxPeriod))
 	}
 	return nil
 }

@@ -14,22 +14,42 @@ const (
 	modePeek   int64 = 1
 )
 
-// stateKeys returns the Redis keys of key's window state and ban state.
-// The braces make Redis Cluster hash only the key itself, so both land in
-// one slot and one script can touch them.
-func stateKeys(prefix, key string) []string {
-	return []string{prefix + "{" + key + "}:w", prefix + "{" + key + "}:b"}
+// banKey returns the Redis key of key's ban record. The braces make
+// Redis Cluster hash only the key itself, so all of a key's records land
+// in one slot and one script can touch them (format.go).
+func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
+
+// stateKeys returns the script's KEYS for key under pl: the ban record,
+// then the record of each of pl's windows.
+func stateKeys(prefix, key string, pl *plan) []string {
+	keys := make([]string, 1, 1+len(pl.windows))
+	keys[0] = banKey(prefix, key)
+	for i := range pl.windows {
+		keys = append(keys, prefix+"{"+key+"}:w:"+pl.windows[i].name)
+	}
+	return keys
 }
 
 // scriptArgs returns the full ARGV for one evaluation: the per-call
 // numbers packed in one string, then the plan's arguments.
-func scriptArgs(pl *plan, mode, extra int64, ask leaseAsk) []any {
-	var b [40]byte
-	for i, v := range [5]int64{mode, extra, ask.want, ask.need, ask.life} {
-		binary.BigEndian.PutUint64(b[8*i:], uint64(v))
+func scriptArgs(pl *plan, in input) []any {
+	mode := modeDecide
+	if in.peek {
+		mode = modePeek
+	}
+	b := make([]byte, 0, 8*(5+len(pl.windows)))
+	for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	for i := range pl.windows {
+		var a int64
+		if i < len(in.add) {
+			a = in.add[i]
+		}
+		b = binary.BigEndian.AppendUint64(b, uint64(a))
 	}
 	args := make([]any, 0, 1+len(pl.argv))
-	args = append(args, string(b[:]))
+	args = append(args, string(b))
 	return append(args, pl.argv...)
 }
 

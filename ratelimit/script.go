@@ -6,53 +6,34 @@ import (
 )
 
 // decideLua evaluates one request atomically on the Redis server: the same
-// algorithm as keyState.decide (state.go), on packed strings, with the
-// server's clock. It reads the window state in parts (GETRANGE): the
-// layout and headers, then only the slots the decision needs (usually
-// none, or the one that leaves a window as its head moves), and the whole
-// string only to scan it for a rejection or a peek; the ban state only
-// when the window state flags it. An admission writes only the bytes that
-// change (rebuilding a 1 KB string costs several times more in Lua), and
-// refreshes the TTL when the longest window moves to a new bucket; strikes
-// rewrite the small ban string with its TTL. No key is ever left without
-// a TTL.
+// algorithm as keyState.decide (state.go), on the records format.go
+// describes, with the server's clock. It reads a window's record in parts
+// (GETRANGE): the header, then only the slots the decision needs (none, or
+// those that leave the window as its head moves), and the whole record
+// only to scan it for a rejection or a peek. An admission writes only the
+// bytes that change (SETRANGE) and refreshes the record's TTL when its
+// head moves; strikes rewrite the small ban record with its TTL. No key is
+// ever left without a TTL.
 //
-// KEYS[1] window state, KEYS[2] strike and ban state (same hash slot).
+// KEYS[1] the ban record, KEYS[2..] the window records in the plan's
+// order (all in the key's hash slot).
 //
-// ARGV: the per-call numbers packed (see below): mode (0 decide, 1 peek),
-// extra strikes, lease size wanted, lease room needed, lease life (µs);
-// then the plan's: window layout, the format and packed string of its
-// numbers, the format of the window headers, strike layout, ban
-// multiplier, the reply's format, the format and packed string of the
-// ban's numbers. The plan's numbers: window count, state size,
-// window-state TTL (ms), strike threshold (0: no bans); per window 9:
-// limit, period (µs), ring geometry as newRing computes it (gran, n,
-// count width, offset bytes, offset unit), header and ring positions.
-// The ban's: strike period, gran, n and offset unit, offence memory, ban
-// base and max (µs). Numbers come packed, 8 bytes each, because tonumber
-// costs Redis about 0.1 µs per argument; the geometry comes precomputed
-// because deriving it costs as much again; and the ban's numbers are
-// decoded only for keys with ban state.
-//
-// Window state: layout (8 bytes), ban flag (1: 1 when the ban state may
-// exist; set whenever the script writes the ban state while the window
-// state exists, and written with the window state when it is created),
-// every window's header: head (6), total
-// (width), the head bucket's count (width) and last-event offset (3 or 0);
-// then every window's n+1 slots of count and offset for older buckets. An
-// admission in the head bucket writes only the headers (one SETRANGE for
-// all windows); slots are written when the head moves. Slots of buckets
-// newer than the stored head are stale and read as empty; they are zeroed
-// when the head passes them.
-// Ban state: ban end (7), offences (2), last offence (7), strike layout
-// (8), strike ring header (6+4+4+3), sn+1 slots of count (4) + offset (3).
+// ARGV[1]: the per-call numbers packed, 8 bytes each: mode (0 decide, 1
+// peek), extra strikes, lease size wanted, lease room needed, lease life
+// (µs), then per window the admissions made without Redis to record
+// (input.add). ARGV[2], ARGV[3]: the format and packed string of the plan's
+// numbers: window count, ban threshold (0: no bans), per window limit,
+// period, bucket width, n, offset unit (µs) and record TTL (ms); with bans
+// the strike window's period, bucket width, n, offset unit and TTL, the
+// offence memory, the ban's base and max (µs). ARGV[4]: the ban
+// multiplier. ARGV[5]: the reply's format.
 //
 // Leases: an admission counts want admissions at once (a lease) when every
 // window has at least need (>= want) remaining; they count in the current
 // bucket of every window and may be spent until the lease ends: the end of
-// the current bucket of every window, and at most life after now. Where a
-// bucket keeps its last admission's time, the lease's end is recorded, and
-// that time only ever grows. Otherwise one admission counts, as always.
+// the current bucket of every window, and at most life after now. The
+// lease's end is recorded as the bucket's last event, and that time only
+// ever grows. Otherwise one admission counts.
 //
 // Reply: one string of 8-byte big-endian signed integers (decode reads it):
 // outcome, retry, now, new ban, strikes, ban end, offences, admissions
@@ -60,58 +41,33 @@ import (
 const decideLua = `
 local byte, char, sub, rep, floor, ceil = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil
 ` + codecLua + `
+-- Record layout (format.go): a ring is a header of head (8), total (4),
+-- head count (4) and head offset (2) bytes, then n+1 slots of count (4)
+-- and offset (2). A window record is a version byte and a ring; a ban
+-- record is version, ban end, offences, last offence, strike period and
+-- strike bucket width (1+8+4+8+8+8 bytes), then the strike ring.
+local VERSION, HDR, SLOT, MAXC = 1, 18, 6, 4294967295
+local RINGFMT = '>I8I4I4I2'
 
 -- get reads a k-byte big-endian integer at position p of s.
 local function get(s, p, k)
-  if k == 1 then return byte(s, p) end
-  if k == 2 then
-    local a, b = byte(s, p, p + 1)
-    return a * 256 + b
-  end
-  if k == 3 then
-    local a, b, c = byte(s, p, p + 2)
-    return (a * 256 + b) * 256 + c
-  end
-  if k == 6 then
-    local a, b, c, d, e, f = byte(s, p, p + 5)
-    return ((a * 256 + b) * 256 + c) * 16777216 + (d * 256 + e) * 256 + f
-  end
   local v = 0
   for i = p, p + k - 1 do v = v * 256 + byte(s, i) end
   return v
 end
 
--- enc writes v as a k-byte big-endian integer.
-local function enc(v, k)
-  if k == 1 then return char(v) end
-  if k == 2 then return char(floor(v / 256), v % 256) end
-  if k == 3 then return char(floor(v / 65536), floor(v / 256) % 256, v % 256) end
-  local hi = floor(v / 16777216)
-  local lo = v - hi * 16777216
-  if k == 6 then
-    return char(floor(hi / 65536), floor(hi / 256) % 256, hi % 256, floor(lo / 65536), floor(lo / 256) % 256, lo % 256)
-  end
-  return enc(hi, k - 3) .. enc(lo, 3)
-end
-
--- A ring covers the buckets head-n .. head. Its header holds the head
--- bucket, the total, and the head bucket's count and last-event offset
--- (hc, ho); the n+1 slots after it hold the older buckets, slot j%(n+1)
--- for bucket j, each a w-byte count and, when ob > 0, the 3-byte offset
--- (in units) of the bucket's last event. A slot is written when the head
--- moves past its bucket; slots of buckets after the stored head vh are
--- stale and read as empty.
-
-local function cnt(s, R, n, sz, w, vh, hc, j)
+-- A view of a ring's slots: slot i of the ring is at position R + i*SLOT
+-- of s. Slots of buckets after the head vh are stale and read as empty;
+-- the head's own count and offset (hc, ho) are in the header.
+local function cnt(s, R, n, vh, hc, j)
   if j > vh then return 0 end
   if j == vh then return hc end
-  return get(s, R + (j % (n + 1)) * sz, w)
+  return get(s, R + (j % (n + 1)) * SLOT, 4)
 end
 
-local function lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j)
-  if ob == 0 then return (j + 1) * g end
+local function lastAt(s, R, n, g, unit, vh, ho, j)
   if j == vh then return j * g + ho * unit end
-  return j * g + get(s, R + (j % (n + 1)) * sz + w, 3) * unit
+  return j * g + get(s, R + (j % (n + 1)) * SLOT + 4, 2) * unit
 end
 
 -- untl is when bucket j (last event at l) stops counting.
@@ -124,10 +80,10 @@ local function untl(j, l, period, n, g)
 end
 
 -- advanced returns the total once the head moves from vh to b.
-local function advanced(s, R, n, sz, w, vh, total, b)
+local function advanced(s, R, n, vh, total, b)
   if b <= vh or total <= 0 then return total end
   if b - vh > n then return 0 end
-  for j = vh - n, b - n - 1 do total = total - get(s, R + (j % (n + 1)) * sz, w) end
+  for j = vh - n, b - n - 1 do total = total - get(s, R + (j % (n + 1)) * SLOT, 4) end
   if total < 0 then total = 0 end
   return total
 end
@@ -135,299 +91,258 @@ end
 -- used returns the events counted at now (head b) and the first bucket
 -- that counts: the oldest bucket leaves as soon as its last event is a
 -- full period old.
-local function used(s, R, n, sz, w, ob, g, unit, period, vh, hc, ho, total, now, b)
+local function used(s, R, n, g, unit, period, vh, hc, ho, total, now, b)
   local j0 = b - n
-  -- Without offsets, a bucket's last event counts as its end, and when
-  -- the period is n whole buckets that is always later than now less the
-  -- period: the oldest bucket is never dropped early, and its slot need
-  -- not be read.
-  if ob == 0 and period == n * g then return total, j0 end
-  local c0 = cnt(s, R, n, sz, w, vh, hc, j0)
-  if c0 > 0 and lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j0) + period <= now then return total - c0, j0 + 1 end
+  local c0 = cnt(s, R, n, vh, hc, j0)
+  if c0 > 0 and lastAt(s, R, n, g, unit, vh, ho, j0) + period <= now then return total - c0, j0 + 1 end
   return total, j0
 end
 
 -- move returns (position, bytes) for the slot writes needed when the head
--- moves from vh to b: the old head bucket's count (when it stays in the
--- ring) and zeros over the stale slots of the buckets skipped. These
--- slots are consecutive, so this is one write (two when the ring wraps).
-local function move(n, sz, w, ob, R, vh, hc, ho, b)
+-- moves from vh to b: the old head bucket's count and offset (when it
+-- stays in the ring) and zeros over the stale slots of the buckets
+-- skipped. These slots are consecutive: one write, two when the ring
+-- wraps. Positions are 1-based within the ring's slots.
+local function move(n, vh, hc, ho, b)
   local lo, x = b - n, ''
   if vh >= lo then
     lo = vh
-    x = enc(hc, w)
-    if ob > 0 then x = x .. enc(ho, 3) end
+    x = pack_('>I4I2', hc, ho)
   end
   local k = b - lo
   if k <= 0 then return end
-  x = x .. rep('\0', k * sz - #x)
+  x = x .. rep('\0', k * SLOT - #x)
   local i = lo % (n + 1)
-  if i + k <= n + 1 then return R + i * sz, x end
-  local first = (n + 1 - i) * sz
-  return R + i * sz, sub(x, 1, first), R, sub(x, first + 1)
+  if i + k <= n + 1 then return 1 + i * SLOT, x end
+  local first = (n + 1 - i) * SLOT
+  return 1 + i * SLOT, sub(x, 1, first), 1, sub(x, first + 1)
 end
 
-local mode, extra, want, need, life = unpack_('>I8I8I8I8I8', ARGV[1], 1)
-local layout, hfmt = ARGV[2], ARGV[5]
+-- scan returns, walking from bucket from to b, when enough buckets have
+-- stopped counting to drop excess events (retry) or, with excess 0, when
+-- the newest counted bucket stops counting (reset).
+local function scan(s, R, n, g, unit, period, vh, hc, ho, from, b, excess, now)
+  if excess > 0 then
+    local acc = 0
+    for j = from, b do
+      local c = cnt(s, R, n, vh, hc, j)
+      if c > 0 then
+        acc = acc + c
+        if acc >= excess then return untl(j, lastAt(s, R, n, g, unit, vh, ho, j), period, n, g) end
+      end
+    end
+    return now
+  end
+  for j = b, from, -1 do
+    if cnt(s, R, n, vh, hc, j) > 0 then return untl(j, lastAt(s, R, n, g, unit, vh, ho, j), period, n, g) end
+  end
+  return now
+end
+
+local V = {unpack_(ARGV[2], ARGV[3], 1)}
+local nw, thr = V[1], V[2]
+-- Per call: mode, extra strikes, lease want, need and life, then per
+-- window the admissions made without Redis to add (A).
+local A = {unpack_('>' .. rep('I8', 5 + nw), ARGV[1], 1)}
+local mode, extra, want, need, life = A[1], A[2], A[3], A[4], A[5]
 local peek = mode == 1
--- V: the plan's numbers (see ARGV above); per window 9 from 5: limit,
--- period, gran, n, width, offset bytes, unit, header position, ring
--- position.
-local V = {unpack_(ARGV[3], ARGV[4], 1)}
-local nw, size, stateMS, thr = V[1], V[2], V[3], V[4]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
--- The window state is read in parts: the layout and headers first, then
--- for each window only the slots the decision needs (most often none, or
--- the one slot that leaves when the head moves), and the whole string
--- only to scan it for a rejection or a peek. Reading the whole string
--- costs Redis more than all of the arithmetic.
-local hl = V[13] - 1
-local ws = redis.call('GETRANGE', KEYS[1], 0, hl - 1)
-local fresh = #ws ~= hl or sub(ws, 1, 8) ~= layout
--- The ban state is read only when the window state's flag (byte 9)
--- says it may exist, or there is no window state to say.
-local bs = false
-if thr > 0 and (fresh or byte(ws, 9) == 1) then bs = redis.call('GET', KEYS[2]) end
-local full = fresh
-if fresh then
-  local flag = '\0'
-  if bs then flag = '\1' end
-  ws = layout .. flag .. rep('\0', size - 9)
-end
-local H = {unpack_(hfmt, ws, V[12])}
--- X: per window 8 working values: stored head, total, head, first
--- counted bucket, used, head count, head offset, new head offset.
-local X = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-local ban = thr > 0
 
--- Ban state: ban end (7), offences (2), last offence (7), strike layout
--- (8), strike ring header (17), strike slots.
+-- The ban record.
+local ban = thr > 0
 local banUntil, offences, offenceAt = 0, 0, 0
-local sg, sn, su, sp, sl, memory, banBase, banMax
+local bs, sring = false, false
+local sp, sg, sn, su, sttl, memory, banBase, banMax
 if ban then
-  sl = ARGV[6]
-  if bs then
-    sp, sg, sn, su, memory, banBase, banMax = unpack_(ARGV[9], ARGV[10], 1)
-    if #bs ~= 41 + (sn + 1) * 7 then
-      bs = false
-    elseif sub(bs, 17, 24) ~= sl then
-      bs = sub(bs, 1, 16) .. sl .. rep('\0', 17 + (sn + 1) * 7)
-    end
-  end
-  if bs then
-    banUntil, offences, offenceAt = get(bs, 1, 7), get(bs, 8, 2), get(bs, 10, 7)
+  local o = 3 + 6 * nw
+  sp, sg, sn, su, sttl, memory, banBase, banMax = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7]
+  bs = redis.call('GET', KEYS[1])
+  if bs and #bs >= 37 then
+    banUntil, offences, offenceAt = get(bs, 2, 8), get(bs, 10, 4), get(bs, 14, 8)
     if offences > 0 and offenceAt + memory <= now then offences = 0 end
+    -- Strikes of another strike window do not count toward this one.
+    sring = get(bs, 22, 8) == sp and get(bs, 30, 8) == sg and #bs >= 37 + HDR + (sn + 1) * SLOT
+  else
+    bs = false
   end
 end
 local banned = ban and banUntil > now
 local admit = not banned
 local room, lend = -1, now + life
 
-local k = 1
+-- Windows: X holds per window its view and working values.
+local X = {}
 for i = 1, nw do
-  local o, q = 4 + 9 * (i - 1), 8 * (i - 1)
-  local g, n, w, ob = V[o + 3], V[o + 4], V[o + 5], V[o + 6]
-  local vh, total, hc, ho = H[k], H[k + 1], H[k + 2], 0
-  if ob > 0 then
-    ho = H[k + 3]
-    k = k + 4
-  else
-    k = k + 3
-  end
+  local o = 3 + 6 * (i - 1)
+  local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+  local key = KEYS[1 + i]
+  local h = redis.call('GETRANGE', key, 0, HDR)
+  local fresh = #h < 1 + HDR
+  local vh, total, hc, ho = 0, 0, 0, 0
+  if not fresh then vh, total, hc, ho = unpack_(RINGFMT, h, 2) end
   local b = floor(now / g)
   if b < vh then b = vh end
-  local s, R, sz = ws, V[o + 9], w + ob
-  if not full then
-    -- The buckets whose slots advanced and used read: those leaving
-    -- the ring as the head moves, and the oldest still in it.
-    local lo, hi
-    if ob == 0 and V[o + 2] == n * g then
-      if b > vh and b - vh <= n and total > 0 then lo, hi = vh - n, b - n - 1 end
-    elseif b - vh <= n then
-      lo, hi = b - n, b - n
-      if b > vh then lo = vh - n end
-    end
-    if lo then
-      local i, k = lo % (n + 1), hi - lo + 1
-      if i + k > n + 1 then i, k = 0, n + 1 end
-      s = redis.call('GETRANGE', KEYS[1], R - 1 + i * sz, R - 2 + (i + k) * sz)
-      R = 1 - i * sz
-    end
+  -- Read the slots advanced and used need: those leaving the ring as
+  -- the head moves, and the oldest still in it.
+  local s, R = '', 1
+  if total > 0 and b - vh <= n then
+    local lo, hi = b - n, b - n
+    if b > vh then lo = vh - n end
+    local si, k = lo % (n + 1), hi - lo + 1
+    if si + k > n + 1 then si, k = 0, n + 1 end
+    s = redis.call('GETRANGE', key, 1 + HDR + si * SLOT, HDR + (si + k) * SLOT)
+    R = 1 - si * SLOT
   end
-  total = advanced(s, R, n, sz, w, vh, total, b)
-  local c, from = used(s, R, n, sz, w, ob, g, V[o + 7], V[o + 2], vh, hc, ho, total, now, b)
-  X[q + 1], X[q + 2], X[q + 3], X[q + 4], X[q + 5], X[q + 6], X[q + 7] = vh, total, b, from, c, hc, ho
-  if c >= V[o + 1] then admit = false end
-  if room < 0 or V[o + 1] - c < room then room = V[o + 1] - c end
+  local tot = advanced(s, R, n, vh, total, b)
+  local c, from = tot, b - n
+  if tot > 0 then c, from = used(s, R, n, g, unit, period, vh, hc, ho, tot, now, b) end
+  -- Admissions made locally while Redis was unreachable count first, as
+  -- made now: at most the window's limit, since no interval held more.
+  local a, add = 0, A[5 + i]
+  if add > 0 and not peek then
+    a = add
+    if a > limit then a = limit end
+    c = c + a
+  end
+  X[i] = {key = key, fresh = fresh, vh = vh, total = tot, hc = hc, ho = ho, b = b, used = c, from = from, add = a}
+  if c >= limit then admit = false end
+  if room < 0 or limit - c < room then room = limit - c end
   if (b + 1) * g < lend then lend = (b + 1) * g end
 end
-
--- A rejection or a peek scans the windows: read them whole.
-if not full and not (admit and not peek) then ws = redis.call('GET', KEYS[1]) end
 
 -- granted admissions count at once; at is the time recorded for them.
 local granted, at = 1, now
 if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
+local admitted = admit and not peek
 
-if admit and not peek then
-  local key = KEYS[1]
-  local hdr, h = {0, 0, 0, 0, 0, 0, 0, 0}, 0
-  local refresh = fresh
-  for i = 1, nw do
-    local o, q = 4 + 9 * (i - 1), 8 * (i - 1)
-    local g, n, w, ob, vh, b, hc = V[o + 3], V[o + 4], V[o + 5], V[o + 6], X[q + 1], X[q + 3], X[q + 6]
-    if b > vh then
-      if not fresh then
-        local p1, x1, p2, x2 = move(n, w + ob, w, ob, V[o + 9], vh, hc, X[q + 7], b)
-        if p1 then redis.call('SETRANGE', key, p1 - 1, x1) end
-        if p2 then redis.call('SETRANGE', key, p2 - 1, x2) end
+for i = 1, nw do
+  local x = X[i]
+  local k, t = x.add, now
+  if admitted then k, t = k + granted, at end
+  if k > 0 then
+    local o = 3 + 6 * (i - 1)
+    local g, n, unit, ttl = V[o + 2], V[o + 3], V[o + 4], V[o + 5]
+    local hc, ho = x.hc, x.ho
+    if x.b > x.vh then
+      if not x.fresh then
+        local p1, x1, p2, x2 = move(n, x.vh, hc, ho, x.b)
+        if p1 then redis.call('SETRANGE', x.key, HDR + p1, x1) end
+        if p2 then redis.call('SETRANGE', x.key, HDR + p2, x2) end
       end
-      hc = 0
-      -- The longest window (last) keeps the TTL: refreshed when its
-      -- bucket changes, to its period plus two buckets.
-      if i == nw then refresh = true end
+      hc, ho = 0, 0
     end
-    hdr[h + 1], hdr[h + 2], hdr[h + 3] = b, X[q + 2] + granted, hc + granted
-    h = h + 3
-    if ob > 0 then
-      local off = at - b * g
-      if off < 0 then off = 0 end
-      off = ceil(off / V[o + 7])
-      if hc > 0 and X[q + 7] > off then off = X[q + 7] end
-      X[q + 8] = off
-      h = h + 1
-      hdr[h] = off
+    local off = ceil((t - x.b * g) / unit)
+    if off < 0 then off = 0 end
+    if hc > 0 and ho > off then off = ho end
+    local hdr = pack_(RINGFMT, x.b, x.total + k, hc + k, off)
+    if x.fresh then
+      redis.call('SET', x.key, char(VERSION) .. hdr .. rep('\0', (n + 1) * SLOT), 'PX', ttl)
+    else
+      redis.call('SETRANGE', x.key, 1, hdr)
+      if x.b > x.vh then redis.call('PEXPIRE', x.key, ttl) end
     end
-  end
-  if fresh then
-    ws = sub(ws, 1, V[12] - 1) .. pack_(hfmt, unpack(hdr, 1, h)) .. sub(ws, V[13])
-    redis.call('SET', key, ws, 'PX', stateMS)
-  else
-    redis.call('SETRANGE', key, V[12] - 1, pack_(hfmt, unpack(hdr, 1, h)))
-    if refresh then redis.call('PEXPIRE', key, stateMS) end
+    -- The record now has this head; a rejection scans it below.
+    x.vh, x.hc, x.ho, x.total = x.b, hc + k, off, x.total + k
   end
 end
 
+-- Strikes: this rejection and those answered locally since the last
+-- round trip (extra), unless the key is banned.
 local newBan, strikes = 0, 0
-k = extra
-if not admit and not banned then k = k + 1 end
-if ban and not bs and not peek and k > 0 then
-  sp, sg, sn, su, memory, banBase, banMax = unpack_(ARGV[9], ARGV[10], 1)
-  bs = rep('\0', 16) .. sl .. rep('\0', 17 + (sn + 1) * 7) end
-if ban and bs then
-  local R, sz = 42, 7
-  local vh, total, hc, ho = get(bs, 25, 6), get(bs, 31, 4), get(bs, 35, 4), get(bs, 39, 3)
-  local b = floor(now / sg)
-  if b < vh then b = vh end
-  total = advanced(bs, R, sn, sz, 4, vh, total, b)
-  if not peek and not banned and k > 0 then
-    if b > vh then
-      local p1, x1, p2, x2 = move(sn, sz, 4, 3, R, vh, hc, ho, b)
-      if p1 then bs = sub(bs, 1, p1 - 1) .. x1 .. sub(bs, p1 + #x1) end
-      if p2 then bs = sub(bs, 1, p2 - 1) .. x2 .. sub(bs, p2 + #x2) end
-      hc = 0
+if ban then
+  local k = extra
+  if not admit and not banned then k = k + 1 end
+  local write = not peek and not banned and k > 0
+  if write or sring then
+    if not sring then
+      -- A new strike ring (of this strike window's geometry).
+      bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. rep('\0', HDR + (sn + 1) * SLOT)
     end
-    hc = hc + k
-    if hc > 4294967295 then hc = 4294967295 end
-    total = total + k
-    if total > 4294967295 then total = 4294967295 end
-    local off = now - b * sg
-    if off < 0 then off = 0 end
-    ho, vh = ceil(off / su), b
-    if used(bs, R, sn, sz, 4, 3, sg, su, sp, vh, hc, ho, total, now, b) > thr then
-      offences = offences + 1
-      if offences > 65535 then offences = 65535 end
-      offenceAt = now
-      -- banLength is plan.banLength: base*mult^(off-1), capped.
-      local function banLength(off, base, mult, max)
-        local d, limit = base, 2 ^ 50
-        if max > 0 then limit = max end
-        local i = 1
-        while i < off and d < limit and mult > 1 do
+    local R = 38 + HDR
+    local vh, total, hc, ho = unpack_(RINGFMT, bs, 38)
+    local b = floor(now / sg)
+    if b < vh then b = vh end
+    total = advanced(bs, R, sn, vh, total, b)
+    if write then
+      if b > vh then
+        local p1, x1, p2, x2 = move(sn, vh, hc, ho, b)
+        if p1 then bs = sub(bs, 1, R + p1 - 2) .. x1 .. sub(bs, R + p1 - 1 + #x1) end
+        if p2 then bs = sub(bs, 1, R + p2 - 2) .. x2 .. sub(bs, R + p2 - 1 + #x2) end
+        hc = 0
+      end
+      hc = hc + k
+      if hc > MAXC then hc = MAXC end
+      total = total + k
+      if total > MAXC then total = MAXC end
+      local off = ceil((now - b * sg) / su)
+      if off < 0 then off = 0 end
+      if hc > k and ho > off then off = ho end
+      ho, vh = off, b
+      if used(bs, R, sn, sg, su, sp, vh, hc, ho, total, now, b) > thr then
+        offences = offences + 1
+        if offences > MAXC then offences = MAXC end
+        offenceAt = now
+        -- The ban's length is plan.banLength: base*mult^(offences-1), capped.
+        local d, cap, mult = banBase, 2 ^ 50, tonumber(ARGV[4])
+        if banMax > 0 then cap = banMax end
+        local j = 1
+        while j < offences and d < cap and mult > 1 do
           d = d * mult
-          i = i + 1
+          j = j + 1
         end
-        if d > limit then d = limit end
+        if d > cap then d = cap end
         d = floor(d)
         if d < 1 then d = 1 end
-        return d
+        banUntil = now + d
+        total, hc, ho = 0, 0, 0
+        bs = sub(bs, 1, R - 1) .. rep('\0', (sn + 1) * SLOT)
+        banned, newBan = true, 1
       end
-      banUntil = now + banLength(offences, banBase, tonumber(ARGV[7]), banMax)
-      total, hc, ho = 0, 0, 0
-      bs = sub(bs, 1, 41) .. rep('\0', (sn + 1) * sz)
-      banned, newBan = true, 1
+      bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. pack_(RINGFMT, vh, total, hc, ho) .. sub(bs, R)
+      local e = banUntil
+      if offenceAt + memory > e then e = offenceAt + memory end
+      if now + sttl * 1000 > e then e = now + sttl * 1000 end
+      redis.call('SET', KEYS[1], bs, 'PX', ceil((e - now) / 1000) + 1)
     end
-    bs = enc(banUntil, 7) .. enc(offences, 2) .. enc(offenceAt, 7) .. sl .. enc(b, 6) .. enc(total, 4) .. enc(hc, 4) .. enc(ho, 3) .. sub(bs, 42)
-    local e = banUntil
-    if offenceAt + memory > e then e = offenceAt + memory end
-    if (b + sn + 1) * sg > e then e = (b + sn + 1) * sg end
-    redis.call('SET', KEYS[2], bs, 'PX', ceil((e - now) / 1000) + 1)
-    -- Flag the ban state in the window state, where it exists.
-    if byte(ws, 9) ~= 1 and (not fresh or (admit and not peek)) then redis.call('SETRANGE', KEYS[1], 8, '\1') end
+    strikes = used(bs, R, sn, sg, su, sp, vh, hc, ho, total, now, b)
   end
-  strikes = used(bs, R, sn, sz, 4, 3, sg, su, sp, vh, hc, ho, total, now, b)
   if banUntil <= now then banUntil = 0 end
 end
 
-local admitted = admit and not peek
 if not admitted then granted, lend = 0, 0 end
 local rt = 0
--- scan is needed only for a rejection or a peek (and not built otherwise).
-local scan
-if not admitted then
-  -- scan returns, walking from bucket from to b, when enough buckets have
-  -- stopped counting to drop excess of the u events counted (retry), or,
-  -- with excess 0, when the newest counted bucket stops counting (reset).
-  -- Once the older buckets' counts are all seen it jumps to the head.
-  scan = function(s, R, n, sz, w, ob, g, unit, period, vh, hc, ho, from, b, excess, u, now)
-    if excess > 0 then
-      local acc, older, j = 0, u - hc, from
-      while j <= b do
-        if j < vh and acc >= older then j = vh end
-        local c = cnt(s, R, n, sz, w, vh, hc, j)
-        if c > 0 then
-          acc = acc + c
-          if acc >= excess then return untl(j, lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j), period, n, g) end
-        end
-        j = j + 1
-      end
-      return now
-    end
-    for j = b, from, -1 do
-      if cnt(s, R, n, sz, w, vh, hc, j) > 0 then return untl(j, lastAt(s, R, n, sz, w, ob, g, unit, vh, ho, j), period, n, g) end
-    end
-    return now
-  end
-end
-local res = {0, 0, now, newBan, strikes, banUntil, offences, granted, lend, 0, 0, 0, 0, 0, 0}
+local res = {0, 0, now, newBan, strikes, banUntil, offences, granted, lend}
 for i = 1, nw do
-  local o, q = 4 + 9 * (i - 1), 8 * (i - 1)
-  local limit, period, g, n, w, ob, unit = V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7]
-  local vh, b, from, u = X[q + 1], X[q + 3], X[q + 4], X[q + 5]
-  local reset_
+  local o = 3 + 6 * (i - 1)
+  local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+  local x = X[i]
+  local u, reset_ = x.used, now
   if admitted then
     u = u + granted
-    local l = (b + 1) * g
-    if ob > 0 then l = b * g + X[q + 8] * unit end
-    reset_ = untl(b, l, period, n, g)
-  else
-    reset_ = scan(ws, V[o + 9], n, w + ob, w, ob, g, unit, period, vh, X[q + 6], X[q + 7], from, b, 0, u, now)
+    reset_ = untl(x.b, x.b * g + x.ho * unit, period, n, g)
+  elseif u > 0 then
+    -- A rejection or a peek scans the window: read it whole.
+    local s = redis.call('GET', x.key)
+    reset_ = scan(s, 2 + HDR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, 0, now)
+    -- A refused request (banned or limited) waits for every full
+    -- window as well as for the ban: Retry-After is the true wait.
+    if not admit and u >= limit then
+      local w = scan(s, 2 + HDR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, u - limit + 1, now) - now
+      if w > rt then rt = w end
+    end
   end
   local rem = limit - u
   if rem < 0 then rem = 0 end
-  res[10 + 3 * (i - 1)], res[11 + 3 * (i - 1)], res[12 + 3 * (i - 1)] = u, rem, reset_
-  if not admit and u >= limit then
-    local x = scan(ws, V[o + 9], n, w + ob, w, ob, g, unit, period, vh, X[q + 6], X[q + 7], from, b, u - limit + 1, u, now) - now
-    if x > rt then rt = x end
-  end
+  res[#res + 1], res[#res + 2], res[#res + 3] = u, rem, reset_
 end
 if banned then
   res[1], res[2] = 2, banUntil - now
+  if rt > res[2] then res[2] = rt end
 elseif not admit then
   res[1], res[2] = 1, rt
 end
-return pack_(ARGV[8], unpack(res, 1, 9 + 3 * nw))
+return pack_(ARGV[5], unpack(res))
 `
 
 // codecLua binds unpack_ and pack_: big-endian unsigned integers of the

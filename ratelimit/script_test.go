@@ -25,10 +25,10 @@ func newMini(t *testing.T, start time.Time) (*miniredis.Miniredis, *redis.Client
 	return m, rdb
 }
 
-func evalScript(t *testing.T, rdb *redis.Client, key string, pl *plan, mode, extra int64, ask leaseAsk) verdict {
+func evalScript(t *testing.T, rdb *redis.Client, key string, pl *plan, in input) verdict {
 	t.Helper()
 	sc := newScript(decideLua)
-	reply, err := rdb.Eval(context.Background(), sc.src, stateKeys("t:", key), scriptArgs(pl, mode, extra, ask)...).Result()
+	reply, err := rdb.Eval(context.Background(), sc.src, stateKeys("t:", key, pl), scriptArgs(pl, in)...).Result()
 	if err != nil {
 		t.Fatalf("eval: %v", err)
 	}
@@ -55,7 +55,7 @@ func TestScriptMatchesReference(t *testing.T) {
 			t.Parallel()
 			start := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 			m, rdb := newMini(t, start)
-			pl := compile(p, 10, 4, 1)
+			pl := compile(p, 10, 4)
 			ref := &keyState{}
 			rng := rand.New(rand.NewPCG(1, uint64(len(p.Name))))
 			now := start
@@ -72,9 +72,9 @@ func TestScriptMatchesReference(t *testing.T) {
 					now = now.Add(time.Duration(rng.IntN(20)) * time.Second)
 				}
 				m.SetTime(now)
-				mode, extra, ask := randomRequest(rng, 400_000)
-				got := evalScript(t, rdb, "k", pl, mode, extra, ask)
-				want := ref.decide(pl, now.UnixMicro(), mode == modePeek, extra, ask)
+				mode, extra, add, ask := randomRequest(rng, 400_000)
+				got := evalScript(t, rdb, "k", pl, input{peek: mode == modePeek, extra: extra, add: add, lease: ask})
+				want := ref.decide(pl, now.UnixMicro(), input{peek: mode == modePeek, extra: extra, add: add, lease: ask})
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d at %s (mode %d extra %d):\nscript    %+v\nreference %+v", i, now.Format(time.RFC3339Nano), mode, extra, got, want)
 				}
@@ -178,8 +178,8 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 	for _, p := range policies {
 		t.Run(p.Name, func(t *testing.T) {
 			t.Parallel()
-			pl := compile(p, 10, 4, 1)
-			keys := stateKeys(randomPrefix(t), "k")
+			pl := compile(p, 10, 4)
+			keys := stateKeys(randomPrefix(t), "k", pl)
 			sc := newScript(decideLua)
 			ref := &keyState{}
 			rng := rand.New(rand.NewPCG(5, uint64(len(p.Name))))
@@ -193,8 +193,8 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 				default:
 					time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
 				}
-				mode, extra, ask := randomRequest(rng, 40_000)
-				reply, err := rdb.Eval(context.Background(), sc.src, keys, scriptArgs(pl, mode, extra, ask)...).Result()
+				mode, extra, add, ask := randomRequest(rng, 40_000)
+				reply, err := rdb.Eval(context.Background(), sc.src, keys, scriptArgs(pl, input{peek: mode == modePeek, extra: extra, add: add, lease: ask})...).Result()
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
@@ -202,7 +202,7 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := ref.decide(pl, got.now, mode == modePeek, extra, ask)
+				want := ref.decide(pl, got.now, input{peek: mode == modePeek, extra: extra, add: add, lease: ask})
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d (mode %d extra %d):\nscript    %+v\nreference %+v", i, mode, extra, got, want)
 				}
@@ -225,7 +225,7 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 // decisions, some peeks, some with pending strikes, and some decisions
 // asking for a lease of every size and need (granted or not) with a life
 // of up to maxLife µs, so shorter and longer than a bucket.
-func randomRequest(rng *rand.Rand, maxLife int) (mode, extra int64, ask leaseAsk) {
+func randomRequest(rng *rand.Rand, maxLife int) (mode, extra int64, add []int64, ask leaseAsk) {
 	mode, ask = modeDecide, noLease
 	if rng.IntN(10) == 0 {
 		mode = modePeek
@@ -233,9 +233,13 @@ func randomRequest(rng *rand.Rand, maxLife int) (mode, extra int64, ask leaseAsk
 	if rng.IntN(20) == 0 {
 		extra = int64(rng.IntN(4))
 	}
+	if rng.IntN(25) == 0 {
+		// Per window (at most four): some windows get none.
+		add = []int64{int64(rng.IntN(40)), int64(rng.IntN(40)), int64(rng.IntN(40)), int64(rng.IntN(40))}
+	}
 	if mode == modeDecide && rng.IntN(3) == 0 {
 		w := int64(2 + rng.IntN(12))
 		ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(maxLife))}
 	}
-	return mode, extra, ask
+	return mode, extra, add, ask
 }

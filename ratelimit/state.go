@@ -1,9 +1,9 @@
 package ratelimit
 
-// This file holds the decision algorithm as plain Go. It is the reference
-// for the Lua script (script.go), which implements the same steps on a
-// packed string, and it is what the limiter runs in memory when there is no
-// shared store or the store cannot be reached. Times are integers in µs.
+// This file holds the decision algorithm as plain Go, on the same records
+// as the Lua script (script.go, format.go) but in memory. It is what the
+// limiter runs without a shared store, and the fallback runs it while the
+// store cannot be reached. Times are integers in µs.
 
 // ringState is the in-memory form of one ring.
 type ringState struct {
@@ -13,8 +13,8 @@ type ringState struct {
 	off   []int64 // per slot: last event's offset from the bucket start, in units (rounded up)
 }
 
-func newRingState(r *ring) ringState {
-	return ringState{count: make([]int64, r.n+1), off: make([]int64, r.n+1)}
+func newRingState(r *ring) *ringState {
+	return &ringState{count: make([]int64, r.n+1), off: make([]int64, r.n+1)}
 }
 
 // bucket returns the bucket index for now, never before the ring's head,
@@ -44,12 +44,8 @@ func (s *ringState) advance(r *ring, b int64) {
 	s.head = b
 }
 
-// last returns the (rounded up) time of bucket j's last event; without
-// offsets, the bucket's end.
+// last returns the (rounded up) time of bucket j's last event.
 func (s *ringState) last(r *ring, j int64) int64 {
-	if r.obytes == 0 {
-		return (j + 1) * r.gran
-	}
 	return j*r.gran + s.off[j%(r.n+1)]*r.unit
 }
 
@@ -61,7 +57,9 @@ func until(r *ring, j, last int64) int64 {
 }
 
 // used returns how many events count at now (head at b) and the first
-// bucket that still counts.
+// bucket that still counts. Every event later than now-period is in a
+// bucket from b-n on, and the oldest of them is left out only once its
+// last event is a full period old: used never undercounts an interval.
 func (s *ringState) used(r *ring, now, b int64) (int64, int64) {
 	j0 := b - r.n
 	if c0 := s.count[j0%(r.n+1)]; c0 > 0 && s.last(r, j0)+r.period <= now {
@@ -100,30 +98,37 @@ func (s *ringState) reset(r *ring, from, b, used, now int64) int64 {
 
 // add records k events at time at in bucket b (the head). The bucket's
 // last-event time only grows: a lease records its end, which later
-// admissions in the same bucket must not move back.
+// admissions in the same bucket must not move back. Counts saturate at
+// maxCount as the stored ones do; only strikes can get there.
 func (s *ringState) add(r *ring, b, at, k int64) {
 	i := b % (r.n + 1)
 	off := ceilDiv(max(at-b*r.gran, 0), r.unit)
 	if s.count[i] > 0 {
 		off = max(off, s.off[i])
 	}
-	s.count[i] = min(s.count[i]+k, r.cap)
-	s.off[i] = off
-	s.total = min(s.total+k, r.cap)
+	s.count[i] = min(s.count[i]+k, maxCount)
+	s.off[i] = min(off, maxOffset)
+	s.total = min(s.total+k, maxCount)
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// keyState is everything stored for one key.
+// banState is a key's ban record: the ban, the offence history and the
+// strike ring of the geometry named strikeRing.
+type banState struct {
+	until      int64
+	offences   int64
+	offenceAt  int64
+	strikeRing string
+	strikes    *ringState
+}
+
+// keyState is everything stored for one key: a record per window geometry
+// and the ban record.
 type keyState struct {
-	layout    string
-	windows   []ringState
-	slayout   string
-	strikes   ringState
-	banUntil  int64
-	offences  int64
-	offenceAt int64
-	expires   int64 // when all of the state is worthless (µs)
+	windows map[string]*ringState
+	ban     banState
+	expires int64 // when all of the state is worthless (µs)
 }
 
 // winVerdict is one window's standing after a decision.
@@ -156,43 +161,64 @@ type leaseAsk struct {
 // noLease asks for one admission.
 var noLease = leaseAsk{want: 1, need: 1, life: 1}
 
-// decide evaluates one request (peek: only report) for the key whose state
-// is st, at now, recording extra earlier rejections as strikes. An
-// admission counts ask.want admissions when the lease is granted.
-func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64, ask leaseAsk) verdict {
-	if st.layout != pl.layout || len(st.windows) != len(pl.windows) {
-		st.layout = pl.layout
-		st.windows = st.windows[:0]
-		for i := range pl.windows {
-			st.windows = append(st.windows, newRingState(&pl.windows[i]))
-		}
+// ringFor returns the key's record for window r, new and empty if it has
+// none (kept only when keep).
+func (st *keyState) ringFor(r *ring, keep bool) *ringState {
+	if s := st.windows[r.name]; s != nil {
+		return s
 	}
-	if st.slayout != pl.slayout {
-		st.slayout = pl.slayout
-		st.strikes = ringState{}
-		if pl.ban {
-			st.strikes = newRingState(&pl.strikes)
+	s := newRingState(r)
+	if keep {
+		if st.windows == nil {
+			st.windows = make(map[string]*ringState)
 		}
+		st.windows[r.name] = s
 	}
+	return s
+}
+
+// input is what one evaluation is asked, besides deciding one request.
+type input struct {
+	peek  bool     // only report: record nothing
+	extra int64    // rejections answered locally since, recorded as strikes
+	add   []int64  // per window: admissions made locally while Redis was unreachable, recorded as made now
+	lease leaseAsk // admissions to count at once
+}
+
+// decide evaluates one request for the key whose state is st, at now. An
+// admission counts in.lease.want admissions when the lease is granted.
+// Admissions made elsewhere (in.add, per window) are recorded first,
+// whatever the outcome: at most a window's limit in each window, since no
+// interval of its length held more.
+func (st *keyState) decide(pl *plan, now int64, in input) verdict {
+	peek, extra, ask := in.peek, in.extra, in.lease
 	v := verdict{now: now, win: make([]winVerdict, len(pl.windows))}
-	offences := st.offences
-	if offences > 0 && st.offenceAt+pl.memory <= now {
+	bs := &st.ban
+	offences := bs.offences
+	if offences > 0 && bs.offenceAt+pl.memory <= now {
 		offences = 0
 	}
-	banned := pl.ban && st.banUntil > now
+	banned := pl.ban && bs.until > now
 
-	var bk [8]int64
-	buckets := bk[:0]
-	var fr [8]int64
-	froms := fr[:0]
+	rings := make([]*ringState, len(pl.windows))
+	buckets := make([]int64, len(pl.windows))
+	froms := make([]int64, len(pl.windows))
 	admit := !banned
 	room, end := int64(-1), now+ask.life
 	for i := range pl.windows {
-		r, s := &pl.windows[i], &st.windows[i]
+		r := &pl.windows[i]
+		s := st.ringFor(r, !peek)
+		rings[i] = s
 		b := s.bucket(r, now)
 		s.advance(r, b)
 		c, from := s.used(r, now, b)
-		buckets, froms = append(buckets, b), append(froms, from)
+		if i < len(in.add) && in.add[i] > 0 && !peek {
+			a := min(in.add[i], r.limit)
+			s.add(r, b, now, a)
+			c += a
+			st.expires = max(st.expires, now+r.ttlMS*1000)
+		}
+		buckets[i], froms[i] = b, from
 		v.win[i].used = c
 		if c >= r.limit {
 			admit = false
@@ -210,14 +236,19 @@ func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64, ask leas
 	}
 	if admit && !peek {
 		for i := range pl.windows {
-			st.windows[i].add(&pl.windows[i], buckets[i], at, granted)
+			rings[i].add(&pl.windows[i], buckets[i], at, granted)
+			st.expires = max(st.expires, now+pl.windows[i].ttlMS*1000)
 		}
-		st.expires = max(st.expires, now+pl.stateMS*1000)
 		v.granted, v.leaseEnd = granted, end
 	}
 
 	if pl.ban {
-		r, s := &pl.strikes, &st.strikes
+		r := &pl.strikes
+		if bs.strikeRing != r.name || bs.strikes == nil {
+			// Strikes of another strike window do not count toward this one.
+			bs.strikeRing, bs.strikes = r.name, newRingState(r)
+		}
+		s := bs.strikes
 		b := s.bucket(r, now)
 		s.advance(r, b)
 		k := extra
@@ -227,32 +258,34 @@ func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64, ask leas
 		if !peek && !banned && k > 0 {
 			s.add(r, b, now, k)
 			if c, _ := s.used(r, now, b); c > r.limit {
-				offences = min(offences+1, offenceCap)
-				st.offenceAt = now
-				st.banUntil = now + pl.banLength(offences)
-				clear(s.count)
-				s.total = 0
+				offences = min(offences+1, maxOffences)
+				bs.offenceAt = now
+				bs.until = now + pl.banLength(offences)
+				*s = *newRingState(r)
+				s.head = b
 				banned, v.newBan = true, true
 			}
-			st.offences = offences
-			st.expires = max(st.expires, st.banUntil, st.offenceAt+pl.memory, (b+r.n+1)*r.gran)
+			bs.offences = offences
+			st.expires = max(st.expires, bs.until, bs.offenceAt+pl.memory, now+r.ttlMS*1000)
 		}
 		v.strikes, _ = s.used(r, now, b)
 		v.offences = offences
-		if st.banUntil > now {
-			v.banUntil = st.banUntil
+		if bs.until > now {
+			v.banUntil = bs.until
 		}
 	}
 
 	admitted := admit && !peek
 	for i := range pl.windows {
-		r, s := &pl.windows[i], &st.windows[i]
+		r, s := &pl.windows[i], rings[i]
 		w := &v.win[i]
 		if admitted {
 			w.used += granted
 		}
 		w.remaining = max(r.limit-w.used, 0)
 		w.reset = s.reset(r, froms[i], buckets[i], w.used, now)
+		// A refused request (banned or limited) waits for every full
+		// window as well as for the ban: Retry-After is the true wait.
 		if !admit && w.used >= r.limit {
 			if t := s.retry(r, froms[i], buckets[i], w.used-r.limit+1) - now; t > v.retry {
 				v.retry = t
@@ -261,7 +294,7 @@ func (st *keyState) decide(pl *plan, now int64, peek bool, extra int64, ask leas
 	}
 	switch {
 	case banned:
-		v.outcome, v.retry = Banned, st.banUntil-now
+		v.outcome, v.retry = Banned, max(v.retry, bs.until-now)
 	case !admit:
 		v.outcome = Limited
 	default:

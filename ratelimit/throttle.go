@@ -30,17 +30,17 @@ func (t ThrottleLimit) validate() error {
 // redis_rate, or in this process without a client. It follows the same
 // failure mode as the Limiter.
 type Throttle struct {
-	rl     *redis_rate.Limiter
-	limit  ThrottleLimit
-	local  *gcraStore
-	llimit ThrottleLimit // per replica while Redis is unreachable
-	opts   Options
-	count  counters
-	health *health
-	now    func() time.Time
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	rl      *redis_rate.Limiter
+	limit   ThrottleLimit
+	local   *gcraStore
+	llimit  ThrottleLimit // per replica while Redis is unreachable
+	opts    Options
+	count   counters
+	breaker *breaker
+	now     func() time.Time
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	once    sync.Once
 }
 
 // NewThrottle returns a Throttle sharing state through client, or local to
@@ -87,18 +87,19 @@ func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options
 		return t, nil
 	}
 	t.rl = redis_rate.NewLimiter(client)
-	t.health = &health{
+	t.breaker = &breaker{
 		what: "address throttling", mode: opts.FailureMode, log: opts.Logger, met: met,
 		now:      func() time.Time { return t.now() },
 		probe:    func(ctx context.Context) error { return client.Ping(ctx).Err() },
-		onDown:   t.local.reset,
+		onOpen:   t.local.reset,
 		interval: opts.ProbeInterval, timeout: max(opts.Timeout, 100*time.Millisecond),
-		kick: make(chan struct{}, 1),
+		tripAfter: opts.TripAfter,
+		kick:      make(chan struct{}, 1),
 	}
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
-		t.health.run(ctx)
+		t.breaker.run(ctx)
 	}()
 	return t, nil
 }
@@ -119,13 +120,15 @@ func (t *Throttle) Allow(ctx context.Context, key string) (Decision, error) {
 	if t.rl == nil {
 		return t.finish(t.local.allow(key, t.llimit, now), t.llimit, now, false), nil
 	}
-	if !t.health.isDown() {
+	if !t.breaker.isOpen() {
 		res, err := t.remote(ctx, key)
 		if err == nil {
+			t.breaker.succeeded()
 			return t.finish(res, t.limit, now, false), nil
 		}
 		if ctx.Err() == nil {
-			t.health.fail(err)
+			// The caller giving up says nothing about Redis.
+			t.breaker.failed(err)
 		}
 	}
 	if t.opts.FailureMode == FailClosed {
@@ -134,9 +137,40 @@ func (t *Throttle) Allow(ctx context.Context, key string) (Decision, error) {
 	return t.finish(t.local.allow(key, t.llimit, now), t.llimit, now, true), nil
 }
 
+// Throttled reports, without counting anything, whether a request from
+// key would be refused now: no budget is left. It lets a caller turn away
+// a throttled client before work that the throttle exists to protect
+// (a key database lookup) without charging clients that are not.
+func (t *Throttle) Throttled(ctx context.Context, key string) (bool, error) {
+	now := t.now()
+	if t.rl == nil || t.breaker.isOpen() {
+		if t.rl != nil && t.opts.FailureMode == FailClosed {
+			return false, ErrUnavailable
+		}
+		lim := t.limit
+		if t.rl != nil {
+			lim = t.llimit
+		}
+		return t.local.throttled(key, lim, now), nil
+	}
+	res, err := t.remoteN(ctx, key, 0)
+	if err != nil {
+		if t.opts.FailureMode == FailClosed {
+			return false, ErrUnavailable
+		}
+		return t.local.throttled(key, t.llimit, now), nil
+	}
+	return res.Remaining < 1, nil
+}
+
 // remote asks Redis, waiting at most Options.Timeout whatever the
 // client's own timeouts.
 func (t *Throttle) remote(ctx context.Context, key string) (*redis_rate.Result, error) {
+	return t.remoteN(ctx, key, 1)
+}
+
+// remoteN asks Redis for n requests (0: how many are left).
+func (t *Throttle) remoteN(ctx context.Context, key string, n int) (*redis_rate.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	type answer struct {
@@ -147,15 +181,15 @@ func (t *Throttle) remote(ctx context.Context, key string) (*redis_rate.Result, 
 	lim := redis_rate.Limit{Rate: t.limit.Rate, Burst: t.limit.Burst, Period: t.limit.Period}
 	start := time.Now()
 	go func() {
-		res, err := t.rl.Allow(ctx, t.opts.Prefix+"ip:{"+key+"}", lim)
+		res, err := t.rl.AllowN(ctx, t.opts.Prefix+"ip:{"+key+"}", lim, n)
 		ch <- answer{res, err}
 	}()
 	select {
 	case a := <-ch:
-		t.health.met.observeRedis(time.Since(start), a.err)
+		t.breaker.met.observeRedis(time.Since(start), a.err)
 		return a.res, a.err
 	case <-ctx.Done():
-		t.health.met.observeRedis(time.Since(start), ctx.Err())
+		t.breaker.met.observeRedis(time.Since(start), ctx.Err())
 		return nil, errTimeout
 	}
 }
@@ -203,6 +237,18 @@ func (g *gcraStore) allow(key string, lim ThrottleLimit, now time.Time) *redis_r
 	g.tat[key] = newTat
 	remaining := int(now.Sub(allowAt) / interval)
 	return &redis_rate.Result{Allowed: 1, Remaining: remaining, RetryAfter: -1, ResetAfter: newTat.Sub(now)}
+}
+
+// throttled reports whether a request from key would be refused at now.
+func (g *gcraStore) throttled(key string, lim ThrottleLimit, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	interval := lim.Period / time.Duration(lim.Rate)
+	tat := g.tat[key]
+	if tat.Before(now) {
+		tat = now
+	}
+	return now.Before(tat.Add(interval).Add(-interval * time.Duration(lim.Burst)))
 }
 
 func (g *gcraStore) sweep(now time.Time) {

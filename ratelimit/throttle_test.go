@@ -16,6 +16,12 @@ func TestThrottle(t *testing.T) {
 	check := func(t *testing.T, th *Throttle, clk *fakeClock) {
 		t.Helper()
 		ctx := context.Background()
+		// Throttled only looks: asked many times, it spends nothing.
+		for range 10 {
+			if th, err := th.Throttled(ctx, "10.0.0.1"); err != nil || th {
+				t.Fatalf("Throttled with the whole burst left: %v %v", th, err)
+			}
+		}
 		for i := range 3 {
 			d, err := th.Allow(ctx, "10.0.0.1")
 			if err != nil || !d.Allowed() || d.Windows[0].Remaining != int64(2-i) {
@@ -25,6 +31,9 @@ func TestThrottle(t *testing.T) {
 		d, err := th.Allow(ctx, "10.0.0.1")
 		if err != nil || d.Outcome != Limited || d.RetryAfter <= 0 || d.RetryAfter > 500*time.Millisecond {
 			t.Fatalf("over the burst: %+v %v, want limited for up to one emission interval", d, err)
+		}
+		if thr, err := th.Throttled(ctx, "10.0.0.1"); err != nil || !thr {
+			t.Fatalf("Throttled over the burst: %v %v", thr, err)
 		}
 		if d, _ := th.Allow(ctx, "10.0.0.2"); !d.Allowed() {
 			t.Fatalf("another address: %+v", d)

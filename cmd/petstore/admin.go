@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/config"
@@ -27,7 +29,10 @@ func openDB(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, _, _, err := loadConfig("migrate", "[flags]", args, getenv, stderr, nil)
+	var status bool
+	cfg, _, _, err := loadConfig("migrate", "[--status] [flags]", args, getenv, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&status, "status", false, "print the applied and pending migrations, apply nothing; exit non-zero when this release cannot serve the schema (some are pending)")
+	})
 	if err != nil {
 		return err
 	}
@@ -36,6 +41,9 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 		return err
 	}
 	defer pool.Close()
+	if status {
+		return printSchemaStatus(ctx, pool, stdout)
+	}
 	applied, err := postgres.Migrate(ctx, pool)
 	if err != nil {
 		return err
@@ -47,6 +55,47 @@ func runMigrate(ctx context.Context, args []string, getenv func(string) string, 
 	for _, m := range applied {
 		fmt.Fprintf(stdout, "applied %s\n", m)
 	}
+	return nil
+}
+
+// printSchemaStatus lists the database's migrations against the built-in
+// ones and fails, for a pipeline to stop a rollout, when this release
+// cannot serve the schema.
+func printSchemaStatus(ctx context.Context, pool *pgxpool.Pool, stdout io.Writer) error {
+	st, err := postgres.ReadStatus(ctx, pool)
+	if err != nil {
+		return err
+	}
+	unknown := map[string]bool{}
+	for _, m := range st.Unknown {
+		unknown[m.Version] = true
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STATE\tMIGRATION\tAPPLIED\tNOTE")
+	for _, m := range st.Applied {
+		note := "-"
+		if unknown[m.Version] {
+			note = "newer than this release; additive"
+			if !m.Additive {
+				note = "newer than this release; NOT additive"
+			}
+		}
+		fmt.Fprintf(tw, "applied\t%s\t%s\t%s\n", m.Name, m.AppliedAt.UTC().Format(time.RFC3339), note)
+	}
+	for _, m := range st.Pending {
+		fmt.Fprintf(tw, "pending\t%s\t-\t-\n", m.Name)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := st.Err(); err != nil {
+		return err
+	}
+	if len(st.Unknown) > 0 {
+		fmt.Fprintf(stdout, "\ndatabase schema version %s is newer than this release's %s; every newer migration is additive, so this release can serve it\n", st.Version(), st.Needed)
+		return nil
+	}
+	fmt.Fprintf(stdout, "\ndatabase schema version %s: up to date\n", st.Version())
 	return nil
 }
 
@@ -63,7 +112,11 @@ func (q *quotaList) Set(s string) error {
 	return nil
 }
 
-const keysUsage = "create --plan PLAN [--label LABEL] [--quota LIMIT/PERIOD ...] | list | revoke KEY-ID"
+const keysUsage = "create --plan PLAN [--label LABEL] [--quota LIMIT/PERIOD ...] [--count N] [--format text|csv|yaml] | list | revoke KEY-ID"
+
+// maxKeysPerCreate bounds one `keys create --count`: enough for any load
+// test, small enough that a typo cannot fill the key table.
+const maxKeysPerCreate = 100000
 
 func runKeys(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -71,19 +124,25 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 	sub, args := args[0], args[1:]
 	var (
-		planName, label string
-		quotas          quotaList
+		planName, label, format string
+		count                   int
+		quotas                  quotaList
 	)
 	extra := func(fs *flag.FlagSet) {
 		if sub == "create" {
 			fs.StringVar(&planName, "plan", "", "plan of the new key (required)")
 			fs.StringVar(&label, "label", "", "who the key is for, e.g. a customer name")
 			fs.Var(&quotas, "quota", "the key's own quota LIMIT/PERIOD, e.g. 5000/1m (repeatable; replaces the plan's window of that period)")
+			fs.IntVar(&count, "count", 1, fmt.Sprintf("how many keys to create (at most %d)", maxKeysPerCreate))
+			fs.StringVar(&format, "format", "text", "output: text, csv (id,key,plan,label) or yaml (entries of a static keys file); with csv or yaml and no database the keys are only generated")
 		}
 	}
 	cfg, _, fs, err := loadConfig("keys "+sub, keysUsage, args, getenv, stderr, extra)
 	if err != nil {
 		return err
+	}
+	if sub == "create" {
+		return createKeys(ctx, cfg, fs, keySpec{plan: planName, label: label, quotas: quotas, count: count, format: format}, stdout, stderr)
 	}
 	pool, err := openDB(ctx, cfg)
 	if err != nil {
@@ -93,41 +152,6 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	store := postgres.New(pool)
 
 	switch sub {
-	case "create":
-		if fs.NArg() != 0 {
-			return fmt.Errorf("keys create takes no arguments, got %q", fs.Args())
-		}
-		plans, err := plan.Load(cfg.PlansFile)
-		if err != nil {
-			return err
-		}
-		if planName == "" {
-			return fmt.Errorf("--plan is required (one of %s)", strings.Join(plans.Names(), ", "))
-		}
-		name := plan.Normalize(planName)
-		// The policy check rejects an unknown plan and a per-key plan
-		// (Enterprise) without quotas before anything is stored.
-		if _, err := plans.Policy(name, quotas); err != nil {
-			return err
-		}
-		key, err := apikey.Generate()
-		if err != nil {
-			return err
-		}
-		h := apikey.Hash(key)
-		rec := apikey.Record{
-			ID:        apikey.IDFromHash(h),
-			Hash:      h,
-			Label:     label,
-			Plan:      name,
-			Overrides: quotas,
-			CreatedAt: time.Now().UTC(),
-		}
-		if err := store.CreateKey(ctx, rec); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "id:    %s\nplan:  %s\nlabel: %s\nkey:   %s\n\nThe key is shown only this once; store it now. Only its SHA-256 is kept.\n", rec.ID, rec.Plan, rec.Label, key)
-		return nil
 	case "list":
 		recs, err := store.ListKeys(ctx)
 		if err != nil {
@@ -162,18 +186,165 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	}
 }
 
-const limitsUsage = "show KEY-ID | unban KEY-ID"
+// keySpec is what `keys create` was asked for.
+type keySpec struct {
+	plan, label, format string
+	quotas              []ratelimit.Window
+	count               int
+}
+
+// createKeys issues spec.count keys. With a database they are stored
+// (only their hashes); without one, csv and yaml output makes it a pure
+// generator for a static keys file and the load-test kit.
+func createKeys(ctx context.Context, cfg config.Config, fs *flag.FlagSet, spec keySpec, stdout, stderr io.Writer) error {
+	if fs.NArg() != 0 {
+		return fmt.Errorf("keys create takes no arguments, got %q", fs.Args())
+	}
+	if spec.count < 1 || spec.count > maxKeysPerCreate {
+		return fmt.Errorf("--count must be between 1 and %d, got %d", maxKeysPerCreate, spec.count)
+	}
+	switch spec.format {
+	case "text", "csv", "yaml":
+	default:
+		return fmt.Errorf("--format must be text, csv or yaml, got %q", spec.format)
+	}
+	generateOnly := cfg.DatabaseURL == ""
+	if generateOnly && spec.format == "text" {
+		return errors.New("this command needs PostgreSQL: set --database-url or PETSTORE_DATABASE_URL (or give --format csv|yaml to only generate keys for a static keys file)")
+	}
+	plans, err := plan.Load(cfg.PlansFile)
+	if err != nil {
+		return err
+	}
+	if spec.plan == "" {
+		return fmt.Errorf("--plan is required (one of %s)", strings.Join(plans.Names(), ", "))
+	}
+	name := plan.Normalize(spec.plan)
+	// The policy check rejects an unknown plan and a per-key plan
+	// (Enterprise) without quotas before anything is stored.
+	if _, err := plans.Policy(name, spec.quotas); err != nil {
+		return err
+	}
+
+	var store *postgres.Store
+	if !generateOnly {
+		pool, err := openDB(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		store = postgres.New(pool)
+	}
+	issued := make([]issuedKey, 0, spec.count)
+	for range spec.count {
+		key, err := apikey.Generate()
+		if err != nil {
+			return err
+		}
+		h := apikey.Hash(key)
+		rec := apikey.Record{
+			ID:        apikey.IDFromHash(h),
+			Hash:      h,
+			Label:     spec.label,
+			Plan:      name,
+			Overrides: spec.quotas,
+			CreatedAt: time.Now().UTC(),
+		}
+		if store != nil {
+			if err := store.CreateKey(ctx, rec); err != nil {
+				return fmt.Errorf("after storing %d of %d keys: %w", len(issued), spec.count, err)
+			}
+		}
+		issued = append(issued, issuedKey{rec: rec, key: key})
+	}
+	if generateOnly {
+		fmt.Fprintf(stderr, "%d key(s) generated, not stored (no database configured): a replica accepts them once they are listed in its keys file (--keys-file)\n", len(issued))
+	}
+	return writeKeys(stdout, spec.format, issued)
+}
+
+// issuedKey is a new key with its plaintext, which exists only until it is
+// printed.
+type issuedKey struct {
+	rec apikey.Record
+	key string
+}
+
+// keysFileEntry is one entry of a static keys file (see apikey.ParseKeys).
+type keysFileEntry struct {
+	Key    string          `yaml:"key"`
+	Plan   string          `yaml:"plan"`
+	Label  string          `yaml:"label,omitempty"`
+	Quotas []keysFileQuota `yaml:"quotas,omitempty,flow"`
+}
+
+type keysFileQuota struct {
+	Limit  int64  `yaml:"limit"`
+	Period string `yaml:"period"`
+}
+
+func writeKeys(w io.Writer, format string, keys []issuedKey) error {
+	switch format {
+	case "csv":
+		cw := csv.NewWriter(w)
+		cw.Write([]string{"id", "key", "plan", "label"})
+		for _, k := range keys {
+			cw.Write([]string{k.rec.ID, k.key, k.rec.Plan, k.rec.Label})
+		}
+		cw.Flush()
+		return cw.Error()
+	case "yaml":
+		var f struct {
+			Keys []keysFileEntry `yaml:"keys"`
+		}
+		for _, k := range keys {
+			e := keysFileEntry{Key: k.key, Plan: k.rec.Plan, Label: k.rec.Label}
+			for _, q := range k.rec.Overrides {
+				e.Quotas = append(e.Quotas, keysFileQuota{Limit: q.Limit, Period: ratelimit.FormatPeriod(q.Period)})
+			}
+			f.Keys = append(f.Keys, e)
+		}
+		enc := yaml.NewEncoder(w)
+		enc.SetIndent(2)
+		if err := enc.Encode(f); err != nil {
+			return err
+		}
+		return enc.Close()
+	default:
+		for i, k := range keys {
+			if i > 0 {
+				fmt.Fprintln(w)
+			}
+			fmt.Fprintf(w, "id:    %s\nplan:  %s\nlabel: %s\nkey:   %s\n", k.rec.ID, k.rec.Plan, k.rec.Label, k.key)
+		}
+		fmt.Fprintln(w, "\nThe key is shown only this once; store it now. Only its SHA-256 is kept.")
+		return nil
+	}
+}
+
+const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN"
 
 func runLimits(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
 	}
 	sub, args := args[0], args[1:]
-	cfg, _, fs, err := loadConfig("limits "+sub, limitsUsage, args, getenv, stderr, nil)
+	var planName string
+	extra := func(fs *flag.FlagSet) {
+		if sub == "reset" {
+			fs.StringVar(&planName, "plan", "", "reset every key of this plan (from the keys file and the database configured)")
+		}
+	}
+	cfg, _, fs, err := loadConfig("limits "+sub, limitsUsage, args, getenv, stderr, extra)
 	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
+	switch {
+	case sub == "reset" && planName != "" && fs.NArg() != 0:
+		return errors.New("limits reset takes key ids or --plan, not both")
+	case sub == "reset" && planName == "" && fs.NArg() == 0:
+		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
+	case sub != "reset" && fs.NArg() != 1:
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
 	}
 	keyID := fs.Arg(0)
@@ -200,6 +371,33 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		}
 		fmt.Fprintf(stdout, "ban lifted for %s on every replica\n", keyID)
 		return nil
+	case "reset":
+		ids := fs.Args()
+		if planName != "" {
+			if ids, err = keysOfPlan(ctx, cfg, planName); err != nil {
+				return err
+			}
+		}
+		for i, id := range ids {
+			// A key's window records are named by its plan's windows.
+			rec, plans, err := findKey(ctx, cfg, id)
+			if err != nil {
+				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
+			}
+			policy, err := plans.Policy(rec.Plan, rec.Overrides)
+			if err != nil {
+				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
+			}
+			if err := limiter.Reset(ctx, id, policy); err != nil {
+				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
+			}
+		}
+		if planName != "" {
+			fmt.Fprintf(stdout, "counts, strikes and bans cleared for the %d key(s) of plan %s on every replica\n", len(ids), plan.Normalize(planName))
+		} else {
+			fmt.Fprintf(stdout, "counts, strikes and bans cleared for %s on every replica\n", strings.Join(ids, ", "))
+		}
+		return nil
 	case "show":
 		rec, plans, err := findKey(ctx, cfg, keyID)
 		if err != nil {
@@ -220,37 +418,69 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 	}
 }
 
-// findKey looks a key up by id in the static keys file, then the database.
-func findKey(ctx context.Context, cfg config.Config, id string) (apikey.Record, *plan.Set, error) {
+// keysOfPlan returns the ids of every key on the plan called name, from the
+// static keys file and the database, whichever are configured.
+func keysOfPlan(ctx context.Context, cfg config.Config, name string) ([]string, error) {
+	recs, plans, err := allKeys(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	name = plan.Normalize(name)
+	if _, ok := plans.Lookup(name); !ok {
+		return nil, fmt.Errorf("%w %q (one of %s)", plan.ErrUnknownPlan, name, strings.Join(plans.Names(), ", "))
+	}
+	if cfg.KeysFile == "" && cfg.DatabaseURL == "" {
+		return nil, errors.New("--plan needs the keys: set --keys-file or --database-url (or their PETSTORE_* twins)")
+	}
+	var ids []string
+	seen := map[string]bool{}
+	for _, r := range recs {
+		if r.Plan == name && !seen[r.ID] {
+			seen[r.ID] = true
+			ids = append(ids, r.ID)
+		}
+	}
+	return ids, nil
+}
+
+// allKeys returns the keys of the static keys file, then the database's.
+func allKeys(ctx context.Context, cfg config.Config) ([]apikey.Record, *plan.Set, error) {
 	plans, err := plan.Load(cfg.PlansFile)
 	if err != nil {
-		return apikey.Record{}, nil, err
+		return nil, nil, err
 	}
+	var recs []apikey.Record
 	if cfg.KeysFile != "" {
 		keys, err := apikey.LoadKeys(cfg.KeysFile, plans)
 		if err != nil {
-			return apikey.Record{}, nil, err
+			return nil, nil, err
 		}
-		for _, r := range keys.Records() {
-			if r.ID == id {
-				return r, plans, nil
-			}
-		}
+		recs = append(recs, keys.Records()...)
 	}
 	if cfg.DatabaseURL != "" {
 		pool, err := openDB(ctx, cfg)
 		if err != nil {
-			return apikey.Record{}, nil, err
+			return nil, nil, err
 		}
 		defer pool.Close()
-		recs, err := postgres.New(pool).ListKeys(ctx)
+		db, err := postgres.New(pool).ListKeys(ctx)
 		if err != nil {
-			return apikey.Record{}, nil, err
+			return nil, nil, err
 		}
-		for _, r := range recs {
-			if r.ID == id {
-				return r, plans, nil
-			}
+		recs = append(recs, db...)
+	}
+	return recs, plans, nil
+}
+
+// findKey looks a key up by id in the static keys file, then the database.
+func findKey(ctx context.Context, cfg config.Config, id string) (apikey.Record, *plan.Set, error) {
+	recs, plans, err := allKeys(ctx, cfg)
+	if err != nil {
+		return apikey.Record{}, nil, err
+	}
+	for _, r := range recs {
+		if r.ID == id {
+			return r, plans, nil
 		}
 	}
 	return apikey.Record{}, nil, fmt.Errorf("key %s: %w (looked in the keys file and the database configured)", id, apikey.ErrUnknown)

@@ -4,7 +4,7 @@
 //	petstore serve              run the API (public port) and the ops endpoints
 //	petstore migrate            apply the PostgreSQL migrations
 //	petstore keys create|list|revoke
-//	petstore limits show|unban KEY-ID
+//	petstore limits show|unban|reset KEY-ID
 //	petstore version
 package main
 
@@ -37,12 +37,15 @@ const usage = `petstore serves the Animal Store API v1.
 
 Usage:
   petstore serve  [flags]                 run the API and the ops endpoints
-  petstore migrate [flags]                apply the PostgreSQL migrations
+  petstore migrate [--status] [flags]     apply (or list) the PostgreSQL migrations
   petstore keys create --plan P [--label L] [--quota N/PERIOD ...]
+                       [--count N] [--format text|csv|yaml]
   petstore keys list
   petstore keys revoke KEY-ID
   petstore limits show KEY-ID             usage, strikes and ban state of a key
   petstore limits unban KEY-ID            lift a key's temporary ban
+  petstore limits reset KEY-ID... | --plan P
+                                          clear counts, strikes and bans (between load tests)
   petstore version
 
 Every flag has a PETSTORE_* environment variable twin; run

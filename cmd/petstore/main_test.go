@@ -36,6 +36,27 @@ type instance struct {
 // until /readyz answers 200.
 func start(t *testing.T, env map[string]string, args ...string) *instance {
 	t.Helper()
+	in := launch(t, env, args...)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(in.ops + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return in
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready: %v\n%s", err, in.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// launch runs `petstore serve` with args on free loopback ports and returns
+// once it listens, ready or not.
+func launch(t *testing.T, env map[string]string, args ...string) *instance {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	in := &instance{stdout: &testenv.Buffer{}, stderr: &testenv.Buffer{}}
 	all := append([]string{"serve", "--addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0", "--drain-delay", "0", "--log-level", "debug"}, args...)
@@ -77,19 +98,7 @@ func start(t *testing.T, env map[string]string, args ...string) *instance {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	for {
-		resp, err := http.Get(in.ops + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return in
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never ready: %v\n%s", err, in.stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return in
 }
 
 func do(t *testing.T, method, url, key, body string) (*http.Response, []byte) {
@@ -134,6 +143,9 @@ func TestServeDefaults(t *testing.T) {
 	key := m[1]
 	if !strings.Contains(in.stdout.String(), "curl -i -H 'Authorization: Bearer "+key+"' "+in.api+"/v1/pets") {
 		t.Errorf("no ready curl line for %s:\n%s", in.api, in.stdout.String())
+	}
+	if !strings.Contains(in.stdout.String(), in.api+"/docs\n") {
+		t.Errorf("no docs page address for %s:\n%s", in.api, in.stdout.String())
 	}
 	if strings.Contains(in.stderr.String(), key) {
 		t.Error("the API key appears in the logs")

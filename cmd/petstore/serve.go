@@ -82,7 +82,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	var (
 		store  httpapi.PetStore
 		lookup apikey.KeyLookup
-		ping   = func(context.Context) error { return nil }
+		checks []httpapi.Check
 	)
 	if cfg.DatabaseURL != "" {
 		pool, err := postgres.Open(ctx, cfg.DatabaseURL, int32(cfg.DBMaxConns))
@@ -90,9 +90,14 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 			return err
 		}
 		defer pool.Close()
+		if cfg.Migrate {
+			if err := migrateAtStart(ctx, pool, log); err != nil {
+				return err
+			}
+		}
 		pg := postgres.New(pool)
 		lookup = pg
-		ping = pg.Ping
+		checks = append(checks, newDatabaseCheck(pool, cfg.Store == "postgres", log, reg))
 		if cfg.Store == "postgres" {
 			store = pg
 		}
@@ -149,6 +154,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		Timeout:     cfg.Redis.Timeout,
 		FailureMode: mode,
 		Replicas:    cfg.Replicas,
+		TripAfter:   cfg.TripAfter,
 		MaxLease:    cfg.MaxLease,
 		Registerer:  reg,
 		Logger:      log,
@@ -178,7 +184,9 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		TrustedProxies: cfg.TrustedProxies,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 	})
-	readiness := httpapi.NewReadiness(ping)
+	// Where the replica stands is known, and logged, before it listens.
+	readiness := httpapi.NewReadiness(httpapi.ReadinessConfig{Checks: checks, Logger: log})
+	readiness.CheckNow(ctx)
 	ops := httpapi.NewOpsHandler(httpapi.OpsConfig{Readiness: readiness, Gatherer: reg, Logger: log})
 
 	apiLn, err := net.Listen("tcp", cfg.Addr)
@@ -199,6 +207,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go watcher.Run(watchCtx)
+	go readiness.Run(watchCtx)
 
 	log.Info("listening", "api", apiLn.Addr().String(), "ops", opsLn.Addr().String())
 	if devKey != "" {
@@ -303,5 +312,7 @@ Try it:
   curl -i -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' \
        -d '{"name":"Rex","categoryId":1}' %s/v1/pets
 
-`, key, key, base, key, base)
+The API's documentation: %s/docs
+
+`, key, key, base, key, base, base)
 }

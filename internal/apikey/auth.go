@@ -154,7 +154,13 @@ func (a *Authenticator) Keys() *StaticKeys { return a.cfg.Load().keys }
 // ErrMissing, ErrMalformed, ErrUnknown or ErrRevoked (401), ErrUnavailable
 // (503: the database did not answer); any other error means the key's plan
 // cannot be applied, a server-side misconfiguration (500).
-func (a *Authenticator) Authenticate(ctx context.Context, token string) (Principal, error) {
+//
+// beforeLookup, when not nil, is called when (and only when) answering
+// needs the database: the key is well formed but neither static nor
+// cached. If it returns an error, Authenticate returns that error without
+// asking the database or caching anything, so a caller can charge such
+// requests to a throttle before they cost a query.
+func (a *Authenticator) Authenticate(ctx context.Context, token string, beforeLookup func() error) (Principal, error) {
 	if token == "" {
 		return Principal{}, ErrMissing
 	}
@@ -169,7 +175,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (Princip
 	if a.lookup == nil {
 		return Principal{}, fmt.Errorf("%w %s", ErrUnknown, IDFromHash(hash))
 	}
-	e, err := a.fetch(ctx, hash)
+	e, err := a.fetch(ctx, hash, beforeLookup)
 	if err != nil {
 		return Principal{}, err
 	}
@@ -210,11 +216,23 @@ func (r resolution) result() (Principal, error) {
 // fetch returns the cache entry for hash, asking the database on a miss.
 // Concurrent misses for one hash share one lookup, which runs apart from
 // any single request: a caller that gives up does not fail the others.
-func (a *Authenticator) fetch(ctx context.Context, hash string) (*entry, error) {
+func (a *Authenticator) fetch(ctx context.Context, hash string, beforeLookup func() error) (*entry, error) {
 	a.mu.Lock()
 	if e := a.cache.get(hash, a.now()); e != nil {
 		a.mu.Unlock()
 		return e, nil
+	}
+	if beforeLookup != nil {
+		a.mu.Unlock()
+		if err := beforeLookup(); err != nil {
+			return nil, err
+		}
+		a.mu.Lock()
+		// Another request may have loaded the key meanwhile.
+		if e := a.cache.get(hash, a.now()); e != nil {
+			a.mu.Unlock()
+			return e, nil
+		}
 	}
 	c, ok := a.inflight[hash]
 	if !ok {

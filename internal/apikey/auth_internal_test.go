@@ -73,7 +73,7 @@ func TestConcurrentMissesShareOneLookup(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range n {
 				wg.Go(func() {
-					_, errs[i] = a.Authenticate(context.Background(), key)
+					_, errs[i] = a.Authenticate(context.Background(), key, nil)
 				})
 			}
 			waitJoined(t, a, Hash(key), n)
@@ -110,7 +110,7 @@ func TestCacheStaysWithinItsSize(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := a.Authenticate(context.Background(), key); !errors.Is(err, ErrUnknown) {
+		if _, err := a.Authenticate(context.Background(), key, nil); !errors.Is(err, ErrUnknown) {
 			t.Fatalf("Authenticate() = %v", err)
 		}
 	}

@@ -145,7 +145,7 @@ func TestAuthenticate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p, err := a.Authenticate(context.Background(), tt.token)
+			p, err := a.Authenticate(context.Background(), tt.token, nil)
 			if tt.err != nil {
 				if !errors.Is(err, tt.err) {
 					t.Fatalf("Authenticate() = %+v, %v; want %v", p, err, tt.err)
@@ -176,7 +176,7 @@ func TestMalformedKeysCostNoLookup(t *testing.T) {
 	db := newFakeDB()
 	a := newAuth(t, apikey.Options{Lookup: db})
 	for _, token := range []string{"x", "pst_" + strings.Repeat("a", 38), "Bearer " + devKey} {
-		if _, err := a.Authenticate(context.Background(), token); !errors.Is(err, apikey.ErrMalformed) {
+		if _, err := a.Authenticate(context.Background(), token, nil); !errors.Is(err, apikey.ErrMalformed) {
 			t.Errorf("Authenticate(%q) = %v, want ErrMalformed", token, err)
 		}
 	}
@@ -245,7 +245,7 @@ func TestCache(t *testing.T) {
 					db.set(s.change)
 				}
 				clk.Advance(s.advance)
-				_, err := a.Authenticate(context.Background(), s.token)
+				_, err := a.Authenticate(context.Background(), s.token, nil)
 				if (s.err == nil) != (err == nil) || !errors.Is(err, s.err) {
 					t.Fatalf("step %d: Authenticate() error = %v, want %v", i, err, s.err)
 				}
@@ -271,7 +271,7 @@ func TestCacheDisabled(t *testing.T) {
 	db := newFakeDB(record(key, "free"))
 	a := newAuth(t, apikey.Options{Lookup: db, CacheTTL: -1})
 	for i := 1; i <= 3; i++ {
-		if _, err := a.Authenticate(context.Background(), key); err != nil {
+		if _, err := a.Authenticate(context.Background(), key, nil); err != nil {
 			t.Fatal(err)
 		}
 		if n := db.lookups(); n != i {
@@ -285,7 +285,7 @@ func TestCacheSizeBound(t *testing.T) {
 	keys := []string{newKey(t), newKey(t), newKey(t)}
 	db := newFakeDB(record(keys[0], "free"), record(keys[1], "free"))
 	a := newAuth(t, apikey.Options{Lookup: db, CacheSize: 2})
-	auth := func(k string) { _, _ = a.Authenticate(context.Background(), k) }
+	auth := func(k string) { _, _ = a.Authenticate(context.Background(), k, nil) }
 	auth(keys[0])
 	auth(keys[1])
 	auth(keys[0]) // keys[0] is now the most recently used
@@ -310,7 +310,7 @@ func TestPlansChangeWithoutRestart(t *testing.T) {
 	db := newFakeDB(record(dbKey, "pro"))
 	a := newAuth(t, apikey.Options{Keys: staticKeys(t), Lookup: db})
 	ctx := context.Background()
-	if p, err := a.Authenticate(ctx, dbKey); err != nil || p.Policy.Windows[0].Limit != 300 {
+	if p, err := a.Authenticate(ctx, dbKey, nil); err != nil || p.Policy.Windows[0].Limit != 300 {
 		t.Fatalf("before: %+v, %v", p, err)
 	}
 	plans, err := plan.Parse([]byte("plans: {pro: {quotas: [{limit: 5, period: 1s}]}, free: {ban: off}}"))
@@ -320,14 +320,14 @@ func TestPlansChangeWithoutRestart(t *testing.T) {
 	if err := a.Update(plans, a.Keys()); err != nil {
 		t.Fatal(err)
 	}
-	p, err := a.Authenticate(ctx, dbKey)
+	p, err := a.Authenticate(ctx, dbKey, nil)
 	if err != nil || !reflect.DeepEqual(p.Policy.Windows, []ratelimit.Window{{Limit: 5, Period: time.Second}}) {
 		t.Fatalf("cached database key after the change: %+v, %v", p, err)
 	}
 	if n := db.lookups(); n != 1 {
 		t.Fatalf("%d lookups, want 1: a plan change needs no database round trip", n)
 	}
-	if p, err := a.Authenticate(ctx, devKey); err != nil || p.Policy.Ban.Enabled() {
+	if p, err := a.Authenticate(ctx, devKey, nil); err != nil || p.Policy.Ban.Enabled() {
 		t.Fatalf("static key after the change: %+v, %v", p, err)
 	}
 	if a.Plans() != plans {
@@ -345,7 +345,7 @@ func TestUpdateRejectsKeysThatDoNotFit(t *testing.T) {
 	if err := a.Update(noFree, a.Keys()); err == nil {
 		t.Fatal("Update accepted a key on a removed plan")
 	}
-	if _, err := a.Authenticate(context.Background(), devKey); err != nil {
+	if _, err := a.Authenticate(context.Background(), devKey, nil); err != nil {
 		t.Fatalf("the previous configuration was lost: %v", err)
 	}
 	if _, err := apikey.NewAuthenticator(apikey.Options{Plans: noFree, Keys: staticKeys(t)}); err == nil {
@@ -357,7 +357,7 @@ func TestDatabaseKeyOnMissingPlan(t *testing.T) {
 	t.Parallel()
 	key := newKey(t)
 	a := newAuth(t, apikey.Options{Lookup: newFakeDB(record(key, "gold"))})
-	_, err := a.Authenticate(context.Background(), key)
+	_, err := a.Authenticate(context.Background(), key, nil)
 	if err == nil || apikey.Reason(err) != "error" || !errors.Is(err, plan.ErrUnknownPlan) {
 		t.Fatalf("Authenticate() = %v, want a server-side error about the plan", err)
 	}
@@ -366,12 +366,12 @@ func TestDatabaseKeyOnMissingPlan(t *testing.T) {
 func TestPrincipalsDoNotShareWindows(t *testing.T) {
 	t.Parallel()
 	a := newAuth(t, apikey.Options{Keys: staticKeys(t)})
-	p, err := a.Authenticate(context.Background(), devKey)
+	p, err := a.Authenticate(context.Background(), devKey, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Policy.Windows[0].Limit = 1
-	if q, _ := a.Authenticate(context.Background(), devKey); q.Policy.Windows[0].Limit != 60 {
+	if q, _ := a.Authenticate(context.Background(), devKey, nil); q.Policy.Windows[0].Limit != 60 {
 		t.Fatalf("changing one principal's policy changed the next: %v", q.Policy.Windows)
 	}
 }
@@ -405,7 +405,7 @@ func TestCallerGivingUpDoesNotFailOthers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	impatient := make(chan error, 1)
 	go func() {
-		_, err := a.Authenticate(ctx, key)
+		_, err := a.Authenticate(ctx, key, nil)
 		impatient <- err
 	}()
 	cancel()
@@ -414,7 +414,7 @@ func TestCallerGivingUpDoesNotFailOthers(t *testing.T) {
 	}
 	patient := make(chan error, 1)
 	go func() {
-		_, err := a.Authenticate(context.Background(), key)
+		_, err := a.Authenticate(context.Background(), key, nil)
 		patient <- err
 	}()
 	close(db.release)
@@ -428,7 +428,7 @@ func TestLookupTimeout(t *testing.T) {
 	key := newKey(t)
 	db := &blockingDB{release: make(chan struct{}), record: record(key, "free")}
 	a := newAuth(t, apikey.Options{Lookup: db, LookupTimeout: 10 * time.Millisecond})
-	_, err := a.Authenticate(context.Background(), key)
+	_, err := a.Authenticate(context.Background(), key, nil)
 	if !errors.Is(err, apikey.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Authenticate() = %v, want ErrUnavailable wrapping the deadline", err)
 	}

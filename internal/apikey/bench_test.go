@@ -26,7 +26,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					_, _ = a.Authenticate(ctx, bm.key)
+					_, _ = a.Authenticate(ctx, bm.key, nil)
 				}
 			})
 		})

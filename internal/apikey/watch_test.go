@@ -78,7 +78,7 @@ func newWatched(t *testing.T, plansFile, keysFile string, interval time.Duration
 // limit returns the first quota of key's policy, or -1 if it does not
 // authenticate.
 func (w *watched) limit(key string) int64 {
-	p, err := w.auth.Authenticate(context.Background(), key)
+	p, err := w.auth.Authenticate(context.Background(), key, nil)
 	if err != nil {
 		return -1
 	}

@@ -23,11 +23,14 @@ type Config struct {
 	Store       string
 	DatabaseURL string
 	DBMaxConns  int
+	// Migrate makes serve apply the migrations before it listens.
+	Migrate bool
 
 	Redis Redis
 
 	FailureMode      string
 	Replicas         int
+	TripAfter        time.Duration
 	MaxLease         int
 	AuthFailureLimit ratelimit.Window
 
@@ -71,6 +74,7 @@ func Default() Config {
 		Redis:            Redis{Mode: "single", Timeout: 50 * time.Millisecond},
 		FailureMode:      "open",
 		Replicas:         1,
+		TripAfter:        time.Second,
 		MaxLease:         64,
 		AuthFailureLimit: ratelimit.Window{Limit: 30, Period: time.Minute},
 		KeyCacheTTL:      30 * time.Second,
@@ -107,6 +111,7 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("store", "PETSTORE_STORE", "pet storage: memory or postgres", false, choiceValue{&cfg.Store, []string{"memory", "postgres"}})
 	s.add("database-url", "PETSTORE_DATABASE_URL", "PostgreSQL URL (pets with --store=postgres; API keys managed by 'petstore keys')", true, stringValue{&cfg.DatabaseURL})
 	s.add("db-max-conns", "PETSTORE_DB_MAX_CONNS", "maximum PostgreSQL connections per replica", false, intValue{&cfg.DBMaxConns, 1})
+	s.add("migrate", "PETSTORE_MIGRATE", "serve: apply the PostgreSQL migrations (under the migration lock) before listening; for development and single-instance installs", false, boolValue{&cfg.Migrate})
 	s.add("redis-url", "PETSTORE_REDIS_URL", "Redis URL, redis:// or rediss:// (empty with no --redis-addrs: limits are kept in this process only)", true, stringValue{&cfg.Redis.URL})
 	s.add("redis-mode", "PETSTORE_REDIS_MODE", "Redis topology: single, sentinel or cluster", false, choiceValue{&cfg.Redis.Mode, []string{"single", "sentinel", "cluster"}})
 	s.add("redis-addrs", "PETSTORE_REDIS_ADDRS", "comma-separated Redis host:port list (sentinels in sentinel mode, seed nodes in cluster mode)", false, listValue{&cfg.Redis.Addrs})
@@ -115,10 +120,11 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("redis-password", "PETSTORE_REDIS_PASSWORD", "Redis password (overrides one in the URL)", true, stringValue{&cfg.Redis.Password})
 	s.add("redis-timeout", "PETSTORE_REDIS_TIMEOUT", "deadline of every Redis call made on a request's behalf", false, durationValue{&cfg.Redis.Timeout, time.Millisecond})
 	s.add("ratelimit-failure-mode", "PETSTORE_RATELIMIT_FAILURE_MODE", "when Redis is unreachable: open (limit locally per replica) or closed (answer 503)", false, choiceValue{&cfg.FailureMode, []string{"open", "closed"}})
-	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "expected replica count; in fail-open mode each replica allows limit/replicas (rounded up)", false, intValue{&cfg.Replicas, 1})
+	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "replicas assumed until the live count announced through Redis is known; without Redis each replica allows its share of every limit", false, intValue{&cfg.Replicas, 1})
+	s.add("ratelimit-trip-after", "PETSTORE_RATELIMIT_TRIP_AFTER", "how long Redis round trips must keep failing (at least 3, no success between) before a replica stops asking Redis; until then only the requests whose own round trip failed are decided locally", false, durationValue{&cfg.TripAfter, time.Millisecond})
 	s.add("ratelimit-max-lease", "PETSTORE_RATELIMIT_MAX_LEASE", "most admissions a replica reserves at once for a busy key (1: every request asks Redis)", false, intValue{&cfg.MaxLease, 1})
 	s.add("auth-failure-limit", "PETSTORE_AUTH_FAILURE_LIMIT", "per-client-IP limit on requests without a valid key, as COUNT/PERIOD", false, windowValue{&cfg.AuthFailureLimit})
-	s.add("plans-file", "PETSTORE_PLANS_FILE", "YAML plans file (empty: built-in Free, Pro, Business, Enterprise); reloaded on change", false, stringValue{&cfg.PlansFile})
+	s.add("plans-file", "PETSTORE_PLANS_FILE", "YAML plans file (empty: built-in Free, Pro, Business, Enterprise, LoadTest); reloaded on change", false, stringValue{&cfg.PlansFile})
 	s.add("keys-file", "PETSTORE_KEYS_FILE", "YAML static API keys file; reloaded on change", false, stringValue{&cfg.KeysFile})
 	s.add("key-cache-ttl", "PETSTORE_KEY_CACHE_TTL", "how long a database key lookup is cached; a revocation takes effect within it (0: no cache)", false, durationValue{&cfg.KeyCacheTTL, 0})
 	s.add("reload-interval", "PETSTORE_RELOAD_INTERVAL", "how often the plans and keys files are checked for changes", false, durationValue{&cfg.ReloadInterval, 100 * time.Millisecond})
@@ -172,6 +178,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Store == "postgres" && c.DatabaseURL == "" {
 		errs = append(errs, errors.New("--store=postgres needs --database-url (PETSTORE_DATABASE_URL)"))
+	}
+	if c.Migrate && c.DatabaseURL == "" {
+		errs = append(errs, errors.New("--migrate needs --database-url (PETSTORE_DATABASE_URL)"))
 	}
 	if c.Redis.Mode == "sentinel" && c.Redis.URL == "" && c.Redis.MasterName == "" {
 		errs = append(errs, errors.New("--redis-mode=sentinel needs --redis-master-name (PETSTORE_REDIS_MASTER_NAME)"))

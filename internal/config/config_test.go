@@ -87,6 +87,7 @@ func TestBadValuesNameTheSetting(t *testing.T) {
 		{"bad window env", nil, map[string]string{"PETSTORE_AUTH_FAILURE_LIMIT": "lots"}, "PETSTORE_AUTH_FAILURE_LIMIT"},
 		{"bad int flag", []string{"--ratelimit-replicas", "0"}, nil, "ratelimit-replicas"},
 		{"too small body", []string{"--max-body-bytes", "1"}, nil, "max-body-bytes"},
+		{"bad bool env", nil, map[string]string{"PETSTORE_MIGRATE": "sometimes"}, "PETSTORE_MIGRATE"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,6 +106,25 @@ func TestValidate(t *testing.T) {
 	c.Store = "postgres"
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "database-url") {
 		t.Errorf("postgres without url: %v", err)
+	}
+	c = Default()
+	c.Migrate = true
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--migrate needs") {
+		t.Errorf("migrate without url: %v", err)
+	}
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{nil, nil, false},
+		{[]string{"--migrate"}, nil, true},
+		{nil, map[string]string{"PETSTORE_MIGRATE": "true"}, true},
+		{[]string{"--migrate=false"}, map[string]string{"PETSTORE_MIGRATE": "1"}, false},
+	} {
+		if cfg, _, err := parse(t, tt.args, tt.env); err != nil || cfg.Migrate != tt.want {
+			t.Errorf("%v %v: Migrate = %v, %v; want %v", tt.args, tt.env, cfg.Migrate, err, tt.want)
+		}
 	}
 	c = Default()
 	c.Redis.URL, c.Redis.Addrs = "redis://x", []string{"y:1"}

@@ -33,6 +33,10 @@ func (r Redis) NewRedisClient() (redis.UniversalClient, error) {
 		WriteTimeout:          r.Timeout,
 		DialTimeout:           dialTimeout(r),
 		ContextTimeoutEnabled: true,
+		// One dial per attempt: the limiter's breaker and probe decide
+		// when to try again, and a connection retried five times in the
+		// pool would hold a pipeline worker for half a second.
+		DialerRetries: 1,
 	}
 	switch r.Mode {
 	case "sentinel":

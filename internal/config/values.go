@@ -24,6 +24,27 @@ func (v stringValue) String() string {
 }
 func (v stringValue) Set(s string) error { *v.p = s; return nil }
 
+type boolValue struct{ p *bool }
+
+func (v boolValue) String() string {
+	if v.p == nil {
+		return "false"
+	}
+	return strconv.FormatBool(*v.p)
+}
+
+func (v boolValue) Set(s string) error {
+	b, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q: must be true or false", s)
+	}
+	*v.p = b
+	return nil
+}
+
+// IsBoolFlag lets the flag be given alone: --migrate.
+func (v boolValue) IsBoolFlag() bool { return true }
+
 type choiceValue struct {
 	p       *string
 	choices []string

@@ -10,13 +10,24 @@ import (
 )
 
 // authenticate resolves the bearer key to a principal and puts it in the
-// request's context. A request without a valid key is answered 401, after
-// being charged to the per-IP throttle (which may answer 429 instead), so
-// that guessing keys costs the guesser its throttle. When keys cannot be
-// checked at all the answer is 503.
+// request's context. Guessing keys costs the guesser its per-IP throttle,
+// and the key database never pays for a throttled guesser: before a key
+// that needs a database lookup (well formed, neither static nor cached) is
+// looked up, the address's throttle is consulted (not charged), and an
+// address out of budget is answered 429 with no query, so its made-up keys
+// never reach the database or the key cache. Every refused key is charged
+// after, so a guesser runs out of budget within its burst; keys that are
+// found are never charged, so many keys behind one address (a NAT) are not
+// throttled by their lookups. A throttled request is answered 429, a
+// refused key 401, and 503 when keys cannot be checked at all.
 func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.principal(r)
+		charged := false
+		var throttled error
+		p, err := s.principal(r, func() error {
+			charged, throttled = s.refuseThrottled(w, r)
+			return throttled
+		})
 		if err == nil {
 			requestInfoFrom(r.Context()).keyID = p.KeyID
 			next.ServeHTTP(w, r.WithContext(apikey.NewContext(r.Context(), p)))
@@ -24,6 +35,12 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		}
 		if r.Context().Err() != nil {
 			s.writeError(w, r, fmt.Errorf("authenticate: %w", r.Context().Err()))
+			return
+		}
+		if throttled != nil {
+			// Refused (or undecidable) before the key database was asked.
+			s.metrics.authFailures.WithLabelValues("throttled").Inc()
+			s.writeError(w, r, throttled)
 			return
 		}
 		reason := apikey.Reason(err)
@@ -36,21 +53,24 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.writeError(w, r, fmt.Errorf("authenticate: %w", err))
 			return
 		}
-		if err := s.chargeIP(w, r); err != nil {
-			s.writeError(w, r, err)
-			return
+		if !charged {
+			if err := s.chargeIP(w, r); err != nil {
+				s.writeError(w, r, err)
+				return
+			}
 		}
 		s.writeError(w, r, err)
 	})
 }
 
-// principal authenticates the request's bearer key.
-func (s *server) principal(r *http.Request) (apikey.Principal, error) {
+// principal authenticates the request's bearer key, calling beforeLookup
+// first when that needs the key database.
+func (s *server) principal(r *http.Request, beforeLookup func() error) (apikey.Principal, error) {
 	token, err := bearerToken(r.Header)
 	if err != nil {
 		return apikey.Principal{}, err
 	}
-	return s.auth.Authenticate(r.Context(), token)
+	return s.auth.Authenticate(r.Context(), token, beforeLookup)
 }
 
 // bearerToken returns the key of the request's one Authorization header,

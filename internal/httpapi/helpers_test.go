@@ -33,6 +33,10 @@ import (
 // contract is the OpenAPI document, loaded and validated once per test
 // binary; kin-openapi only reads it afterwards.
 var contract = sync.OnceValues(func() (*contractDoc, error) {
+	// The docs page and its script are text, checked against their string
+	// schemas like text/plain.
+	openapi3filter.RegisterBodyDecoder("text/html", openapi3filter.PlainBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("text/javascript", openapi3filter.PlainBodyDecoder)
 	loader := openapi3.NewLoader()
 	doc, err := loader.LoadFromData(openAPIYAML)
 	if err != nil {
@@ -80,7 +84,7 @@ var freePolicy = ratelimit.Policy{Name: "free", Windows: []ratelimit.Window{
 // testAuth is a map-backed Authenticator.
 type testAuth struct{}
 
-func (testAuth) Authenticate(_ context.Context, token string) (apikey.Principal, error) {
+func (testAuth) Authenticate(_ context.Context, token string, _ func() error) (apikey.Principal, error) {
 	switch token {
 	case keyFree:
 		return apikey.Principal{KeyID: "key_free", Label: "acme", Plan: "free", Policy: freePolicy}, nil
@@ -125,6 +129,13 @@ type fakeThrottle struct{ fakeLimiter }
 
 func (f *fakeThrottle) Allow(ctx context.Context, key string) (ratelimit.Decision, error) {
 	return f.fakeLimiter.Allow(ctx, key, ratelimit.Policy{})
+}
+
+// Throttled reports the fixed decision's verdict without recording a call.
+func (f *fakeThrottle) Throttled(context.Context, string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.decision.Outcome != ratelimit.Allowed, f.err
 }
 
 // allowed returns an admitting decision for the free policy with the given
@@ -281,7 +292,39 @@ func (ts *testServer) serve(r *http.Request) *response {
 	ts.handler.ServeHTTP(rec, r)
 	resp := &response{Response: rec.Result(), body: rec.Body.Bytes()}
 	ts.validate(r, resp)
+	// Read the fields as a client reading the wire would: by any spelling.
+	resp.Header = canonicalHeader(resp.Header)
 	return resp
+}
+
+// exactSpellings are the field names the server must send spelled exactly
+// so, not in Go's canonical form.
+var exactSpellings = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit"}
+
+// spellingErrors reports fields of h that are not spelled as the
+// specification spells them.
+func spellingErrors(h http.Header) []error {
+	var errs []error
+	for name := range h {
+		for _, want := range exactSpellings {
+			if strings.EqualFold(name, want) && name != want {
+				errs = append(errs, fmt.Errorf("header %s is sent as %q", want, name))
+			}
+		}
+	}
+	return errs
+}
+
+// canonicalHeader is h with every name in canonical form, as a client
+// reading the response off the wire sees it.
+func canonicalHeader(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for name, values := range h {
+		for _, v := range values {
+			out.Add(name, v)
+		}
+	}
+	return out
 }
 
 // httpRequest builds a request from the default client address.
@@ -334,9 +377,9 @@ func (ts *testServer) validate(req *http.Request, resp *response) {
 
 // check returns the ways resp breaks the document or the common rules.
 func (c *contractDoc) check(req *http.Request, resp *response) []error {
-	var errs []error
+	errs := spellingErrors(resp.Header)
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	h := resp.Header
+	h := canonicalHeader(resp.Header)
 	if h.Get("X-Request-Id") == "" {
 		fail("no X-Request-Id")
 	}
@@ -344,7 +387,8 @@ func (c *contractDoc) check(req *http.Request, resp *response) []error {
 		fail("X-Content-Type-Options = %q", got)
 	}
 	wantCache := "no-store"
-	if resp.StatusCode == http.StatusOK && (req.URL.Path == "/openapi.yaml" || req.URL.Path == "/openapi.json") {
+	if resp.StatusCode == http.StatusOK && (req.URL.Path == "/openapi.yaml" || req.URL.Path == "/openapi.json" ||
+		req.URL.Path == "/docs" || strings.HasPrefix(req.URL.Path, "/docs/")) {
 		wantCache = "public, max-age=300"
 	}
 	if got := h.Get("Cache-Control"); got != wantCache {
@@ -384,7 +428,7 @@ func (c *contractDoc) check(req *http.Request, resp *response) []error {
 			Options: &openapi3filter.Options{AuthenticationFunc: openapi3filter.NoopAuthenticationFunc},
 		},
 		Status:  resp.StatusCode,
-		Header:  resp.Header,
+		Header:  h,
 		Options: &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
 	}
 	in.SetBodyBytes(resp.body)

@@ -54,6 +54,26 @@ func (s *server) throttleByIP(next http.Handler) http.Handler {
 	})
 }
 
+// refuseThrottled fails, as chargeIP does, when the request's client
+// address is out of throttle budget, and charges nothing otherwise; it
+// reports whether it charged.
+func (s *server) refuseThrottled(w http.ResponseWriter, r *http.Request) (bool, error) {
+	if s.throttle == nil {
+		return false, nil
+	}
+	key := throttleKey(requestInfoFrom(r.Context()).clientIP)
+	throttled, err := s.throttle.Throttled(r.Context(), key)
+	if err != nil {
+		return false, fmt.Errorf("throttle %s: %w", key, err)
+	}
+	if !throttled {
+		return false, nil
+	}
+	// Charging a throttled address refuses it with the right headers and
+	// Retry-After, and changes nothing (unless budget came back meanwhile).
+	return true, s.chargeIP(w, r)
+}
+
 // chargeIP counts the request against its client address's throttle and
 // sets the throttle's headers. It fails with *refusedError when the address
 // is over its limit.
@@ -71,6 +91,27 @@ func (s *server) chargeIP(w http.ResponseWriter, r *http.Request) error {
 		return &refusedError{decision: d}
 	}
 	return nil
+}
+
+// The rate-limit fields, spelled as the API specification and
+// draft-ietf-httpapi-ratelimit-headers spell them. Field names are
+// case-insensitive, but logs, documentation and exact-match tooling read the
+// spelling, and http.Header.Set would send the canonical X-Ratelimit-Limit
+// and Ratelimit-Policy; so these are written with setExact.
+const (
+	headerLimit     = "X-RateLimit-Limit"
+	headerRemaining = "X-RateLimit-Remaining"
+	headerReset     = "X-RateLimit-Reset"
+	headerPolicy    = "RateLimit-Policy"
+	headerRateLimit = "RateLimit"
+)
+
+// setExact sets the field name to value with name spelled as given. It
+// removes the canonical spelling first, so the response never carries the
+// field twice.
+func setExact(h http.Header, name, value string) {
+	h.Del(name)
+	h[name] = []string{value}
 }
 
 // setLimitHeaders describes a decision in two vocabularies:
@@ -103,9 +144,9 @@ func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 	}
 	reset = later(reset, now)
 
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(bound.Limit, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(remaining, 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilUnix(reset), 10))
+	setExact(h, headerLimit, strconv.FormatInt(bound.Limit, 10))
+	setExact(h, headerRemaining, strconv.FormatInt(remaining, 10))
+	setExact(h, headerReset, strconv.FormatInt(ceilUnix(reset), 10))
 
 	var policy strings.Builder
 	for i, w := range d.Windows {
@@ -114,8 +155,8 @@ func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 		}
 		fmt.Fprintf(&policy, "%q;q=%d;w=%d", ratelimit.FormatPeriod(w.Period), w.Limit, max(ceilSeconds(w.Period), 1))
 	}
-	h.Set("RateLimit-Policy", policy.String())
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", ratelimit.FormatPeriod(bound.Period), remaining, ceilSeconds(reset.Sub(now))))
+	setExact(h, headerPolicy, policy.String())
+	setExact(h, headerRateLimit, fmt.Sprintf("%q;r=%d;t=%d", ratelimit.FormatPeriod(bound.Period), remaining, ceilSeconds(reset.Sub(now))))
 }
 
 func later(a, b time.Time) time.Time {

@@ -3,8 +3,12 @@ package httpapi
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,9 +115,14 @@ func TestRateLimitHeadersBindingWindow(t *testing.T) {
 		h := http.Header{}
 		setLimitHeaders(h, tt.d, now)
 		for name, v := range tt.want {
-			if got := h.Get(name); got != v {
-				t.Errorf("%s: %s = %q, want %q", tt.name, name, got, v)
+			// Read by the exact name: the X-RateLimit fields must be
+			// spelled as the specification spells them.
+			if got := strings.Join(h[name], ","); got != v {
+				t.Errorf("%s: %s = %q, want %q (fields %v)", tt.name, name, got, v, h)
 			}
+		}
+		if errs := spellingErrors(h); len(errs) > 0 {
+			t.Errorf("%s: %v", tt.name, errs)
 		}
 	}
 }
@@ -176,5 +185,43 @@ func TestRateLimitOff(t *testing.T) {
 	}
 	if resp := ts.get("/v1/pets", ""); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("throttle off: %d", resp.StatusCode)
+	}
+}
+
+// TestRateLimitHeadersSpelledOnTheWire reads a raw response: the fields
+// the specification names travel as X-RateLimit-*, not Go's canonical
+// X-Ratelimit-* (and RateLimit, RateLimit-Policy as the IETF draft spells
+// them), each exactly once.
+func TestRateLimitHeadersSpelledOnTheWire(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	srv := httptest.NewServer(ts.handler)
+	defer srv.Close()
+	for _, req := range []string{
+		"GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + keyFree + "\r\nConnection: close\r\n\r\n",
+		"GET /v1/pets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", // 401, the per-IP throttle's fields
+	} {
+		conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(conn, req); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(conn)
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, _, _ := strings.Cut(string(raw), "\r\n\r\n")
+		for _, name := range exactSpellings {
+			if n := strings.Count(head, "\r\n"+name+": "); n != 1 {
+				t.Errorf("%s sent %d times in:\n%s", name, n, head)
+			}
+		}
+		if strings.Contains(head, "X-Ratelimit-") || strings.Contains(head, "\r\nRatelimit") {
+			t.Errorf("canonical spelling sent:\n%s", head)
+		}
 	}
 }

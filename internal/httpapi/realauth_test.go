@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/ratelimit"
 )
 
 // downLookup is a key database that cannot be reached.
@@ -82,4 +85,85 @@ func generateKey(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// countingLookup is a key database that knows some keys and counts queries.
+type countingLookup struct {
+	known   map[string]bool // hashes
+	queries atomic.Int64
+}
+
+func (c *countingLookup) KeyByHash(_ context.Context, hash string) (apikey.Record, error) {
+	c.queries.Add(1)
+	if c.known[hash] {
+		return apikey.Record{Hash: hash, Label: "real", Plan: plan.Pro}, nil
+	}
+	return apikey.Record{}, fmt.Errorf("key %s: %w", hash[:8], apikey.ErrUnknown)
+}
+
+// TestThrottleBeforeKeyDatabase: an address out of throttle budget is
+// turned away before its keys are looked up, so its made-up keys cost no
+// query and never enter the key cache; keys that are found are never
+// charged, so many real keys behind one address are not throttled.
+func TestThrottleBeforeKeyDatabase(t *testing.T) {
+	t.Parallel()
+	real := make([]string, 5)
+	db := &countingLookup{known: map[string]bool{}}
+	for i := range real {
+		real[i] = generateKey(t)
+		db.known[apikey.Hash(real[i])] = true
+	}
+	auth, err := apikey.NewAuthenticator(apikey.Options{Lookup: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	throttle, err := ratelimit.NewThrottle(nil, ratelimit.ThrottleLimit{Rate: 1, Burst: 1, Period: time.Minute}, ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = throttle.Close() })
+	ts := newTestServer(t, func(c *Config) { c.Auth, c.Throttle = auth, throttle })
+
+	// Five real keys from one address, a throttle of 1 per minute: each
+	// is looked up once and none is charged.
+	for _, k := range real {
+		for i := range 2 {
+			if resp := ts.do(request{method: http.MethodGet, target: "/v1/pets", key: k}); resp.StatusCode != http.StatusOK {
+				t.Fatalf("real key, request %d: %d %s", i, resp.StatusCode, resp.body)
+			}
+		}
+	}
+	if n := db.queries.Load(); n != 5 {
+		t.Fatalf("%d queries for five real keys, want 5", n)
+	}
+	// Made-up keys: the first is looked up and refused (401), which spends
+	// the address's budget; the other 199 are turned away with no query.
+	made := make([]string, 200)
+	for i := range made {
+		made[i] = generateKey(t)
+		resp := ts.do(request{method: http.MethodGet, target: "/v1/pets", key: made[i]})
+		want := http.StatusTooManyRequests
+		if i == 0 {
+			want = http.StatusUnauthorized
+		}
+		if resp.StatusCode != want {
+			t.Fatalf("made-up key %d: %d %s, want %d", i, resp.StatusCode, resp.body, want)
+		}
+	}
+	if n := db.queries.Load(); n != 6 {
+		t.Fatalf("200 made-up keys from one address cost %d queries, want 1 (then the address is throttled)", n-5)
+	}
+	// The turned-away keys did not enter the cache: from another address
+	// one is looked up.
+	resp := ts.do(request{method: http.MethodGet, target: "/v1/pets", key: made[1], remote: "198.51.100.7:999"})
+	if resp.StatusCode != http.StatusUnauthorized || db.queries.Load() != 7 {
+		t.Fatalf("made-up key from a fresh address: %d after %d queries, want 401 after 7", resp.StatusCode, db.queries.Load())
+	}
+	// Real keys still work from the throttled address (cached).
+	if resp := ts.do(request{method: http.MethodGet, target: "/v1/pets", key: real[0]}); resp.StatusCode != http.StatusOK {
+		t.Fatalf("real key after the flood: %d %s", resp.StatusCode, resp.body)
+	}
+	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues("throttled")); got != 199 {
+		t.Fatalf("auth_failures_total{reason=throttled} = %v, want 199", got)
+	}
 }

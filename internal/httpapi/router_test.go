@@ -257,6 +257,28 @@ func TestStoreFailureIsInternalError(t *testing.T) {
 	}
 }
 
+// A store that cannot serve for now (say, an unmigrated database) is a 503
+// with Retry-After, never a 500.
+func TestStoreUnavailableIsRetryable(t *testing.T) {
+	t.Parallel()
+	cause := fmt.Errorf("postgres: list pets: %w: relation \"pets\" does not exist", pet.ErrUnavailable)
+	ts := newTestServer(t, func(c *Config) {
+		c.Store = &faultyStore{Store: memstore.New(), listErr: cause, getErr: fmt.Errorf("postgres: get pet 1: %w", pet.ErrUnavailable)}
+	})
+	for _, target := range []string{"/v1/pets", "/v1/pets/1"} {
+		resp := ts.get(target, keyFree)
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || resp.errorBody(t).Code != codeUnavailable {
+			t.Errorf("%s: %d %v %s", target, resp.StatusCode, resp.Header, resp.body)
+		}
+		if strings.Contains(string(resp.body), "relation") {
+			t.Errorf("%s: 503 leaks the cause: %s", target, resp.body)
+		}
+	}
+	if got := metricValue(t, ts.metrics.storeErrors.WithLabelValues(opList)); got != 1 {
+		t.Errorf("store errors{list} = %v", got)
+	}
+}
+
 func TestClientGoneIsNotAServerError(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// TestKeysCreateGenerates covers `keys create --count --format` without a
+// database: a pure generator whose output a keys file and the load-test
+// kit read as they are.
+func TestKeysCreateGenerates(t *testing.T) {
+	t.Parallel()
+	noEnv := map[string]string{}
+	out := runOK(t, noEnv, "keys", "create", "--plan", "LoadTest", "--count", "3", "--format", "yaml", "--label", "lt: 1")
+	keys, err := apikey.ParseKeys([]byte(out), plan.Defaults())
+	if err != nil {
+		t.Fatalf("generated YAML is not a keys file: %v\n%s", err, out)
+	}
+	recs := keys.Records()
+	if len(recs) != 3 {
+		t.Fatalf("%d keys in the file, want 3:\n%s", len(recs), out)
+	}
+	for _, r := range recs {
+		if r.Plan != plan.LoadTest || r.Label != "lt: 1" {
+			t.Errorf("record %+v, want plan loadtest, label %q", r, "lt: 1")
+		}
+	}
+
+	out = runOK(t, noEnv, "keys", "create", "--plan", "enterprise", "--quota", "50/1s", "--count", "2", "--format", "csv")
+	rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil || len(rows) != 3 || strings.Join(rows[0], ",") != "id,key,plan,label" {
+		t.Fatalf("csv %q: %v", out, err)
+	}
+	for _, row := range rows[1:] {
+		if err := apikey.CheckFormat(row[1]); err != nil {
+			t.Errorf("key %q: %v", row[1], err)
+		}
+		if row[0] != apikey.IDFromHash(apikey.Hash(row[1])) || row[2] != "enterprise" {
+			t.Errorf("row %v: id or plan does not match the key", row)
+		}
+	}
+	if rows[1][1] == rows[2][1] {
+		t.Error("the same key generated twice")
+	}
+
+	out = runOK(t, noEnv, "keys", "create", "--plan", "enterprise", "--quota", "50/1s", "--format", "yaml")
+	if _, err := apikey.ParseKeys([]byte(out), plan.Defaults()); err != nil || !strings.Contains(out, "period: 1s") {
+		t.Fatalf("per-key quotas in the YAML: %v\n%s", err, out)
+	}
+
+	for _, tt := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--plan", "free"}, "needs PostgreSQL"},
+		{[]string{"--plan", "free", "--format", "xml"}, "--format must be"},
+		{[]string{"--plan", "free", "--format", "csv", "--count", "0"}, "--count must be"},
+		{[]string{"--plan", "free", "--format", "csv", "--count", "100001"}, "--count must be"},
+		{[]string{"--plan", "gold", "--format", "csv"}, "unknown plan"},
+		{[]string{"--plan", "enterprise", "--format", "csv"}, "quotas are agreed per key"},
+		{[]string{"--format", "csv"}, "--plan is required"},
+	} {
+		var o, e bytes.Buffer
+		err := run(context.Background(), append([]string{"keys", "create"}, tt.args...), func(string) string { return "" }, &o, &e)
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("keys create %v: error %v, want one containing %q", tt.args, err, tt.wantErr)
+		}
+		if o.Len() != 0 {
+			t.Errorf("keys create %v printed keys although it failed: %q", tt.args, o.String())
+		}
+	}
+}
+
+// TestLimitsReset stores keys in bulk, exhausts them on a real server and
+// clears them with `limits reset`, by id and by plan.
+func TestLimitsReset(t *testing.T) {
+	t.Parallel()
+	dbURL := withSchema(t)
+	redisAddr := testenv.RedisAddr(t)
+	plans := t.TempDir() + "/plans.yaml"
+	if err := os.WriteFile(plans, []byte("plans:\n  tiny: {quotas: [{limit: 2, period: 1m}], ban: off}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"PETSTORE_DATABASE_URL": dbURL,
+		"PETSTORE_PLANS_FILE":   plans,
+		"PETSTORE_REDIS_ADDRS":  redisAddr,
+	}
+	runOK(t, env, "migrate")
+	out := runOK(t, env, "keys", "create", "--plan", "tiny", "--count", "2", "--format", "csv", "--label", "reset-test")
+	rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil || len(rows) != 3 {
+		t.Fatalf("csv %q: %v", out, err)
+	}
+	list := runOK(t, env, "keys", "list")
+	for _, row := range rows[1:] {
+		if !strings.Contains(list, row[0]) {
+			t.Fatalf("key %s was not stored:\n%s", row[0], list)
+		}
+	}
+	runOK(t, env, "keys", "create", "--plan", "free", "--label", "other plan")
+
+	in := start(t, env)
+	exhaust := func(key string) {
+		t.Helper()
+		for i := 0; i < 2; i++ {
+			if resp, body := do(t, "GET", in.api+"/v1/pets", key, ""); resp.StatusCode != 200 {
+				t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+			}
+		}
+		if resp, body := do(t, "GET", in.api+"/v1/pets", key, ""); resp.StatusCode != 429 {
+			t.Fatalf("third request: %d %s, want 429", resp.StatusCode, body)
+		}
+	}
+	admitted := func(key string) bool {
+		resp, _ := do(t, "GET", in.api+"/v1/pets", key, "")
+		return resp.StatusCode == 200
+	}
+	// A replica drops what it cached of a reset key when the reset's
+	// announcement reaches it (pub/sub): give it a moment.
+	admittedSoon := func(key string) bool {
+		deadline := time.Now().Add(2 * time.Second)
+		for !admitted(key) {
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return true
+	}
+	a, b := rows[1], rows[2]
+	exhaust(a[1])
+	exhaust(b[1])
+
+	if out := runOK(t, env, "limits", "reset", a[0]); !strings.Contains(out, a[0]) {
+		t.Fatalf("limits reset printed %q", out)
+	}
+	if !admittedSoon(a[1]) {
+		t.Fatal("a reset key is still limited")
+	}
+	if admitted(b[1]) {
+		t.Fatal("resetting one key reset another")
+	}
+
+	out = runOK(t, env, "limits", "reset", "--plan", "TINY")
+	if !strings.Contains(out, "2 key(s) of plan tiny") {
+		t.Fatalf("limits reset --plan printed %q", out)
+	}
+	for _, k := range []string{a[1], b[1]} {
+		if !admittedSoon(k) || !admitted(k) {
+			t.Fatal("two requests after resetting the plan were not both admitted")
+		}
+	}
+
+	for _, tt := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"reset"}, "usage"},
+		{[]string{"reset", "--plan", "tiny", a[0]}, "not both"},
+		{[]string{"reset", "--plan", "gold"}, "unknown plan"},
+		{[]string{"show"}, "usage"},
+	} {
+		var o, e bytes.Buffer
+		err := run(context.Background(), append([]string{"limits"}, tt.args...), func(k string) string { return env[k] }, &o, &e)
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("limits %v: error %v, want one containing %q", tt.args, err, tt.wantErr)
+		}
+	}
+}

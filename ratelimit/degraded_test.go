@@ -1,0 +1,339 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// The degraded mode's promises, on real redis-server processes that the
+// tests pause (SIGSTOP) and on a machine made busy: a blip does not
+// loosen a limit, a busy CPU is not a Redis outage, and every request
+// still answers within about the timeout.
+
+// sprayed is one request of a fault test: when the client sent it and got
+// its answer, and the answer.
+type sprayed struct {
+	send, recv time.Time
+	replica    int
+	allowed    bool
+	degraded   bool
+}
+
+// certainViolation returns, for admissions judged from outside, the first
+// L+1 of them whose whole [send, receive] spans fit inside less than W: a
+// certain violation, whatever the moment each was decided.
+func certainViolation(rs []sprayed, w Window) []sprayed {
+	var a []sprayed
+	for _, r := range rs {
+		if r.allowed {
+			a = append(a, r)
+		}
+	}
+	slices.SortFunc(a, func(x, y sprayed) int { return x.send.Compare(y.send) })
+	for i := 0; i+int(w.Limit) < len(a); i++ {
+		group := a[i : i+int(w.Limit)+1]
+		last := group[0].recv
+		for _, r := range group {
+			if r.recv.After(last) {
+				last = r.recv
+			}
+		}
+		if last.Sub(group[0].send) < w.Period {
+			return group
+		}
+	}
+	return nil
+}
+
+// fleet is n limiters sharing one private redis-server, as n replicas.
+type fleet struct {
+	srv *redisServer
+	ls  []*Limiter
+	p   Policy
+	key string
+
+	mu  sync.Mutex
+	log []sprayed
+}
+
+func newFleet(t *testing.T, n int, p Policy, opts Options) *fleet {
+	t.Helper()
+	testenv.RedisAddr(t) // a missing Redis fails under CI
+	f := &fleet{srv: startRedisServer(t), p: p, key: "k"}
+	if opts.Prefix == "" {
+		opts.Prefix = randomPrefix(t)
+	}
+	opts.Replicas = n
+	for range n {
+		rdb := redis.NewClient(&redis.Options{Addr: f.srv.addr, MaxRetries: -1, ContextTimeoutEnabled: true,
+			ReadTimeout: opts.Timeout, WriteTimeout: opts.Timeout, DialTimeout: opts.Timeout})
+		t.Cleanup(func() { _ = rdb.Close() })
+		l, err := New(rdb, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		f.ls = append(f.ls, l)
+	}
+	// Wait until every replica has counted the others.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, l := range f.ls {
+		for l.replicas.live() != int64(n) {
+			if time.Now().After(deadline) {
+				t.Fatalf("replicas counted %d live, want %d", l.replicas.live(), n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return f
+}
+
+// send decides one request on replica i and records it.
+func (f *fleet) send(t *testing.T, i int) sprayed {
+	start := time.Now()
+	d, err := f.ls[i%len(f.ls)].Allow(context.Background(), f.key, f.p)
+	r := sprayed{send: start, recv: time.Now(), replica: i % len(f.ls), allowed: err == nil && d.Allowed(), degraded: d.Degraded}
+	if err != nil {
+		t.Errorf("Allow: %v", err)
+	}
+	f.mu.Lock()
+	f.log = append(f.log, r)
+	f.mu.Unlock()
+	return r
+}
+
+// spray sends n requests spread evenly over d, round robin over the
+// replicas, each from its own goroutine, and waits for them.
+func (f *fleet) spray(t *testing.T, n int, d time.Duration) {
+	var wg sync.WaitGroup
+	step := d / time.Duration(n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.send(t, i)
+		}()
+		time.Sleep(step)
+	}
+	wg.Wait()
+}
+
+// check fails on a certain violation of the degraded-mode bound the
+// README states, for f's window, and on a request that waited longer than
+// wait; it logs what it measured. The bound: in any interval of length W,
+// at most L admissions decided through Redis (Redis only paused here, so
+// it kept its counts), plus what each replica admitted alone, at most
+// max(1, ⌊L/N⌋) each. With whole set, at most L in all: the case where
+// every replica's last answer from Redis was the key's latest count.
+func (f *fleet) check(t *testing.T, what string, wait time.Duration, whole bool) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	admitted, degraded := 0, 0
+	var slowest time.Duration
+	for _, r := range f.log {
+		if r.allowed {
+			admitted++
+		}
+		if r.degraded {
+			degraded++
+		}
+		slowest = max(slowest, r.recv.Sub(r.send))
+	}
+	trips := 0.0
+	for _, l := range f.ls {
+		trips += metricValue(t, l.met.breakerTrips)
+	}
+	t.Logf("%s: %d requests, %d admitted, %d decided locally, %v breaker trips, slowest answer %s",
+		what, len(f.log), admitted, degraded, trips, slowest.Round(time.Millisecond))
+	fail := func(g []sprayed, w Window, which string) {
+		for _, r := range f.log {
+			if r.allowed {
+				t.Logf("admitted: sent %s, answered after %s, replica %d, decided locally %v",
+					r.send.Format("15:04:05.000"), r.recv.Sub(r.send), r.replica, r.degraded)
+			}
+		}
+		t.Fatalf("%s: %d %s within less than %s (at most %d): first sent %s, last answered %s after it",
+			what, len(g), which, w.Period, w.Limit, g[0].send.Format("15:04:05.000"), g[len(g)-1].recv.Sub(g[0].send))
+	}
+	for _, w := range f.p.Windows {
+		if whole {
+			if g := certainViolation(f.log, w); g != nil {
+				fail(g, w, "admissions")
+			}
+		}
+		shared := slices.DeleteFunc(slices.Clone(f.log), func(r sprayed) bool { return r.degraded })
+		if g := certainViolation(shared, w); g != nil {
+			fail(g, w, "admissions through Redis")
+		}
+		alone := Window{Limit: max(1, w.Limit/int64(len(f.ls))), Period: w.Period}
+		for i := range f.ls {
+			local := slices.DeleteFunc(slices.Clone(f.log), func(r sprayed) bool { return !r.degraded || r.replica != i })
+			if g := certainViolation(local, alone); g != nil {
+				fail(g, alone, fmt.Sprintf("admissions by replica %d alone", i))
+			}
+		}
+	}
+	if slowest > wait {
+		t.Fatalf("%s: a request waited %s, more than %s", what, slowest, wait)
+	}
+}
+
+// answerBound is how long a request may wait here: the timeout, and room
+// for a race-instrumented test binary on a shared two-core machine. The
+// fleet tests hold real replicas to the timeout plus 10 ms.
+func answerBound(o Options) time.Duration { return o.Timeout + 250*time.Millisecond }
+
+// TestDegradedPauseKeepsTheLimit is the blip scenario: three replicas, a
+// key on 5 per 3 s, three admitted, then Redis paused while 30 requests
+// are spread over the replicas, then 30 more after it resumes. Every
+// replica's last answer from Redis is the key's latest count, so at most 5
+// may be admitted in any 3 s, for pauses shorter than the breaker's
+// TripAfter and longer.
+func TestDegradedPauseKeepsTheLimit(t *testing.T) {
+	t.Parallel()
+	for _, pause := range []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second} {
+		t.Run(pause.String(), func(t *testing.T) {
+			t.Parallel()
+			p := Policy{Name: "tiny", Windows: []Window{{Limit: 5, Period: 3 * time.Second}}}
+			opts := Options{Timeout: 50 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}
+			f := newFleet(t, 3, p, opts)
+			latest := true // every replica's last answer is the key's latest count
+			for i := range 3 {
+				r := f.send(t, i)
+				if !r.allowed {
+					t.Fatalf("request %d before the pause: %+v", i, r)
+				}
+				// On a loaded machine one may be decided locally: then
+				// that replica knows less, and only the general bound
+				// holds.
+				latest = latest && !r.degraded
+			}
+			f.srv.signal(t, syscall.SIGSTOP)
+			f.spray(t, 30, pause)
+			f.srv.signal(t, syscall.SIGCONT)
+			f.spray(t, 30, time.Second)
+			// Within the window's period of the pause: nothing more may be
+			// admitted once 5 were.
+			f.check(t, fmt.Sprintf("pause %s", pause), answerBound(opts), latest)
+		})
+	}
+}
+
+// TestDegradedRepeatedBlipsKeepTheLimit pauses Redis twelve times for
+// 60 ms within one 3 s window while a key on 5 per 3 s is sprayed over
+// three replicas: a replica that flaps must not get a fresh share each
+// time (at most one admission alone per window per replica).
+func TestDegradedRepeatedBlipsKeepTheLimit(t *testing.T) {
+	t.Parallel()
+	p := Policy{Name: "tiny", Windows: []Window{{Limit: 5, Period: 3 * time.Second}}}
+	opts := Options{Timeout: 50 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}
+	f := newFleet(t, 3, p, opts)
+	f.send(t, 0)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.spray(t, 90, 2700*time.Millisecond)
+	}()
+	for range 12 {
+		f.srv.signal(t, syscall.SIGSTOP)
+		time.Sleep(60 * time.Millisecond)
+		f.srv.signal(t, syscall.SIGCONT)
+		time.Sleep(160 * time.Millisecond)
+	}
+	<-done
+	f.check(t, "12 pauses of 60 ms", answerBound(opts), false)
+}
+
+// TestDegradedBusyMachineIsNotAnOutage keeps both cores busy with other
+// processes for 2 s while keys are sprayed over three replicas: no
+// replica may trip its breaker, and the degraded-mode bound holds.
+func TestDegradedBusyMachineIsNotAnOutage(t *testing.T) {
+	t.Parallel()
+	p := Policy{Name: "tiny", Windows: []Window{{Limit: 5, Period: 3 * time.Second}}}
+	opts := Options{Timeout: 50 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}
+	f := newFleet(t, 3, p, opts)
+	var hogs []*exec.Cmd
+	for range 2 {
+		hog := exec.Command("sh", "-c", "end=$(($(date +%s)+2)); while [ $(date +%s) -lt $end ]; do :; done")
+		if err := hog.Start(); err != nil {
+			t.Fatal(err)
+		}
+		hogs = append(hogs, hog)
+	}
+	t.Cleanup(func() {
+		for _, h := range hogs {
+			_ = h.Process.Kill()
+			_ = h.Wait()
+		}
+	})
+	f.spray(t, 120, 2*time.Second)
+	for _, h := range hogs {
+		_ = h.Wait()
+	}
+	for i, l := range f.ls {
+		if n := metricValue(t, l.met.breakerTrips); n != 0 {
+			t.Errorf("replica %d tripped its breaker %v times on a busy machine", i, n)
+		}
+	}
+	f.check(t, "busy machine", time.Second, false)
+}
+
+// TestLiveReplicaCountFollowsTheFleet: the fallback divides by the live
+// replicas counted through Redis heartbeats, not by Options.Replicas; a
+// replica that closes is counted out.
+func TestLiveReplicaCountFollowsTheFleet(t *testing.T) {
+	t.Parallel()
+	p := perMinute(90)
+	opts := Options{Prefix: randomPrefix(t), Timeout: 100 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}
+	f := newFleet(t, 3, p, opts) // each starts believing 3
+	var more []*Limiter
+	for range 6 {
+		rdb := redis.NewClient(&redis.Options{Addr: f.srv.addr, MaxRetries: -1})
+		t.Cleanup(func() { _ = rdb.Close() })
+		opts.Replicas = 3
+		l, err := New(rdb, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		more = append(more, l)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for f.ls[0].replicas.live() != 9 {
+		if time.Now().After(deadline) {
+			t.Fatalf("live replicas %d, want 9", f.ls[0].replicas.live())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if g := metricValue(t, f.ls[0].met.replicasLive); g != 9 {
+		t.Fatalf("replicas_live %v, want 9", g)
+	}
+	// Redis stops: a never-seen key gets 90/9 = 10 per minute here.
+	f.srv.stop()
+	got := 0
+	for range 30 {
+		d, err := f.ls[0].Allow(context.Background(), "unseen", p)
+		if err != nil || !d.Degraded {
+			t.Fatalf("with Redis gone: %+v %v", d, err)
+		}
+		if d.Allowed() {
+			got++
+		}
+	}
+	if got != 10 {
+		t.Fatalf("admitted %d with Redis gone and 9 live replicas, want 10 (90/9)", got)
+	}
+	for _, l := range more {
+		_ = l.Close()
+	}
+}

@@ -1,0 +1,100 @@
+package ratelimit
+
+import "time"
+
+// The state format, version 1. Everything the limiter stores in Redis is
+// described here; script.go reads and writes exactly these bytes, and
+// format_test.go checks every field at its maximum.
+//
+// All numbers are unsigned big-endian integers. No width depends on a
+// policy's numbers, so no limit can make a field overflow, and a key's
+// records survive plan edits:
+//
+//   - Each window is its own record, named by its geometry (period and
+//     bucket width): changing a window's limit keeps its counts, and adding
+//     or removing a window leaves the others alone.
+//   - Bans, offences and strikes live in one record of their own, kept
+//     whatever the windows do. The strike ring inside it is tied to the
+//     strike window's geometry: when the strike window itself is changed,
+//     strikes start over; the ban and the offence history are kept.
+//
+// Keys (KEY is the caller's key; the braces make Redis Cluster place all
+// of a key's records in one slot, so one script can touch them all):
+//
+//	PREFIX{KEY}:w:PERIOD:GRAN   window record (PERIOD and GRAN in µs)
+//	PREFIX{KEY}:ban             ban record
+//
+// A ring (the body of both records) covers the buckets head-n .. head:
+//
+//	field        bytes  meaning                                       maximum
+//	head         8      index of the newest bucket (time/gran)        2^53 (exact in Lua)
+//	total        4      events in buckets head-n .. head              maxCount
+//	head count   4      events in the head bucket                     maxCount
+//	head offset  2      head bucket's last event, in units from its   maxOffset
+//	                    start, rounded up
+//	slots        6·(n+1) per older bucket j, at slot j mod (n+1):
+//	                    count (4) and last-event offset (2)
+//
+// Slots of buckets after the stored head are stale and read as empty; they
+// are zeroed when the head passes them. A window's total is at most 2·limit
+// (the oldest bucket may still be stored while the newest admit a full
+// limit), plus the admissions replicas made without Redis and add when it
+// is back (input.add, at most a limit per round trip, in practice about
+// one limit in all). MaxLimit leaves room for more than four limits, so no
+// accepted limit can wrap a count; counts saturate at maxCount rather than
+// wrap. Strike counts are not bounded by a limit (locally answered
+// rejections arrive in batches); they saturate too, far above any
+// threshold.
+//
+// Window record: version (1), ring. TTL: refreshed to period + 2 buckets
+// whenever its head moves.
+//
+// Ban record: version (1), ban end µs (8), offences (4), last offence µs
+// (8), strike period µs (8), strike bucket width µs (8), strike ring. TTL:
+// until the ban, the offence memory and the strikes have all expired.
+//
+// Versions. The first byte of a record is its version. A later release
+// may append fields after the ones above and must keep their meaning and
+// the version number; readers ignore bytes they do not know, and writers
+// change only the bytes they own (SETRANGE), so releases that differ in
+// such extensions run side by side on one Redis without resetting each
+// other. A change that cannot be an extension must use new key names, so
+// that no release ever misreads another's record. The release before this
+// format (layout "v3") kept its state under PREFIX{KEY}:w and PREFIX{KEY}:b,
+// which this one never reads or writes (see README, "Upgrading").
+const (
+	formatVersion = 1
+
+	headBytes   = 8
+	countBytes  = 4
+	offsetBytes = 2
+	ringHeader  = headBytes + 2*countBytes + offsetBytes // 18
+	slotBytes   = countBytes + offsetBytes               // 6
+
+	windowRingAt = 2 // 1-based position of the ring in a window record
+
+	banFixed  = 1 + 8 + 4 + 8 + 8 + 8 // version .. strike bucket width
+	banRingAt = banFixed + 1          // 1-based position of the strike ring
+
+	maxCount    = 1<<(8*countBytes) - 1
+	maxOffset   = 1<<(8*offsetBytes) - 1
+	maxOffences = maxCount
+	maxBanMicro = int64(1) << 50 // ~35 years: far inside the 8-byte ban end
+)
+
+// Limits of the accepted configuration; Policy.Validate enforces them.
+const (
+	// MaxLimit is the largest limit a window (or a ban threshold) may
+	// have: four times it still fits a count (see above).
+	MaxLimit = 1_000_000_000
+	// MinPeriod is the shortest period a window (or a strike window) may
+	// have. It is enforced exactly: bucket indexes are 8 bytes wide, so
+	// even a 1 µs bucket never truncates.
+	MinPeriod = time.Millisecond
+	// MaxPeriod is the longest period a window (or a strike window) may
+	// have.
+	MaxPeriod = 366 * 24 * time.Hour
+)
+
+// ringSize is the number of bytes of a ring with n+1 slots.
+func ringSize(n int64) int64 { return ringHeader + (n+1)*slotBytes }

@@ -1,0 +1,560 @@
+package ratelimit
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// The promises of the README, checked directly on the decision script
+// (the Decider: no lease table, rejection cache or batcher in between),
+// over plans generated across the whole accepted configuration space:
+//
+//   - no interval of length W ever holds more than L admissions of a window
+//     (L, W), by Redis time, whatever the limit (with extra weight at the
+//     internal boundaries: 127-256, 65 535 ± 1, MaxLimit), the period (from
+//     MinPeriod to MaxPeriod), the number of windows, and replicas that
+//     disagree on the plan (each admission is held to the limits of the
+//     plan it was decided under, counting every admission of every plan
+//     that has a window of that period);
+//   - Retry-After is never short: a client that waits exactly Retry-After
+//     is admitted on its first retry, absent other traffic; and it is
+//     never long: any request before it, under the same plan, is refused;
+//   - for a limited request, Retry-After exceeds the wait of an ideal
+//     sliding window (computed here from the admission log alone) by at
+//     most one bucket (plus the offset unit), so the whole seconds the
+//     HTTP layer sends are at most 1 s long.
+//
+// make test runs a fixed seed on a short budget; make fuzz runs more cases
+// with a random seed:
+//
+//	go test ./ratelimit -run Invariant -invariant.cases 2000 -invariant.seed 0
+var (
+	invariantCases = flag.Int("invariant.cases", 40, "plans generated per invariant test")
+	invariantSeed  = flag.Uint64("invariant.seed", 1, "seed of the invariant tests (0: random)")
+)
+
+func invariantRNG(t *testing.T, stream uint64) *rand.Rand {
+	seed := *invariantSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	t.Logf("seed %d (rerun with -invariant.seed %d)", seed, seed)
+	return rand.New(rand.NewPCG(seed, stream))
+}
+
+// boundaryLimits are the limits around every internal boundary that a
+// limit-dependent width would have: byte widths, and the largest limit.
+var boundaryLimits = []int64{1, 2, 3, 127, 128, 129, 199, 200, 201, 254, 255, 256, 257,
+	65_534, 65_535, 65_536, 65_537, 16_777_215, 16_777_216, MaxLimit - 1, MaxLimit}
+
+// genLimit draws a limit: half the time at a boundary, else small or
+// anywhere in the accepted range.
+func genLimit(rng *rand.Rand) int64 {
+	switch r := rng.IntN(10); {
+	case r < 5:
+		return boundaryLimits[rng.IntN(len(boundaryLimits))]
+	case r < 8:
+		return 1 + rng.Int64N(300)
+	default:
+		return 1 + rng.Int64N(MaxLimit)
+	}
+}
+
+// genPeriod draws a period from MinPeriod to maxPeriod: the extremes,
+// common ones, and any in between.
+func genPeriod(rng *rand.Rand, maxPeriod time.Duration) time.Duration {
+	fixed := []time.Duration{MinPeriod, MinPeriod + time.Microsecond, 2 * time.Millisecond, 7 * time.Millisecond,
+		50 * time.Millisecond, 1013 * time.Millisecond, 10 * time.Second, time.Minute, time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, MaxPeriod}
+	var d time.Duration
+	if rng.IntN(2) == 0 {
+		d = fixed[rng.IntN(len(fixed))]
+	} else {
+		// Log-uniform between the bounds.
+		lo, hi := float64(MinPeriod), float64(maxPeriod)
+		d = time.Duration(lo * math.Pow(hi/lo, rng.Float64()))
+		d = d.Truncate(time.Microsecond)
+	}
+	return min(max(d, MinPeriod), maxPeriod)
+}
+
+// genPolicies draws the plans one key is decided under: 1-3 replicas'
+// views, sharing some windows (same period, maybe another limit) and
+// differing in others, with the same ban rules.
+func genPolicies(rng *rand.Rand, maxPeriod time.Duration) []Policy {
+	nw := 1 + rng.IntN(4)
+	var base []Window
+	seen := map[time.Duration]bool{}
+	for len(base) < nw {
+		p := genPeriod(rng, maxPeriod)
+		if !seen[p] {
+			seen[p] = true
+			base = append(base, Window{Limit: genLimit(rng), Period: p})
+		}
+	}
+	var ban BanPolicy
+	if rng.IntN(2) == 0 {
+		sw := genPeriod(rng, min(maxPeriod, time.Hour))
+		ban = BanPolicy{Threshold: 1 + rng.Int64N(5), StrikeWindow: sw, Base: time.Duration(1+rng.Int64N(int64(2*sw))) + time.Microsecond,
+			Multiplier: 1 + rng.Float64()*2, Memory: 3 * sw}
+	}
+	policies := []Policy{{Name: "p0", Windows: base, Ban: ban}}
+	for i := 1; i < 1+rng.IntN(3); i++ {
+		ws := slices.Clone(base)
+		for j := range ws {
+			if rng.IntN(3) == 0 {
+				ws[j].Limit = genLimit(rng)
+			}
+		}
+		if len(ws) > 1 && rng.IntN(3) == 0 {
+			k := rng.IntN(len(ws))
+			ws = append(ws[:k], ws[k+1:]...)
+		}
+		if len(ws) < 4 && rng.IntN(3) == 0 {
+			if p := genPeriod(rng, maxPeriod); !slices.ContainsFunc(ws, func(w Window) bool { return w.Period == p }) {
+				ws = append(ws, Window{Limit: genLimit(rng), Period: p})
+			}
+		}
+		policies = append(policies, Policy{Name: fmt.Sprint("p", i), Windows: ws, Ban: ban})
+	}
+	return policies
+}
+
+// span is one decision's admissions: k of them, spent within [start, end]
+// by Redis time (a single admission: start = end; a lease: until its end).
+type span struct {
+	start, end, k int64
+	periods       []int64 // the window periods (µs) that counted them
+}
+
+// admissionLog checks the window promise and computes ideal waits from
+// the admissions alone.
+type admissionLog struct{ spans []span }
+
+// count returns the admissions counted by a window of period p within
+// (x-p, x]: those of spans that overlap it.
+func (a *admissionLog) count(p, x int64) int64 {
+	var c int64
+	for _, s := range a.spans {
+		if s.start <= x && s.end > x-p && slices.Contains(s.periods, p) {
+			c += s.k
+		}
+	}
+	return c
+}
+
+// idealWait returns how long after x a request would wait for window
+// (limit, p) under an exact sliding window over the logged admissions.
+func (a *admissionLog) idealWait(limit, p, x int64) int64 {
+	var in []span
+	var c int64
+	for _, s := range a.spans {
+		if s.start <= x && s.end > x-p && slices.Contains(s.periods, p) {
+			in = append(in, s)
+			c += s.k
+		}
+	}
+	if c < limit {
+		return 0
+	}
+	sort.Slice(in, func(i, j int) bool { return in[i].end < in[j].end })
+	excess, acc := c-limit+1, int64(0)
+	for _, s := range in {
+		acc += s.k
+		if acc >= excess {
+			return s.end + p - x
+		}
+	}
+	panic("unreachable")
+}
+
+// refusal is the last refusal under one plan.
+type refusal struct {
+	at, retry int64
+	ok        bool
+}
+
+// invariantDriver runs one generated case against the script.
+type invariantDriver struct {
+	t        *testing.T
+	rng      *rand.Rand
+	rdb      *redis.Client
+	mini     *miniredis.Miniredis // nil: real Redis, real time
+	sc       script
+	keys     [][]string
+	plans    []*plan
+	policies []Policy
+	log      admissionLog
+	refused  []refusal
+	now      int64 // µs, the clock the test sets (miniredis)
+	last     int64 // the previous decision's Redis time
+	stats    [3]int
+	leases   int
+	honoured int
+}
+
+func newInvariantDriver(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, policies []Policy) *invariantDriver {
+	d := &invariantDriver{t: t, rng: rng, rdb: rdb, mini: mini, sc: newScript(decideLua), policies: policies}
+	prefix := randomPrefix(t)
+	for _, p := range policies {
+		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
+		d.plans = append(d.plans, pl)
+		d.keys = append(d.keys, stateKeys(prefix, "k", pl))
+	}
+	d.refused = make([]refusal, len(policies))
+	return d
+}
+
+func (d *invariantDriver) describe() string {
+	var b strings.Builder
+	for _, p := range d.policies {
+		fmt.Fprintf(&b, "%s %v ban %+v; ", p.Name, p.Windows, p.Ban)
+	}
+	return b.String()
+}
+
+// call decides one request under plan i, at the driver's clock on
+// miniredis, asking for a lease of want admissions when want > 1.
+func (d *invariantDriver) call(i int, want int64) verdict {
+	t := d.t
+	t.Helper()
+	if d.mini != nil {
+		d.mini.SetTime(time.UnixMicro(d.now))
+	}
+	ask := noLease
+	if want > 1 {
+		ask = leaseAsk{want: want, need: want, life: 1 + d.rng.Int64N(2_000_000)}
+	}
+	pl := d.plans[i]
+	reply, err := d.rdb.EvalSha(context.Background(), d.sc.sha, d.keys[i], scriptArgs(pl, input{lease: ask})...).Result()
+	if isNoScript(err) {
+		reply, err = d.rdb.Eval(context.Background(), d.sc.src, d.keys[i], scriptArgs(pl, input{lease: ask})...).Result()
+	}
+	if err != nil {
+		t.Fatalf("%s: eval: %v", d.describe(), err)
+	}
+	v, err := decode(pl, reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.mini != nil && v.now != d.now {
+		t.Fatalf("script time %d, clock %d", v.now, d.now)
+	}
+	if v.now < d.last {
+		t.Fatalf("Redis time went back from %d to %d", d.last, v.now)
+	}
+	d.last = v.now
+	d.check(i, v)
+	return v
+}
+
+// check holds verdict v of a decision under plan i to every promise.
+func (d *invariantDriver) check(i int, v verdict) {
+	t := d.t
+	t.Helper()
+	pl := d.plans[i]
+	x := v.now
+	d.stats[v.outcome]++
+	if v.outcome == Allowed {
+		if r := d.refused[i]; r.ok && x < r.at+r.retry {
+			t.Fatalf("%s\nplan %d admitted at %d, before the Retry-After of its refusal at %d (%d µs)", d.describe(), i, x, r.at, r.retry)
+		}
+		if v.granted < 1 {
+			t.Fatalf("admitted with %d granted", v.granted)
+		}
+		s := span{start: x, end: x, k: v.granted}
+		if v.granted > 1 {
+			s.end = v.leaseEnd
+			d.leases++
+		}
+		for _, r := range pl.windows {
+			s.periods = append(s.periods, r.period)
+		}
+		d.log.spans = append(d.log.spans, s)
+		for _, r := range pl.windows {
+			if c := d.log.count(r.period, x); c > r.limit {
+				t.Fatalf("%s\nplan %d: %d admissions within %s ending at %d µs, limit %d", d.describe(), i, c, time.Duration(r.period)*time.Microsecond, x, r.limit)
+			}
+		}
+		d.refused[i].ok = false
+		return
+	}
+	if v.retry <= 0 {
+		t.Fatalf("%s\nrefused (%v) with Retry-After %d", d.describe(), v.outcome, v.retry)
+	}
+	var ideal, slack int64
+	for _, r := range pl.windows {
+		ideal = max(ideal, d.log.idealWait(r.limit, r.period, x))
+		slack = max(slack, r.gran+r.unit)
+	}
+	if v.retry < ideal {
+		t.Fatalf("%s\nplan %d refused at %d with Retry-After %d µs, shorter than the exact window's %d", d.describe(), i, x, v.retry, ideal)
+	}
+	if v.outcome == Limited && v.retry > ideal+slack {
+		t.Fatalf("%s\nplan %d limited at %d with Retry-After %d µs, more than a bucket (%d) past the exact window's %d", d.describe(), i, x, v.retry, slack, ideal)
+	}
+	d.refused[i] = refusal{at: x, retry: v.retry, ok: true}
+}
+
+// step draws the next request: which plan, when, and how many admissions.
+func (d *invariantDriver) step(lastPlan int) int {
+	rng := d.rng
+	i := lastPlan
+	if rng.IntN(8) == 0 {
+		i = rng.IntN(len(d.plans))
+	}
+	pl := d.plans[i]
+	r := d.refused[i]
+	// Honour a Retry-After exactly, or come back 1 µs early (miniredis,
+	// whose clock the test sets).
+	if r.ok && d.mini != nil && d.last == r.at {
+		switch rng.IntN(10) {
+		case 0, 1, 2:
+			d.now = r.at + r.retry
+			if v := d.call(i, 1); v.outcome != Allowed {
+				d.t.Fatalf("%s\nplan %d refused at %d with Retry-After %d, then %v on the retry exactly then: %+v", d.describe(), i, r.at, r.retry, v.outcome, v)
+			}
+			d.honoured++
+			return i
+		case 3:
+			d.now = r.at + r.retry - 1
+			if v := d.call(i, 1); v.outcome == Allowed {
+				d.t.Fatalf("%s\nplan %d admitted 1 µs before its Retry-After", d.describe(), i)
+			}
+			return i
+		}
+	}
+	// Time: none, a little, a bucket, exactly a period (± 1 µs), or more.
+	w := pl.windows[rng.IntN(len(pl.windows))]
+	var dt int64
+	switch rng.IntN(10) {
+	case 0, 1:
+	case 2, 3:
+		dt = 1 + rng.Int64N(w.gran)
+	case 4:
+		dt = w.gran
+	case 5, 6:
+		dt = w.period + rng.Int64N(3) - 1
+	case 7:
+		dt = rng.Int64N(w.period)
+	default:
+		dt = rng.Int64N(2 * w.period)
+	}
+	if d.mini == nil {
+		// Real time: sleep only for short periods.
+		if dt <= int64(20*time.Millisecond/time.Microsecond) {
+			time.Sleep(time.Duration(dt) * time.Microsecond)
+		}
+	} else {
+		d.now += max(dt, 0)
+	}
+	// A burst (at one instant), a lease of many, or one request.
+	minLimit := pl.windows[0].limit
+	for _, r := range pl.windows {
+		minLimit = min(minLimit, r.limit)
+	}
+	switch k := rng.IntN(10); {
+	case k < 2:
+		for range 1 + rng.IntN(int(min(minLimit+3, 40))) {
+			d.call(i, 1)
+		}
+	case k < 4:
+		want := []int64{minLimit, minLimit - 1, minLimit + 1, minLimit / 2, 2 + rng.Int64N(min(minLimit, 1<<40))}[rng.IntN(5)]
+		d.call(i, max(want, 2))
+	default:
+		d.call(i, 1)
+	}
+	return i
+}
+
+func runInvariantCase(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, policies []Policy, steps int) *invariantDriver {
+	d := newInvariantDriver(t, rng, rdb, mini, policies)
+	d.now = time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	plan := 0
+	for range steps {
+		plan = d.step(plan)
+	}
+	return d
+}
+
+// TestInvariantWindowsAndRetryAfterMiniredis drives generated plans on
+// miniredis, whose clock the test sets: bursts, gaps of exactly one period,
+// honoured and early retries, leases of up to a whole limit (so counts
+// reach 2·MaxLimit), and replicas on different plans for one key.
+func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 1)
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	var total [3]int
+	leases, honoured := 0, 0
+	for c := range *invariantCases {
+		policies := genPolicies(rng, MaxPeriod)
+		var d *invariantDriver
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			d = runInvariantCase(t, rng, rdb, m, policies, 150)
+		})
+		if t.Failed() {
+			return
+		}
+		for i := range total {
+			total[i] += d.stats[i]
+		}
+		leases, honoured = leases+d.leases, honoured+d.honoured
+	}
+	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After", total[0], total[1], total[2], leases, honoured)
+	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 {
+		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured", total, leases, honoured)
+	}
+}
+
+// TestInvariantWindowsAndRetryAfterRedis drives generated plans on a real
+// Redis (the struct codec, real TIME): short periods let real time move
+// buckets and whole windows; long ones accumulate; clients that honour
+// Retry-After sleep it and must be admitted.
+func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 2)
+	cases := max(*invariantCases/4, 6)
+	var (
+		mu       sync.Mutex
+		total    [3]int
+		honoured int
+	)
+	for c := range cases {
+		// Periods up to 50 ms half the time, so that real time moves them.
+		maxPeriod := MaxPeriod
+		if c%2 == 0 {
+			maxPeriod = 50 * time.Millisecond
+		}
+		policies := genPolicies(rng, maxPeriod)
+		seed := rng.Uint64()
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 3))
+			d := newInvariantDriver(t, rng, rdb, nil, policies)
+			plan := 0
+			for range 120 {
+				plan = d.step(plan)
+				// Honour the last Retry-After by sleeping it, when short.
+				if r := d.refused[plan]; r.ok && r.retry < int64(30*time.Millisecond/time.Microsecond) && rng.IntN(3) == 0 {
+					time.Sleep(time.Duration(r.retry) * time.Microsecond)
+					if v := d.call(plan, 1); v.outcome != Allowed {
+						t.Fatalf("%s\nrefused at %d with Retry-After %d µs, then %v after sleeping it: %+v", d.describe(), r.at, r.retry, v.outcome, v)
+					}
+					mu.Lock()
+					honoured++
+					mu.Unlock()
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range total {
+				total[i] += d.stats[i]
+			}
+		})
+	}
+	t.Cleanup(func() {
+		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After", total[0], total[1], total[2], honoured)
+	})
+}
+
+// TestInvariantThroughTheLimiter checks the window promise through the
+// whole Limiter (leases, the rejection cache, the batcher) with three
+// replicas on one miniredis, each deciding the key under its own view of
+// generated plans, with traffic dense enough for leases to form: every
+// admission, leased or not, is held by its Decision.Time to the limits of
+// the plan that decided it, counting the admissions of every plan that
+// shares the window.
+func TestInvariantThroughTheLimiter(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 4)
+	leased := 0
+	for c := range max(*invariantCases/4, 6) {
+		// Periods of at least a minute (300 ms buckets), so that buckets
+		// last long enough for leases to form at these rates.
+		var policies []Policy
+		for _, p := range genPolicies(rng, 24*time.Hour) {
+			for j := range p.Windows {
+				p.Windows[j].Period = max(p.Windows[j].Period, time.Minute+time.Duration(j)*time.Second)
+			}
+			if p.Validate() == nil {
+				policies = append(policies, p)
+			}
+		}
+		if len(policies) == 0 {
+			continue
+		}
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			f := newFixture(t, Options{})
+			var ls []*Limiter
+			for range 3 {
+				l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Prefix: "petstore:rl:"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = l.Close() })
+				ls = append(ls, l)
+			}
+			plans := make([]*plan, len(policies))
+			for i, p := range policies {
+				plans[i] = compile(p, DefaultBuckets, DefaultStrikeBuckets)
+			}
+			var log admissionLog
+			for range 400 {
+				f.clk.Add(time.Duration(rng.Int64N(int64(2 * time.Millisecond))))
+				if rng.IntN(50) == 0 {
+					f.clk.Add(time.Duration(rng.Int64N(int64(policies[0].Windows[0].Period))))
+				}
+				r := rng.IntN(3)
+				pi := r % len(policies)
+				d, err := ls[r].Allow(context.Background(), "k", policies[pi])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Degraded {
+					t.Fatalf("degraded decision on miniredis: %+v", d)
+				}
+				if !d.Allowed() {
+					continue
+				}
+				if d.Leased {
+					leased++
+				}
+				x := d.Time.UnixMicro()
+				s := span{start: x, end: x, k: 1}
+				for _, w := range plans[pi].windows {
+					s.periods = append(s.periods, w.period)
+				}
+				log.spans = append(log.spans, s)
+				for _, w := range plans[pi].windows {
+					if n := log.count(w.period, x); n > w.limit {
+						t.Fatalf("%v: replica %d (plan %d, leased %v): %d admissions within %s ending at %d, limit %d",
+							policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
+					}
+				}
+			}
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d admissions came from leases", leased)
+}
