@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,10 +27,17 @@ const migrationLockClass = 0x70657473 // "pets"
 // version order.
 var migrationName = regexp.MustCompile(`^([0-9]{4})_[a-z0-9_]+\.sql$`)
 
+// notAdditiveMarker starts the line of a migration file that says why the
+// migration is not additive ("-- not additive: drops pets.legacy, which
+// releases before 0007 read"). Every other migration is additive: releases
+// that predate it can still serve the schema after it.
+const notAdditiveMarker = "-- not additive:"
+
 type migration struct {
-	version string
-	name    string
-	sql     string
+	version  string
+	name     string
+	sql      string
+	additive bool
 }
 
 // Migrate applies the embedded migrations the database lacks, in order,
@@ -79,9 +87,14 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (applied []str
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
     version    text PRIMARY KEY,
     name       text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    additive   boolean NOT NULL DEFAULT true
 )`); err != nil {
 		return nil, fmt.Errorf("postgres: migrate: create schema_migrations: %w", err)
+	}
+	// Releases before the column existed applied only additive migrations.
+	if _, err := conn.Exec(ctx, "ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS additive boolean NOT NULL DEFAULT true"); err != nil {
+		return nil, fmt.Errorf("postgres: migrate: extend schema_migrations: %w", err)
 	}
 	rows, err := conn.Query(ctx, "SELECT version FROM schema_migrations")
 	if err != nil {
@@ -105,7 +118,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (applied []str
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name)
+			_, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name, additive) VALUES ($1, $2, $3)", m.version, m.name, m.additive)
 			return err
 		}); err != nil {
 			return applied, fmt.Errorf("postgres: migrate: apply %s: %w", m.name, err)
@@ -137,11 +150,30 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("postgres: read migration %s: %w", name, err)
 		}
-		ms = append(ms, migration{version: version, name: name, sql: string(b)})
+		additive, err := isAdditive(name, string(b))
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: version, name: name, sql: string(b), additive: additive})
 	}
 	if len(ms) == 0 {
 		return nil, errors.New("postgres: no migrations found")
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
 	return ms, nil
+}
+
+// isAdditive reads a migration's notAdditiveMarker, which must give a reason.
+func isAdditive(name, sql string) (bool, error) {
+	for line := range strings.Lines(sql) {
+		reason, found := strings.CutPrefix(strings.TrimSpace(line), notAdditiveMarker)
+		if !found {
+			continue
+		}
+		if strings.TrimSpace(reason) == "" {
+			return false, fmt.Errorf("postgres: migration %s: say after %q why releases before it cannot serve the schema", name, notAdditiveMarker)
+		}
+		return false, nil
+	}
+	return true, nil
 }

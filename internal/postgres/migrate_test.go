@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -63,6 +65,7 @@ func TestLoadMigrations(t *testing.T) {
 		{"upper case", fstest.MapFS{"migrations/0001_A.sql": good}, nil, "name must look like"},
 		{"shared version", fstest.MapFS{"migrations/0001_a.sql": good, "migrations/0001_b.sql": good}, nil, "share version 0001"},
 		{"none", fstest.MapFS{}, nil, "no migrations"},
+		{"not additive without a reason", fstest.MapFS{"migrations/0001_a.sql": {Data: []byte("-- not additive:  \nDROP TABLE x;")}}, nil, "say after"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -200,5 +203,85 @@ func TestMigrateWithoutSchema(t *testing.T) {
 	pool := newPool(t, "petstore_test_no_such_schema")
 	if _, err := Migrate(t.Context(), pool); err == nil || !strings.Contains(err.Error(), "search_path") {
 		t.Fatalf("Migrate into a missing schema = %v, want an error about the search_path", err)
+	}
+}
+
+func TestMigrationAdditive(t *testing.T) {
+	t.Parallel()
+	ms, err := loadMigrations(fstest.MapFS{
+		"migrations/0001_a.sql": {Data: []byte("-- Adds a table; not additive: only in prose.\nCREATE TABLE a (id int);")},
+		"migrations/0002_b.sql": {Data: []byte("-- Drops a column.\n  -- not additive: drops a.id, which 0001 readers select\nALTER TABLE a DROP COLUMN id;")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ms[0].additive || ms[1].additive {
+		t.Fatalf("additive = %v, %v; want true, false", ms[0].additive, ms[1].additive)
+	}
+}
+
+// TestReadmeListsMigrations keeps README.md's table of additive migrations,
+// which operators read before a rollback, in step with the files.
+func TestReadmeListsMigrations(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]string{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([0-9]{4}_[a-z0-9_]+\\.sql)` \\| (yes|no) \\|").FindAllSubmatch(readme, -1) {
+		listed[string(m[1])] = string(m[2])
+	}
+	ms := mustEmbedded(t)
+	for _, m := range ms {
+		want := map[bool]string{true: "yes", false: "no"}[m.additive]
+		if listed[m.name] != want {
+			t.Errorf("README.md lists %s as additive %q, want %q", m.name, listed[m.name], want)
+		}
+	}
+	if len(listed) != len(ms) {
+		t.Errorf("README.md lists %d migrations, the binary has %d", len(listed), len(ms))
+	}
+}
+
+func mustEmbedded(t *testing.T) []migration {
+	t.Helper()
+	ms, err := loadMigrations(embedded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms
+}
+
+// A schema_migrations table made before the additive column existed gets
+// the column on the next Migrate, its rows counted as additive.
+func TestMigrateExtendsOldBookkeeping(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, newSchema(t))
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE schema_migrations (
+    version text PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+INSERT INTO schema_migrations (version, name) VALUES ('0000', '0000_before.sql')`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadStatus(t.Context(), pool)
+	if err != nil {
+		t.Fatalf("ReadStatus on the old table: %v", err)
+	}
+	if len(st.Unknown) != 1 || !st.Unknown[0].Additive {
+		t.Fatalf("old rows read as %+v, want one additive unknown migration", st.Unknown)
+	}
+	if _, err := Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	var additive []bool
+	rows, err := pool.Query(t.Context(), "SELECT additive FROM schema_migrations ORDER BY version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if additive, err = pgx.CollectRows(rows, pgx.RowTo[bool]); err != nil {
+		t.Fatal(err)
+	}
+	if len(additive) != 1+len(embeddedNames(t)) || slices.Contains(additive, false) {
+		t.Fatalf("additive column after Migrate: %v", additive)
 	}
 }

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/animal-store/petstore/internal/pet"
 )
@@ -68,7 +72,7 @@ func (s *Store) Create(ctx context.Context, np pet.NewPet, idem *pet.Idempotency
 	if idem == nil || idem.TTL <= 0 {
 		p, err := scanPet(s.pool.QueryRow(ctx, sqlInsertPet, np.Name, np.CategoryID, np.Status))
 		if err != nil {
-			return pet.Pet{}, false, fmt.Errorf("postgres: create pet: %w", err)
+			return pet.Pet{}, false, queryError("create pet", err)
 		}
 		return p, false, nil
 	}
@@ -105,7 +109,7 @@ func (s *Store) replay(ctx context.Context, idem *pet.Idempotency, now time.Time
 	case errors.Is(err, pgx.ErrNoRows):
 		return pet.Pet{}, false, nil
 	case err != nil:
-		return pet.Pet{}, false, fmt.Errorf("postgres: create pet: look up idempotency key: %w", err)
+		return pet.Pet{}, false, queryError("create pet: look up idempotency key", err)
 	case fingerprint != idem.Fingerprint:
 		return pet.Pet{}, false, fmt.Errorf("postgres: create pet: %w", pet.ErrIdempotencyConflict)
 	}
@@ -118,7 +122,7 @@ func (s *Store) replay(ctx context.Context, idem *pet.Idempotency, now time.Time
 func (s *Store) createClaimed(ctx context.Context, np pet.NewPet, idem *pet.Idempotency, now time.Time) (p pet.Pet, claimed bool, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return pet.Pet{}, false, fmt.Errorf("postgres: create pet: begin: %w", err)
+		return pet.Pet{}, false, queryError("create pet: begin", err)
 	}
 	defer func() {
 		if !claimed {
@@ -129,7 +133,7 @@ func (s *Store) createClaimed(ctx context.Context, np pet.NewPet, idem *pet.Idem
 
 	p, err = scanPet(tx.QueryRow(ctx, sqlInsertPet, np.Name, np.CategoryID, np.Status))
 	if err != nil {
-		return pet.Pet{}, false, fmt.Errorf("postgres: create pet: %w", err)
+		return pet.Pet{}, false, queryError("create pet", err)
 	}
 	var petID int64
 	err = tx.QueryRow(ctx, sqlClaimKey, idem.Key, idem.Fingerprint, p.ID, now, now.Add(idem.TTL)).Scan(&petID)
@@ -137,10 +141,10 @@ func (s *Store) createClaimed(ctx context.Context, np pet.NewPet, idem *pet.Idem
 		return pet.Pet{}, false, nil
 	}
 	if err != nil {
-		return pet.Pet{}, false, fmt.Errorf("postgres: create pet: claim idempotency key: %w", err)
+		return pet.Pet{}, false, queryError("create pet: claim idempotency key", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return pet.Pet{}, false, fmt.Errorf("postgres: create pet: commit: %w", err)
+		return pet.Pet{}, false, queryError("create pet: commit", err)
 	}
 	return p, true, nil
 }
@@ -178,7 +182,7 @@ func (s *Store) Get(ctx context.Context, id int64) (pet.Pet, error) {
 		return pet.Pet{}, fmt.Errorf("postgres: get pet %d: %w", id, pet.ErrNotFound)
 	}
 	if err != nil {
-		return pet.Pet{}, fmt.Errorf("postgres: get pet %d: %w", id, err)
+		return pet.Pet{}, queryError(fmt.Sprintf("get pet %d", id), err)
 	}
 	return p, nil
 }
@@ -199,14 +203,55 @@ func (s *Store) List(ctx context.Context, q pet.ListQuery) ([]pet.Pet, error) {
 		rows, err = s.pool.Query(ctx, sqlListPetsByStatus, q.Status, q.After, q.Limit)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("postgres: list pets: %w", err)
+		return nil, queryError("list pets", err)
 	}
 	out := make([]pet.Pet, 0, min(q.Limit, 128))
 	out, err = pgx.AppendRows(out, rows, func(row pgx.CollectableRow) (pet.Pet, error) { return scanPet(row) })
 	if err != nil {
-		return nil, fmt.Errorf("postgres: list pets: %w", err)
+		return nil, queryError("list pets", err)
 	}
 	return out, nil
+}
+
+// schemaMismatch holds the SQLSTATEs of a statement that names a table,
+// column or schema the database lacks: its schema is older than this
+// release needs (not migrated yet) or was changed under it.
+var schemaMismatch = map[string]bool{
+	"42P01": true, // undefined_table
+	"42703": true, // undefined_column
+	"3F000": true, // invalid_schema_name
+}
+
+// queryError wraps the failure of a statement of what. A schema mismatch
+// and a database that cannot be reached also wrap pet.ErrUnavailable: the
+// request can succeed once the database is migrated or back, so it is
+// answered 503 with Retry-After, not 500.
+func queryError(what string, err error) error {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && schemaMismatch[pgErr.Code] {
+		return fmt.Errorf("postgres: %s: %w: database schema is not what this release needs (run petstore migrate): %w", what, pet.ErrUnavailable, err)
+	}
+	if unreachable(err) {
+		return fmt.Errorf("postgres: %s: %w: database unreachable: %w", what, pet.ErrUnavailable, err)
+	}
+	return fmt.Errorf("postgres: %s: %w", what, err)
+}
+
+// unreachable reports whether err says the database could not be reached,
+// dropped the connection, or is shutting down or starting up, as opposed to
+// refusing the statement itself.
+func unreachable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false // the caller gave up; context errors also look like net.Error
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		// Class 08: connection exception; 57P01-57P03: admin or crash
+		// shutdown, cannot connect now.
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func scanPet(row pgx.Row) (pet.Pet, error) {
