@@ -26,7 +26,7 @@ func TestOpenAPIDocumentIsValid(t *testing.T) {
 			t.Errorf("operation %s is not documented", op)
 		}
 	}
-	if !c.doc.Paths.Value("/v1/pets/{petId}").Get.Deprecated {
+	if !c.doc.Paths.Value("/pets/{petId}").Get.Deprecated {
 		t.Error("getPet is not marked deprecated")
 	}
 }
@@ -79,6 +79,9 @@ func TestContractCheckCatchesMismatches(t *testing.T) {
 		"no deprecation":      func(r *response) { r.Header.Del("Deprecation") },
 		"no request id":       func(r *response) { r.Header.Del("X-Request-Id") },
 		"cacheable":           func(r *response) { r.Header.Del("Cache-Control") },
+		"canonical X-Ratelimit-Limit": func(r *response) {
+			r.Header.Set("X-RateLimit-Limit", "60") // Set sends X-Ratelimit-Limit
+		},
 		"error status mismatch": func(r *response) {
 			r.StatusCode = http.StatusNotFound
 			r.body = []byte(`{"code":"not_found","message":"x","status":400}`)

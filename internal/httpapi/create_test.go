@@ -46,6 +46,24 @@ var badCreateBodies = []struct {
 	{"name too long", `{"name":"` + strings.Repeat("x", pet.MaxNameLength+1) + `","categoryId":1}`, "name"},
 	{"name control character", `{"name":"Re\u0000x","categoryId":1}`, "name"},
 	{"name escape character", `{"name":"Re\u001bx","categoryId":1}`, "name"},
+	{"name invalid UTF-8", "{\"name\":\"\xff\xfe\",\"categoryId\":1}", "name"},
+	{"name truncated UTF-8", "{\"name\":\"R\xc3\",\"categoryId\":1}", "name"},
+	{"name UTF-8 surrogate bytes", "{\"name\":\"\xed\xa0\x80\",\"categoryId\":1}", "name"},
+	{"name overlong UTF-8", "{\"name\":\"\xc0\xafx\",\"categoryId\":1}", "name"},
+	{"name Latin-1", "{\"name\":\"Ca\xf1a\",\"categoryId\":1}", "name"},
+	{"name unpaired high surrogate", `{"name":"\ud800","categoryId":1}`, "name"},
+	{"name unpaired low surrogate", `{"name":"R\udc36x","categoryId":1}`, "name"},
+	{"name reversed surrogates", `{"name":"\udc36\ud83d","categoryId":1}`, "name"},
+	{"name high surrogate then letter", `{"name":"\ud83d\u0041","categoryId":1}`, "name"},
+	{"name high surrogate at the end", `{"name":"x\ud83d","categoryId":1}`, "name"},
+	{"name zero-width space", `{"name":"\u200b","categoryId":1}`, "name"},
+	{"name zero-width space literal", "{\"name\":\" \u200b \",\"categoryId\":1}", "name"},
+	{"name byte order mark", `{"name":"\ufeff\u2060","categoryId":1}`, "name"},
+	{"name hangul filler", `{"name":"\u3164","categoryId":1}`, "name"},
+	{"invalid UTF-8 after the name", "{\"name\":\"Rex\",\"categoryId\":1,\"status\":\"sold\xff\"}", "status"},
+	{"invalid UTF-8 in an unknown member", "{\"name\":\"Rex\",\"color\":\"\xffbrown\",\"categoryId\":1}", "color"},
+	{"invalid UTF-8 in a member name", "{\"na\xffme\":\"Rex\",\"categoryId\":1}", "body"},
+	{"invalid UTF-8 between members", "{\"name\":\"Rex\" \xff,\"categoryId\":1}", "body"},
 	{"missing categoryId", `{"name":"Rex"}`, "categoryId"},
 	{"categoryId fraction", `{"name":"Rex","categoryId":1.5}`, "categoryId"},
 	{"categoryId whole fraction", `{"name":"Rex","categoryId":1.0}`, "categoryId"},
@@ -93,6 +111,35 @@ func TestCreatePetRejectsBadBodies(t *testing.T) {
 	// Nothing was created by any of them.
 	if list := ts.get("/v1/pets", keyFree); string(list.body) != "[]\n" {
 		t.Errorf("pets after refused creates: %s", list.body)
+	}
+}
+
+// TestCreatePetKeepsTheClientsText: what a client reads back is exactly
+// the text it sent, escaped or not; a replacement character is stored only
+// when the client sent one.
+func TestCreatePetKeepsTheClientsText(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t)
+	for body, want := range map[string]string{
+		`{"name":"\ud83d\udc36","categoryId":1}`:      "\U0001F436",
+		`{"name":"\uD83D\uDC36 Rex","categoryId":1}`:  "\U0001F436 Rex",
+		"{\"name\":\"\U0001F436\",\"categoryId\":1}":  "\U0001F436",
+		`{"name":"Caf\u00e9","categoryId":1}`:         "Caf\u00e9",
+		"{\"name\":\"Caf\u00e9\",\"categoryId\":1}":   "Caf\u00e9",
+		`{"name":"\ufffd","categoryId":1}`:            "\ufffd",
+		"{\"name\":\"\ufffd\",\"categoryId\":1}":      "\ufffd",
+		`{"name":"\u200bRex\u200d","categoryId":1}`:   "\u200bRex\u200d",
+		`{"name":"a\\ud800","categoryId":1}`:          `a\ud800`, // an escaped backslash, not an escape
+		`{"name":"q\"\\\ud83d\udc36","categoryId":1}`: "q\"\\\U0001F436",
+	} {
+		resp := ts.do(request{method: http.MethodPost, target: "/v1/pets", key: keyFree, body: body})
+		if resp.StatusCode != http.StatusCreated {
+			t.Errorf("%s: status %d, body %s", body, resp.StatusCode, resp.body)
+			continue
+		}
+		if got := resp.pet(t).Name; got != want {
+			t.Errorf("%s: stored %q, want %q", body, got, want)
+		}
 	}
 }
 

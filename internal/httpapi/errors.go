@@ -145,7 +145,10 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		requestInfoFrom(r.Context()).clientGone = true
 		s.log.LogAttrs(r.Context(), slog.LevelDebug, "client closed request",
 			slog.String("request_id", requestIDFrom(r.Context())), slog.String("error", err.Error()))
-	case errors.As(err, &unavailable), errors.Is(err, ratelimit.ErrUnavailable):
+	case errors.As(err, &unavailable), errors.Is(err, ratelimit.ErrUnavailable), errors.Is(err, pet.ErrUnavailable):
+		if errors.As(err, &failedStore) {
+			s.metrics.storeErrors.WithLabelValues(failedStore.op).Inc()
+		}
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "dependency unavailable",
 			slog.String("request_id", requestIDFrom(r.Context())), slog.String("error", err.Error()))
 		h.Set("Retry-After", "1")

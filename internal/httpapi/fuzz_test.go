@@ -30,6 +30,11 @@ func FuzzCreatePet(f *testing.F) {
 		"{\"name\":\"R\xffx\",\"categoryId\":2}",
 		`{"a":{"b":[1,2,{"c":null}]},"name":"x","categoryId":1}`,
 		`{"name":"x","categoryId":1}` + strings.Repeat(" ", 100),
+		"{\"name\":\"\xff\xfe\",\"categoryId\":1}",
+		`{"name":"\u200b","categoryId":1}`,
+		"{\"name\":\"\u200b\ufeff\",\"categoryId\":1}",
+		`{"name":"\ud83d\udc36\udc36","categoryId":1}`,
+		`{"name":"\\ud800\ufffd","categoryId":1}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -59,6 +64,11 @@ func FuzzCreatePet(f *testing.F) {
 			if p.ID < 1 || n.Validate() != nil || n.Normalize() != n || !utf8.ValidString(p.Name) {
 				t.Fatalf("%q: created an invalid pet %+v", body, p)
 			}
+			// A replacement character is stored only when the client sent
+			// one, as UTF-8 or as an escape.
+			if strings.ContainsRune(p.Name, utf8.RuneError) && !sentReplacement(body) {
+				t.Fatalf("%q: stored %q, a replacement character the client did not send", body, p.Name)
+			}
 		case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
 			var e errorBody
 			if err := json.Unmarshal(resp.body, &e); err != nil || e.Message == "" {
@@ -71,4 +81,11 @@ func FuzzCreatePet(f *testing.F) {
 			t.Fatalf("%q: status %d, body %s", body, resp.StatusCode, resp.body)
 		}
 	})
+}
+
+// sentReplacement reports whether a body holds U+FFFD as UTF-8 or as a
+// \ufffd escape.
+func sentReplacement(body []byte) bool {
+	return strings.ContainsRune(string(body), utf8.RuneError) && utf8.Valid(body) ||
+		strings.Contains(strings.ToLower(string(body)), `\ufffd`)
 }

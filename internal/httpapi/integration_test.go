@@ -20,11 +20,11 @@ import (
 // policyAuth authenticates keyFree with a chosen policy and refuses the rest.
 type policyAuth struct{ policy ratelimit.Policy }
 
-func (a policyAuth) Authenticate(ctx context.Context, token string) (apikey.Principal, error) {
+func (a policyAuth) Authenticate(ctx context.Context, token string, _ func() error) (apikey.Principal, error) {
 	if token == keyFree {
 		return apikey.Principal{KeyID: "key_free", Plan: a.policy.Name, Policy: a.policy}, nil
 	}
-	return testAuth{}.Authenticate(ctx, token)
+	return testAuth{}.Authenticate(ctx, token, nil)
 }
 
 var tinyPolicy = ratelimit.Policy{

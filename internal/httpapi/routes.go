@@ -30,6 +30,8 @@ func (s *server) routes() *chi.Mux {
 	r.MethodNotAllowed(s.throttleByIP(s.handleMethodNotAllowed()).ServeHTTP)
 	r.With(s.throttleByIP).Get("/openapi.yaml", s.handleOpenAPIYAML())
 	r.With(s.throttleByIP).Get("/openapi.json", s.handleOpenAPIJSON())
+	r.With(s.throttleByIP).Get("/docs", s.handleDocs())
+	r.With(s.throttleByIP).Get("/docs/{file}", s.handleDocsFile())
 
 	r.Route("/v1", func(r chi.Router) {
 		r.Use(s.deprecateGetPet, s.authenticate, s.rateLimit)

@@ -28,7 +28,7 @@ type PetStore interface {
 // apikey.ErrMalformed, ErrUnknown or ErrRevoked for keys that must be
 // refused; any other error means it could not decide (answered with 503).
 type Authenticator interface {
-	Authenticate(ctx context.Context, token string) (apikey.Principal, error)
+	Authenticate(ctx context.Context, token string, beforeLookup func() error) (apikey.Principal, error)
 }
 
 // Limiter decides whether an authenticated key may make one more request.
@@ -39,8 +39,10 @@ type Limiter interface {
 }
 
 // Throttle limits requests that carry no valid key, per client address.
+// Throttled says, without counting, whether an address is out of budget.
 type Throttle interface {
 	Allow(ctx context.Context, key string) (ratelimit.Decision, error)
+	Throttled(ctx context.Context, key string) (bool, error)
 }
 
 // Defaults applied by NewServer to zero Config fields.

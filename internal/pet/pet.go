@@ -72,7 +72,9 @@ func (n NewPet) Normalize() NewPet {
 	return n
 }
 
-// Validate checks a normalized NewPet against the documented rules.
+// Validate checks a normalized NewPet against the documented rules: the
+// name is 1 to MaxNameLength code points of valid UTF-8 without control
+// characters, at least one of them Visible.
 func (n NewPet) Validate() error {
 	switch l := utf8.RuneCountInString(n.Name); {
 	case l == 0:
@@ -88,6 +90,9 @@ func (n NewPet) Validate() error {
 			return &ValidationError{Field: "name", Message: "must not contain control characters"}
 		}
 	}
+	if !strings.ContainsFunc(n.Name, Visible) {
+		return &ValidationError{Field: "name", Message: "must contain at least one visible character (a letter, digit, punctuation mark or symbol)"}
+	}
 	if n.CategoryID < 1 {
 		return &ValidationError{Field: "categoryId", Message: "must be an integer from 1 to 9223372036854775807"}
 	}
@@ -95,6 +100,17 @@ func (n NewPet) Validate() error {
 		return &ValidationError{Field: "status", Message: fmt.Sprintf("must be one of available, pending, sold; got %q", n.Status)}
 	}
 	return nil
+}
+
+// Visible reports whether r shows as a mark of its own: a letter, digit,
+// punctuation mark or symbol that is not default-ignorable. Spaces,
+// combining marks, format characters (U+200B ZERO WIDTH SPACE, U+FEFF
+// BYTE ORDER MARK, U+200D ZERO WIDTH JOINER), variation selectors and
+// fillers such as U+3164 HANGUL FILLER are not: a name made only of them
+// looks empty. A name must contain at least one visible character.
+func Visible(r rune) bool {
+	return unicode.In(r, unicode.L, unicode.N, unicode.P, unicode.S) &&
+		!unicode.In(r, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
 }
 
 // ListQuery selects one page of pets ordered by ascending id.
@@ -124,6 +140,9 @@ type Idempotency struct {
 var (
 	ErrNotFound            = errors.New("pet not found")
 	ErrIdempotencyConflict = errors.New("idempotency key reused with a different request body")
+	// ErrUnavailable means the store cannot serve the request now (say,
+	// its database schema is not migrated yet); a retry later may succeed.
+	ErrUnavailable = errors.New("pet store unavailable")
 )
 
 // ValidationError says which field of a request is wrong and why.
