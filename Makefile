@@ -5,13 +5,19 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 BIN     := bin/petstore
+IMAGE   := bin/petstore-image.tar
+IMAGE_REF ?= ghcr.io/animal-store/petstore:$(VERSION)
+# The image's revision label and every timestamp in it: the commit's, so one
+# commit gives one image digest.
+REVISION          ?= $(shell git rev-parse HEAD 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 
 # Integration tests read their services from these; .ci/services makes sure
 # they are reachable at these addresses.
 export PETSTORE_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 export PETSTORE_TEST_REDIS_ADDR   ?= 127.0.0.1:6379
 
-.PHONY: run build test services vet unit helm-test bench fuzz clean
+.PHONY: run build test services vet unit system helm-test alerts-test image image-test api-test cluster cluster-down loadtest bench fuzz clean
 
 ## run: start the service on embedded defaults (in-memory pets, a dev key printed at start-up)
 run:
@@ -21,21 +27,62 @@ run:
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/petstore
 
-## test: vet, unit and integration tests with the race detector, and the offline chart checks
-test: services vet unit helm-test
+## test: vet, unit and integration tests with the race detector, the fleet system tests, the offline chart checks,
+## the alert rule tests, the image run as Kubernetes would, the API document's linters, generated client and docs page
+test: services vet unit system helm-test alerts-test image-test api-test
 
 services:
 	@bash .ci/services
 
 vet:
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
+	cd helm/chartest && $(GO) mod tidy -diff
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 unit:
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v /internal/fleettest)
+
+## system: the fleet on real processes (replicas, HAProxy, a private Redis) under rollouts and faults.
+## No race detector: the replicas are separate binaries, and it would only slow the load generator.
+system:
+	$(GO) test -count=1 -timeout 10m -v ./internal/fleettest/
+	cd deploy/loadtest && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 helm-test:
 	cd helm/chartest && $(GO) vet ./... && $(GO) test -count=1 -timeout 20m ./...
+
+## alerts-test: promtool unit tests of every alerting rule (deploy/prometheus/alerts_test.yaml)
+alerts-test:
+	promtool check rules deploy/prometheus/alerts.yaml
+	promtool test rules deploy/prometheus/alerts_test.yaml
+
+## image: the release image as an OCI archive in bin/, built from bin/petstore without a container engine
+image: build
+	cd deploy/image && $(GO) run . -binary ../../$(BIN) -version "$(VERSION)" -revision "$(REVISION)" \
+		-created "$(SOURCE_DATE_EPOCH)" -ref "$(IMAGE_REF)" -o ../../$(IMAGE)
+
+## image-test: the image's tests, including running it with runc as Kubernetes would (needs root)
+image-test: image
+	cd deploy/image && $(GO) vet ./... && $(GO) mod tidy -diff && PETSTORE_IMAGE=$(CURDIR)/$(IMAGE) $(GO) test -count=1 -timeout 10m ./...
+
+## api-test: the OpenAPI document through Redocly CLI and Spectral, the generated client, the docs page in Chromium.
+## deploy/api follows the service's dependencies through its replace directive, so it is tidied, not checked.
+api-test:
+	bash deploy/api/lint
+	cd deploy/api && $(GO) mod tidy && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
+
+## cluster: a local fleet behind HAProxy (REPLICAS=3, PROMETHEUS=1 for Prometheus); see deploy/local
+cluster: build
+	@bash deploy/local/cluster.sh up
+
+## cluster-down: stop exactly what make cluster started
+cluster-down:
+	@bash deploy/local/cluster.sh down
+
+## loadtest: reset the cluster's load-test keys and run the load-test kit against it (LOADTEST_FLAGS)
+loadtest:
+	@bash deploy/local/cluster.sh loadtest $(LOADTEST_FLAGS)
 
 ## bench: the benchmarks whose figures the README quotes
 bench: services
@@ -44,8 +91,10 @@ bench: services
 	for i in 1 2 3 4 5 6; do bin/petstore.test -test.run '^$$' -test.bench ListPetsEndToEnd -test.benchtime 3s; done | tee -a bench.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/memstore/ ./internal/apikey/ ./internal/httpapi/ | tee -a bench.txt
 
-fuzz:
+## fuzz: the createPet fuzzer, and the limiter's invariant tests over 2000 generated plans with a random seed
+fuzz: services
 	$(GO) test -run '^$$' -fuzz FuzzCreatePet -fuzztime 60s ./internal/httpapi/
+	$(GO) test -count=1 -timeout 60m -run Invariant ./ratelimit/ -args -invariant.cases 2000 -invariant.seed 0
 
 clean:
 	rm -rf bin bench.txt

@@ -18,7 +18,7 @@ func TestLoadExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := s.Names(), []string{"enterprise", "free", "partner", "pro", "tiny-test"}; !reflect.DeepEqual(got, want) {
+	if got, want := s.Names(), []string{"enterprise", "free", "loadtest", "partner", "pro", "tiny-test"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Names() = %v, want %v (business removed, partner and tiny-test added)", got, want)
 	}
 	free, _ := s.Lookup("free")
@@ -115,7 +115,7 @@ func TestParseMerges(t *testing.T) {
 			}
 		}},
 		{"names in any case", "plans: {Gold: {quotas: [{limit: 1, period: 1s}]}, PRO: {remove: true}}", func(t *testing.T, s *plan.Set) {
-			if got := s.Names(); !reflect.DeepEqual(got, []string{"business", "enterprise", "free", "gold"}) {
+			if got := s.Names(); !reflect.DeepEqual(got, []string{"business", "enterprise", "free", "gold", "loadtest"}) {
 				t.Errorf("names = %v", got)
 			}
 		}},

@@ -25,6 +25,7 @@ const (
 	Pro        = "pro"
 	Business   = "business"
 	Enterprise = "enterprise"
+	LoadTest   = "loadtest"
 )
 
 // ErrUnknownPlan is returned for a plan name that the set does not define.
@@ -107,8 +108,15 @@ var enterpriseBan = ratelimit.BanPolicy{
 //	pro        300/1m   10000/24h     banned after 100 rejections in 1m
 //	business  1000/1m  100000/24h     banned after 333 rejections in 1m
 //	enterprise quotas agreed per key  banned after 500 rejections in 1m (max 15m)
+//	loadtest 60000/1m  10000000/24h   banned after 20000 rejections in 1m
 //
 // A first ban lasts 1m, doubling with each offence within 24h, up to 1h.
+//
+// The loadtest plan is for load-testing a deployment: 1,000 requests/s per
+// key, so a load test measures the service rather than its quotas, while
+// still running every request through the limiter (every window, the
+// strike count and the ban check) as a production key would. Issue keys on
+// it only to load-test clients.
 func Defaults() *Set { return build(defaultPlans()) }
 
 func defaultPlans() []Plan {
@@ -121,6 +129,7 @@ func defaultPlans() []Plan {
 		withBan(Pro, ratelimit.Window{Limit: 300, Period: time.Minute}, ratelimit.Window{Limit: 10000, Period: day}),
 		withBan(Business, ratelimit.Window{Limit: 1000, Period: time.Minute}, ratelimit.Window{Limit: 100000, Period: day}),
 		{Name: Enterprise, PerKey: true, Ban: enterpriseBan},
+		withBan(LoadTest, ratelimit.Window{Limit: 60000, Period: time.Minute}, ratelimit.Window{Limit: 10000000, Period: day}),
 	}
 }
 

@@ -20,7 +20,7 @@ func w(limit int64, period time.Duration) ratelimit.Window {
 func TestDefaults(t *testing.T) {
 	t.Parallel()
 	s := plan.Defaults()
-	if got, want := s.Names(), []string{"business", "enterprise", "free", "pro"}; !reflect.DeepEqual(got, want) {
+	if got, want := s.Names(), []string{"business", "enterprise", "free", "loadtest", "pro"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
 	tests := []struct {
@@ -34,6 +34,7 @@ func TestDefaults(t *testing.T) {
 		{plan.Pro, []ratelimit.Window{w(300, time.Minute), w(10000, day)}, false, 100, time.Hour},
 		{plan.Business, []ratelimit.Window{w(1000, time.Minute), w(100000, day)}, false, 333, time.Hour},
 		{plan.Enterprise, nil, true, 500, 15 * time.Minute},
+		{plan.LoadTest, []ratelimit.Window{w(60000, time.Minute), w(10000000, day)}, false, 20000, time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,7 +112,7 @@ func TestPolicyOverrides(t *testing.T) {
 		{name: "enterprise without quotas", plan: "enterprise", err: "agreed per key"},
 		{name: "unknown plan", plan: "gold", err: "unknown plan"},
 		{name: "two overrides for one period", plan: "free", overrides: []ratelimit.Window{w(1, time.Minute), w(2, time.Minute)}, err: "two overrides for period 1m"},
-		{name: "override limit below 1", plan: "free", overrides: []ratelimit.Window{w(0, time.Minute)}, err: "limit must be at least 1"},
+		{name: "override limit below 1", plan: "free", overrides: []ratelimit.Window{w(0, time.Minute)}, err: "limit must be from 1 to"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,7 +180,7 @@ func TestNewSet(t *testing.T) {
 		{name: "bad name", plans: []plan.Plan{{Name: "A b", Windows: []ratelimit.Window{w(1, time.Second)}}}, err: "lowercase identifier"},
 		{name: "twice", plans: []plan.Plan{{Name: "a", PerKey: true}, {Name: "a", PerKey: true}}, err: "defined twice"},
 		{name: "no quotas", plans: []plan.Plan{{Name: "a"}}, err: "no quotas"},
-		{name: "bad window", plans: []plan.Plan{{Name: "a", Windows: []ratelimit.Window{w(0, time.Second)}}}, err: "limit must be at least 1"},
+		{name: "bad window", plans: []plan.Plan{{Name: "a", Windows: []ratelimit.Window{w(0, time.Second)}}}, err: "limit must be from 1 to"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func headers(kv ...string) http.Header {
+	h := http.Header{}
+	for i := 0; i < len(kv); i += 2 {
+		h.Set(kv[i], kv[i+1])
+	}
+	return h
+}
+
+func TestParseRateLimit(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_800_000_000, 0)
+	good := func() http.Header {
+		return headers(
+			"X-RateLimit-Limit", "60", "X-RateLimit-Remaining", "12", "X-RateLimit-Reset", "1800000030",
+			"RateLimit", `"1m";r=12;t=30`, "RateLimit-Policy", `"1m";q=60;w=60, "24h";q=1000;w=86400`)
+	}
+	rl, err := parseRateLimit(good(), 200, now)
+	if err != nil || rl.limit != 60 || rl.remaining != 12 || rl.window != time.Minute || !rl.reset.Equal(now.Add(30*time.Second)) {
+		t.Fatalf("parseRateLimit(good) = %+v, %v", rl, err)
+	}
+	h := good()
+	h.Set("Retry-After", "7")
+	if rl, err := parseRateLimit(h, 429, now); err != nil || rl.retryAfter != 7*time.Second {
+		t.Fatalf("429 with Retry-After 7: %+v, %v", rl, err)
+	}
+	tests := []struct {
+		name    string
+		edit    func(http.Header)
+		status  int
+		wantErr string
+	}{
+		{"no limit", func(h http.Header) { h.Del("X-RateLimit-Limit") }, 200, "no X-RateLimit-Limit"},
+		{"no remaining", func(h http.Header) { h.Del("X-RateLimit-Remaining") }, 200, "no X-RateLimit-Remaining"},
+		{"bad reset", func(h http.Header) { h.Set("X-RateLimit-Reset", "soon") }, 200, "X-RateLimit-Reset"},
+		{"reset in the past", func(h http.Header) { h.Set("X-RateLimit-Reset", "1799999990") }, 200, "in the past"},
+		{"remaining above limit", func(h http.Header) { h.Set("X-RateLimit-Remaining", "61") }, 200, "above"},
+		{"no RateLimit", func(h http.Header) { h.Del("RateLimit") }, 200, "RateLimit"},
+		{"r differs", func(h http.Header) { h.Set("RateLimit", `"1m";r=11;t=30`) }, 200, "r=11"},
+		{"q differs", func(h http.Header) { h.Set("RateLimit-Policy", `"1m";q=61;w=60`) }, 200, "q=61"},
+		{"window not in policy", func(h http.Header) { h.Set("RateLimit-Policy", `"24h";q=60;w=86400`) }, 200, "does not list"},
+		{"malformed policy", func(h http.Header) { h.Set("RateLimit-Policy", `1m;q=60`) }, 200, "RateLimit-Policy"},
+		{"429 without Retry-After", func(http.Header) {}, 429, "Retry-After"},
+		{"429 with Retry-After 0", func(h http.Header) { h.Set("Retry-After", "0") }, 429, "Retry-After"},
+	}
+	for _, tt := range tests {
+		h := good()
+		tt.edit(h)
+		if _, err := parseRateLimit(h, tt.status, now); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%s: error %v, want one containing %q", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+func TestRemainingTracker(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	rl := func(rem int64) rateLimit { return rateLimit{limit: 100, remaining: rem, window: time.Second} }
+	tr := newRemainingTracker()
+	steps := []struct {
+		send, recv int
+		remaining  int64
+		ok         bool
+	}{
+		{0, 10, 99, true},
+		{20, 30, 98, true},
+		{25, 40, 99, true},     // overlapped the request before: may have been decided first
+		{50, 60, 99, false},    // sent after an answer of 98: a rise
+		{70, 75, 97, true},     // falls again
+		{80, 90, 96, true},     // compared with 97
+		{1200, 1210, 99, true}, // past the window from the first request: old requests slid out
+	}
+	for i, s := range steps {
+		ok, bound := tr.observe("k", ms(s.send), ms(s.recv), rl(s.remaining))
+		if ok != s.ok {
+			t.Errorf("step %d (remaining %d): ok = %v (bound %d), want %v", i, s.remaining, ok, bound, s.ok)
+		}
+	}
+	// Observed out of receive order: the late report still bounds
+	// requests sent after it was received.
+	tr = newRemainingTracker()
+	tr.observe("k", ms(0), ms(20), rl(50))
+	tr.observe("k", ms(0), ms(10), rl(40))
+	if ok, bound := tr.observe("k", ms(30), ms(40), rl(45)); ok || bound != 40 {
+		t.Errorf("after out-of-order reports: ok %v bound %d, want a rise above 40", ok, bound)
+	}
+	if ok, _ := tr.observe("other", ms(30), ms(40), rl(99)); !ok {
+		t.Error("keys are tracked apart")
+	}
+}
+
+func TestReadKeys(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	keys, err := readKeys(write("ok.csv", "id,key,plan,label\nkey_1,pst_a,loadtest,x\nkey_2,pst_b,loadtest,\n"))
+	if err != nil || len(keys) != 2 || keys[1].secret != "pst_b" || keys[0].id != "key_1" {
+		t.Fatalf("readKeys = %+v, %v", keys, err)
+	}
+	for name, content := range map[string]string{
+		"noheader.csv": "key_1,pst_a,loadtest,x\n",
+		"empty.csv":    "id,key,plan,label\n",
+		"notakey.csv":  "id,key,plan,label\nkey_1,secret,loadtest,x\n",
+		"ragged.csv":   "id,key,plan,label\nkey_1,pst_a\n",
+	} {
+		if _, err := readKeys(write(name, content)); err == nil {
+			t.Errorf("readKeys(%s) accepted %q", name, content)
+		}
+	}
+}
+
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{},
+		{"-url", "http://x"},
+		{"-url", "http://x", "-keys", "k.csv", "-rate", "0"},
+		{"-url", "http://x", "-keys", "k.csv", "-check-rate", "2"},
+		{"-url", "http://x", "-keys", "k.csv", "extra"},
+	} {
+		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("parseFlags(%q) accepted it", args)
+		}
+	}
+	c, err := parseFlags([]string{"-url", "http://x", "-keys", "k.csv", "-short"}, &bytes.Buffer{})
+	if err != nil || c.rate != 300 || c.duration != 5*time.Second {
+		t.Fatalf("-short: %+v, %v", c, err)
+	}
+}
+
+// fakeService answers like petstore for keys on a plan of `limit` per
+// minute, from one counter per key; rising makes Remaining go up on every
+// tenth answer, as a broken limiter would.
+func fakeService(limit int, rising bool) http.Handler {
+	var mu sync.Mutex
+	counts := map[string]int{}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		k := r.Header.Get("Authorization")
+		counts[k]++
+		n := counts[k]
+		mu.Unlock()
+		rem := limit - n
+		if rising && n%10 == 0 {
+			rem += 5
+		}
+		h := w.Header()
+		h.Set("X-RateLimit-Limit", strconv.Itoa(limit))
+		h.Set("X-RateLimit-Remaining", strconv.Itoa(max(rem, 0)))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10))
+		h.Set("RateLimit", fmt.Sprintf(`"1m";r=%d;t=60`, max(rem, 0)))
+		h.Set("RateLimit-Policy", fmt.Sprintf(`"1m";q=%d;w=60`, limit))
+		if rem < 0 {
+			h.Set("Retry-After", "60")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprint(w, `{"code":"rate_limited","message":"rate limit exceeded","status":429}`)
+			return
+		}
+		fmt.Fprint(w, "[]")
+	})
+}
+
+// TestRunAgainstFakes runs the kit end to end: a service that keeps its
+// promises passes, one whose Remaining rises, that refuses steady load or
+// that is slower than the thresholds fails the run. The latency thresholds
+// are wide where latency is not the point: the fakes share the machine
+// with everything else.
+func TestRunAgainstFakes(t *testing.T) {
+	t.Parallel()
+	keys := filepath.Join(t.TempDir(), "keys.csv")
+	if err := os.WriteFile(keys, []byte("id,key,plan,label\nkey_1,pst_a,loadtest,\nkey_2,pst_b,loadtest,\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(30 * time.Millisecond)
+		fakeService(100000, false).ServeHTTP(w, r)
+	})
+	wide := []string{"-p95", "10s", "-p99", "10s", "-burst-p99", "10s"}
+	tests := []struct {
+		name    string
+		svc     http.Handler
+		flags   []string
+		wantErr bool
+		want    string
+	}{
+		{"keeps its promises", fakeService(100000, false), wide, false, "all thresholds passed"},
+		{"Remaining rises", fakeService(100000, true), wide, true, "FAIL Remaining never rises"},
+		{"refuses steady load", fakeService(50, false), wide, true, "FAIL status is what the scenario expects"},
+		{"slower than the thresholds", slow, []string{"-p95", "20ms", "-p99", "10s", "-burst-p99", "10s"}, true, "FAIL steady latency p95"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(tt.svc)
+			defer srv.Close()
+			var out bytes.Buffer
+			args := append([]string{"-url", srv.URL, "-keys", keys, "-rate", "200", "-duration", "1s", "-burst", "50", "-workers", "16"}, tt.flags...)
+			err := run(context.Background(), args, &out, &bytes.Buffer{})
+			if (err != nil) != tt.wantErr || !strings.Contains(out.String(), tt.want) {
+				t.Fatalf("run: %v, want error %v and %q in:\n%s", err, tt.wantErr, tt.want, out.String())
+			}
+		})
+	}
+}

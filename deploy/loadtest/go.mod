@@ -1,0 +1,3 @@
+module github.com/animal-store/petstore/deploy/loadtest
+
+go 1.26

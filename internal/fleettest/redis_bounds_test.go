@@ -1,0 +1,155 @@
+package fleettest
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The limiter's promises under faults, held from outside: a Redis blip does
+// not loosen a window, a Redis restarted empty loosens it only as the
+// README states, and a slow round trip does not send a replica to local
+// limits.
+
+// TestExactnessAtProductionTimeout is TestExactnessAcrossReplicas with the
+// production --redis-timeout of 50 ms and no injected fault: on a loaded
+// machine some round trips take longer than that, and a replica must not
+// leave shared limiting (and over-admit) for such a blip.
+func TestExactnessAtProductionTimeout(t *testing.T) {
+	checkExactness(t, 50*time.Millisecond)
+}
+
+// shortFaults are Redis blips and a crash: three 100 ms pauses, one of
+// 500 ms, a kill with a restart 2 s later.
+func shortFaults() []redisFault {
+	return []redisFault{pauseFor(100 * time.Millisecond), pauseFor(100 * time.Millisecond), pauseFor(100 * time.Millisecond),
+		pauseFor(500 * time.Millisecond), crashFor(2 * time.Second)}
+}
+
+// TestRedisFaultsKeepWindows sprays one key on a 5-per-3 s plan over every
+// replica (directly and through HAProxy) beside steady load on many keys,
+// through shortFaults, and checks the degraded-mode bound the README
+// states, by client send and receive times: Redis decides at most 5 in a
+// window (requests sent during a pause reach it and count when it
+// resumes; a Redis restarted empty has lost what it counted, so the
+// window spanning the restart may hold 5 more), plus what the replicas
+// admitted alone, at most one each per window here.
+func TestRedisFaultsKeepWindows(t *testing.T) {
+	sprayThroughFaults(t, shortFaults(), checkWindows)
+}
+
+// TestRedisLongPauseKeepsWindow is TestRedisFaultsKeepWindows with Redis
+// paused for 3 s, longer than --ratelimit-trip-after (1 s), so that the
+// replicas trip their breakers and decide alone.
+func TestRedisLongPauseKeepsWindow(t *testing.T) {
+	sprayThroughFaults(t, []redisFault{pauseFor(3 * time.Second)}, checkWindows)
+}
+
+// What sprayThroughFaults checks.
+const (
+	checkWindows = iota
+	checkHeldTime
+)
+
+// sprayThroughFaults injects faults, 2 s apart, while one key on 5 per 3 s
+// is sprayed over every replica beside steady load, and checks each
+// fault's windows or how long requests were held.
+func sprayThroughFaults(t *testing.T, faults []redisFault, check int) {
+	const (
+		timeout = 50 * time.Millisecond
+		limit   = 5
+		period  = 3 * time.Second
+	)
+	f := newFleet(t, fleetOptions{
+		plans:        "plans:\n  five: {quotas: [{limit: 5, period: 3s}], ban: off}\n",
+		keys:         map[string]int{"five": 1, "loadtest": 16},
+		redisTimeout: timeout,
+		accessLog:    true,
+	})
+	bg := f.startLoad(loadSpec{rate: 200, workers: 32, targets: []string{f.lb.url}, keys: f.keys["loadtest"]})
+	spray := f.startLoad(loadSpec{rate: 40, workers: 8, targets: f.targets(), keys: f.keys["five"]})
+	time.Sleep(period)
+	var done []fault
+	var localsBefore []float64 // the sprayed key's local admissions before each fault
+	for _, fl := range faults {
+		localsBefore = append(localsBefore, f.localAdmissions(t, "five"))
+		began := time.Now()
+		back := fl.do(f.redis)
+		done = append(done, fault{fl.name, fl.crash, began, back})
+		f.waitShared(t, back)
+		time.Sleep(2 * time.Second)
+	}
+	time.Sleep(period)
+	rs := spray.stop()
+	locals := f.localAdmissions(t, "five")
+	t.Logf("background: %s", summarize(bg.stop(), time.Since(bg.start)))
+	t.Logf("sprayed key: %s", summarize(rs, time.Since(spray.start)))
+	for _, line := range f.fallbacks() {
+		t.Logf("left shared limiting: %s", line)
+	}
+	for _, r := range failures(rs) {
+		t.Errorf("failed request: %s", describe(r))
+	}
+	if check == checkHeldTime {
+		checkHeld(t, f.accessLog(), timeout, done)
+		return
+	}
+	// Each fault is judged over the admissions sent from a window before
+	// it began to a window (and a second) after Redis answered, against
+	// the README's bound: what Redis decided (at most L, or 2L across a
+	// restart that lost the counts) plus what replicas admitted alone, at
+	// most max(1, ⌊L/N⌋) each in a window, and no more than they made
+	// from that fault on.
+	share := max(1, limit/len(f.replicas))
+	for i, fl := range done {
+		alone := min(int(locals-localsBefore[i]), share*len(f.replicas))
+		bound := limit + alone
+		if fl.crash {
+			bound += limit
+		}
+		n, at := windowCount(admissions(rs, -1, fl.began.Add(-period), fl.back.Add(period+time.Second)), period)
+		t.Logf("Redis %s: at most %d admissions certainly within one %s window (limit %d; %v admitted by replicas alone from then on; bound %d), from %s",
+			fl.name, n, period, limit, locals-localsBefore[i], bound, at.Format("15:04:05.000"))
+		if n > bound {
+			t.Errorf("Redis %s: %d requests within one %s window, more than the bound %d", fl.name, n, period, bound)
+		}
+	}
+}
+
+// checkHeld asserts that replicas hold requests no longer than the Redis
+// timeout plus 10 ms at the 99th percentile, and none longer than three
+// timeouts: on these two shared cores (three replicas, HAProxy, Redis and
+// the load), when a pause ends every replica's waiting requests wake at
+// once, and single requests were seen held 60-104 ms at a 50 ms timeout
+// while the 99th percentile stayed at 51-56 ms. Offenders are named with
+// the fault they fell into.
+func checkHeld(t *testing.T, log []served, timeout time.Duration, faults []fault) {
+	t.Helper()
+	if len(log) == 0 {
+		t.Fatal("no access log lines")
+	}
+	held := make([]time.Duration, len(log))
+	for i, s := range log {
+		held[i] = s.held
+	}
+	slices.Sort(held)
+	p99 := held[len(held)*99/100]
+	t.Logf("held by the replicas (access log), %d requests: p99 %s, max %s", len(held), p99, held[len(held)-1])
+	if p99 > timeout+10*time.Millisecond {
+		t.Errorf("p99 of held requests %s, more than --redis-timeout %s + 10ms", p99, timeout)
+	}
+	bound := 3 * timeout
+	for _, s := range log {
+		if s.held <= bound {
+			continue
+		}
+		during := "outside any fault"
+		for _, fl := range faults {
+			if !s.end.Before(fl.began) && s.end.Before(fl.back.Add(time.Second)) {
+				during = fmt.Sprintf("Redis %s (ended %s after Redis answered)", fl.name, s.end.Sub(fl.back).Round(time.Millisecond))
+			}
+		}
+		t.Errorf("%s held a request %s, more than three --redis-timeout %s, during %s", s.replica, s.held, timeout, during)
+	}
+}
