@@ -291,8 +291,16 @@ func waitBounded(wg *sync.WaitGroup, d time.Duration) {
 
 // Allow decides one request for key under p and records it when admitted.
 // It returns an error only for an invalid policy, or ErrUnavailable in
-// fail-closed mode when Redis cannot answer within the timeout.
+// fail-closed mode when Redis cannot answer within the timeout. Under a
+// shadow policy the decision is made and recorded the same way and marked
+// Shadow: the caller serves the request whatever its outcome.
 func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, error) {
+	d, err := l.allow(ctx, key, p)
+	d.Shadow = p.Shadow
+	return d, err
+}
+
+func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, error) {
 	pl, err := l.plans.get(p, l.opts, l.met)
 	if err != nil {
 		return Decision{}, err
@@ -623,8 +631,8 @@ func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 		return nil, err
 	}
 	pl := compile(p, o.Buckets, o.StrikeBuckets)
-	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban}
-	pl.counters = met.forPlan(p.Name)
+	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban, Shadow: p.Shadow}
+	pl.counters = met.forPlan(p.Name, p.Shadow)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n >= maxPlans {
@@ -660,11 +668,14 @@ func hashPolicy(seed maphash.Seed, p Policy) uint64 {
 	put(int64(math.Float64bits(p.Ban.Multiplier)))
 	put(int64(p.Ban.Max))
 	put(int64(p.Ban.Memory))
+	if p.Shadow {
+		put(1)
+	}
 	return h.Sum64()
 }
 
 func samePolicy(a, b Policy) bool {
-	if a.Name != b.Name || a.Ban != b.Ban || len(a.Windows) != len(b.Windows) {
+	if a.Name != b.Name || a.Ban != b.Ban || a.Shadow != b.Shadow || len(a.Windows) != len(b.Windows) {
 		return false
 	}
 	for i := range a.Windows {

@@ -12,6 +12,8 @@ import (
 type metrics struct {
 	decisions       *prometheus.CounterVec
 	bans            *prometheus.CounterVec
+	shadowDecisions *prometheus.CounterVec
+	shadowBans      *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
 	redisErrors     prometheus.Counter
 	fallbackActive  prometheus.Gauge
@@ -30,6 +32,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		bans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "bans_total",
 			Help: "Temporary bans issued, by plan.",
+		}, []string{"plan"}),
+		shadowDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "shadow_decisions_total",
+			Help: "Decisions under plans in shadow mode, by plan and the outcome enforcement would have had; none was enforced.",
+		}, []string{"plan", "outcome"}),
+		shadowBans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "shadow_bans_total",
+			Help: "Temporary bans plans in shadow mode would have issued, by plan; none was enforced.",
 		}, []string{"plan"}),
 		redisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "redis_duration_seconds",
@@ -69,6 +79,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.bans, err = register(reg, m.bans); err != nil {
+		return nil, err
+	}
+	if m.shadowDecisions, err = register(reg, m.shadowDecisions); err != nil {
+		return nil, err
+	}
+	if m.shadowBans, err = register(reg, m.shadowBans); err != nil {
 		return nil, err
 	}
 	if m.redisDuration, err = register(reg, m.redisDuration); err != nil {
@@ -117,12 +133,18 @@ type counters struct {
 	banned  prometheus.Counter
 }
 
-func (m *metrics) forPlan(name string) counters {
+// forPlan resolves the counters of plan name; a shadow plan's decisions
+// and bans are counted apart, so that enforcement's figures stay true.
+func (m *metrics) forPlan(name string, shadow bool) counters {
+	decisions, bans := m.decisions, m.bans
+	if shadow {
+		decisions, bans = m.shadowDecisions, m.shadowBans
+	}
 	var c counters
 	for o := Allowed; o <= Banned; o++ {
-		c.outcome[o] = m.decisions.WithLabelValues(name, o.String())
+		c.outcome[o] = decisions.WithLabelValues(name, o.String())
 	}
-	c.banned = m.bans.WithLabelValues(name)
+	c.banned = bans.WithLabelValues(name)
 	return c
 }
 

@@ -70,6 +70,13 @@ type Policy struct {
 	Name    string
 	Windows []Window
 	Ban     BanPolicy
+	// Shadow evaluates and records every decision (windows, strikes,
+	// bans) as usual but enforces none: Decision.Shadow is set, the
+	// outcome says what enforcement would have done, and callers serve
+	// the request whatever it is. Refusals are not counted in the windows,
+	// exactly as if they had been enforced. Metrics go to
+	// shadow_decisions_total and shadow_bans_total.
+	Shadow bool
 }
 
 // Validate reports a policy the limiter cannot enforce.
@@ -196,6 +203,9 @@ type Decision struct {
 	// RetryAfter is, when the request was not allowed, the time until a
 	// request would be admitted (or the ban's remaining time).
 	RetryAfter time.Duration
+	// Shadow is true when the policy is in shadow mode: Outcome is what
+	// enforcement would have decided, and the caller must not enforce it.
+	Shadow bool
 	// Degraded is true when the shared store could not be reached and the
 	// decision was made by this process alone.
 	Degraded bool

@@ -63,7 +63,7 @@ func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options
 		local:  newGCRAStore(),
 		llimit: ThrottleLimit{Rate: (limit.Rate + r - 1) / r, Burst: (limit.Burst + r - 1) / r, Period: limit.Period},
 		opts:   opts,
-		count:  met.forPlan("ip"),
+		count:  met.forPlan("ip", false),
 		now:    opts.clock,
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,6 +29,19 @@ func (s *server) rateLimit(next http.Handler) http.Handler {
 		d, err := s.limiter.Allow(r.Context(), p.KeyID, p.Policy)
 		if err != nil {
 			s.writeError(w, r, fmt.Errorf("rate limit key %s: %w", p.KeyID, err))
+			return
+		}
+		if d.Shadow {
+			// A plan in shadow mode has no limits as far as its clients
+			// know: no headers, never refused; what enforcement would have
+			// done goes to metrics and, for refusals, a debug line.
+			if !d.Allowed() {
+				s.log.LogAttrs(r.Context(), slog.LevelDebug, "ratelimit: shadow refusal",
+					slog.String("request_id", requestInfoFrom(r.Context()).id),
+					slog.String("key_id", p.KeyID), slog.String("plan", p.Policy.Name),
+					slog.String("outcome", d.Outcome.String()), slog.Duration("retry_after", d.RetryAfter))
+			}
+			next.ServeHTTP(w, r)
 			return
 		}
 		setLimitHeaders(w.Header(), d, time.Now())

@@ -225,3 +225,45 @@ func TestRateLimitHeadersSpelledOnTheWire(t *testing.T) {
 		}
 	}
 }
+
+// TestRateLimitShadowMode: a decision under a plan in shadow mode is never
+// enforced: the request is served, without rate-limit headers (the plan
+// has no limits as far as its clients know), and a refusal it would have
+// made is logged at debug level with its outcome.
+func TestRateLimitShadowMode(t *testing.T) {
+	t.Parallel()
+	window := []ratelimit.WindowState{{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Reset: time.Now().Add(time.Minute)}}
+	for _, d := range []ratelimit.Decision{
+		{Outcome: ratelimit.Allowed, Windows: window, Shadow: true},
+		{Outcome: ratelimit.Limited, Windows: window, RetryAfter: 3 * time.Second, Shadow: true},
+		{Outcome: ratelimit.Banned, Windows: window, RetryAfter: 5 * time.Minute, Shadow: true},
+	} {
+		t.Run(d.Outcome.String(), func(t *testing.T) {
+			t.Parallel()
+			ts := newTestServer(t)
+			ts.limiter.decision = d
+			resp := ts.get("/v1/pets", keyFree)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d, want 200: %s", resp.StatusCode, resp.body)
+			}
+			for _, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
+				if v := resp.Header.Get(name); v != "" {
+					t.Errorf("%s: %q on a shadow decision", name, v)
+				}
+			}
+			var logged []map[string]any
+			for _, rec := range ts.logs.records(t) {
+				if rec["msg"] == "ratelimit: shadow refusal" {
+					logged = append(logged, rec)
+				}
+			}
+			switch {
+			case d.Allowed() && len(logged) != 0:
+				t.Errorf("an admission logged as a shadow refusal: %v", logged)
+			case !d.Allowed() && (len(logged) != 1 || logged[0]["level"] != "DEBUG" || logged[0]["outcome"] != d.Outcome.String() ||
+				logged[0]["key_id"] != "key_free" || logged[0]["plan"] != "free" || logged[0]["request_id"] == ""):
+				t.Errorf("shadow refusal log lines %v, want one at DEBUG naming key, plan, outcome %s and request id", logged, d.Outcome)
+			}
+		})
+	}
+}

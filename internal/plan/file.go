@@ -72,6 +72,13 @@ func Load(path string) (*Set, error) {
 //   - per_key: true when quotas are agreed per key (as for enterprise):
 //     every key on the plan must carry at least one quota of its own, which
 //     replaces the plan's quota of the same period or adds one.
+//   - mode: "enforce" (the default) or "shadow": a shadow plan's limits,
+//     strikes and bans are evaluated and recorded on every request (metrics
+//     petstore_ratelimit_shadow_decisions_total and _shadow_bans_total, a
+//     debug log line per refusal it would have made) but never enforced:
+//     its keys are always served, without rate-limit headers. For
+//     introducing limits on a plan that had none. Left out, a plan keeps
+//     its mode (built-in plans enforce).
 //   - remove: true drops the plan (only with no other field). Keys on a
 //     removed plan are then rejected.
 //
@@ -95,6 +102,7 @@ type planSpec struct {
 	Quotas *[]Quota `yaml:"quotas"`
 	Ban    *banSpec `yaml:"ban"`
 	PerKey *bool    `yaml:"per_key"`
+	Mode   *string  `yaml:"mode"`
 	Remove bool     `yaml:"remove"`
 }
 
@@ -198,7 +206,7 @@ func (f fileSpec) build() (*Set, error) {
 		}
 		seen[name] = raw
 		if spec.Remove {
-			if spec.Quotas != nil || spec.Ban != nil || spec.PerKey != nil {
+			if spec.Quotas != nil || spec.Ban != nil || spec.PerKey != nil || spec.Mode != nil {
 				fail("%s.remove: a removed plan takes no other field", at)
 			}
 			delete(plans, name)
@@ -210,6 +218,16 @@ func (f fileSpec) build() (*Set, error) {
 		}
 		if spec.PerKey != nil {
 			p.PerKey = *spec.PerKey
+		}
+		if spec.Mode != nil {
+			switch *spec.Mode {
+			case "enforce":
+				p.Shadow = false
+			case "shadow":
+				p.Shadow = true
+			default:
+				fail("%s.mode: must be enforce or shadow, not %q", at, *spec.Mode)
+			}
 		}
 		if spec.Quotas != nil {
 			ws, qerrs := spec.quotas(at + ".quotas")

@@ -114,6 +114,17 @@ func TestParseMerges(t *testing.T) {
 				t.Errorf("Policy(enterprise) = %v", err)
 			}
 		}},
+		{"a plan in shadow mode", "plans: {pro: {mode: shadow}, gold: {mode: shadow, quotas: [{limit: 1, period: 1s}]}, free: {mode: enforce}}", func(t *testing.T, s *plan.Set) {
+			for name, want := range map[string]bool{"pro": true, "gold": true, "free": false, "business": false} {
+				pol, err := s.Policy(name, nil)
+				if err != nil || pol.Shadow != want {
+					t.Errorf("Policy(%s) = %+v, %v; want Shadow %v", name, pol, err, want)
+				}
+			}
+			if p, _ := s.Lookup("pro"); len(p.Windows) != 2 || p.Ban.Threshold == 0 {
+				t.Errorf("pro in shadow mode keeps its quotas and ban: %+v", p)
+			}
+		}},
 		{"names in any case", "plans: {Gold: {quotas: [{limit: 1, period: 1s}]}, PRO: {remove: true}}", func(t *testing.T, s *plan.Set) {
 			if got := s.Names(); !reflect.DeepEqual(got, []string{"business", "enterprise", "free", "gold", "loadtest"}) {
 				t.Errorf("names = %v", got)
@@ -159,6 +170,8 @@ func TestParseErrors(t *testing.T) {
 		{"bad plan name", "plans: {'gold plan': {quotas: [{limit: 1, period: 1s}]}}", []string{"plans.gold plan: plan name must be a lowercase identifier"}},
 		{"new plan without quotas", "plans: {gold: {}}", []string{`plans.gold.quotas: plan "gold" needs at least one quota`}},
 		{"remove with fields", "plans: {free: {remove: true, ban: off}}", []string{"plans.free.remove: a removed plan takes no other field"}},
+		{"remove with a mode", "plans: {free: {remove: true, mode: shadow}}", []string{"plans.free.remove: a removed plan takes no other field"}},
+		{"unknown mode", "plans: {free: {mode: dry-run}}", []string{`plans.free.mode: must be enforce or shadow, not "dry-run"`}},
 		{"ban without threshold", "plans: {free: {ban: {within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: required"}},
 		{"ban threshold below 1", "plans: {free: {ban: {threshold: 0, within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: must be at least 1"}},
 		{"ban without within", "plans: {free: {ban: {threshold: 1, duration: 1m}}}", []string{"plans.free.ban.within: required"}},

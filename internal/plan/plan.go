@@ -43,6 +43,10 @@ type Plan struct {
 	// PerKey means quotas are agreed per key (Enterprise): every key on the
 	// plan must carry overrides for at least one window.
 	PerKey bool
+	// Shadow evaluates and records the plan's limits, strikes and bans on
+	// every request but enforces none of them: for introducing limits on a
+	// plan that had none (mode: shadow in the plans file).
+	Shadow bool
 }
 
 // Standard ban settings. A key is banned after more rejected requests within
@@ -232,7 +236,7 @@ func (s *Set) Policy(planName string, overrides []ratelimit.Window) (ratelimit.P
 			windows = append(windows, o)
 		}
 	}
-	pol := ratelimit.Policy{Name: p.Name, Windows: sortedWindows(windows), Ban: p.Ban}
+	pol := ratelimit.Policy{Name: p.Name, Windows: sortedWindows(windows), Ban: p.Ban, Shadow: p.Shadow}
 	if err := pol.Validate(); err != nil {
 		return ratelimit.Policy{}, fmt.Errorf("plan %q: %w", p.Name, err)
 	}
