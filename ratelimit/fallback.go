@@ -188,7 +188,7 @@ func (e *fallbackEntry) seedState(pl, lp *plan, now, n int64) (*keyState, []take
 		}
 		share := min(r.limit, e.remaining[i]/n)
 		if n := r.limit - share; n > 0 {
-			s := st.ringFor(r, true)
+			s, _ := st.ringFor(r, true)
 			b := s.bucket(r, e.at)
 			s.advance(r, b)
 			s.add(r, b, e.at, n)

@@ -24,6 +24,11 @@ import "time"
 //	PREFIX{KEY}:w:PERIOD:GRAN   window record (PERIOD and GRAN in µs)
 //	PREFIX{KEY}:ban             ban record
 //
+// A window record that does not exist yet may be started from the key's
+// record of another period (seed in script.go), when a plan edit changed
+// periods; PREFIX{periods} (registry.go) lists the periods each policy
+// had lately, for that.
+//
 // A ring (the body of both records) covers the buckets head-n .. head:
 //
 //	field        bytes  meaning                                       maximum

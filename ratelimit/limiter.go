@@ -171,6 +171,7 @@ type Limiter struct {
 
 	breaker  *breaker
 	replicas *replicas
+	reg      *registry // nil without Redis
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -211,6 +212,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		l.cache = newRejectCache(opts.CacheSize, opts.FlushEvery, opts.FlushInterval, opts.BanRevalidate)
 	}
 	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, met)
+	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
 	}
@@ -241,6 +243,9 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	l.goBackground(ctx, l.breaker.run)
 	if !opts.noHeartbeat {
 		l.goBackground(ctx, func(ctx context.Context) { l.replicas.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
+		l.goBackground(ctx, func(ctx context.Context) {
+			l.reg.run(ctx, max(opts.Timeout, 100*time.Millisecond), func() []*plan { return l.plans.recent(l.now()) })
+		})
 	}
 	l.goBackground(ctx, l.subscribeLoop)
 
@@ -306,6 +311,7 @@ func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, er
 		return Decision{}, err
 	}
 	start := l.now()
+	pl.touch(start)
 	if l.rdb == nil {
 		return l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), input{lease: noLease}), false), nil
 	}
@@ -366,7 +372,9 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	// Admissions this replica made without Redis travel with the key's
 	// next round trip.
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
-	reply, err := l.batch.do(ctx, stateKeys(l.opts.Prefix, key, pl), scriptArgs(pl, input{extra: extra, add: add, lease: ask}), budget)
+	sd := l.reg.seeding(pl)
+	reply, err := l.batch.do(ctx, seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl)),
+		scriptArgs(pl, input{extra: extra, add: add, lease: ask, seed: sd}), budget)
 	var v verdict
 	if err == nil {
 		v, err = decode(pl, reply)
@@ -476,7 +484,9 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 		err := ErrUnavailable
 		if !l.breaker.isOpen() {
 			var reply any
-			if reply, err = l.batch.do(ctx, stateKeys(l.opts.Prefix, key, pl), scriptArgs(pl, input{peek: true, lease: noLease}), l.opts.Timeout); err == nil {
+			sd := l.reg.seeding(pl)
+			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl))
+			if reply, err = l.batch.do(ctx, keys, scriptArgs(pl, input{peek: true, lease: noLease, seed: sd}), l.opts.Timeout); err == nil {
 				v, err = decode(pl, reply)
 			}
 		}
@@ -542,7 +552,10 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	if err := l.rdb.Del(ctx, stateKeys(l.opts.Prefix, key, pl)...).Err(); err != nil {
+	// The records of periods the plan had lately go too: a later decision
+	// would otherwise take its past from them.
+	keys := seedKeys(l.opts.Prefix, key, l.reg.seeding(pl), stateKeys(l.opts.Prefix, key, pl))
+	if err := l.rdb.Del(ctx, keys...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: reset %q: %w", key, err)
 	}
 	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {
@@ -647,6 +660,22 @@ func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 	c.plans[h] = append(c.plans[h], pl)
 	c.n++
 	return pl, nil
+}
+
+// recent returns the plans decided under within registryRecent of now.
+func (c *planCache) recent(now time.Time) []*plan {
+	since := now.Add(-registryRecent).Unix()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []*plan
+	for _, pls := range c.plans {
+		for _, pl := range pls {
+			if pl.used.Load() >= since {
+				out = append(out, pl)
+			}
+		}
+	}
+	return out
 }
 
 func hashPolicy(seed maphash.Seed, p Policy) uint64 {

@@ -65,6 +65,11 @@ type plan struct {
 	// is unreachable, for the live replica count it was made for
 	// (fallback.go).
 	local atomic.Pointer[localPlan]
+	// seed is where windows take their past from after a period change,
+	// for the registry view it was made for (registry.go).
+	seed atomic.Pointer[seedCache]
+	// used is when a decision was last made under the plan (Unix s).
+	used atomic.Int64
 
 	counters
 }
@@ -100,6 +105,13 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	rfmt := ">" + strings.Repeat("i8", replyFields+3*len(pl.windows))
 	pl.argv = []any{packFormat(nums), packNums(nums), mult, rfmt}
 	return pl
+}
+
+// touch notes a decision under pl at now.
+func (pl *plan) touch(now time.Time) {
+	if s := now.Unix(); pl.used.Load() != s {
+		pl.used.Store(s)
+	}
 }
 
 // banLength returns the length (µs) of the ban for the n-th offence,

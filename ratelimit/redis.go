@@ -30,6 +30,18 @@ func stateKeys(prefix, key string, pl *plan) []string {
 	return keys
 }
 
+// seedKeys appends to keys (stateKeys) the records of the other periods
+// sd names (registry.go).
+func seedKeys(prefix, key string, sd *seeding, keys []string) []string {
+	if sd == nil {
+		return keys
+	}
+	for i := range sd.extra {
+		keys = append(keys, prefix+"{"+key+"}:w:"+sd.extra[i].name)
+	}
+	return keys
+}
+
 // scriptArgs returns the full ARGV for one evaluation: the per-call
 // numbers packed in one string, then the plan's arguments.
 func scriptArgs(pl *plan, in input) []any {
@@ -37,7 +49,7 @@ func scriptArgs(pl *plan, in input) []any {
 	if in.peek {
 		mode = modePeek
 	}
-	b := make([]byte, 0, 8*(5+len(pl.windows)))
+	b := make([]byte, 0, 8*(5+len(pl.windows)+len(in.seed.numbers())))
 	for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
@@ -47,6 +59,9 @@ func scriptArgs(pl *plan, in input) []any {
 			a = in.add[i]
 		}
 		b = binary.BigEndian.AppendUint64(b, uint64(a))
+	}
+	for _, v := range in.seed.numbers() {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
 	args := make([]any, 0, 1+len(pl.argv))
 	args = append(args, string(b))

@@ -139,12 +139,79 @@ local function scan(s, R, n, g, unit, period, vh, hc, ho, from, b, excess, now)
   return now
 end
 
+-- seed writes the record key of a window (period, g, n, unit, ttl) that
+-- the key has none of yet, from ss, the key's record of another period
+-- (sp, sg, sn, su), with its head at b: every bucket of ss whose last
+-- event still counts in the window at now is carried over whole, at that
+-- event's time (or into the oldest bucket kept). It returns whether it
+-- carried anything. ringState.seedFrom (state.go) is the same in Go.
+local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
+  local svh, stot, shc, sho = unpack_(RINGFMT, ss, 2)
+  if stot <= 0 then return false end
+  local R = 2 + HDR
+  local cs, os, total = {}, {}, 0
+  for j = svh - sn, svh do
+    local c = cnt(ss, R, sn, svh, shc, j)
+    if c > 0 then
+      local t = lastAt(ss, R, sn, sg, su, svh, sho, j)
+      if t + period > now then
+        local bj = floor(t / g)
+        if bj < b - n then bj = b - n end
+        if bj > b then bj = b end
+        local off = t - bj * g
+        if off < 0 then off = 0 end
+        off = ceil(off / unit)
+        if off > 65535 then off = 65535 end
+        -- Indexed by age (0 .. n), small keys.
+        local a = b - bj
+        if not cs[a] then
+          cs[a], os[a] = 0, off
+        elseif off > os[a] then
+          os[a] = off
+        end
+        cs[a] = cs[a] + c
+        if cs[a] > MAXC then cs[a] = MAXC end
+        total = total + c
+      end
+    end
+  end
+  if total <= 0 then return false end
+  if total > MAXC then total = MAXC end
+  local slots = {}
+  for i = 1, n + 1 do slots[i] = '\0\0\0\0\0\0' end
+  for a, c in pairs(cs) do
+    if a > 0 then slots[((b - a) % (n + 1)) + 1] = pack_('>I4I2', c, os[a]) end
+  end
+  redis.call('SET', key, char(VERSION) .. pack_(RINGFMT, b, total, cs[0] or 0, os[0] or 0) .. table.concat(slots), 'PX', ttl)
+  return true
+end
+
 local V = {unpack_(ARGV[2], ARGV[3], 1)}
 local nw, thr = V[1], V[2]
 -- Per call: mode, extra strikes, lease want, need and life, then per
--- window the admissions made without Redis to add (A).
-local A = {unpack_('>' .. rep('I8', 5 + nw), ARGV[1], 1)}
+-- window the admissions made without Redis to add (A); then, after a plan
+-- changed its periods, where a window the key has no record of may take
+-- its past from: the number of sources, each as (KEYS index, period, g,
+-- n, unit), then per window the number of sources to try, in order, and
+-- their indexes.
+local A = {unpack_('>' .. rep('I8', #ARGV[1] / 8), ARGV[1], 1)}
 local mode, extra, want, need, life = A[1], A[2], A[3], A[4], A[5]
+local SRC, TRY = {}, {}
+if #A > 6 + nw then
+  local o = 6 + nw
+  local ns = A[o]
+  for s = 1, ns do
+    local q = o + 1 + 5 * (s - 1)
+    SRC[s] = {A[q], A[q + 1], A[q + 2], A[q + 3], A[q + 4]}
+  end
+  o = o + 1 + 5 * ns
+  for i = 1, nw do
+    local k = A[o]
+    TRY[i] = {}
+    for m = 1, k do TRY[i][m] = A[o + m] end
+    o = o + 1 + k
+  end
+end
 local peek = mode == 1
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -179,6 +246,21 @@ for i = 1, nw do
   local key = KEYS[1 + i]
   local h = redis.call('GETRANGE', key, 0, HDR)
   local fresh = #h < 1 + HDR
+  if fresh and TRY[i] then
+    -- A period the key has no record of, after a plan edit: start from
+    -- the best record of another period the key has.
+    for _, s in ipairs(TRY[i]) do
+      local src = SRC[s]
+      local ss = redis.call('GET', KEYS[src[1]])
+      if ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT then
+        if seed(key, ss, src[2], src[3], src[4], src[5], period, g, n, unit, V[o + 5], floor(now / g), now) then
+          h = redis.call('GETRANGE', key, 0, HDR)
+          fresh = #h < 1 + HDR
+        end
+        break
+      end
+    end
+  end
   local vh, total, hc, ho = 0, 0, 0, 0
   if not fresh then vh, total, hc, ho = unpack_(RINGFMT, h, 2) end
   local b = floor(now / g)

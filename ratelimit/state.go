@@ -7,6 +7,7 @@ package ratelimit
 
 // ringState is the in-memory form of one ring.
 type ringState struct {
+	geo   ring    // the geometry it was made for
 	head  int64   // newest bucket the ring covers
 	total int64   // sum of count
 	count []int64 // per slot: events in the bucket
@@ -14,7 +15,7 @@ type ringState struct {
 }
 
 func newRingState(r *ring) *ringState {
-	return &ringState{count: make([]int64, r.n+1), off: make([]int64, r.n+1)}
+	return &ringState{geo: *r, count: make([]int64, r.n+1), off: make([]int64, r.n+1)}
 }
 
 // bucket returns the bucket index for now, never before the ring's head,
@@ -113,6 +114,71 @@ func (s *ringState) add(r *ring, b, at, k int64) {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
+// seedFrom fills s, a new and empty ring for window r whose head is to be
+// b, from src, the key's ring of another period: each bucket of src whose
+// last event still counts in r's window at now is carried over, whole, at
+// that last event's time. This is what keeps a key's counts when a plan
+// changes a window's period (the new period's record starts from the old
+// one's). Events only ever move later in time (to their bucket's last
+// event, or into the oldest bucket r keeps), so the new window never
+// counts fewer of them than src recorded within r's period; what src had
+// already dropped (older than its own period) is not known to it. The
+// script does the same (seed in script.go).
+func (s *ringState) seedFrom(r *ring, b int64, src *ringState, now int64) {
+	s.head = b
+	sr := &src.geo
+	if src.total <= 0 {
+		return
+	}
+	for j := src.head - sr.n; j <= src.head; j++ {
+		c := src.count[j%(sr.n+1)]
+		if c <= 0 {
+			continue
+		}
+		t := src.last(sr, j)
+		if t+r.period <= now {
+			continue
+		}
+		bj := min(max(t/r.gran, b-r.n), b)
+		i := bj % (r.n + 1)
+		off := min(ceilDiv(max(t-bj*r.gran, 0), r.unit), maxOffset)
+		if s.count[i] == 0 || off > s.off[i] {
+			s.off[i] = off
+		}
+		s.count[i] = min(s.count[i]+c, maxCount)
+		s.total = min(s.total+c, maxCount)
+	}
+}
+
+// seedSource returns, of rings, the one that best stands for window r's
+// past: the shortest period that covers r's (whose buckets are finest),
+// else the longest shorter one; nil when there is none.
+func seedSource(r *ring, rings map[string]*ringState) *ringState {
+	var best *ringState
+	for name, s := range rings {
+		if name == r.name || s.geo.period == r.period {
+			continue
+		}
+		if best == nil || betterSource(r, s.geo.period, best.geo.period) {
+			best = s
+		}
+	}
+	return best
+}
+
+// betterSource reports whether a ring of period p stands better than one
+// of period q for window r's past (seedSource).
+func betterSource(r *ring, p, q int64) bool {
+	switch pc, qc := p >= r.period, q >= r.period; {
+	case pc != qc:
+		return pc
+	case pc:
+		return p < q
+	default:
+		return p > q
+	}
+}
+
 // banState is a key's ban record: the ban, the offence history and the
 // strike ring of the geometry named strikeRing.
 type banState struct {
@@ -162,10 +228,10 @@ type leaseAsk struct {
 var noLease = leaseAsk{want: 1, need: 1, life: 1}
 
 // ringFor returns the key's record for window r, new and empty if it has
-// none (kept only when keep).
-func (st *keyState) ringFor(r *ring, keep bool) *ringState {
+// none (kept only when keep), and whether it is new.
+func (st *keyState) ringFor(r *ring, keep bool) (*ringState, bool) {
 	if s := st.windows[r.name]; s != nil {
-		return s
+		return s, false
 	}
 	s := newRingState(r)
 	if keep {
@@ -174,7 +240,7 @@ func (st *keyState) ringFor(r *ring, keep bool) *ringState {
 		}
 		st.windows[r.name] = s
 	}
-	return s
+	return s, true
 }
 
 // input is what one evaluation is asked, besides deciding one request.
@@ -183,6 +249,7 @@ type input struct {
 	extra int64    // rejections answered locally since, recorded as strikes
 	add   []int64  // per window: admissions made locally while Redis was unreachable, recorded as made now
 	lease leaseAsk // admissions to count at once
+	seed  *seeding // where a window the key has no record of takes its past from (script only)
 }
 
 // decide evaluates one request for the key whose state is st, at now. An
@@ -207,9 +274,16 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 	room, end := int64(-1), now+ask.life
 	for i := range pl.windows {
 		r := &pl.windows[i]
-		s := st.ringFor(r, !peek)
+		s, fresh := st.ringFor(r, !peek)
 		rings[i] = s
 		b := s.bucket(r, now)
+		if fresh {
+			// A period this key has no record of: start from the record
+			// of another period, if the key has one (a plan edit).
+			if src := seedSource(r, st.windows); src != nil {
+				s.seedFrom(r, b, src, now)
+			}
+		}
 		s.advance(r, b)
 		c, from := s.used(r, now, b)
 		if i < len(in.add) && in.add[i] > 0 && !peek {

@@ -1,7 +1,9 @@
 package fleettest
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -76,8 +78,7 @@ func TestRedisFaultsHoldNoRequestPastTimeout(t *testing.T) {
 // more than 20 (so no replica started the key's count over when its limit
 // changed: that would admit 10 or 20 more on top of the window's count),
 // and once every replica is back on 10, no 4 s window holds more than 10.
-// (A changed period is another window whose count starts anew: see the
-// README's "Plan edits keep counts".)
+// (A changed period: TestPeriodChangeKeepsCounts.)
 func TestPlanChangeKeepsWindows(t *testing.T) {
 	const (
 		period   = 4 * time.Second
@@ -131,4 +132,99 @@ func TestPlanChangeKeepsWindows(t *testing.T) {
 	if n, _ := windowCount(admissions(rs, -1, up.Add(period), downBegan), period); n < 15 {
 		t.Errorf("only %d admissions in one window on the plan of 20: the change did not take effect", n)
 	}
+}
+
+// TestPeriodChangeKeepsCounts changes a plan's period, from 10 per 4 s to
+// 12 per 8 s, through the plans file while one key is sprayed over the
+// replicas. The spray pauses while the change spreads (so that no decision
+// is made while replicas disagree) and resumes once every replica answers
+// with the new plan. The new window has a new record; each replica starts
+// it from the key's record of the old period, which the registry of
+// periods names even to a replica that never decided the key under the old
+// plan. Judged by client send and receive times, every 8 s window holds at
+// most 12 admissions plus those possibly made more than 4 s before the
+// first decision under the new plan (the old record no longer held them);
+// a count that started over would admit 12 on top of the old window's.
+func TestPeriodChangeKeepsCounts(t *testing.T) {
+	const (
+		interval = 500 * time.Millisecond
+		newLimit = 12
+		oldW     = 4 * time.Second
+		newW     = 8 * time.Second
+	)
+	plans := func(quota string) string { return "plans:\n  edit: {quotas: [" + quota + "], ban: off}\n" }
+	f := newFleet(t, fleetOptions{plans: plans("{limit: 10, period: 4s}"), keys: map[string]int{"edit": 2}, reloadInterval: interval})
+	sprayed, probe := f.keys["edit"][:1], f.keys["edit"][1]
+	first := f.startLoad(loadSpec{rate: 20, workers: 8, targets: f.targets(), keys: sprayed})
+	time.Sleep(6 * time.Second)
+	rs := first.stop()
+	f.writeFile("plans.yaml", plans(fmt.Sprintf("{limit: %d, period: 8s}", newLimit)))
+	changed := time.Now()
+	ctx := context.Background()
+	for _, r := range f.replicas {
+		for {
+			// The probe key is on the same plan: its answers show the plan
+			// without touching the sprayed key's counts.
+			if res, policy := f.policy(ctx, r.api, probe.Key); strings.Contains(policy, `"8s"`) {
+				break
+			} else if time.Since(changed) > 5*time.Second {
+				t.Fatalf("%s still answers with %q (%s) 5s after the change", r.name, policy, describe(res))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	resume := time.Now()
+	t.Logf("every replica on the new plan %s after the change; the spray paused %s", resume.Sub(changed).Round(time.Millisecond), resume.Sub(rs[len(rs)-1].recv).Round(time.Millisecond))
+	second := f.startLoad(loadSpec{rate: 20, workers: 8, targets: f.targets(), keys: sprayed})
+	time.Sleep(2 * newW)
+	after := second.stop()
+	for _, r := range failures(append(slices.Clone(rs), after...)) {
+		t.Errorf("failed request: %s", describe(r))
+	}
+	// The first decision under the new plan was made by the time the
+	// first answer of the resumed spray came back.
+	firstNew := after[0].recv
+	for _, r := range after {
+		firstNew = earliest(firstNew, r.recv)
+	}
+	cutoff := firstNew.Add(-oldW) // admissions sent before it may be unknown to the old record
+	adm := admissions(append(rs, after...), -1, time.Time{}, time.Now())
+	slices.SortFunc(adm, func(a, b span) int { return a.send.Compare(b.send) })
+	worst, worstAt, worstUnknown := 0, time.Time{}, 0
+	for i, a := range adm {
+		n, unknown, late := 0, 0, false
+		end := a.send.Add(newW)
+		for _, b := range adm[i:] {
+			if !b.send.Before(end) {
+				break
+			}
+			if b.recv.Before(end) {
+				n++
+				late = late || !b.send.Before(resume)
+				if b.send.Before(cutoff) {
+					unknown++
+				}
+			}
+		}
+		if late && n-unknown > worst-worstUnknown {
+			worst, worstAt, worstUnknown = n, a.send, unknown
+		}
+	}
+	t.Logf("sprayed key: before the change %s; after it %s", summarize(rs, 6*time.Second), summarize(after, 2*newW))
+	t.Logf("at most %d admissions certainly within one %s window ending under the new plan, %d of them possibly older than the old record knew (bound %d + those), from %s",
+		worst, newW, worstUnknown, newLimit, worstAt.Format("15:04:05.000"))
+	if worst > newLimit+worstUnknown {
+		t.Errorf("%d admissions within one %s window, more than %d plus the %d the old record could not know: the new window did not start from the old one's count",
+			worst, newW, newLimit, worstUnknown)
+	}
+	if n, _ := windowCount(admissions(after, -1, resume.Add(newW), time.Now()), newW); n < newLimit-2 {
+		t.Errorf("only %d admissions in one window once the old counts had slid out: the new limit did not take effect", n)
+	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -1,0 +1,262 @@
+package ratelimit
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A changed period keeps a key's counts. Each window's record is named by
+// its period, so a plan edit that changes a period (1m to 2m, a new 1h
+// window beside a day) gives the window a new record; without more, that
+// record would start empty, and a key would get a fresh quota. Instead,
+// the first decision that finds a key without a record for one of its
+// windows, while the plan's periods are changing, starts the record from
+// the key's record of another period (seed in script.go): the shortest
+// period that covers the new one, else the longest shorter one, among the
+// plan's other windows and the periods the plan had lately.
+//
+// Which periods a plan had lately is fleet knowledge: a replica started
+// after the edit never saw the old plan. So every replica marks, each
+// registryEvery, the periods of the policies it decided under lately in
+// one Redis hash (field NAME/PERIOD, value "first:last", Redis times in
+// ms), and reads back all of them. A period stays listed while a record of
+// it may exist: its period after it was last marked. Only a window whose
+// period the fleet first used less than a period (and registryGrace) ago
+// takes its past from other records: once a window has existed for a
+// whole period, every admission it has to count was counted in it. A plan
+// whose name has no other period listed, or whose periods are all older
+// than that, passes nothing: the common case costs nothing.
+
+const (
+	registryEvery = time.Second
+	// registryRecent is how long a policy counts as in use after its last
+	// decision here: a replica stops marking an edited plan's old periods
+	// this long after the edit reached it.
+	registryRecent = 10 * time.Second
+	// registryGrace is how long beyond its period a new window still
+	// takes its past from other records: the time an edit takes to reach
+	// every replica, and the replicas' markings to be read.
+	registryGrace = time.Minute
+)
+
+var registryScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 1, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  local first = v and tonumber(string.match(v, '^(%d+):')) or now
+  redis.call('HSET', KEYS[1], ARGV[i], first .. ':' .. now)
+end
+local all = redis.call('HGETALL', KEYS[1])
+local out = {now}
+local keep = 0
+for i = 1, #all, 2 do
+  local f = all[i]
+  local first, last = string.match(all[i + 1], '^(%d+):(%d+)$')
+  first, last = tonumber(first), tonumber(last)
+  local p = tonumber(string.match(f, '/(%d+)$'))
+  -- A period's records are gone a period (and two buckets) after its last
+  -- admission; keep the field a little longer.
+  if not p or not last or last + math.ceil(p / 1000) * 1.02 + 2000 < now then
+    redis.call('HDEL', KEYS[1], f)
+  else
+    out[#out + 1] = f
+    out[#out + 1] = first
+    out[#out + 1] = last
+    local left = last + math.ceil(p / 1000) * 1.02 + 2000 - now
+    if left > keep then keep = left end
+  end
+end
+if keep > 0 then redis.call('PEXPIRE', KEYS[1], math.ceil(keep)) end
+return out
+`)
+
+// registry is this replica's view of the periods each policy name had
+// lately across the fleet.
+type registry struct {
+	rdb  redis.UniversalClient
+	key  string
+	view atomic.Pointer[registryView]
+}
+
+// registryView is one reading of the registry.
+type registryView struct {
+	at      int64              // Redis time of the reading, ms
+	periods map[string][]regAt // by policy name
+}
+
+// regAt is one period (µs) of a policy name and when it was first and
+// last marked (ms).
+type regAt struct {
+	period, first, last int64
+}
+
+func newRegistry(rdb redis.UniversalClient, prefix string) *registry {
+	return &registry{rdb: rdb, key: prefix + "{periods}"}
+}
+
+// refresh marks the periods of plans and reads the registry back.
+func (g *registry) refresh(ctx context.Context, plans []*plan) error {
+	var fields []any
+	for _, pl := range plans {
+		for _, r := range pl.windows {
+			fields = append(fields, pl.name+"/"+strconv.FormatInt(r.period, 10))
+		}
+	}
+	res, err := registryScript.Run(ctx, g.rdb, []string{g.key}, fields...).Slice()
+	if err != nil {
+		return err
+	}
+	v := &registryView{periods: make(map[string][]regAt)}
+	if len(res) > 0 {
+		v.at, _ = res[0].(int64)
+	}
+	for i := 1; i+2 < len(res); i += 3 {
+		f, _ := res[i].(string)
+		first, ok1 := res[i+1].(int64)
+		last, ok2 := res[i+2].(int64)
+		cut := strings.LastIndexByte(f, '/')
+		if !ok1 || !ok2 || cut < 0 {
+			continue
+		}
+		p, err := strconv.ParseInt(f[cut+1:], 10, 64)
+		if err != nil {
+			continue
+		}
+		v.periods[f[:cut]] = append(v.periods[f[:cut]], regAt{period: p, first: first, last: last})
+	}
+	g.view.Store(v)
+	return nil
+}
+
+// run refreshes the registry every registryEvery with the plans decided
+// under lately.
+func (g *registry) run(ctx context.Context, timeout time.Duration, recent func() []*plan) {
+	t := time.NewTicker(registryEvery)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		_ = g.refresh(rctx, recent())
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// seeding returns where pl's windows may take their past from, or nil
+// when the fleet has listed no other period for pl's name lately.
+func (g *registry) seeding(pl *plan) *seeding {
+	if g == nil {
+		return nil
+	}
+	v := g.view.Load()
+	if v == nil {
+		return nil
+	}
+	if c := pl.seed.Load(); c != nil && c.view == v {
+		return c.s
+	}
+	var others, young []int64
+	listed := v.periods[pl.name]
+	for _, e := range listed {
+		if !slices.ContainsFunc(pl.windows, func(r ring) bool { return r.period == e.period }) {
+			others = append(others, e.period)
+		}
+	}
+	for _, r := range pl.windows {
+		i := slices.IndexFunc(listed, func(e regAt) bool { return e.period == r.period })
+		// Not listed yet (this replica just took the plan up) is young.
+		if i < 0 || (listed[i].first+r.period/1000+registryGrace.Milliseconds() > v.at) {
+			young = append(young, r.period)
+		}
+	}
+	s := newSeeding(pl, others, young)
+	pl.seed.Store(&seedCache{view: v, s: s})
+	return s
+}
+
+// seedCache is a plan's seeding for one registry view.
+type seedCache struct {
+	view *registryView
+	s    *seeding
+}
+
+// seeding is where each young window of a plan may take its past from
+// when the key has no record of it: the plan's other windows and the
+// periods in others, in the order seedSource prefers them, at most
+// maxSeedTries each.
+// The script's extra arguments (nums) and the records of other periods
+// (extra, after the plan's own in KEYS).
+type seeding struct {
+	extra []ring
+	nums  []int64
+}
+
+const maxSeedTries = 4
+
+func newSeeding(pl *plan, others, young []int64) *seeding {
+	if len(others) == 0 || len(young) == 0 {
+		return nil
+	}
+	slices.Sort(others)
+	s := &seeding{}
+	type source struct {
+		keyIndex int64 // 1-based, in the script's KEYS
+		r        ring
+	}
+	var srcs []source
+	for i, r := range pl.windows {
+		srcs = append(srcs, source{int64(2 + i), r})
+	}
+	for i, p := range others {
+		r := newRing(1, time.Duration(p)*time.Microsecond, pl.buckets)
+		s.extra = append(s.extra, r)
+		srcs = append(srcs, source{int64(2 + len(pl.windows) + i), r})
+	}
+	s.nums = append(s.nums, int64(len(srcs)))
+	for _, src := range srcs {
+		s.nums = append(s.nums, src.keyIndex, src.r.period, src.r.gran, src.r.n, src.r.unit)
+	}
+	for i := range pl.windows {
+		r := &pl.windows[i]
+		var try []int64
+		for j, src := range srcs {
+			if src.r.period != r.period && slices.Contains(young, r.period) {
+				try = append(try, int64(j+1))
+			}
+		}
+		slices.SortStableFunc(try, func(a, b int64) int {
+			pa, pb := srcs[a-1].r.period, srcs[b-1].r.period
+			switch {
+			case betterSource(r, pa, pb):
+				return -1
+			case betterSource(r, pb, pa):
+				return 1
+			}
+			return 0
+		})
+		if len(try) > maxSeedTries {
+			try = try[:maxSeedTries]
+		}
+		s.nums = append(s.nums, int64(len(try)))
+		s.nums = append(s.nums, try...)
+	}
+	return s
+}
+
+// numbers returns the script's extra per-call numbers for sd (none for nil).
+func (sd *seeding) numbers() []int64 {
+	if sd == nil {
+		return nil
+	}
+	return sd.nums
+}
