@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -331,8 +332,9 @@ func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, er
 			extra = pending
 		}
 		// Rejections answered locally must reach Redis as strikes: a
-		// request carrying them makes the round trip.
-		if l.lease == nil || extra > 0 {
+		// request carrying them makes the round trip. Candidate windows
+		// evaluate every request: no leases for their keys.
+		if l.lease == nil || extra > 0 || len(pl.candidates) > 0 {
 			break
 		}
 		d, served, a, wait := l.lease.take(key, pl, start, first)
@@ -441,6 +443,17 @@ func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
 	if v.newBan {
 		pl.banned.Inc()
 	}
+	if len(pl.candidates) > 0 {
+		d.Candidate = make([]WindowState, len(pl.candidates))
+		for i, w := range pl.policy.Candidate {
+			d.Candidate[i] = WindowState{Window: w, Remaining: v.cwin[i].remaining, Reset: time.UnixMicro(v.cwin[i].reset)}
+		}
+		if !v.cThis {
+			d.CandidateOutcome = Limited
+		}
+		pl.candidate[Allowed].Add(float64(v.cAdm))
+		pl.candidate[Limited].Add(float64(v.cLim))
+	}
 	return d
 }
 
@@ -457,6 +470,8 @@ type WindowUsage struct {
 // Usage is a key's standing under a policy.
 type Usage struct {
 	Windows []WindowUsage
+	// Candidate is the standing of the policy's candidate windows.
+	Candidate []WindowUsage
 	// Strikes is the number of rejected requests counted toward a ban.
 	Strikes int64
 	// BannedUntil is when the current ban ends; zero when not banned.
@@ -503,6 +518,9 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 	}
 	for i, w := range pl.policy.Windows {
 		u.Windows[i] = WindowUsage{Window: w, Used: v.win[i].used, Remaining: v.win[i].remaining, Reset: time.UnixMicro(v.win[i].reset)}
+	}
+	for i, w := range pl.policy.Candidate {
+		u.Candidate = append(u.Candidate, WindowUsage{Window: w, Used: v.cwin[i].used, Remaining: v.cwin[i].remaining, Reset: time.UnixMicro(v.cwin[i].reset)})
 	}
 	return u, nil
 }
@@ -644,7 +662,8 @@ func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 		return nil, err
 	}
 	pl := compile(p, o.Buckets, o.StrikeBuckets)
-	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban, Shadow: p.Shadow}
+	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban, Shadow: p.Shadow,
+		Candidate: append([]Window(nil), p.Candidate...)}
 	pl.counters = met.forPlan(p.Name, p.Shadow)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -700,11 +719,16 @@ func hashPolicy(seed maphash.Seed, p Policy) uint64 {
 	if p.Shadow {
 		put(1)
 	}
+	for _, w := range p.Candidate {
+		put(-w.Limit)
+		put(int64(w.Period))
+	}
 	return h.Sum64()
 }
 
 func samePolicy(a, b Policy) bool {
-	if a.Name != b.Name || a.Ban != b.Ban || a.Shadow != b.Shadow || len(a.Windows) != len(b.Windows) {
+	if a.Name != b.Name || a.Ban != b.Ban || a.Shadow != b.Shadow || len(a.Windows) != len(b.Windows) ||
+		!slices.Equal(a.Candidate, b.Candidate) {
 		return false
 	}
 	for i := range a.Windows {

@@ -14,6 +14,7 @@ type metrics struct {
 	bans            *prometheus.CounterVec
 	shadowDecisions *prometheus.CounterVec
 	shadowBans      *prometheus.CounterVec
+	candidates      *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
 	redisErrors     prometheus.Counter
 	fallbackActive  prometheus.Gauge
@@ -41,6 +42,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "shadow_bans_total",
 			Help: "Temporary bans plans in shadow mode would have issued, by plan; none was enforced.",
 		}, []string{"plan"}),
+		candidates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "candidate_decisions_total",
+			Help: "Requests the plans' candidate windows would have admitted (allowed) or limited, by plan; candidates never refuse.",
+		}, []string{"plan", "outcome"}),
 		redisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "redis_duration_seconds",
 			Help:    "Duration of rate-limit round trips to Redis (one pipeline of decisions).",
@@ -87,6 +92,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.shadowBans, err = register(reg, m.shadowBans); err != nil {
 		return nil, err
 	}
+	if m.candidates, err = register(reg, m.candidates); err != nil {
+		return nil, err
+	}
 	if m.redisDuration, err = register(reg, m.redisDuration); err != nil {
 		return nil, err
 	}
@@ -129,8 +137,9 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error)
 
 // counters are one plan's metric handles, resolved once per plan.
 type counters struct {
-	outcome [3]prometheus.Counter
-	banned  prometheus.Counter
+	outcome   [3]prometheus.Counter
+	banned    prometheus.Counter
+	candidate [2]prometheus.Counter // allowed, limited
 }
 
 // forPlan resolves the counters of plan name; a shadow plan's decisions
@@ -145,6 +154,9 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 		c.outcome[o] = decisions.WithLabelValues(name, o.String())
 	}
 	c.banned = bans.WithLabelValues(name)
+	for o := Allowed; o <= Limited; o++ {
+		c.candidate[o] = m.candidates.WithLabelValues(name, o.String())
+	}
 	return c
 }
 

@@ -50,14 +50,17 @@ type plan struct {
 	given   Policy // as the caller passed it
 	policy  Policy // windows sorted by period
 	windows []ring
-	ban     bool
-	strikes ring    // limit is the ban threshold
-	banBase int64   // µs
-	banMult float64 // at least 1
-	banMax  int64   // µs, 0: no cap
-	memory  int64   // µs
-	argv    []any   // script arguments after the per-call ones
-	keys    []string
+	// candidates are the policy's candidate windows (Policy.Candidate),
+	// stored as {KEY}:c:NAME and never refusing.
+	candidates []ring
+	ban        bool
+	strikes    ring    // limit is the ban threshold
+	banBase    int64   // µs
+	banMult    float64 // at least 1
+	banMax     int64   // µs, 0: no cap
+	memory     int64   // µs
+	argv       []any   // script arguments after the per-call ones
+	keys       []string
 
 	buckets, strikeBuckets int
 
@@ -81,6 +84,9 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	for _, w := range p.Windows {
 		pl.windows = append(pl.windows, newRing(w.Limit, w.Period, buckets))
 	}
+	for _, w := range p.Candidate {
+		pl.candidates = append(pl.candidates, newRing(w.Limit, w.Period, CandidateBuckets))
+	}
 	b := p.Ban
 	pl.ban = b.Enabled()
 	if pl.ban {
@@ -102,7 +108,11 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 		nums = append(nums, s.period, s.gran, s.n, s.unit, s.ttlMS, pl.memory, pl.banBase, pl.banMax)
 		mult = strconv.FormatFloat(pl.banMult, 'g', -1, 64)
 	}
-	rfmt := ">" + strings.Repeat("i8", replyFields+3*len(pl.windows))
+	nums = append(nums, int64(len(pl.candidates)))
+	for _, r := range pl.candidates {
+		nums = append(nums, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS)
+	}
+	rfmt := ">" + strings.Repeat("i8", replyFields+3*(len(pl.windows)+len(pl.candidates)))
 	pl.argv = []any{packFormat(nums), packNums(nums), mult, rfmt}
 	return pl
 }
@@ -160,4 +170,8 @@ const (
 	DefaultBuckets = 200
 	// DefaultStrikeBuckets is the number of buckets of the strike window.
 	DefaultStrikeBuckets = 20
+	// CandidateBuckets is the number of buckets of a candidate window:
+	// coarser than an enforced one (a candidate never refuses, and its
+	// record stays small), and as strict.
+	CandidateBuckets = 20
 )

@@ -70,6 +70,15 @@ type Policy struct {
 	Name    string
 	Windows []Window
 	Ban     BanPolicy
+	// Candidate windows are evaluated beside Windows on every request that
+	// reaches the limiter and never refuse one: each counts the requests it
+	// would admit, as if it were enforced alone, so that a proposed limit
+	// is measured on live traffic before it is enforced (Decision.Candidate,
+	// Usage.Candidate, candidate_decisions_total). Their records are their
+	// own, coarser (CandidateBuckets per period) and kept only while they
+	// are used. Keys with candidates get no leases: every request of theirs
+	// is evaluated.
+	Candidate []Window
 	// Shadow evaluates and records every decision (windows, strikes,
 	// bans) as usual but enforces none: Decision.Shadow is set, the
 	// outcome says what enforcement would have done, and callers serve
@@ -97,6 +106,19 @@ func (p Policy) Validate() error {
 		}
 		seen[w.Period] = true
 	}
+	cseen := map[time.Duration]bool{}
+	for _, w := range p.Candidate {
+		if w.Limit < 1 || w.Limit > MaxLimit {
+			return fmt.Errorf("ratelimit: candidate window %s: limit must be from 1 to %d", w, MaxLimit)
+		}
+		if err := checkPeriod(w.Period); err != nil {
+			return fmt.Errorf("ratelimit: candidate window %s: %w", w, err)
+		}
+		if cseen[w.Period] {
+			return fmt.Errorf("ratelimit: two candidate windows with period %s", FormatPeriod(w.Period))
+		}
+		cseen[w.Period] = true
+	}
 	b := p.Ban
 	if b.Threshold < 0 || b.Base < 0 || b.Max < 0 || b.StrikeWindow < 0 || b.Memory < 0 {
 		return errors.New("ratelimit: ban settings must not be negative")
@@ -123,11 +145,18 @@ func checkPeriod(d time.Duration) error {
 	return nil
 }
 
-// Sorted returns a copy of p with windows ordered by ascending period.
+// Sorted returns a copy of p with windows (and candidate windows) ordered
+// by ascending period.
 func (p Policy) Sorted() Policy {
-	ws := append([]Window(nil), p.Windows...)
-	sort.Slice(ws, func(i, j int) bool { return ws[i].Period < ws[j].Period })
-	p.Windows = ws
+	sorted := func(in []Window) []Window {
+		ws := append([]Window(nil), in...)
+		sort.Slice(ws, func(i, j int) bool { return ws[i].Period < ws[j].Period })
+		return ws
+	}
+	p.Windows = sorted(p.Windows)
+	if len(p.Candidate) > 0 {
+		p.Candidate = sorted(p.Candidate)
+	}
 	return p
 }
 
@@ -203,6 +232,11 @@ type Decision struct {
 	// RetryAfter is, when the request was not allowed, the time until a
 	// request would be admitted (or the ban's remaining time).
 	RetryAfter time.Duration
+	// Candidate holds the policy's candidate windows (Policy.Candidate) as
+	// this request left them, and CandidateOutcome what they would have
+	// decided for it (Allowed or Limited); empty and Allowed without any.
+	Candidate        []WindowState
+	CandidateOutcome Outcome
 	// Shadow is true when the policy is in shadow mode: Outcome is what
 	// enforcement would have decided, and the caller must not enforce it.
 	Shadow bool

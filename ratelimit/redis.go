@@ -20,12 +20,15 @@ const (
 func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
 
 // stateKeys returns the script's KEYS for key under pl: the ban record,
-// then the record of each of pl's windows.
+// the record of each of pl's windows, then of each candidate window.
 func stateKeys(prefix, key string, pl *plan) []string {
-	keys := make([]string, 1, 1+len(pl.windows))
+	keys := make([]string, 1, 1+len(pl.windows)+len(pl.candidates))
 	keys[0] = banKey(prefix, key)
 	for i := range pl.windows {
 		keys = append(keys, prefix+"{"+key+"}:w:"+pl.windows[i].name)
+	}
+	for i := range pl.candidates {
+		keys = append(keys, prefix+"{"+key+"}:c:"+pl.candidates[i].name)
 	}
 	return keys
 }
@@ -69,14 +72,14 @@ func scriptArgs(pl *plan, in input) []any {
 }
 
 // replyFields is the number of 8-byte integers in the script's reply
-// before the per-window ones (three each).
-const replyFields = 9
+// before the per-window ones (three each, candidate windows last).
+const replyFields = 12
 
 // decode turns the script's reply (8-byte big-endian integers, see
 // script.go) into a verdict.
 func decode(pl *plan, reply any) (verdict, error) {
 	s, ok := reply.(string)
-	if !ok || len(s) != 8*(replyFields+3*len(pl.windows)) {
+	if !ok || len(s) != 8*(replyFields+3*(len(pl.windows)+len(pl.candidates))) {
 		return verdict{}, fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
 	}
 	at := func(i int) int64 { return int64(binary.BigEndian.Uint64([]byte(s[8*i : 8*i+8]))) }
@@ -90,11 +93,21 @@ func decode(pl *plan, reply any) (verdict, error) {
 		offences: at(6),
 		granted:  at(7),
 		leaseEnd: at(8),
+		cThis:    at(9) == 1,
+		cAdm:     at(10),
+		cLim:     at(11),
 		win:      make([]winVerdict, len(pl.windows)),
 	}
 	for i := range v.win {
 		k := replyFields + 3*i
 		v.win[i] = winVerdict{used: at(k), remaining: at(k + 1), reset: at(k + 2)}
+	}
+	if len(pl.candidates) > 0 {
+		v.cwin = make([]winVerdict, len(pl.candidates))
+		for i := range v.cwin {
+			k := replyFields + 3*(len(pl.windows)+i)
+			v.cwin[i] = winVerdict{used: at(k), remaining: at(k + 1), reset: at(k + 2)}
+		}
 	}
 	return v, nil
 }

@@ -220,7 +220,7 @@ func newSeeding(pl *plan, others, young []int64) *seeding {
 	for i, p := range others {
 		r := newRing(1, time.Duration(p)*time.Microsecond, pl.buckets)
 		s.extra = append(s.extra, r)
-		srcs = append(srcs, source{int64(2 + len(pl.windows) + i), r})
+		srcs = append(srcs, source{int64(2 + len(pl.windows) + len(pl.candidates) + i), r})
 	}
 	s.nums = append(s.nums, int64(len(srcs)))
 	for _, src := range srcs {
@@ -252,6 +252,9 @@ func newSeeding(pl *plan, others, young []int64) *seeding {
 	}
 	return s
 }
+
+// seedKeys's records follow the plan's own in KEYS (stateKeys), after the
+// candidate windows'.
 
 // numbers returns the script's extra per-call numbers for sd (none for nil).
 func (sd *seeding) numbers() []int64 {

@@ -238,35 +238,16 @@ local banned = ban and banUntil > now
 local admit = not banned
 local room, lend = -1, now + life
 
--- Windows: X holds per window its view and working values.
-local X = {}
-for i = 1, nw do
-  local o = 3 + 6 * (i - 1)
-  local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
-  local key = KEYS[1 + i]
-  local h = redis.call('GETRANGE', key, 0, HDR)
+-- view reads what a decision needs of the ring in record key, whose
+-- header h has been read, at now: its head, total and the slots that
+-- advanced and used need (those leaving the ring as the head moves, and
+-- the oldest still in it), and returns the window's working values.
+local function view(key, h, period, g, n, unit)
   local fresh = #h < 1 + HDR
-  if fresh and TRY[i] then
-    -- A period the key has no record of, after a plan edit: start from
-    -- the best record of another period the key has.
-    for _, s in ipairs(TRY[i]) do
-      local src = SRC[s]
-      local ss = redis.call('GET', KEYS[src[1]])
-      if ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT then
-        if seed(key, ss, src[2], src[3], src[4], src[5], period, g, n, unit, V[o + 5], floor(now / g), now) then
-          h = redis.call('GETRANGE', key, 0, HDR)
-          fresh = #h < 1 + HDR
-        end
-        break
-      end
-    end
-  end
   local vh, total, hc, ho = 0, 0, 0, 0
   if not fresh then vh, total, hc, ho = unpack_(RINGFMT, h, 2) end
   local b = floor(now / g)
   if b < vh then b = vh end
-  -- Read the slots advanced and used need: those leaving the ring as
-  -- the head moves, and the oldest still in it.
   local s, R = '', 1
   if total > 0 and b - vh <= n then
     local lo, hi = b - n, b - n
@@ -279,18 +260,92 @@ for i = 1, nw do
   local tot = advanced(s, R, n, vh, total, b)
   local c, from = tot, b - n
   if tot > 0 then c, from = used(s, R, n, g, unit, period, vh, hc, ho, tot, now, b) end
+  return {key = key, fresh = fresh, vh = vh, total = tot, hc = hc, ho = ho, b = b, used = c, from = from, add = 0}
+end
+
+-- record counts k events at time t in the current bucket of window x:
+-- one header write (and the slots the head leaves behind when it moves,
+-- with a TTL refresh), or the whole record when it is new.
+local function record(x, k, t, g, n, unit, ttl)
+  local hc, ho = x.hc, x.ho
+  if x.b > x.vh then
+    if not x.fresh then
+      local p1, x1, p2, x2 = move(n, x.vh, hc, ho, x.b)
+      if p1 then redis.call('SETRANGE', x.key, HDR + p1, x1) end
+      if p2 then redis.call('SETRANGE', x.key, HDR + p2, x2) end
+    end
+    hc, ho = 0, 0
+  end
+  local off = ceil((t - x.b * g) / unit)
+  if off < 0 then off = 0 end
+  if hc > 0 and ho > off then off = ho end
+  local hdr = pack_(RINGFMT, x.b, x.total + k, hc + k, off)
+  if x.fresh then
+    redis.call('SET', x.key, char(VERSION) .. hdr .. rep('\0', (n + 1) * SLOT), 'PX', ttl)
+  else
+    redis.call('SETRANGE', x.key, 1, hdr)
+    if x.b > x.vh then redis.call('PEXPIRE', x.key, ttl) end
+  end
+  -- The record now has this head; a rejection scans it below.
+  x.fresh, x.vh, x.hc, x.ho, x.total = false, x.b, hc + k, off, x.total + k
+end
+
+-- standing returns window x's used, remaining and reset after the
+-- decision, and (for a refused request whose window is full) how long
+-- until the window admits one more.
+local function standing(x, limit, period, g, n, unit, counted, refused)
+  local u, reset_, wait = x.used, now, 0
+  if counted > 0 then
+    u = u + counted
+    reset_ = untl(x.b, x.b * g + x.ho * unit, period, n, g)
+  elseif u > 0 then
+    -- A rejection or a peek scans the window: read it whole.
+    local s = redis.call('GET', x.key)
+    reset_ = scan(s, 2 + HDR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, 0, now)
+    if refused and u >= limit then
+      wait = scan(s, 2 + HDR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, u - limit + 1, now) - now
+    end
+  end
+  local rem = limit - u
+  if rem < 0 then rem = 0 end
+  return u, rem, reset_, wait
+end
+
+-- Windows: X holds per window its view and working values.
+local X = {}
+for i = 1, nw do
+  local o = 3 + 6 * (i - 1)
+  local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+  local key = KEYS[1 + i]
+  local h = redis.call('GETRANGE', key, 0, HDR)
+  if #h < 1 + HDR and TRY[i] then
+    -- A period the key has no record of, after a plan edit: start from
+    -- the best record of another period the key has.
+    for _, s in ipairs(TRY[i]) do
+      local src = SRC[s]
+      local ss = redis.call('GET', KEYS[src[1]])
+      if ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT then
+        if seed(key, ss, src[2], src[3], src[4], src[5], period, g, n, unit, V[o + 5], floor(now / g), now) then
+          h = redis.call('GETRANGE', key, 0, HDR)
+        end
+        break
+      end
+    end
+  end
+  local x = view(key, h, period, g, n, unit)
   -- Admissions made locally while Redis was unreachable count first, as
   -- made now: at most the window's limit, since no interval held more.
-  local a, add = 0, A[5 + i]
+  local add = A[5 + i]
   if add > 0 and not peek then
-    a = add
-    if a > limit then a = limit end
-    c = c + a
+    x.add = add
+    if x.add > limit then x.add = limit end
+    x.used = x.used + x.add
   end
-  X[i] = {key = key, fresh = fresh, vh = vh, total = tot, hc = hc, ho = ho, b = b, used = c, from = from, add = a}
+  X[i] = x
+  local c = x.used
   if c >= limit then admit = false end
   if room < 0 or limit - c < room then room = limit - c end
-  if (b + 1) * g < lend then lend = (b + 1) * g end
+  if (x.b + 1) * g < lend then lend = (x.b + 1) * g end
 end
 
 -- granted admissions count at once; at is the time recorded for them.
@@ -304,28 +359,43 @@ for i = 1, nw do
   if admitted then k, t = k + granted, at end
   if k > 0 then
     local o = 3 + 6 * (i - 1)
-    local g, n, unit, ttl = V[o + 2], V[o + 3], V[o + 4], V[o + 5]
-    local hc, ho = x.hc, x.ho
-    if x.b > x.vh then
-      if not x.fresh then
-        local p1, x1, p2, x2 = move(n, x.vh, hc, ho, x.b)
-        if p1 then redis.call('SETRANGE', x.key, HDR + p1, x1) end
-        if p2 then redis.call('SETRANGE', x.key, HDR + p2, x2) end
-      end
-      hc, ho = 0, 0
+    record(x, k, t, V[o + 2], V[o + 3], V[o + 4], V[o + 5])
+  end
+end
+
+-- Candidate windows: evaluated on every request that reaches the script
+-- (this one, and the extra rejections answered locally since the last
+-- round trip), never refusing one. Each request they would admit, they
+-- count, as if they were the only windows; the rest they would have
+-- limited. Records of their own, so that a candidate never touches an
+-- enforced window's count.
+local co = 3 + 6 * nw
+if ban then co = co + 8 end
+local nc = V[co]
+local CX, croom = {}, -1
+for i = 1, nc do
+  local o = co + 1 + 6 * (i - 1)
+  local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+  local key = KEYS[1 + nw + i]
+  local x = view(key, redis.call('GETRANGE', key, 0, HDR), period, g, n, unit)
+  CX[i] = x
+  if croom < 0 or limit - x.used < croom then croom = limit - x.used end
+end
+-- cAdm, cLim: requests the candidate windows would admit, would limit;
+-- cThis: whether they would admit this one (the extras came before it).
+local cAdm, cLim, cThis = 0, 0, 0
+if nc > 0 and not peek then
+  local k = 1 + extra
+  if croom < 0 then croom = 0 end
+  cAdm = k
+  if cAdm > croom then cAdm = croom end
+  cLim = k - cAdm
+  if croom > extra then cThis = 1 end
+  if cAdm > 0 then
+    for i = 1, nc do
+      local o = co + 1 + 6 * (i - 1)
+      record(CX[i], cAdm, now, V[o + 2], V[o + 3], V[o + 4], V[o + 5])
     end
-    local off = ceil((t - x.b * g) / unit)
-    if off < 0 then off = 0 end
-    if hc > 0 and ho > off then off = ho end
-    local hdr = pack_(RINGFMT, x.b, x.total + k, hc + k, off)
-    if x.fresh then
-      redis.call('SET', x.key, char(VERSION) .. hdr .. rep('\0', (n + 1) * SLOT), 'PX', ttl)
-    else
-      redis.call('SETRANGE', x.key, 1, hdr)
-      if x.b > x.vh then redis.call('PEXPIRE', x.key, ttl) end
-    end
-    -- The record now has this head; a rejection scans it below.
-    x.vh, x.hc, x.ho, x.total = x.b, hc + k, off, x.total + k
   end
 end
 
@@ -394,28 +464,21 @@ end
 
 if not admitted then granted, lend = 0, 0 end
 local rt = 0
-local res = {0, 0, now, newBan, strikes, banUntil, offences, granted, lend}
+local res = {0, 0, now, newBan, strikes, banUntil, offences, granted, lend, cThis, cAdm, cLim}
 for i = 1, nw do
   local o = 3 + 6 * (i - 1)
   local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
-  local x = X[i]
-  local u, reset_ = x.used, now
-  if admitted then
-    u = u + granted
-    reset_ = untl(x.b, x.b * g + x.ho * unit, period, n, g)
-  elseif u > 0 then
-    -- A rejection or a peek scans the window: read it whole.
-    local s = redis.call('GET', x.key)
-    reset_ = scan(s, 2 + HDR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, 0, now)
-    -- A refused request (banned or limited) waits for every full
-    -- window as well as for the ban: Retry-After is the true wait.
-    if not admit and u >= limit then
-      local w = scan(s, 2 + HDR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, u - limit + 1, now) - now
-      if w > rt then rt = w end
-    end
-  end
-  local rem = limit - u
-  if rem < 0 then rem = 0 end
+  local counted = 0
+  if admitted then counted = granted end
+  -- A refused request (banned or limited) waits for every full window
+  -- as well as for the ban: Retry-After is the true wait.
+  local u, rem, reset_, wait = standing(X[i], limit, period, g, n, unit, counted, not admit)
+  if wait > rt then rt = wait end
+  res[#res + 1], res[#res + 2], res[#res + 3] = u, rem, reset_
+end
+for i = 1, nc do
+  local o = co + 1 + 6 * (i - 1)
+  local u, rem, reset_ = standing(CX[i], V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], cAdm, false)
   res[#res + 1], res[#res + 2], res[#res + 3] = u, rem, reset_
 end
 if banned then

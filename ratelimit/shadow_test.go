@@ -49,29 +49,6 @@ func checkShadow(t *testing.T, l *Limiter, reg *prometheus.Registry) {
 	if d, _ := l.Allow(ctx, "k", enforced); d.Outcome != Banned || d.Shadow {
 		t.Fatalf("enforced after shadow: %+v, want banned, not shadow", d)
 	}
-	count := func(name string, labels prometheus.Labels) float64 {
-		t.Helper()
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var sum float64
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-		next:
-			for _, m := range mf.GetMetric() {
-				for _, lp := range m.GetLabel() {
-					if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-						continue next
-					}
-				}
-				sum += m.GetCounter().GetValue()
-			}
-		}
-		return sum
-	}
 	for _, c := range []struct {
 		name   string
 		labels prometheus.Labels
@@ -85,7 +62,7 @@ func checkShadow(t *testing.T, l *Limiter, reg *prometheus.Registry) {
 		{"petstore_ratelimit_decisions_total", prometheus.Labels{"plan": "trial"}, 1},
 		{"petstore_ratelimit_bans_total", prometheus.Labels{"plan": "trial"}, 0},
 	} {
-		if got := count(c.name, c.labels); got != c.want {
+		if got := testenv.CounterSum(t, reg, c.name, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}

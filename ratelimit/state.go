@@ -192,9 +192,10 @@ type banState struct {
 // keyState is everything stored for one key: a record per window geometry
 // and the ban record.
 type keyState struct {
-	windows map[string]*ringState
-	ban     banState
-	expires int64 // when all of the state is worthless (µs)
+	windows    map[string]*ringState
+	candidates map[string]*ringState // candidate windows, by ring name
+	ban        banState
+	expires    int64 // when all of the state is worthless (µs)
 }
 
 // winVerdict is one window's standing after a decision.
@@ -214,6 +215,12 @@ type verdict struct {
 	granted  int64 // admissions counted: 0 when not admitted, more than 1 for a lease
 	leaseEnd int64 // µs; when granted > 1, the leased admissions may be spent until then
 	win      []winVerdict
+	// Candidate windows: whether they would admit this request, how many
+	// requests they admitted (this one and the extra ones before it) and
+	// would have limited, and each window's standing.
+	cThis      bool
+	cAdm, cLim int64
+	cwin       []winVerdict
 }
 
 // leaseAsk asks a decision to count want admissions at once (a lease)
@@ -316,6 +323,8 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 		v.granted, v.leaseEnd = granted, end
 	}
 
+	st.decideCandidates(pl, now, in, &v)
+
 	if pl.ban {
 		r := &pl.strikes
 		if bs.strikeRing != r.name || bs.strikes == nil {
@@ -375,4 +384,59 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 		v.outcome, v.retry = Allowed, 0
 	}
 	return v
+}
+
+// decideCandidates evaluates pl's candidate windows for one request and
+// the extra ones answered locally before it, as the script does: each
+// request they would admit they count, as if enforced alone; they never
+// refuse one.
+func (st *keyState) decideCandidates(pl *plan, now int64, in input, v *verdict) {
+	if len(pl.candidates) == 0 {
+		return
+	}
+	v.cwin = make([]winVerdict, len(pl.candidates))
+	rings := make([]*ringState, len(pl.candidates))
+	buckets := make([]int64, len(pl.candidates))
+	froms := make([]int64, len(pl.candidates))
+	room := int64(-1)
+	for i := range pl.candidates {
+		r := &pl.candidates[i]
+		s := st.candidates[r.name]
+		if s == nil {
+			s = newRingState(r)
+			if !in.peek {
+				if st.candidates == nil {
+					st.candidates = make(map[string]*ringState)
+				}
+				st.candidates[r.name] = s
+			}
+		}
+		b := s.bucket(r, now)
+		s.advance(r, b)
+		c, from := s.used(r, now, b)
+		rings[i], buckets[i], froms[i] = s, b, from
+		v.cwin[i].used = c
+		if room < 0 || r.limit-c < room {
+			room = r.limit - c
+		}
+	}
+	room = max(room, 0)
+	if !in.peek {
+		k := 1 + in.extra
+		v.cAdm = min(k, room)
+		v.cLim = k - v.cAdm
+		v.cThis = room > in.extra
+		if v.cAdm > 0 {
+			for i := range pl.candidates {
+				rings[i].add(&pl.candidates[i], buckets[i], now, v.cAdm)
+				st.expires = max(st.expires, now+pl.candidates[i].ttlMS*1000)
+			}
+		}
+	}
+	for i := range pl.candidates {
+		r, w := &pl.candidates[i], &v.cwin[i]
+		w.used += v.cAdm
+		w.remaining = max(r.limit-w.used, 0)
+		w.reset = rings[i].reset(r, froms[i], buckets[i], w.used, now)
+	}
 }

@@ -496,6 +496,9 @@ func printUsage(w io.Writer, rec apikey.Record, p ratelimit.Policy, u ratelimit.
 	for _, win := range u.Windows {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", win.Window, win.Used, win.Remaining, win.Reset.UTC().Format(time.RFC3339))
 	}
+	for _, win := range u.Candidate {
+		fmt.Fprintf(tw, "%s (candidate)\t%d\t%d\t%s\n", win.Window, win.Used, win.Remaining, win.Reset.UTC().Format(time.RFC3339))
+	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nstrikes: %d", u.Strikes)
 	if p.Ban.Enabled() {

@@ -327,6 +327,7 @@ func TestProductionPath(t *testing.T) {
   tiny:
     quotas: [{limit: 3, period: 1m}]
     ban: {threshold: 2, within: 1m, duration: 1m, multiplier: 2, max: 10m, memory: 1h}
+    candidate: {quotas: [{limit: 2, period: 1m}]}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -388,6 +389,10 @@ func TestProductionPath(t *testing.T) {
 	show := runOK(t, env, "limits", "show", id[1])
 	if !strings.Contains(show, "ban:     until") || !strings.Contains(show, "1m") {
 		t.Fatalf("limits show:\n%s", show)
+	}
+	// The candidate measured the same requests, and would have admitted 2.
+	if !regexp.MustCompile(`2/1m \(candidate\)\s+2\s+0\s`).MatchString(show) {
+		t.Fatalf("limits show without the candidate's usage:\n%s", show)
 	}
 	runOK(t, env, "limits", "unban", id[1])
 	if show := runOK(t, env, "limits", "show", id[1]); !strings.Contains(show, "ban:     none") {

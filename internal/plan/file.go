@@ -79,6 +79,12 @@ func Load(path string) (*Set, error) {
 //     its keys are always served, without rate-limit headers. For
 //     introducing limits on a plan that had none. Left out, a plan keeps
 //     its mode (built-in plans enforce).
+//   - candidate: {quotas: [...]} proposed quotas, measured beside the
+//     enforced ones on every request and never refusing one: what they
+//     would have admitted and limited goes to
+//     petstore_ratelimit_candidate_decisions_total{plan,outcome}, and
+//     `petstore limits show` reports their usage. Left out, the plan has no
+//     candidate (its records expire within their period).
 //   - remove: true drops the plan (only with no other field). Keys on a
 //     removed plan are then rejected.
 //
@@ -99,11 +105,18 @@ type fileSpec struct {
 }
 
 type planSpec struct {
-	Quotas *[]Quota `yaml:"quotas"`
-	Ban    *banSpec `yaml:"ban"`
-	PerKey *bool    `yaml:"per_key"`
-	Mode   *string  `yaml:"mode"`
-	Remove bool     `yaml:"remove"`
+	Quotas    *[]Quota       `yaml:"quotas"`
+	Ban       *banSpec       `yaml:"ban"`
+	PerKey    *bool          `yaml:"per_key"`
+	Mode      *string        `yaml:"mode"`
+	Candidate *candidateSpec `yaml:"candidate"`
+	Remove    bool           `yaml:"remove"`
+}
+
+// candidateSpec is a plan's candidate: quotas measured on live traffic
+// beside the enforced ones, never refusing a request.
+type candidateSpec struct {
+	Quotas []Quota `yaml:"quotas"`
 }
 
 // Quota is one {limit, period} entry as written in the plans and keys
@@ -206,7 +219,7 @@ func (f fileSpec) build() (*Set, error) {
 		}
 		seen[name] = raw
 		if spec.Remove {
-			if spec.Quotas != nil || spec.Ban != nil || spec.PerKey != nil || spec.Mode != nil {
+			if spec.Quotas != nil || spec.Ban != nil || spec.PerKey != nil || spec.Mode != nil || spec.Candidate != nil {
 				fail("%s.remove: a removed plan takes no other field", at)
 			}
 			delete(plans, name)
@@ -233,6 +246,18 @@ func (f fileSpec) build() (*Set, error) {
 			ws, qerrs := spec.quotas(at + ".quotas")
 			errs = append(errs, qerrs...)
 			p.Windows = ws
+		}
+		if spec.Candidate != nil {
+			if len(spec.Candidate.Quotas) == 0 {
+				fail("%s.candidate.quotas: a candidate needs at least one quota (leave candidate out to drop it)", at)
+			}
+			q := spec
+			q.Quotas = &spec.Candidate.Quotas
+			ws, qerrs := q.quotas(at + ".candidate.quotas")
+			errs = append(errs, qerrs...)
+			p.Candidate = ws
+		} else {
+			p.Candidate = nil
 		}
 		if len(p.Windows) == 0 && !p.PerKey {
 			fail("%s.quotas: plan %q needs at least one quota unless per_key is true", at, name)

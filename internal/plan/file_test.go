@@ -125,6 +125,16 @@ func TestParseMerges(t *testing.T) {
 				t.Errorf("pro in shadow mode keeps its quotas and ban: %+v", p)
 			}
 		}},
+		{"a candidate beside the enforced quotas", "plans: {pro: {candidate: {quotas: [{limit: 500, period: 24h}, {limit: 200, period: 1m}]}}}", func(t *testing.T, s *plan.Set) {
+			pol, err := s.Policy("pro", nil)
+			want := []ratelimit.Window{{Limit: 200, Period: time.Minute}, {Limit: 500, Period: day}}
+			if err != nil || !reflect.DeepEqual(pol.Candidate, want) || len(pol.Windows) != 2 || pol.Windows[0].Limit != 300 {
+				t.Errorf("Policy(pro) = %+v, %v; want the built-in quotas and candidate %v", pol, err, want)
+			}
+			if pol, _ := s.Policy("free", nil); pol.Candidate != nil {
+				t.Errorf("free has a candidate: %+v", pol.Candidate)
+			}
+		}},
 		{"names in any case", "plans: {Gold: {quotas: [{limit: 1, period: 1s}]}, PRO: {remove: true}}", func(t *testing.T, s *plan.Set) {
 			if got := s.Names(); !reflect.DeepEqual(got, []string{"business", "enterprise", "free", "gold", "loadtest"}) {
 				t.Errorf("names = %v", got)
@@ -171,6 +181,9 @@ func TestParseErrors(t *testing.T) {
 		{"new plan without quotas", "plans: {gold: {}}", []string{`plans.gold.quotas: plan "gold" needs at least one quota`}},
 		{"remove with fields", "plans: {free: {remove: true, ban: off}}", []string{"plans.free.remove: a removed plan takes no other field"}},
 		{"remove with a mode", "plans: {free: {remove: true, mode: shadow}}", []string{"plans.free.remove: a removed plan takes no other field"}},
+		{"candidate without quotas", "plans: {free: {candidate: {}}}", []string{"plans.free.candidate.quotas: a candidate needs at least one quota"}},
+		{"candidate with a bad quota", "plans: {free: {candidate: {quotas: [{limit: 0, period: 1m}, {limit: 1, period: 1m}]}}}", []string{"plans.free.candidate.quotas[0].limit: must be at least 1", "plans.free.candidate.quotas[1].period: 1m is also the period of plans.free.candidate.quotas[0]"}},
+		{"candidate with an unknown field", "plans:\n  free:\n    candidate: {quotas: [], ban: off}\n", []string{"plans.free.candidate.ban (line 3): unknown field"}},
 		{"unknown mode", "plans: {free: {mode: dry-run}}", []string{`plans.free.mode: must be enforce or shadow, not "dry-run"`}},
 		{"ban without threshold", "plans: {free: {ban: {within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: required"}},
 		{"ban threshold below 1", "plans: {free: {ban: {threshold: 0, within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: must be at least 1"}},

@@ -43,6 +43,9 @@ type Plan struct {
 	// PerKey means quotas are agreed per key (Enterprise): every key on the
 	// plan must carry overrides for at least one window.
 	PerKey bool
+	// Candidate holds proposed quotas measured beside Windows on live
+	// traffic, never enforced (ratelimit.Policy.Candidate).
+	Candidate []ratelimit.Window
 	// Shadow evaluates and records the plan's limits, strikes and bans on
 	// every request but enforces none of them: for introducing limits on a
 	// plan that had none (mode: shadow in the plans file).
@@ -237,6 +240,9 @@ func (s *Set) Policy(planName string, overrides []ratelimit.Window) (ratelimit.P
 		}
 	}
 	pol := ratelimit.Policy{Name: p.Name, Windows: sortedWindows(windows), Ban: p.Ban, Shadow: p.Shadow}
+	if len(p.Candidate) > 0 {
+		pol.Candidate = sortedWindows(slices.Clone(p.Candidate))
+	}
 	if err := pol.Validate(); err != nil {
 		return ratelimit.Policy{}, fmt.Errorf("plan %q: %w", p.Name, err)
 	}

@@ -19,3 +19,29 @@ func MetricValue(tb testing.TB, m prometheus.Metric) float64 {
 	}
 	return out.GetGauge().GetValue()
 }
+
+// CounterSum gathers g and returns the sum of the counters of family name
+// whose labels include every one in labels.
+func CounterSum(tb testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	tb.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}

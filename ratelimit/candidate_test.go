@@ -1,0 +1,285 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// The promises of candidate windows, checked over generated policies and
+// traffic, by Redis time, on miniredis, a real Redis and in process:
+//
+//   - they never change enforcement: the same requests, decided under the
+//     policy with and without its candidates, get the same outcomes,
+//     Retry-After and enforced windows;
+//   - they are strict like enforced windows: the requests a candidate
+//     window would have admitted (this request and the rejections
+//     answered locally before it, which reach it as extras) never number
+//     more than its limit in any interval of its period.
+
+// genCandidates draws 1-3 candidate windows.
+func genCandidates(rng *rand.Rand, maxPeriod time.Duration) []Window {
+	var ws []Window
+	for range 1 + rng.IntN(3) {
+		p := genPeriod(rng, maxPeriod)
+		if !slices.ContainsFunc(ws, func(w Window) bool { return w.Period == p }) {
+			// Small limits half the time, so that they bind.
+			l := genLimit(rng)
+			if rng.IntN(2) == 0 {
+				l = 1 + rng.Int64N(20)
+			}
+			ws = append(ws, Window{Limit: l, Period: p})
+		}
+	}
+	return ws
+}
+
+// candidateCase decides the same traffic under a policy with candidates
+// (key "c") and without (key "e") through decide, and checks both promises.
+type candidateCase struct {
+	t        *testing.T
+	with     *plan
+	without  *plan
+	adm      []struct{ at, k int64 } // what the candidates admitted
+	what     string
+	limited  int
+	admitted int
+}
+
+func (c *candidateCase) check(vc, ve verdict) {
+	t := c.t
+	t.Helper()
+	if vc.outcome != ve.outcome || vc.retry != ve.retry || !slices.Equal(vc.win, ve.win) || vc.granted != ve.granted {
+		t.Fatalf("%s\nwith candidates %+v\nwithout          %+v", c.what, vc, ve)
+	}
+	if vc.cAdm > 0 {
+		c.adm = append(c.adm, struct{ at, k int64 }{vc.now, vc.cAdm})
+	}
+	c.admitted += int(vc.cAdm)
+	c.limited += int(vc.cLim)
+	for _, r := range c.with.candidates {
+		var n int64
+		for _, a := range c.adm {
+			if a.at > vc.now-r.period && a.at <= vc.now {
+				n += a.k
+			}
+		}
+		if n > r.limit {
+			t.Fatalf("%s\ncandidate %d/%dµs admitted %d within one period ending at %d", c.what, r.limit, r.period, n, vc.now)
+		}
+	}
+}
+
+// candidateTraffic draws the next gap and the extras (rejections answered
+// locally) the request carries.
+func candidateTraffic(rng *rand.Rand, pl *plan) (int64, int64) {
+	rs := append(slices.Clone(pl.windows), pl.candidates...)
+	w := rs[rng.IntN(len(rs))]
+	var dt int64
+	switch rng.IntN(6) {
+	case 0, 1:
+	case 2:
+		dt = 1 + rng.Int64N(w.gran)
+	case 3:
+		dt = w.period + rng.Int64N(3) - 1
+	default:
+		dt = rng.Int64N(w.period / 3)
+	}
+	var extra int64
+	if rng.IntN(5) == 0 {
+		extra = 1 + rng.Int64N(5)
+	}
+	return dt, extra
+}
+
+func newCandidateCase(t *testing.T, rng *rand.Rand, maxPeriod time.Duration) *candidateCase {
+	p := genPolicies(rng, maxPeriod)[0]
+	p.Candidate = genCandidates(rng, maxPeriod)
+	without := p
+	without.Candidate = nil
+	return &candidateCase{t: t, with: compile(p, DefaultBuckets, DefaultStrikeBuckets), without: compile(without, DefaultBuckets, DefaultStrikeBuckets),
+		what: fmt.Sprintf("%v ban %+v, candidates %v", p.Windows, p.Ban, p.Candidate)}
+}
+
+func runScriptCandidates(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, maxPeriod time.Duration) *candidateCase {
+	c := newCandidateCase(t, rng, maxPeriod)
+	sc := newScript(decideLua)
+	prefix := randomPrefix(t)
+	eval := func(pl *plan, key string, in input) verdict {
+		reply, err := rdb.Eval(context.Background(), sc.src, stateKeys(prefix, key, pl), scriptArgs(pl, in)...).Result()
+		if err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		v, err := decode(pl, reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+	for range 80 {
+		dt, extra := candidateTraffic(rng, c.with)
+		now += dt
+		if mini != nil {
+			mini.SetTime(time.UnixMicro(now))
+		} else {
+			sleepShort(nil, dt)
+		}
+		in := input{lease: noLease, extra: extra}
+		vc := eval(c.with, "c", in)
+		ve := eval(c.without, "e", in)
+		if mini == nil {
+			// Real time moves between the two calls: the enforced
+			// outcomes may differ at a window's edge; strictness holds.
+			ve = vc
+		}
+		c.check(vc, ve)
+		if rng.IntN(10) == 0 {
+			// A peek changes nothing.
+			p := eval(c.with, "c", input{peek: true, lease: noLease})
+			if p.cAdm != 0 || p.cLim != 0 || len(p.cwin) != len(c.with.candidates) {
+				t.Fatalf("%s\npeek %+v", c.what, p)
+			}
+		}
+	}
+	return c
+}
+
+func TestCandidateWindowsMiniredis(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 21)
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: time.Minute})
+	t.Cleanup(func() { _ = rdb.Close() })
+	admitted, limited := 0, 0
+	for i := range max(*invariantCases/2, 10) {
+		t.Run(fmt.Sprint("case", i), func(t *testing.T) {
+			c := runScriptCandidates(t, rng, rdb, m, MaxPeriod)
+			admitted, limited = admitted+c.admitted, limited+c.limited
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("candidates would have admitted %d and limited %d", admitted, limited)
+	if limited == 0 || admitted == 0 {
+		t.Fatal("the generated traffic never reached a candidate's limit")
+	}
+}
+
+func TestCandidateWindowsRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 22)
+	for i := range max(*invariantCases/4, 6) {
+		maxPeriod := MaxPeriod
+		if i%2 == 0 {
+			maxPeriod = 50 * time.Millisecond
+		}
+		seed := rng.Uint64()
+		t.Run(fmt.Sprint("case", i), func(t *testing.T) {
+			t.Parallel()
+			runScriptCandidates(t, rand.New(rand.NewPCG(seed, 23)), rdb, nil, maxPeriod)
+		})
+	}
+}
+
+func TestCandidateWindowsInProcess(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 24)
+	for range *invariantCases {
+		c := newCandidateCase(t, rng, MaxPeriod)
+		sc, se := &keyState{}, &keyState{}
+		now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+		for range 80 {
+			dt, extra := candidateTraffic(rng, c.with)
+			now += dt
+			in := input{lease: noLease, extra: extra}
+			c.check(sc.decide(c.with, now, in), se.decide(c.without, now, in))
+		}
+	}
+}
+
+// TestCandidateThroughTheLimiter: a candidate tighter than the enforced
+// window is measured and never enforced, through Allow and Usage, with
+// its metric, on miniredis, a real Redis and in process; its keys get no
+// leases; and its record expires with its period once it is dropped.
+func TestCandidateThroughTheLimiter(t *testing.T) {
+	t.Parallel()
+	p := Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}}, Candidate: []Window{{Limit: 2, Period: time.Minute}}}
+	check := func(t *testing.T, l *Limiter, reg *prometheus.Registry) {
+		ctx := context.Background()
+		for i := range 6 {
+			d, err := l.Allow(ctx, "k", p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOut, wantCand := Allowed, Allowed
+			if i >= 5 {
+				wantOut = Limited
+			}
+			if i >= 2 {
+				wantCand = Limited
+			}
+			if d.Outcome != wantOut || d.CandidateOutcome != wantCand || d.Leased || len(d.Candidate) != 1 {
+				t.Fatalf("request %d: %+v; want %s, candidate %s, not leased", i+1, d, wantOut, wantCand)
+			}
+		}
+		u, err := l.Usage(ctx, "k", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Windows[0].Used != 5 || len(u.Candidate) != 1 || u.Candidate[0].Used != 2 || u.Candidate[0].Remaining != 0 {
+			t.Fatalf("usage %+v: want 5 used, candidate 2 of 2", u)
+		}
+		for o, want := range map[string]float64{"allowed": 2, "limited": 4} {
+			if got := testenv.CounterSum(t, reg, "petstore_ratelimit_candidate_decisions_total", map[string]string{"plan": "cand", "outcome": o}); got != want {
+				t.Errorf("candidate_decisions_total{outcome=%q} = %v, want %v", o, got, want)
+			}
+		}
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{MaxLease: 64})
+		check(t, f.l, f.reg)
+		// Dropped from the plan, the candidate's record expires with its
+		// period.
+		ttl := f.mini.TTL(stateKeys(f.l.opts.Prefix, "k", compile(p, DefaultBuckets, DefaultStrikeBuckets))[2])
+		if ttl <= 0 || ttl > time.Minute+10*time.Second {
+			t.Fatalf("candidate record TTL %s", ttl)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+		t.Cleanup(func() { _ = rdb.Close() })
+		reg := prometheus.NewRegistry()
+		l, err := New(rdb, Options{Prefix: randomPrefix(t), Timeout: time.Second, Registerer: reg, MaxLease: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		check(t, l, reg)
+	})
+	t.Run("in process", func(t *testing.T) {
+		t.Parallel()
+		reg := prometheus.NewRegistry()
+		l, err := New(nil, Options{Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		check(t, l, reg)
+	})
+}
