@@ -179,20 +179,9 @@ func TestCandidateWindowsMiniredis(t *testing.T) {
 
 func TestCandidateWindowsRedis(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rng := invariantRNG(t, 22)
-	for i := range max(*invariantCases/4, 6) {
-		maxPeriod := MaxPeriod
-		if i%2 == 0 {
-			maxPeriod = 50 * time.Millisecond
-		}
-		seed := rng.Uint64()
-		t.Run(fmt.Sprint("case", i), func(t *testing.T) {
-			t.Parallel()
-			runScriptCandidates(t, rand.New(rand.NewPCG(seed, 23)), rdb, nil, maxPeriod)
-		})
-	}
+	onRealRedis(t, 22, func(t *testing.T, rdb *redis.Client, rng *rand.Rand, maxPeriod time.Duration) {
+		runScriptCandidates(t, rng, rdb, nil, maxPeriod)
+	})
 }
 
 func TestCandidateWindowsInProcess(t *testing.T) {
@@ -218,7 +207,7 @@ func TestCandidateWindowsInProcess(t *testing.T) {
 func TestCandidateThroughTheLimiter(t *testing.T) {
 	t.Parallel()
 	p := Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}}, Candidate: []Window{{Limit: 2, Period: time.Minute}}}
-	check := func(t *testing.T, l *Limiter, reg *prometheus.Registry) {
+	onEveryStore(t, Options{MaxLease: 64}, func(t *testing.T, l *Limiter, reg *prometheus.Registry) {
 		ctx := context.Background()
 		for i := range 6 {
 			d, err := l.Allow(ctx, "k", p)
@@ -248,38 +237,14 @@ func TestCandidateThroughTheLimiter(t *testing.T) {
 				t.Errorf("candidate_decisions_total{outcome=%q} = %v, want %v", o, got, want)
 			}
 		}
-	}
-	t.Run("miniredis", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, Options{MaxLease: 64})
-		check(t, f.l, f.reg)
+		if l.rdb == nil {
+			return
+		}
 		// Dropped from the plan, the candidate's record expires with its
 		// period.
-		ttl := f.mini.TTL(stateKeys(f.l.opts.Prefix, "k", compile(p, DefaultBuckets, DefaultStrikeBuckets))[2])
-		if ttl <= 0 || ttl > time.Minute+10*time.Second {
-			t.Fatalf("candidate record TTL %s", ttl)
+		key := stateKeys(l.opts.Prefix, "k", compile(p, DefaultBuckets, DefaultStrikeBuckets))[2]
+		if ttl, err := l.rdb.PTTL(ctx, key).Result(); err != nil || ttl <= 0 || ttl > time.Minute+10*time.Second {
+			t.Fatalf("candidate record %s TTL %s %v", key, ttl, err)
 		}
-	})
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-		t.Cleanup(func() { _ = rdb.Close() })
-		reg := prometheus.NewRegistry()
-		l, err := New(rdb, Options{Prefix: randomPrefix(t), Timeout: time.Second, Registerer: reg, MaxLease: 64})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		check(t, l, reg)
-	})
-	t.Run("in process", func(t *testing.T) {
-		t.Parallel()
-		reg := prometheus.NewRegistry()
-		l, err := New(nil, Options{Registerer: reg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		check(t, l, reg)
 	})
 }

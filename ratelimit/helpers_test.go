@@ -2,7 +2,9 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,3 +137,60 @@ func ceilSecond(d time.Duration) time.Duration {
 
 // metricValue reads a counter's or gauge's value.
 func metricValue(t *testing.T, m prometheus.Metric) float64 { return testenv.MetricValue(t, m) }
+
+// onEveryStore runs check on a limiter with opts over miniredis (the
+// fixture, on its fake clock), over a real Redis, and without Redis, each
+// with a registry of its own.
+func onEveryStore(t *testing.T, opts Options, check func(t *testing.T, l *Limiter, reg *prometheus.Registry)) {
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, opts)
+		check(t, f.l, f.reg)
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+		t.Cleanup(func() { _ = rdb.Close() })
+		reg := prometheus.NewRegistry()
+		o := opts
+		o.Prefix, o.Timeout, o.Registerer = randomPrefix(t), time.Second, reg
+		l, err := New(rdb, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		check(t, l, reg)
+	})
+	t.Run("in process", func(t *testing.T) {
+		t.Parallel()
+		reg := prometheus.NewRegistry()
+		o := opts
+		o.Registerer = reg
+		l, err := New(nil, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		check(t, l, reg)
+	})
+}
+
+// onRealRedis runs one generated case per seed on a real Redis, in
+// parallel, with periods up to 50 ms every other case (so that real time
+// moves whole windows) and up to MaxPeriod otherwise.
+func onRealRedis(t *testing.T, stream uint64, run func(t *testing.T, rdb *redis.Client, rng *rand.Rand, maxPeriod time.Duration)) {
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, stream)
+	for c := range max(*invariantCases/4, 6) {
+		maxPeriod := MaxPeriod
+		if c%2 == 0 {
+			maxPeriod = 50 * time.Millisecond
+		}
+		seed := rng.Uint64()
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			t.Parallel()
+			run(t, rdb, rand.New(rand.NewPCG(seed, stream+1)), maxPeriod)
+		})
+	}
+}

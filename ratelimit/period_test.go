@@ -284,21 +284,10 @@ func TestPeriodEditKeepsCountsMiniredis(t *testing.T) {
 
 func TestPeriodEditKeepsCountsRedis(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rng := invariantRNG(t, 12)
-	for c := range max(*invariantCases/4, 6) {
-		maxPeriod := MaxPeriod
-		if c%2 == 0 {
-			maxPeriod = 50 * time.Millisecond
-		}
+	onRealRedis(t, 12, func(t *testing.T, rdb *redis.Client, rng *rand.Rand, maxPeriod time.Duration) {
 		old, edited := genPeriodEdit(rng, maxPeriod)
-		seed := rng.Uint64()
-		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			t.Parallel()
-			runScriptPeriodEdit(t, rand.New(rand.NewPCG(seed, 13)), rdb, nil, old, edited)
-		})
-	}
+		runScriptPeriodEdit(t, rng, rdb, nil, old, edited)
+	})
 }
 
 // TestPeriodEditKeepsCountsInProcess holds the in-process decision code

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/testenv"
 )
@@ -73,31 +72,5 @@ func checkShadow(t *testing.T, l *Limiter, reg *prometheus.Registry) {
 // in process, and only marked.
 func TestShadowModeRecordsWithoutEnforcing(t *testing.T) {
 	t.Parallel()
-	t.Run("miniredis", func(t *testing.T) {
-		t.Parallel()
-		f := newFixture(t, Options{})
-		checkShadow(t, f.l, f.reg)
-	})
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-		t.Cleanup(func() { _ = rdb.Close() })
-		reg := prometheus.NewRegistry()
-		l, err := New(rdb, Options{Prefix: randomPrefix(t), Timeout: time.Second, Registerer: reg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		checkShadow(t, l, reg)
-	})
-	t.Run("in process", func(t *testing.T) {
-		t.Parallel()
-		reg := prometheus.NewRegistry()
-		l, err := New(nil, Options{Registerer: reg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		checkShadow(t, l, reg)
-	})
+	onEveryStore(t, Options{}, checkShadow)
 }
