@@ -26,10 +26,11 @@ func (t ThrottleLimit) validate() error {
 }
 
 // Throttle limits requests per client address (failed authentications and
-// other unauthenticated requests) with GCRA, shared through Redis by
-// redis_rate, or in this process without a client. It follows the same
-// failure mode as the Limiter.
+// other unauthenticated requests), or per any other key when named, with
+// GCRA, shared through Redis by redis_rate, or in this process without a
+// client. It follows the same failure mode as the Limiter.
 type Throttle struct {
+	name    string // names its Redis keys and its metrics' plan label
 	rl      *redis_rate.Limiter
 	limit   ThrottleLimit
 	local   *gcraStore
@@ -46,6 +47,24 @@ type Throttle struct {
 // NewThrottle returns a Throttle sharing state through client, or local to
 // this process when client is nil. Decisions are counted under plan "ip".
 func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options) (*Throttle, error) {
+	return newThrottle(client, "ip", "address throttling", limit, opts)
+}
+
+// NewNamedThrottle is NewThrottle for a throttle of its own, such as one
+// per API key for an operation that is cheap to ask and costs Redis work
+// to answer. Its state is kept under Options.Prefix+name+":{KEY}" and its
+// decisions are counted under plan name, so it shares neither budget nor
+// figures with another throttle. name is a lowercase identifier (a-z, 0-9,
+// '_' or '-'); NewThrottle's is "ip".
+func NewNamedThrottle(client redis.UniversalClient, name string, limit ThrottleLimit, opts Options) (*Throttle, error) {
+	if !throttleName(name) {
+		return nil, fmt.Errorf("ratelimit: throttle name %q: want a lowercase identifier (a-z, 0-9, '_' or '-')", name)
+	}
+	return newThrottle(client, name, name+" throttling", limit, opts)
+}
+
+// newThrottle builds a Throttle; what names it in the breaker's log lines.
+func newThrottle(client redis.UniversalClient, name, what string, limit ThrottleLimit, opts Options) (*Throttle, error) {
 	if err := limit.validate(); err != nil {
 		return nil, err
 	}
@@ -59,11 +78,12 @@ func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options
 	}
 	r := opts.Replicas
 	t := &Throttle{
+		name:   name,
 		limit:  limit,
 		local:  newGCRAStore(),
 		llimit: ThrottleLimit{Rate: (limit.Rate + r - 1) / r, Burst: (limit.Burst + r - 1) / r, Period: limit.Period},
 		opts:   opts,
-		count:  met.forPlan("ip", false),
+		count:  met.forPlan(name, false),
 		now:    opts.clock,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -88,7 +108,7 @@ func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options
 	}
 	t.rl = redis_rate.NewLimiter(client)
 	t.breaker = &breaker{
-		what: "address throttling", mode: opts.FailureMode, log: opts.Logger, met: met,
+		what: what, mode: opts.FailureMode, log: opts.Logger, met: met,
 		now:      func() time.Time { return t.now() },
 		probe:    func(ctx context.Context) error { return client.Ping(ctx).Err() },
 		onOpen:   t.local.reset,
@@ -181,7 +201,7 @@ func (t *Throttle) remoteN(ctx context.Context, key string, n int) (*redis_rate.
 	lim := redis_rate.Limit{Rate: t.limit.Rate, Burst: t.limit.Burst, Period: t.limit.Period}
 	start := time.Now()
 	go func() {
-		res, err := t.rl.AllowN(ctx, t.opts.Prefix+"ip:{"+key+"}", lim, n)
+		res, err := t.rl.AllowN(ctx, t.opts.Prefix+t.name+":{"+key+"}", lim, n)
 		ch <- answer{res, err}
 	}()
 	select {
@@ -192,6 +212,20 @@ func (t *Throttle) remoteN(ctx context.Context, key string, n int) (*redis_rate.
 		t.breaker.met.observeRedis(time.Since(start), ctx.Err())
 		return nil, errTimeout
 	}
+}
+
+// throttleName reports whether name is fit for a Redis key and a metric
+// label: a non-empty lowercase identifier.
+func throttleName(name string) bool {
+	if name == "" || len(name) > 63 {
+		return false
+	}
+	for _, c := range name {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *Throttle) finish(res *redis_rate.Result, lim ThrottleLimit, now time.Time, degraded bool) Decision {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -104,5 +105,57 @@ func TestThrottle(t *testing.T) {
 	})
 	if _, err := NewThrottle(nil, ThrottleLimit{}, Options{}); err == nil {
 		t.Fatal("a zero limit must be refused")
+	}
+}
+
+// TestNamedThrottle: a named throttle keeps its own state and figures, so
+// it never spends another throttle's budget for the same key.
+func TestNamedThrottle(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	reg := prometheus.NewRegistry()
+	opts := Options{Timeout: 2 * time.Second, Registerer: reg}
+	lim := ThrottleLimit{Rate: 1, Burst: 1, Period: time.Hour}
+	ip, err := NewThrottle(rdb, lim, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ip.Close()
+	named, err := NewNamedThrottle(rdb, "rate_limit", lim, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer named.Close()
+	ctx := context.Background()
+	for i, want := range []Outcome{Allowed, Limited} {
+		d, err := named.Allow(ctx, "key_1")
+		if err != nil || d.Outcome != want {
+			t.Fatalf("named throttle, request %d: %+v %v, want %s", i+1, d, err, want)
+		}
+	}
+	if d, err := ip.Allow(ctx, "key_1"); err != nil || !d.Allowed() {
+		t.Fatalf("the ip throttle spent by the named one: %+v %v", d, err)
+	}
+	if keys := m.Keys(); len(keys) != 2 || keys[0] != "rate:petstore:rl:ip:{key_1}" || keys[1] != "rate:petstore:rl:rate_limit:{key_1}" {
+		t.Fatalf("keys %v", keys)
+	}
+	met, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		plan, outcome string
+		want          float64
+	}{{"rate_limit", "allowed", 1}, {"rate_limit", "limited", 1}, {"ip", "allowed", 1}, {"ip", "limited", 0}} {
+		if got := metricValue(t, met.decisions.WithLabelValues(c.plan, c.outcome)); got != c.want {
+			t.Errorf("decisions_total{plan=%q,outcome=%q} = %v, want %v", c.plan, c.outcome, got, c.want)
+		}
+	}
+	for _, name := range []string{"", "IP", "a b", "x{y}", "rate:limit"} {
+		if _, err := NewNamedThrottle(nil, name, lim, Options{}); err == nil {
+			t.Errorf("throttle name %q accepted", name)
+		}
 	}
 }
