@@ -68,6 +68,35 @@ func (s *server) throttleByIP(next http.Handler) http.Handler {
 	})
 }
 
+// throttleUsage charges GET /v1/rate_limit to the caller's own throttle for
+// the operation, in place of the key's limits: asking spends none of the
+// quota, and asking fast is refused before it costs Redis a peek. Its
+// fields go into the response (the handler replaces them on a 200); over
+// the limit the answer is 429 rate_limited, as anywhere.
+func (s *server) throttleUsage(next http.Handler) http.Handler {
+	if s.usageThrottle == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, ok := apikey.FromContext(r.Context())
+		if !ok {
+			s.writeError(w, r, errors.New("usage throttle: no principal in the request context"))
+			return
+		}
+		d, err := s.usageThrottle.Allow(r.Context(), p.KeyID)
+		if err != nil {
+			s.writeError(w, r, fmt.Errorf("usage throttle %s: %w", p.KeyID, err))
+			return
+		}
+		setLimitHeaders(w.Header(), d, s.now())
+		if !d.Allowed() {
+			s.writeError(w, r, &refusedError{decision: d})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // refuseThrottled fails, as chargeIP does, when the request's client
 // address is out of throttle budget, and charges nothing otherwise; it
 // reports whether it charged.
@@ -171,6 +200,14 @@ func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 	}
 	setExact(h, headerPolicy, policy.String())
 	setExact(h, headerRateLimit, fmt.Sprintf("%q;r=%d;t=%d", ratelimit.FormatPeriod(bound.Period), remaining, ceilSeconds(reset.Sub(now))))
+}
+
+// clearLimitHeaders removes the rate-limit fields, in either spelling.
+func clearLimitHeaders(h http.Header) {
+	for _, name := range []string{headerLimit, headerRemaining, headerReset, headerPolicy, headerRateLimit} {
+		h.Del(name)
+		delete(h, name)
+	}
 }
 
 func later(a, b time.Time) time.Time {

@@ -34,15 +34,23 @@ func (s *server) routes() *chi.Mux {
 	r.With(s.throttleByIP).Get("/docs/{file}", s.handleDocsFile())
 
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(s.deprecateGetPet, s.authenticate, s.rateLimit)
+		r.Use(s.deprecateGetPet, s.authenticate)
 		// Set here so that unknown paths and methods under /v1 are answered
 		// after authentication and limiting, not charged to the IP throttle.
-		r.NotFound(s.handleNotFound())
-		r.MethodNotAllowed(s.handleMethodNotAllowed())
+		r.NotFound(s.rateLimit(s.handleNotFound()).ServeHTTP)
+		r.MethodNotAllowed(s.rateLimit(s.handleMethodNotAllowed()).ServeHTTP)
 
-		r.Get("/pets", handleListPets(s.store, s.writeError))
-		r.Post("/pets", handleCreatePet(s.store, s.maxBodyBytes, s.idempotencyTTL, s.writeError))
-		r.Get("/pets/{petId}", handleGetPet(s.store, s.writeError))
+		r.Group(func(r chi.Router) {
+			r.Use(s.rateLimit)
+			r.Get("/pets", handleListPets(s.store, s.writeError))
+			r.Post("/pets", handleCreatePet(s.store, s.maxBodyBytes, s.idempotencyTTL, s.writeError))
+			r.Get("/pets/{petId}", handleGetPet(s.store, s.writeError))
+		})
+		// Reading the quota spends none of it: the operation has a per-key
+		// throttle of its own instead of the key's limits.
+		if s.usage != nil {
+			r.With(s.throttleUsage).Get("/rate_limit", handleRateLimit(s.usage, s.now, s.writeError))
+		}
 	})
 	return r
 }

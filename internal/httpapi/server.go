@@ -38,6 +38,17 @@ type Limiter interface {
 	Allow(ctx context.Context, key string, p ratelimit.Policy) (ratelimit.Decision, error)
 }
 
+// UsageReader reports a key's standing under its policy without counting a
+// request. Usage.Degraded marks figures this process made up alone.
+type UsageReader interface {
+	Usage(ctx context.Context, key string, p ratelimit.Policy) (ratelimit.Usage, error)
+}
+
+// KeyThrottle limits one operation per API key.
+type KeyThrottle interface {
+	Allow(ctx context.Context, key string) (ratelimit.Decision, error)
+}
+
 // Throttle limits requests that carry no valid key, per client address.
 // Throttled says, without counting, whether an address is out of budget.
 type Throttle interface {
@@ -51,6 +62,14 @@ const (
 	DefaultIdempotencyTTL = 24 * time.Hour
 )
 
+// UsageThrottleLimit is the per-key limit of GET /v1/rate_limit that the
+// OpenAPI document states: one request a second on average, in bursts of
+// up to 10. Rate equals Burst so that the throttle's rate-limit fields
+// ("10s";q=10;w=10) describe the bucket as it is.
+func UsageThrottleLimit() ratelimit.ThrottleLimit {
+	return ratelimit.ThrottleLimit{Rate: 10, Burst: 10, Period: 10 * time.Second}
+}
+
 // Config holds what the public server needs. Store and Auth are required.
 type Config struct {
 	Store PetStore
@@ -60,6 +79,12 @@ type Config struct {
 	// Throttle limits requests without a valid key per client IP; nil turns
 	// it off.
 	Throttle Throttle
+	// Usage answers GET /v1/rate_limit, a key's quota, without spending
+	// any of it; nil leaves the operation out (404).
+	Usage UsageReader
+	// UsageThrottle limits GET /v1/rate_limit per key, so that asking
+	// cannot flood Redis; nil leaves it unthrottled.
+	UsageThrottle KeyThrottle
 	// Logger receives the access log and errors; nil discards them.
 	Logger *slog.Logger
 	// Metrics records request metrics; nil records into an unregistered set.
@@ -72,6 +97,9 @@ type Config struct {
 	// IdempotencyTTL is how long an Idempotency-Key is remembered
 	// (DefaultIdempotencyTTL when zero).
 	IdempotencyTTL time.Duration
+
+	// now replaces time.Now in tests.
+	now func() time.Time
 }
 
 // server carries the dependencies every handler and middleware shares.
@@ -80,11 +108,14 @@ type server struct {
 	auth           Authenticator
 	limiter        Limiter
 	throttle       Throttle
+	usage          UsageReader
+	usageThrottle  KeyThrottle
 	log            *slog.Logger
 	metrics        *Metrics
 	proxies        []netip.Prefix
 	maxBodyBytes   int64
 	idempotencyTTL time.Duration
+	now            func() time.Time
 	openapi        openAPIDocument
 	// mux is the finished router, consulted to compute Allow headers and to
 	// recognise the deprecated resource before routing completes.
@@ -98,11 +129,14 @@ func NewServer(cfg Config) http.Handler {
 		auth:           cfg.Auth,
 		limiter:        cfg.Limiter,
 		throttle:       cfg.Throttle,
+		usage:          cfg.Usage,
+		usageThrottle:  cfg.UsageThrottle,
 		log:            cfg.Logger,
 		metrics:        cfg.Metrics,
 		proxies:        cfg.TrustedProxies,
 		maxBodyBytes:   cfg.MaxBodyBytes,
 		idempotencyTTL: cfg.IdempotencyTTL,
+		now:            cfg.now,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -112,6 +146,9 @@ func NewServer(cfg Config) http.Handler {
 	}
 	if s.maxBodyBytes <= 0 {
 		s.maxBodyBytes = DefaultMaxBodyBytes
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	if s.idempotencyTTL <= 0 {
 		s.idempotencyTTL = DefaultIdempotencyTTL
