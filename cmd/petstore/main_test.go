@@ -129,6 +129,30 @@ func do(t *testing.T, method, url, key, body string) (*http.Response, []byte) {
 	return resp, b
 }
 
+// quotaBody is the part of GET /v1/rate_limit's body the tests read.
+type quotaBody struct {
+	Plan    string
+	Windows []struct{ Used, Remaining int64 }
+	Ban     struct {
+		Banned bool
+		Until  int64
+	}
+}
+
+// rateLimit asks GET /v1/rate_limit with key and decodes a 200.
+func rateLimit(t *testing.T, in *instance, key string) quotaBody {
+	t.Helper()
+	resp, body := do(t, "GET", in.api+"/v1/rate_limit", key, "")
+	var q quotaBody
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/rate_limit: %d %s", resp.StatusCode, body)
+	}
+	if err := json.Unmarshal(body, &q); err != nil {
+		t.Fatalf("GET /v1/rate_limit body %s: %v", body, err)
+	}
+	return q
+}
+
 var devKeyRE = regexp.MustCompile(`(?m)^  (pst_[0-9A-Za-z]+)$`)
 
 // TestServeDefaults is the newcomer's path: no settings, paste the printed
@@ -394,9 +418,24 @@ func TestProductionPath(t *testing.T) {
 	if !regexp.MustCompile(`2/1m \(candidate\)\s+2\s+0\s`).MatchString(show) {
 		t.Fatalf("limits show without the candidate's usage:\n%s", show)
 	}
+	// The key itself reads what limits show reads, banned as it is.
+	quota := rateLimit(t, in, key[1])
+	if quota.Plan != "tiny" || len(quota.Windows) != 1 || quota.Windows[0].Used != 3 || quota.Windows[0].Remaining != 0 || !quota.Ban.Banned {
+		t.Fatalf("GET /v1/rate_limit while banned: %+v", quota)
+	}
+	until, err := time.Parse(time.RFC3339, regexp.MustCompile(`ban:     until (\S+)`).FindStringSubmatch(show)[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if quota.Ban.Until != until.Unix() && quota.Ban.Until != until.Unix()+1 { // one rounds up, the other down
+		t.Fatalf("GET /v1/rate_limit says banned until %d, limits show %s", quota.Ban.Until, until)
+	}
 	runOK(t, env, "limits", "unban", id[1])
 	if show := runOK(t, env, "limits", "show", id[1]); !strings.Contains(show, "ban:     none") {
 		t.Fatalf("after unban:\n%s", show)
+	}
+	if quota := rateLimit(t, in, key[1]); quota.Ban.Banned {
+		t.Fatalf("GET /v1/rate_limit after unban: %+v", quota)
 	}
 
 	// Revocation reaches the server within the key cache TTL.

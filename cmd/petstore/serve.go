@@ -173,12 +173,21 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	defer throttle.Close()
+	// GET /v1/rate_limit reads a key's counts without spending them; a
+	// throttle of its own per key keeps the asking from flooding Redis.
+	usageThrottle, err := ratelimit.NewNamedThrottle(rdb, "rate_limit", httpapi.UsageThrottleLimit(), rlOpts)
+	if err != nil {
+		return err
+	}
+	defer usageThrottle.Close()
 
 	api := httpapi.NewServer(httpapi.Config{
 		Store:          store,
 		Auth:           auth,
 		Limiter:        limiter,
 		Throttle:       throttle,
+		Usage:          limiter,
+		UsageThrottle:  usageThrottle,
 		Logger:         log,
 		Metrics:        httpapi.NewMetrics(reg),
 		TrustedProxies: cfg.TrustedProxies,
