@@ -58,8 +58,14 @@ func startService(t *testing.T) service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { throttle.Close() })
+	usageThrottle, err := ratelimit.NewNamedThrottle(nil, "rate_limit", httpapi.UsageThrottleLimit(), ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { usageThrottle.Close() })
 	srv := httptest.NewServer(httpapi.NewServer(httpapi.Config{
 		Store: memstore.New(), Auth: auth, Limiter: limiter, Throttle: throttle,
+		Usage: limiter, UsageThrottle: usageThrottle,
 	}))
 	t.Cleanup(srv.Close)
 	return service{url: srv.URL, key: key, tightKey: tightKey}
@@ -238,6 +244,60 @@ func TestGeneratedClientRateLimited(t *testing.T) {
 	}
 	if h := resp.HTTPResponse.Header; h.Get("Retry-After") == "" || h.Get("X-RateLimit-Remaining") != "0" {
 		t.Errorf("429 headers: %v", h)
+	}
+}
+
+// TestGeneratedClientReadsRateLimit: the key's quota, read without
+// spending it, then the operation's own throttle and a 401.
+func TestGeneratedClientReadsRateLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := startService(t)
+	c := s.client(t, s.tightKey)
+	for i := 1; i <= 2; i++ {
+		if resp, err := c.ListPetsWithResponse(ctx, nil); err != nil || resp.StatusCode() != http.StatusOK {
+			t.Fatalf("request %d: %v %v", i, resp, err)
+		}
+	}
+	// The tight key is on free (60/1m, 1000/24h) with a quota of its own,
+	// 3/1m, in place of the plan's minute. Asking ten times (the
+	// throttle's burst) spends none of it.
+	for i := 1; i <= 10; i++ {
+		resp, err := c.GetRateLimitWithResponse(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode() != http.StatusOK || resp.JSON200 == nil {
+			t.Fatalf("ask %d: %d %s", i, resp.StatusCode(), resp.Body)
+		}
+		q := *resp.JSON200
+		w := q.Windows
+		if q.Plan != "free" || q.Mode != petstoreclient.Enforce || len(w) != 2 ||
+			w[0].Period != "1m" || w[0].Limit != 3 || w[0].Used != 2 || w[0].Remaining != 1 ||
+			w[1].Period != "24h" || w[1].Limit != 1000 || w[1].Used != 2 || w[1].Remaining != 998 ||
+			q.Ban.Banned || q.Ban.Until != nil {
+			t.Fatalf("ask %d: %s", i, resp.Body)
+		}
+		if h := resp.HTTPResponse.Header; h.Get("X-RateLimit-Limit") != "3" || h.Get("X-RateLimit-Remaining") != "1" {
+			t.Errorf("ask %d: rate-limit fields %v", i, h)
+		}
+	}
+	if resp, err := c.ListPetsWithResponse(ctx, nil); err != nil || resp.StatusCode() != http.StatusOK || resp.HTTPResponse.Header.Get("X-RateLimit-Remaining") != "0" {
+		t.Fatalf("third request after ten asks: %v %v", resp.HTTPResponse.Header, err)
+	}
+	over, err := c.GetRateLimitWithResponse(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if over.StatusCode() != http.StatusTooManyRequests || over.JSON429 == nil || over.JSON429.Code != petstoreclient.ErrorCodeRateLimited || over.HTTPResponse.Header.Get("Retry-After") == "" {
+		t.Fatalf("ask 11 of a burst of 10: %d %s", over.StatusCode(), over.Body)
+	}
+	anon, err := s.client(t, "").GetRateLimitWithResponse(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if anon.StatusCode() != http.StatusUnauthorized || anon.JSON401 == nil || anon.JSON401.Code != petstoreclient.ErrorCodeUnauthorized {
+		t.Fatalf("no key: %d %s", anon.StatusCode(), anon.Body)
 	}
 }
 

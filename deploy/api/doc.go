@@ -2,7 +2,8 @@
 // against the real router (httpapi.NewServer with the in-memory store):
 //
 //   - a Go client generated with oapi-codegen (package petstoreclient)
-//     creates, lists page by page, gets, and meets 404, 401 and 429;
+//     creates, lists page by page, gets, reads the key's rate limits, and
+//     meets 404, 401 and 429;
 //   - that client is what oapi-codegen makes of the document the service
 //     serves today;
 //   - the docs page loads in headless Chromium with no console error and no

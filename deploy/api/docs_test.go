@@ -56,7 +56,7 @@ func (e *pageEvents) snapshot() (requests, problems []string) {
 }
 
 // TestDocsPageInBrowser loads /docs in headless Chromium: it must render
-// the three operations and getPet's deprecation, log no console error or
+// the four operations and getPet's deprecation, log no console error or
 // exception (a Content-Security-Policy violation is one), and request
 // nothing from any other origin.
 func TestDocsPageInBrowser(t *testing.T) {
@@ -159,12 +159,12 @@ func TestDocsPageInBrowser(t *testing.T) {
 	for _, n := range operations {
 		ids[strings.TrimPrefix(n.AttributeValue("data-section-id"), "operation/")] = true
 	}
-	for _, op := range []string{"listPets", "createPet", "getPet"} {
+	for _, op := range []string{"listPets", "createPet", "getPet", "getRateLimit"} {
 		if !ids[op] {
 			t.Errorf("operation %s not shown (sections: %v)", op, ids)
 		}
 	}
-	for _, want := range []string{"List pets", "Add a pet", "Get a pet (deprecated)", "/pets/{petId}"} {
+	for _, want := range []string{"List pets", "Add a pet", "Get a pet (deprecated)", "/pets/{petId}", "Get the key's rate limits", "/rate_limit"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("page does not show %q", want)
 		}

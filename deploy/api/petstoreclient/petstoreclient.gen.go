@@ -82,6 +82,24 @@ func (e PetStatus) Valid() bool {
 	}
 }
 
+// Defines values for RateLimitMode.
+const (
+	Enforce RateLimitMode = "enforce"
+	Shadow  RateLimitMode = "shadow"
+)
+
+// Valid indicates whether the value is a known member of the RateLimitMode enum.
+func (e RateLimitMode) Valid() bool {
+	switch e {
+	case Enforce:
+		return true
+	case Shadow:
+		return true
+	default:
+		return false
+	}
+}
+
 // Error defines model for Error.
 type Error struct {
 	// Code Machine-readable error code.
@@ -127,6 +145,64 @@ type Pet struct {
 
 // PetStatus A pet's availability.
 type PetStatus string
+
+// RateLimit Where a key stands under its rate limits.
+type RateLimit struct {
+	// Ban The key's temporary ban, and what counts toward the next one.
+	Ban RateLimitBan `json:"ban"`
+
+	// Mode `enforce`, or `shadow` when the plan's limits are measured and recorded but never enforced.
+	Mode RateLimitMode `json:"mode"`
+
+	// Plan The key's plan.
+	//
+	// Example: free
+	Plan string `json:"plan"`
+
+	// Windows Every window of the key's quota, its own quotas applied, ordered by period.
+	Windows []RateLimitWindow `json:"windows"`
+}
+
+// RateLimitMode `enforce`, or `shadow` when the plan's limits are measured and recorded but never enforced.
+type RateLimitMode string
+
+// RateLimitBan The key's temporary ban, and what counts toward the next one.
+type RateLimitBan struct {
+	// Banned Whether the key is banned now.
+	Banned bool `json:"banned"`
+
+	// Offences Bans remembered, each making the next one longer.
+	Offences int64 `json:"offences"`
+
+	// RetryAfter While banned, whole seconds until the ban ends (rounded up).
+	RetryAfter *int64 `json:"retryAfter,omitempty"`
+
+	// Strikes Refused requests counted toward a ban in the plan's strike window.
+	Strikes int64 `json:"strikes"`
+
+	// Until While banned, Unix time (seconds, rounded up) when the ban ends.
+	Until *int64 `json:"until,omitempty"`
+}
+
+// RateLimitWindow One quota window, at most `limit` requests in any interval of length `period`.
+type RateLimitWindow struct {
+	// Limit Requests the window admits.
+	Limit int64 `json:"limit"`
+
+	// Period The window's length, named as in `RateLimit-Policy` (`1m`, `24h`, `1500ms`).
+	//
+	// Example: 1m
+	Period string `json:"period"`
+
+	// Remaining Requests the window would admit now.
+	Remaining int64 `json:"remaining"`
+
+	// Reset Unix time (seconds, rounded up) by which every request the window holds has left it.
+	Reset int64 `json:"reset"`
+
+	// Used Requests the window holds now.
+	Used int64 `json:"used"`
+}
 
 // IdempotencyKey defines model for Idempotency-Key.
 type IdempotencyKey = string
@@ -357,6 +433,33 @@ type ClientInterface interface {
 	//
 	// Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 	GetPet(ctx context.Context, petId PetId, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetRateLimit Get the key's rate limits
+	//
+	// Where the calling key stands, as the rate limiter counts it: every window of its quota (its plan's,
+	// with the key's own quotas in place of or beside them) with what it has used and what remains, and its
+	// ban. Like GitHub's `GET /rate_limit`.
+	//
+	// **Asking spends nothing.** This operation is not counted in any window of the key, and a limited or
+	// banned key may ask too (asking adds no strike). It has a throttle of its own per key instead: one
+	// request per second on average, in bursts of up to 10 (60 a minute). Over it the answer is
+	// `429 rate_limited` with `Retry-After`.
+	//
+	// **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
+	// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
+	// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
+	// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
+	// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
+	// 401 carries the per-IP throttle's.
+	//
+	// **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
+	// reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
+	// seconds (rounded up), as in `X-RateLimit-Reset`. When the shared counts cannot be read (Redis
+	// unreachable) the answer is `503 unavailable` with `Retry-After: 1`, whether the service fails open or
+	// closed: what one replica counted alone is not where the key stands.
+	//
+	// Corresponds with GET /rate_limit (the `GetRateLimit` operationId).
+	GetRateLimit(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // ListPets List pets
@@ -480,6 +583,43 @@ func (c *Client) CreatePet(ctx context.Context, params *CreatePetParams, body Cr
 // Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 func (c *Client) GetPet(ctx context.Context, petId PetId, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetPetRequest(c.Server, petId)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetRateLimit Get the key's rate limits
+//
+// Where the calling key stands, as the rate limiter counts it: every window of its quota (its plan's,
+// with the key's own quotas in place of or beside them) with what it has used and what remains, and its
+// ban. Like GitHub's `GET /rate_limit`.
+//
+// **Asking spends nothing.** This operation is not counted in any window of the key, and a limited or
+// banned key may ask too (asking adds no strike). It has a throttle of its own per key instead: one
+// request per second on average, in bursts of up to 10 (60 a minute). Over it the answer is
+// `429 rate_limited` with `Retry-After`.
+//
+// **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
+// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
+// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
+// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
+// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
+// 401 carries the per-IP throttle's.
+//
+// **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
+// reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
+// seconds (rounded up), as in `X-RateLimit-Reset`. When the shared counts cannot be read (Redis
+// unreachable) the answer is `503 unavailable` with `Retry-After: 1`, whether the service fails open or
+// closed: what one replica counted alone is not where the key stands.
+//
+// Corresponds with GET /rate_limit (the `GetRateLimit` operationId).
+func (c *Client) GetRateLimit(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetRateLimitRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -657,6 +797,33 @@ func NewGetPetRequest(server string, petId PetId) (*http.Request, error) {
 	return req, nil
 }
 
+// NewGetRateLimitRequest constructs an http.Request for the GetRateLimit method
+func NewGetRateLimitRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/rate_limit")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -796,6 +963,35 @@ type ClientWithResponsesInterface interface {
 	//
 	// Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 	GetPetWithResponse(ctx context.Context, petId PetId, reqEditors ...RequestEditorFn) (*GetPetResponse, error)
+
+	// GetRateLimitWithResponse Get the key's rate limits
+	//
+	// Where the calling key stands, as the rate limiter counts it: every window of its quota (its plan's,
+	// with the key's own quotas in place of or beside them) with what it has used and what remains, and its
+	// ban. Like GitHub's `GET /rate_limit`.
+	//
+	// **Asking spends nothing.** This operation is not counted in any window of the key, and a limited or
+	// banned key may ask too (asking adds no strike). It has a throttle of its own per key instead: one
+	// request per second on average, in bursts of up to 10 (60 a minute). Over it the answer is
+	// `429 rate_limited` with `Retry-After`.
+	//
+	// **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
+	// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
+	// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
+	// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
+	// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
+	// 401 carries the per-IP throttle's.
+	//
+	// **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
+	// reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
+	// seconds (rounded up), as in `X-RateLimit-Reset`. When the shared counts cannot be read (Redis
+	// unreachable) the answer is `503 unavailable` with `Retry-After: 1`, whether the service fails open or
+	// closed: what one replica counted alone is not where the key stands.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /rate_limit (the `GetRateLimit` operationId).
+	GetRateLimitWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetRateLimitResponse, error)
 }
 
 // ListPetsResponse200Headers the declared response headers of an HTTP 200 response for ListPets
@@ -1304,6 +1500,147 @@ func (r GetPetResponse) ContentType() string {
 	return ""
 }
 
+// GetRateLimitResponse200Headers the declared response headers of an HTTP 200 response for GetRateLimit
+type GetRateLimitResponse200Headers struct {
+	RateLimit           *string
+	RateLimitPolicy     *string
+	XRateLimitLimit     *int
+	XRateLimitRemaining *int
+	XRateLimitReset     *int
+	XRequestId          string
+}
+
+// GetRateLimitResponse400Headers the declared response headers of an HTTP 400 response for GetRateLimit
+type GetRateLimitResponse400Headers struct {
+	RateLimit           *string
+	RateLimitPolicy     *string
+	XRateLimitLimit     *int
+	XRateLimitRemaining *int
+	XRateLimitReset     *int
+	XRequestId          string
+}
+
+// GetRateLimitResponse401Headers the declared response headers of an HTTP 401 response for GetRateLimit
+type GetRateLimitResponse401Headers struct {
+	RateLimit           *string
+	RateLimitPolicy     *string
+	WWWAuthenticate     string
+	XRateLimitLimit     *int
+	XRateLimitRemaining *int
+	XRateLimitReset     *int
+	XRequestId          string
+}
+
+// GetRateLimitResponse429Headers the declared response headers of an HTTP 429 response for GetRateLimit
+type GetRateLimitResponse429Headers struct {
+	RateLimit           *string
+	RateLimitPolicy     *string
+	RetryAfter          int
+	XRateLimitLimit     *int
+	XRateLimitRemaining *int
+	XRateLimitReset     *int
+	XRequestId          string
+}
+
+// GetRateLimitResponse500Headers the declared response headers of an HTTP 500 response for GetRateLimit
+type GetRateLimitResponse500Headers struct {
+	XRequestId string
+}
+
+// GetRateLimitResponse503Headers the declared response headers of an HTTP 503 response for GetRateLimit
+type GetRateLimitResponse503Headers struct {
+	RetryAfter int
+	XRequestId string
+}
+
+type GetRateLimitResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *RateLimit
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *Error
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Unavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetRateLimitResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *GetRateLimitResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetRateLimitResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetRateLimitResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetRateLimitResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetRateLimitResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetRateLimitResponse) GetJSON200() *RateLimit {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetRateLimitResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetRateLimitResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetRateLimitResponse) GetJSON429() *Error {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetRateLimitResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetRateLimitResponse) GetJSON503() *Unavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetRateLimitResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetRateLimitResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetRateLimitResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetRateLimitResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListPetsWithResponse List pets
 //
 // Returns one page of pets in ascending id order, optionally only those with one status.
@@ -1422,6 +1759,41 @@ func (c *ClientWithResponses) GetPetWithResponse(ctx context.Context, petId PetI
 		return nil, err
 	}
 	return ParseGetPetResponse(rsp)
+}
+
+// GetRateLimitWithResponse Get the key's rate limits
+//
+// Where the calling key stands, as the rate limiter counts it: every window of its quota (its plan's,
+// with the key's own quotas in place of or beside them) with what it has used and what remains, and its
+// ban. Like GitHub's `GET /rate_limit`.
+//
+// **Asking spends nothing.** This operation is not counted in any window of the key, and a limited or
+// banned key may ask too (asking adds no strike). It has a throttle of its own per key instead: one
+// request per second on average, in bursts of up to 10 (60 a minute). Over it the answer is
+// `429 rate_limited` with `Retry-After`.
+//
+// **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
+// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
+// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
+// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
+// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
+// 401 carries the per-IP throttle's.
+//
+// **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
+// reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
+// seconds (rounded up), as in `X-RateLimit-Reset`. When the shared counts cannot be read (Redis
+// unreachable) the answer is `503 unavailable` with `Retry-After: 1`, whether the service fails open or
+// closed: what one replica counted alone is not where the key stands.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /rate_limit (the `GetRateLimit` operationId).
+func (c *ClientWithResponses) GetRateLimitWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*GetRateLimitResponse, error) {
+	rsp, err := c.GetRateLimit(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetRateLimitResponse(rsp)
 }
 
 // ParseListPetsResponse parses an HTTP response from a ListPetsWithResponse call
@@ -2522,6 +2894,291 @@ func ParseGetPetResponse(rsp *http.Response) (*GetPetResponse, error) {
 				return nil, err
 			}
 			headers.Sunset = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetRateLimitResponse parses an HTTP response from a GetRateLimitWithResponse call
+func ParseGetRateLimitResponse(rsp *http.Response) (*GetRateLimitResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetRateLimitResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest RateLimit
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetRateLimitResponse200Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Limit"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Limit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitLimit = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Remaining"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Remaining", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitRemaining = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Reset"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Reset", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitReset = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers GetRateLimitResponse400Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Limit"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Limit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitLimit = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Remaining"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Remaining", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitRemaining = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Reset"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Reset", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitReset = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetRateLimitResponse401Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Limit"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Limit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitLimit = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Remaining"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Remaining", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitRemaining = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Reset"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Reset", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitReset = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetRateLimitResponse429Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Limit"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Limit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitLimit = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Remaining"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Remaining", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitRemaining = &value
+		}
+		if values := rsp.Header.Values("X-RateLimit-Reset"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-RateLimit-Reset", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRateLimitReset = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetRateLimitResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetRateLimitResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
