@@ -18,7 +18,10 @@ type rateLimitBody struct {
 	// measured and never enforced.
 	Mode    string            `json:"mode"`
 	Windows []rateLimitWindow `json:"windows"`
-	Ban     rateLimitBan      `json:"ban"`
+	// Candidate holds the plan's candidate windows: proposed quotas
+	// measured on the key's requests and never enforced.
+	Candidate []rateLimitWindow `json:"candidate,omitempty"`
+	Ban       rateLimitBan      `json:"ban"`
 }
 
 // rateLimitWindow is the RateLimitWindow schema: one quota window. Any
@@ -82,6 +85,9 @@ func handleRateLimit(usage UsageReader, now func() time.Time, fail errorWriter) 
 		body := rateLimitBody{Plan: p.Plan, Mode: "enforce", Windows: rateLimitWindows(u.Windows, t), Ban: rateLimitBan{Strikes: u.Strikes, Offences: u.Offences}}
 		if p.Policy.Shadow {
 			body.Mode = "shadow"
+		}
+		if len(u.Candidate) > 0 {
+			body.Candidate = rateLimitWindows(u.Candidate, t)
 		}
 		if !u.BannedUntil.IsZero() {
 			body.Ban.Banned = true

@@ -26,6 +26,7 @@ const quotaPlans = `plans:
     quotas: [{limit: 3, period: 1m}, {limit: 100, period: 1h}]
     ban: {threshold: 2, within: 1m, duration: 5m, multiplier: 2, max: 1h, memory: 24h}
   trial: {mode: shadow, quotas: [{limit: 20, period: 1m}]}
+  growth: {quotas: [{limit: 10, period: 1m}], ban: off, candidate: {quotas: [{limit: 3, period: 1m}]}}
 `
 
 // quotaFixture serves the real router with the real authenticator (static
@@ -74,6 +75,7 @@ func (f *quotaFixture) start(t *testing.T, client redis.UniversalClient, opts ra
 		{"override", "plan: pro, quotas: [{limit: 5, period: 1m}, {limit: 4, period: 1h}]"},
 		{"tiny", "plan: tiny"},
 		{"shadow", "plan: trial"},
+		{"candidate", "plan: growth"},
 	} {
 		f.keys[k.name] = generateKey(t)
 		fmt.Fprintf(&keysFile, "  - {key: %s, %s}\n", f.keys[k.name], k.spec)
@@ -191,6 +193,25 @@ func TestRateLimitReportsQuota(t *testing.T) {
 				return map[string]string{
 					"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "55", "X-RateLimit-Reset": itoa(f.unix(time.Minute)),
 					"RateLimit": `"1m";r=55;t=60`, "RateLimit-Policy": `"1m";q=60;w=60, "24h";q=1000;w=86400`,
+				}
+			},
+		},
+		{
+			// The candidate measured the same 5 requests and would have
+			// admitted 3 of them; it enforces nothing.
+			name:  "a plan with a candidate",
+			key:   "candidate",
+			setup: func(t *testing.T, f *quotaFixture) { f.pets(t, "candidate", 5, http.StatusOK) },
+			want: func(f *quotaFixture) rateLimitBody {
+				return rateLimitBody{Plan: "growth", Mode: "enforce",
+					Windows:   []rateLimitWindow{{Period: "1m", Limit: 10, Used: 5, Remaining: 5, Reset: f.unix(time.Minute)}},
+					Candidate: []rateLimitWindow{{Period: "1m", Limit: 3, Used: 3, Remaining: 0, Reset: f.unix(time.Minute)}},
+				}
+			},
+			fields: func(f *quotaFixture) map[string]string {
+				return map[string]string{
+					"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "5", "X-RateLimit-Reset": itoa(f.unix(time.Minute)),
+					"RateLimit": `"1m";r=5;t=60`, "RateLimit-Policy": `"1m";q=10;w=60`,
 				}
 			},
 		},

@@ -151,6 +151,10 @@ type RateLimit struct {
 	// Ban The key's temporary ban, and what counts toward the next one.
 	Ban RateLimitBan `json:"ban"`
 
+	// Candidate The plan's candidate windows, when it has any: proposed quotas that the service measures on the
+	// key's requests beside the enforced ones and never enforces. Absent otherwise.
+	Candidate *[]RateLimitWindow `json:"candidate,omitempty"`
+
 	// Mode `enforce`, or `shadow` when the plan's limits are measured and recorded but never enforced.
 	Mode RateLimitMode `json:"mode"`
 
