@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -11,8 +12,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // The promise of a plan edit that changes periods: the windows of the
@@ -161,20 +160,10 @@ func runScriptPeriodEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 	sc := newScript(decideLua)
 	prefix := randomPrefix(t)
 	po, pn := compile(old, DefaultBuckets, DefaultStrikeBuckets), compile(edited, DefaultBuckets, DefaultStrikeBuckets)
-	// The registry's view right after the edit: the old plan's periods,
-	// and the new plan's new ones young.
-	var others, young []int64
-	for _, r := range po.windows {
-		if !slices.ContainsFunc(pn.windows, func(q ring) bool { return q.period == r.period }) {
-			others = append(others, r.period)
-		}
-	}
-	for _, r := range pn.windows {
-		if !slices.ContainsFunc(po.windows, func(q ring) bool { return q.period == r.period }) {
-			young = append(young, r.period)
-		}
-	}
-	sd := newSeeding(pn, others, young)
+	// The registry's view once the edit has reached every replica: the
+	// old plan's periods, no longer in use, and the new plan's new ones
+	// young.
+	sd := newSeeding(pn, otherPeriods(pn, po, false), youngPeriods(pn, po))
 	c := &periodChecker{t: t, old: po, new: pn, what: fmt.Sprintf("old %v, new %v", old.Windows, edited.Windows)}
 	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
 	var retry struct {
@@ -317,58 +306,211 @@ func TestPeriodEditKeepsCountsInProcess(t *testing.T) {
 	}
 }
 
-// TestPeriodEditAcrossReplicas: a replica started after an edit never
-// saw the old plan, yet takes a key's past from the old period's record,
-// which the registry names; and Reset forgets that record too.
+// TestPeriodEditAcrossReplicas: while some replica still decides under
+// the old plan, a replica on the edited plan holds the key to the old
+// windows too (the stricter of the two); once none does, a replica
+// started after the edit, which never saw the old plan, still takes the
+// key's past from the old period's record, which the registry names; and
+// Reset forgets that record too.
 func TestPeriodEditAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	addr := testenv.RedisAddr(t)
-	prefix := randomPrefix(t)
+	f := newFixture(t, Options{})
 	ctx := context.Background()
-	newReplica := func() *Limiter {
-		rdb := redis.NewClient(&redis.Options{Addr: addr})
-		t.Cleanup(func() { _ = rdb.Close() })
-		l, err := New(rdb, Options{Prefix: prefix, Timeout: time.Second, Registerer: prometheus.NewRegistry(), noHeartbeat: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		return l
+	a := f.l
+	b, err := New(f.rdb, Options{Prefix: a.opts.Prefix, clock: f.clk.Now, noHeartbeat: true, Timeout: a.opts.Timeout, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = b.Close() })
 	old := Policy{Name: "p", Windows: []Window{{Limit: 5, Period: time.Minute}}}
 	edited := Policy{Name: "p", Windows: []Window{{Limit: 8, Period: 2 * time.Minute}}}
-	a := newReplica()
-	for i := range 5 {
-		if d, err := a.Allow(ctx, "k", old); err != nil || !d.Allowed() {
-			t.Fatalf("request %d under the old plan: %+v %v", i, d, err)
+	for _, key := range []string{"k", "k2"} {
+		for i := range 5 {
+			if d, err := a.Allow(ctx, key, old); err != nil || !d.Allowed() {
+				t.Fatalf("%s: request %d under the old plan: %+v %v", key, i, d, err)
+			}
 		}
 	}
-	if err := a.reg.refresh(ctx, a.plans.recent(time.Now())); err != nil {
-		t.Fatal(err)
+	refresh := func(l *Limiter) {
+		t.Helper()
+		if err := l.reg.refresh(ctx, l.plans.recent(f.clk.Now())); err != nil {
+			t.Fatal(err)
+		}
 	}
-	b := newReplica() // started after the edit: it knows only the new plan
-	if err := b.reg.refresh(ctx, nil); err != nil {
-		t.Fatal(err)
+	refresh(a)
+	refresh(b)
+	// a still decides under the old plan: b holds the key to its 5 per
+	// minute as well.
+	if d, err := b.Allow(ctx, "k", edited); err != nil || d.Outcome != Limited {
+		t.Fatalf("under the new plan while the old one is in use: %+v %v; want limited by the old window", d, err)
 	}
-	d, err := b.Allow(ctx, "k", edited)
+	// a has taken the edit up (or is gone) for longer than the registry
+	// counts a plan in use; the old minute still holds k2's 5. (k's
+	// refusal is remembered until the old window frees: stricter, never
+	// looser.)
+	f.clk.Add(registryRecent + 2*registryEvery)
+	refresh(b)
+	d, err := b.Allow(ctx, "k2", edited)
 	if err != nil || !d.Allowed() || d.Windows[0].Remaining != 2 {
-		t.Fatalf("first request under the new plan: %+v %v; want admitted with 2 of 8 left (the old window's 5 kept)", d, err)
+		t.Fatalf("first admission under the new plan: %+v %v; want admitted with 2 of 8 left (the old window's 5 kept)", d, err)
 	}
 	for range 2 {
-		b.Allow(ctx, "k", edited)
+		b.Allow(ctx, "k2", edited)
 	}
-	if d, _ := b.Allow(ctx, "k", edited); d.Outcome != Limited || d.RetryAfter < time.Minute {
-		t.Fatalf("9th request within the 2m window: %+v; want limited for over a minute", d)
+	if d, _ := b.Allow(ctx, "k2", edited); d.Outcome != Limited || d.RetryAfter < 30*time.Second {
+		t.Fatalf("9th request within the 2m window: %+v; want limited", d)
 	}
-	if err := b.Reset(ctx, "k", edited); err != nil {
+	if err := b.Reset(ctx, "k2", edited); err != nil {
 		t.Fatal(err)
 	}
-	n, err := a.rdb.Exists(ctx, stateKeys(prefix, "k", compile(old, DefaultBuckets, DefaultStrikeBuckets))...).Result()
-	if err != nil || n != 0 {
-		t.Fatalf("after Reset, %d of the key's records remain (%v)", n, err)
+	for _, k := range stateKeys(a.opts.Prefix, "k2", compile(old, DefaultBuckets, DefaultStrikeBuckets))[1:] {
+		if f.mini.Exists(k) {
+			t.Fatalf("after Reset, the key's record %s remains", k)
+		}
 	}
 	// Reset made the key start over; a fresh window, not seeded again.
-	if d, _ := b.Allow(ctx, "k", edited); !d.Allowed() || d.Windows[0].Remaining != 7 {
+	if d, _ := b.Allow(ctx, "k2", edited); !d.Allowed() || d.Windows[0].Remaining != 7 {
 		t.Fatalf("after Reset: %+v; want 7 of 8 left", d)
+	}
+}
+
+// otherPeriods lists the periods of plan q that pl lacks, as the registry
+// gives them to pl: with q's limits when some replica still decides under
+// q (inUse), so that pl enforces them beside its own.
+func otherPeriods(pl, q *plan, inUse bool) []other {
+	var out []other
+	for _, r := range q.windows {
+		if !slices.ContainsFunc(pl.windows, func(w ring) bool { return w.period == r.period }) {
+			o := other{period: r.period}
+			if inUse {
+				o.limit = r.limit
+			}
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// youngPeriods lists pl's periods that q lacks: new with the edit.
+func youngPeriods(pl, q *plan) []int64 {
+	var out []int64
+	for _, r := range pl.windows {
+		if !slices.ContainsFunc(q.windows, func(w ring) bool { return w.period == r.period }) {
+			out = append(out, r.period)
+		}
+	}
+	return out
+}
+
+// TestPeriodEditWhileItSpreads decides one key under an old plan, then
+// under the old and the edited plan in turn, as replicas do while an edit
+// spreads, each enforcing the other's periods beside its own (the
+// registry lists the periods each plan is decided under). The promise:
+// every admission fits, and counts in, every window of both plans whose
+// record the key has, so no window holds more than its limit of the
+// admissions it counted, whichever plan decided them. The test tracks,
+// per window, the admissions counted in it: its own plan's, and the other
+// plan's while its record existed (on miniredis, whose clock stands
+// still between the check and the call).
+func TestPeriodEditWhileItSpreads(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 15)
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: time.Minute})
+	t.Cleanup(func() { _ = rdb.Close() })
+	sc := newScript(decideLua)
+	ctx := context.Background()
+	transitions := 0
+	for c := range max(*invariantCases/2, 10) {
+		old, edited := genPeriodEdit(rng, MaxPeriod)
+		po, pn := compile(old, DefaultBuckets, DefaultStrikeBuckets), compile(edited, DefaultBuckets, DefaultStrikeBuckets)
+		what := fmt.Sprintf("case %d: old %v, new %v", c, old.Windows, edited.Windows)
+		prefix := randomPrefix(t)
+		sdOld := newSeeding(po, otherPeriods(po, pn, true), nil)
+		sdNew := newSeeding(pn, otherPeriods(pn, po, true), youngPeriods(pn, po))
+		type counted struct {
+			r   ring
+			key string
+			at  []int64
+		}
+		windows := map[int64]*counted{} // by period
+		for _, pl := range []*plan{po, pn} {
+			for i, r := range pl.windows {
+				if windows[r.period] == nil {
+					windows[r.period] = &counted{r: r, key: stateKeys(prefix, "k", pl)[1+i]}
+				}
+			}
+		}
+		now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+		minPeriod := slices.MinFunc(append(slices.Clone(po.windows), pn.windows...), func(a, b ring) int { return cmp.Compare(a.period, b.period) }).period
+		decide := func(pl *plan, sd *seeding, spread bool) {
+			m.SetTime(time.UnixMicro(now))
+			// Which windows this admission would count in: its plan's, and
+			// the other plan's whose record the key has.
+			var in []*counted
+			for _, w := range windows {
+				own := slices.ContainsFunc(pl.windows, func(r ring) bool { return r.period == w.r.period })
+				if !own && spread {
+					n, err := rdb.Exists(ctx, w.key).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					own = n == 1
+					if own {
+						transitions++
+					}
+				}
+				if own {
+					in = append(in, w)
+				}
+			}
+			reply, err := rdb.Eval(ctx, sc.src, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pl)), scriptArgs(pl, input{lease: noLease, seed: sd})...).Result()
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			v, err := decode(pl, reply)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.outcome != Allowed {
+				return
+			}
+			for _, w := range in {
+				w.at = append(w.at, now)
+			}
+			for _, w := range windows {
+				var n int64
+				for _, a := range w.at {
+					if a > now-w.r.period {
+						n++
+					}
+				}
+				if n > w.r.limit {
+					t.Fatalf("%s\nwindow %d/%dµs counted %d admissions within its period at %d", what, w.r.limit, w.r.period, n, now)
+				}
+			}
+		}
+		for range 30 {
+			dt, burst := periodTraffic(rng, po)
+			now += dt
+			for range burst {
+				decide(po, nil, false)
+			}
+		}
+		for range 80 {
+			now += rng.Int64N(max(minPeriod/4, 1))
+			for range 1 + rng.IntN(4) {
+				if rng.IntN(2) == 0 {
+					decide(po, sdOld, true)
+				} else {
+					decide(pn, sdNew, true)
+				}
+			}
+		}
+	}
+	t.Logf("%d admissions counted in the other plan's windows", transitions)
+	if transitions == 0 {
+		t.Fatal("no admission ever met the other plan's records")
 	}
 }

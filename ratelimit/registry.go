@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"strconv"
@@ -32,13 +33,25 @@ import (
 // whole period, every admission it has to count was counted in it. A plan
 // whose name has no other period listed, or whose periods are all older
 // than that, passes nothing: the common case costs nothing.
+//
+// While an edit spreads, replicas on the old plan and on the new one
+// disagree on a period, and each would count its admissions only in its
+// own plan's records. So a period the registry lists as in use (some
+// replica decided under a policy with it within registryRecent) that a
+// plan lacks is enforced beside the plan's own windows, at the largest
+// limit marked for it, wherever the key has a record of it (a transition
+// window): every admission fits, and counts in, every window of both
+// plans whose record the key has, in both directions, so the key is held
+// to the stricter of the two plans until the old one is out of use
+// everywhere (a few seconds after the edit reached the last replica).
 
 const (
 	registryEvery = time.Second
 	// registryRecent is how long a policy counts as in use after its last
 	// decision here: a replica stops marking an edited plan's old periods
-	// this long after the edit reached it.
-	registryRecent = 10 * time.Second
+	// this long after the edit reached it, and the others stop enforcing
+	// them beside the new plan's a refresh later.
+	registryRecent = 3 * time.Second
 	// registryGrace is how long beyond its period a new window still
 	// takes its past from other records: the time an edit takes to reach
 	// every replica, and the replicas' markings to be read.
@@ -48,18 +61,26 @@ const (
 var registryScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i = 1, #ARGV do
+-- ARGV: pairs of field and the marking replica's limit for it. The
+-- limit kept is the largest marked within the last 10 s.
+for i = 1, #ARGV, 2 do
   local v = redis.call('HGET', KEYS[1], ARGV[i])
-  local first = v and tonumber(string.match(v, '^(%d+):')) or now
-  redis.call('HSET', KEYS[1], ARGV[i], first .. ':' .. now)
+  local first, lim = now, tonumber(ARGV[i + 1])
+  if v then
+    local f, l, m = string.match(v, '^(%d+):(%d+):?(%d*)$')
+    first = tonumber(f) or now
+    m = tonumber(m)
+    if m and tonumber(l) and tonumber(l) + 10000 > now and m > lim then lim = m end
+  end
+  redis.call('HSET', KEYS[1], ARGV[i], first .. ':' .. now .. ':' .. lim)
 end
 local all = redis.call('HGETALL', KEYS[1])
 local out = {now}
 local keep = 0
 for i = 1, #all, 2 do
   local f = all[i]
-  local first, last = string.match(all[i + 1], '^(%d+):(%d+)$')
-  first, last = tonumber(first), tonumber(last)
+  local first, last, lim = string.match(all[i + 1], '^(%d+):(%d+):?(%d*)$')
+  first, last, lim = tonumber(first), tonumber(last), tonumber(lim) or 0
   local p = tonumber(string.match(f, '/(%d+)$'))
   -- A period's records are gone a period (and two buckets) after its last
   -- admission; keep the field a little longer.
@@ -69,6 +90,7 @@ for i = 1, #all, 2 do
     out[#out + 1] = f
     out[#out + 1] = first
     out[#out + 1] = last
+    out[#out + 1] = lim
     local left = last + math.ceil(p / 1000) * 1.02 + 2000 - now
     if left > keep then keep = left end
   end
@@ -91,10 +113,10 @@ type registryView struct {
 	periods map[string][]regAt // by policy name
 }
 
-// regAt is one period (µs) of a policy name and when it was first and
-// last marked (ms).
+// regAt is one period (µs) of a policy name, when it was first and last
+// marked (ms), and the largest limit marked for it lately.
 type regAt struct {
-	period, first, last int64
+	period, first, last, limit int64
 }
 
 func newRegistry(rdb redis.UniversalClient, prefix string) *registry {
@@ -106,7 +128,7 @@ func (g *registry) refresh(ctx context.Context, plans []*plan) error {
 	var fields []any
 	for _, pl := range plans {
 		for _, r := range pl.windows {
-			fields = append(fields, pl.name+"/"+strconv.FormatInt(r.period, 10))
+			fields = append(fields, pl.name+"/"+strconv.FormatInt(r.period, 10), r.limit)
 		}
 	}
 	res, err := registryScript.Run(ctx, g.rdb, []string{g.key}, fields...).Slice()
@@ -117,19 +139,20 @@ func (g *registry) refresh(ctx context.Context, plans []*plan) error {
 	if len(res) > 0 {
 		v.at, _ = res[0].(int64)
 	}
-	for i := 1; i+2 < len(res); i += 3 {
+	for i := 1; i+3 < len(res); i += 4 {
 		f, _ := res[i].(string)
 		first, ok1 := res[i+1].(int64)
 		last, ok2 := res[i+2].(int64)
+		limit, ok3 := res[i+3].(int64)
 		cut := strings.LastIndexByte(f, '/')
-		if !ok1 || !ok2 || cut < 0 {
+		if !ok1 || !ok2 || !ok3 || cut < 0 {
 			continue
 		}
 		p, err := strconv.ParseInt(f[cut+1:], 10, 64)
 		if err != nil {
 			continue
 		}
-		v.periods[f[:cut]] = append(v.periods[f[:cut]], regAt{period: p, first: first, last: last})
+		v.periods[f[:cut]] = append(v.periods[f[:cut]], regAt{period: p, first: first, last: last, limit: limit})
 	}
 	g.view.Store(v)
 	return nil
@@ -165,11 +188,19 @@ func (g *registry) seeding(pl *plan) *seeding {
 	if c := pl.seed.Load(); c != nil && c.view == v {
 		return c.s
 	}
-	var others, young []int64
+	var others []other
+	var young []int64
 	listed := v.periods[pl.name]
 	for _, e := range listed {
 		if !slices.ContainsFunc(pl.windows, func(r ring) bool { return r.period == e.period }) {
-			others = append(others, e.period)
+			// A period some replica decides under now (it marked it within
+			// registryRecent and a refresh) is enforced beside the plan's
+			// own while the edit spreads.
+			o := other{period: e.period}
+			if e.last+(registryRecent+registryEvery).Milliseconds() > v.at && e.limit > 0 {
+				o.limit = e.limit
+			}
+			others = append(others, o)
 		}
 	}
 	for _, r := range pl.windows {
@@ -190,24 +221,33 @@ type seedCache struct {
 	s    *seeding
 }
 
-// seeding is where each young window of a plan may take its past from
-// when the key has no record of it: the plan's other windows and the
-// periods in others, in the order seedSource prefers them, at most
-// maxSeedTries each.
-// The script's extra arguments (nums) and the records of other periods
-// (extra, after the plan's own in KEYS).
+// seeding is what a plan takes from the fleet's other periods for its
+// name (others): where each young window may take its past from when the
+// key has no record of it (the plan's other windows and others, in the
+// order seedSource prefers them, at most maxSeedTries each), and the
+// others some replica decides under now, enforced beside the plan's own
+// windows while a plan edit spreads, where the key has a record of them
+// (transition windows). The script's extra arguments (nums) and the
+// records of the other periods (extra, after the plan's own in KEYS).
 type seeding struct {
 	extra []ring
 	nums  []int64
 }
 
+// other is a period the fleet listed for a plan's name that the plan does
+// not have, with the limit to enforce it at while the edit spreads (0:
+// not in use any more).
+type other struct {
+	period, limit int64
+}
+
 const maxSeedTries = 4
 
-func newSeeding(pl *plan, others, young []int64) *seeding {
-	if len(others) == 0 || len(young) == 0 {
+func newSeeding(pl *plan, others []other, young []int64) *seeding {
+	if len(others) == 0 {
 		return nil
 	}
-	slices.Sort(others)
+	slices.SortFunc(others, func(a, b other) int { return cmp.Compare(a.period, b.period) })
 	s := &seeding{}
 	type source struct {
 		keyIndex int64 // 1-based, in the script's KEYS
@@ -217,8 +257,8 @@ func newSeeding(pl *plan, others, young []int64) *seeding {
 	for i, r := range pl.windows {
 		srcs = append(srcs, source{int64(2 + i), r})
 	}
-	for i, p := range others {
-		r := newRing(1, time.Duration(p)*time.Microsecond, pl.buckets)
+	for i, o := range others {
+		r := newRing(max(o.limit, 1), time.Duration(o.period)*time.Microsecond, pl.buckets)
 		s.extra = append(s.extra, r)
 		srcs = append(srcs, source{int64(2 + len(pl.windows) + len(pl.candidates) + i), r})
 	}
@@ -249,6 +289,20 @@ func newSeeding(pl *plan, others, young []int64) *seeding {
 		}
 		s.nums = append(s.nums, int64(len(try)))
 		s.nums = append(s.nums, try...)
+	}
+	var trans [][]int64
+	for i, o := range others {
+		if o.limit > 0 {
+			r := &s.extra[i]
+			trans = append(trans, []int64{srcs[len(pl.windows)+i].keyIndex, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS})
+		}
+	}
+	if len(young) == 0 && len(trans) == 0 {
+		return nil
+	}
+	s.nums = append(s.nums, int64(len(trans)))
+	for _, t := range trans {
+		s.nums = append(s.nums, t...)
 	}
 	return s
 }

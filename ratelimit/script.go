@@ -193,10 +193,13 @@ local nw, thr = V[1], V[2]
 -- changed its periods, where a window the key has no record of may take
 -- its past from: the number of sources, each as (KEYS index, period, g,
 -- n, unit), then per window the number of sources to try, in order, and
--- their indexes.
+-- their indexes; then the transition windows, enforced beside the plan's
+-- own where the key has a record of them (another plan's windows, while
+-- an edit spreads over the replicas): their number, each as (KEYS index,
+-- limit, period, g, n, unit, ttl).
 local A = {unpack_('>' .. rep('I8', #ARGV[1] / 8), ARGV[1], 1)}
 local mode, extra, want, need, life = A[1], A[2], A[3], A[4], A[5]
-local SRC, TRY = {}, {}
+local SRC, TRY, TRANS = {}, {}, {}
 if #A > 6 + nw then
   local o = 6 + nw
   local ns = A[o]
@@ -210,6 +213,10 @@ if #A > 6 + nw then
     TRY[i] = {}
     for m = 1, k do TRY[i][m] = A[o + m] end
     o = o + 1 + k
+  end
+  for j = 1, A[o] do
+    local q = o + 1 + 7 * (j - 1)
+    TRANS[j] = {A[q], A[q + 1], A[q + 2], A[q + 3], A[q + 4], A[q + 5], A[q + 6]}
   end
 end
 local peek = mode == 1
@@ -348,6 +355,23 @@ for i = 1, nw do
   if (x.b + 1) * g < lend then lend = (x.b + 1) * g end
 end
 
+-- Transition windows: another plan's windows, while an edit spreads.
+-- Where the key has a record of one, an admission here must fit it too
+-- and counts in it, so replicas still on that plan see it.
+local TX = {}
+for j = 1, #TRANS do
+  local tr = TRANS[j]
+  local key = KEYS[tr[1]]
+  local h = redis.call('GETRANGE', key, 0, HDR)
+  if #h >= 1 + HDR then
+    local x = view(key, h, tr[3], tr[4], tr[5], tr[6])
+    TX[#TX + 1] = {x = x, tr = tr}
+    if x.used >= tr[2] then admit = false end
+    if room < 0 or tr[2] - x.used < room then room = tr[2] - x.used end
+    if (x.b + 1) * tr[4] < lend then lend = (x.b + 1) * tr[4] end
+  end
+end
+
 -- granted admissions count at once; at is the time recorded for them.
 local granted, at = 1, now
 if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
@@ -360,6 +384,12 @@ for i = 1, nw do
   if k > 0 then
     local o = 3 + 6 * (i - 1)
     record(x, k, t, V[o + 2], V[o + 3], V[o + 4], V[o + 5])
+  end
+end
+if admitted then
+  for _, tx in ipairs(TX) do
+    local tr = tx.tr
+    record(tx.x, granted, at, tr[4], tr[5], tr[6], tr[7])
   end
 end
 
@@ -475,6 +505,13 @@ for i = 1, nw do
   local u, rem, reset_, wait = standing(X[i], limit, period, g, n, unit, counted, not admit)
   if wait > rt then rt = wait end
   res[#res + 1], res[#res + 2], res[#res + 3] = u, rem, reset_
+end
+for _, tx in ipairs(TX) do
+  local tr = tx.tr
+  if not admit then
+    local _, _, _, wait = standing(tx.x, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+    if wait > rt then rt = wait end
+  end
 end
 for i = 1, nc do
   local o = co + 1 + 6 * (i - 1)
