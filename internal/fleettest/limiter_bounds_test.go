@@ -228,3 +228,48 @@ func earliest(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// TestPeriodChangeSpreads changes a plan's period, from 10 per 4 s to 12
+// per 8 s, one replica at a time (each reads its own copy of the plans
+// file, 1.5 s apart, as during a staggered ConfigMap roll) while one key
+// is sprayed over the replicas without a pause. Replicas still on the old
+// plan and those on the new one each enforce the other's period where the
+// key has a record of it (the registry lists the periods in use), so,
+// judged by client send and receive times, no 4 s window holds more than
+// 10 from the first change until the old plan has been out of use for
+// registryRecent (3 s): replicas that each counted only their own plan's
+// window would admit up to 10 more on the new plan's side.
+func TestPeriodChangeSpreads(t *testing.T) {
+	const (
+		interval = 500 * time.Millisecond
+		oldW     = 4 * time.Second
+	)
+	plans := func(quota string) string { return "plans:\n  edit: {quotas: [" + quota + "], ban: off}\n" }
+	f := newFleet(t, fleetOptions{plans: plans("{limit: 10, period: 4s}"), keys: map[string]int{"edit": 1}, perReplicaPlan: true, reloadInterval: interval})
+	l := f.startLoad(loadSpec{rate: 20, workers: 8, targets: f.targets(), keys: f.keys["edit"]})
+	time.Sleep(oldW + time.Second)
+	began := time.Now()
+	for i, r := range f.replicas {
+		if i > 0 {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		f.writeFile(strings.TrimPrefix(r.plansFile, f.dir+"/"), plans("{limit: 12, period: 8s}"))
+	}
+	applied := time.Now().Add(interval + 250*time.Millisecond)
+	time.Sleep(3 * oldW)
+	rs := l.stop()
+	t.Logf("sprayed key: %s", summarize(rs, time.Since(l.start)))
+	for _, r := range failures(rs) {
+		t.Errorf("failed request: %s", describe(r))
+	}
+	// The old plan is in use until the last replica applied the edit,
+	// and its period enforced by the others for registryRecent (3 s)
+	// after that.
+	until := applied.Add(3 * time.Second)
+	n, at := windowCount(admissions(rs, -1, began.Add(-oldW), until), oldW)
+	t.Logf("from %s before the first change to 3s after the last was applied: at most %d admissions certainly within one %s window (old limit 10), from %s",
+		oldW, n, oldW, at.Format("15:04:05.000"))
+	if n > 10 {
+		t.Errorf("%d admissions within one %s window while the edit spread: the old plan's window was exceeded", n, oldW)
+	}
+}
