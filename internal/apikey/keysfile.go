@@ -71,20 +71,38 @@ func LoadKeys(path string, plans *plan.Set) (*StaticKeys, error) {
 // Errors never quote a key. An empty file holds no keys.
 func ParseKeys(data []byte, plans *plan.Set) (*StaticKeys, error) {
 	var f keysFile
-	if err := yamlerr.DecodeStrict(data, &f, "keys file"); err != nil {
+	if err := yamlerr.DecodeStrict(data, &f, "keys file"); errors.Is(err, yamlerr.ErrEmpty) {
+		return &StaticKeys{}, nil
+	} else if err != nil {
 		return nil, locate(data, err)
 	}
 	k := &StaticKeys{byHash: make(map[string]Record, len(f.Keys)), records: make([]Record, 0, len(f.Keys))}
 	index := make(map[string]int, len(f.Keys))
+	var lines *yamlerr.Lines // read on the first error
 	var errs []string
+	fail := func(path, msg string) {
+		if lines == nil {
+			var root yaml.Node
+			_ = yaml.Unmarshal(data, &root) // it decoded before
+			lines = yamlerr.Index(&root)
+		}
+		if line, ok := lines.Line(path); ok {
+			path = fmt.Sprintf("%s (line %d)", path, line)
+		}
+		errs = append(errs, path+": "+msg)
+	}
 	for i, e := range f.Keys {
-		rec, err := e.record(plans)
+		at := fmt.Sprintf("keys[%d]", i)
+		rec, field, err := e.record(plans)
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("keys[%d]: %v", i, err))
+			if field != "" {
+				at += "." + field
+			}
+			fail(at, err.Error())
 			continue
 		}
 		if j, dup := index[rec.Hash]; dup {
-			errs = append(errs, fmt.Sprintf("keys[%d]: the same key as keys[%d]", i, j))
+			fail(at, fmt.Sprintf("the same key as keys[%d]", j))
 			continue
 		}
 		index[rec.Hash] = i
@@ -148,42 +166,46 @@ type keySpec struct {
 	Revoked bool         `yaml:"revoked"`
 }
 
-func (e keySpec) record(plans *plan.Set) (Record, error) {
+// record checks the entry against plans; on error, field names the field
+// at fault within the entry ("" for the entry as a whole).
+func (e keySpec) record(plans *plan.Set) (rec Record, field string, err error) {
 	var hash string
 	switch {
 	case e.Key != "" && e.SHA256 != "":
-		return Record{}, errors.New("give either key or sha256, not both")
+		return Record{}, "", errors.New("give either key or sha256, not both")
 	case e.Key != "":
 		if err := CheckFormat(e.Key); err != nil {
-			return Record{}, fmt.Errorf("key: %w", err)
+			return Record{}, "key", err
 		}
 		hash = Hash(e.Key)
 	case e.SHA256 != "":
 		hash = strings.ToLower(e.SHA256)
 		if !validHash(hash) {
-			return Record{}, errors.New("sha256: want the 64 hex characters of a SHA-256")
+			return Record{}, "sha256", errors.New("want the 64 hex characters of a SHA-256")
 		}
 	default:
-		return Record{}, errors.New("give key or sha256")
+		return Record{}, "", errors.New("give key or sha256")
 	}
 	if e.Plan == "" {
-		return Record{}, errors.New("plan: required")
+		return Record{}, "plan", errors.New("required")
 	}
 	overrides := make([]ratelimit.Window, 0, len(e.Quotas))
 	for i, q := range e.Quotas {
-		if q.Limit < 1 {
-			return Record{}, fmt.Errorf("quotas[%d].limit: must be at least 1, got %d", i, q.Limit)
+		if q.Limit < 1 || q.Limit > ratelimit.MaxLimit {
+			return Record{}, fmt.Sprintf("quotas[%d].limit", i), fmt.Errorf("must be from 1 to %d, got %d", ratelimit.MaxLimit, q.Limit)
 		}
-		d, err := plan.ParsePeriod(q.Period)
+		d, err := plan.ParseQuotaPeriod(q.Period)
 		if err != nil {
-			return Record{}, fmt.Errorf("quotas[%d].period: %w", i, err)
+			return Record{}, fmt.Sprintf("quotas[%d].period", i), err
 		}
 		overrides = append(overrides, ratelimit.Window{Limit: int64(q.Limit), Period: d})
 	}
-	if _, err := plans.Policy(e.Plan, overrides); err != nil {
-		return Record{}, fmt.Errorf("plan %q: %w", e.Plan, err)
+	if _, err := plans.Policy(e.Plan, overrides); errors.Is(err, plan.ErrUnknownPlan) {
+		return Record{}, "plan", fmt.Errorf("unknown plan %q (the plans are %s)", e.Plan, strings.Join(plans.Names(), ", "))
+	} else if err != nil {
+		return Record{}, "quotas", err
 	}
-	rec := Record{
+	rec = Record{
 		ID:        IDFromHash(hash),
 		Hash:      hash,
 		Label:     e.Label,
@@ -194,13 +216,20 @@ func (e keySpec) record(plans *plan.Set) (Record, error) {
 		// The file does not say when; the zero time stands for "revoked".
 		rec.RevokedAt = &time.Time{}
 	}
-	return rec, nil
+	return rec, "", nil
 }
 
 // locate rewrites a decoding error so that each problem names the entry it
 // is in, in the file's terms, and never repeats a value from the file: a
 // misplaced key must not end up in a log.
 func locate(data []byte, err error) error {
+	if s, ok := yamlerr.ParseSyntax(data, err); ok {
+		where := fmt.Sprintf("line %d", s.Line)
+		if path, _, ok := s.Lines.Last(s.Line); ok && strings.HasPrefix(path, "keys[") {
+			where = fmt.Sprintf("%s (line %d)", path[:strings.IndexByte(path, ']')+1], s.Line)
+		}
+		return fmt.Errorf("%s: not YAML: %s", where, s.Message)
+	}
 	root, problems, ok := yamlerr.Problems(data, err)
 	if !ok {
 		return err

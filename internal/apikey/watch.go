@@ -130,26 +130,35 @@ func (w *Watcher) readBoth() snapshot {
 	return s
 }
 
-// parse validates a snapshot as a whole.
-func (w *Watcher) parse(s snapshot) (*plan.Set, *StaticKeys, error) {
+// LoadFiles reads the plans file and the keys file and validates them as
+// a whole, the keys against those plans, as a Watcher does on start-up and
+// on every change: its error is the one a reload would log. An empty path
+// means no file (built-in plans, no static keys).
+func LoadFiles(plansFile, keysFile string) (*plan.Set, *StaticKeys, error) {
+	return parse(plansFile, keysFile, snapshot{plans: read(plansFile), keys: read(keysFile)})
+}
+
+// parse validates a snapshot of the files at plansFile and keysFile as a
+// whole.
+func parse(plansFile, keysFile string, s snapshot) (*plan.Set, *StaticKeys, error) {
 	plans := plan.Defaults()
-	if w.opts.PlansFile != "" {
+	if plansFile != "" {
 		if s.plans.err != nil {
 			return nil, nil, fmt.Errorf("plans file: %w", s.plans.err)
 		}
 		var err error
 		if plans, err = plan.Parse(s.plans.data); err != nil {
-			return nil, nil, fmt.Errorf("plans file %s: %w", w.opts.PlansFile, err)
+			return nil, nil, fmt.Errorf("plans file %s: %w", plansFile, err)
 		}
 	}
 	keys := &StaticKeys{}
-	if w.opts.KeysFile != "" {
+	if keysFile != "" {
 		if s.keys.err != nil {
 			return nil, nil, fmt.Errorf("keys file: %w", s.keys.err)
 		}
 		var err error
 		if keys, err = ParseKeys(s.keys.data, plans); err != nil {
-			return nil, nil, fmt.Errorf("keys file %s: %w", w.opts.KeysFile, err)
+			return nil, nil, fmt.Errorf("keys file %s: %w", keysFile, err)
 		}
 	}
 	return plans, keys, nil
@@ -161,7 +170,7 @@ func (w *Watcher) parse(s snapshot) (*plan.Set, *StaticKeys, error) {
 func (w *Watcher) Load() error {
 	s := w.readBoth()
 	w.seen[FilePlans], w.seen[FileKeys] = s.plans.sum, s.keys.sum
-	plans, keys, err := w.parse(s)
+	plans, keys, err := parse(w.opts.PlansFile, w.opts.KeysFile, s)
 	if err != nil {
 		return err
 	}
@@ -191,7 +200,7 @@ func (w *Watcher) Check() (changed bool, err error) {
 	}
 	w.seen[FilePlans], w.seen[FileKeys] = s.plans.sum, s.keys.sum
 
-	plans, keys, err := w.parse(s)
+	plans, keys, err := parse(w.opts.PlansFile, w.opts.KeysFile, s)
 	if err == nil {
 		if aerr := w.opts.Apply(plans, keys); aerr != nil {
 			err = fmt.Errorf("apply configuration: %w", aerr)

@@ -323,3 +323,43 @@ func TestNewWatcher(t *testing.T) {
 		t.Fatalf("second registration: %v, want AlreadyRegisteredError", err)
 	}
 }
+
+// TestLoadFilesIsTheReload checks that LoadFiles, which validates files
+// offline, reports exactly what a replica's reload logs for them.
+func TestLoadFilesIsTheReload(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, plans, keys string
+	}{
+		{"bad plans file", "plans:\n  free:\n    quotas: [{limit: 0, period: 1m}]\n", keysV1},
+		{"key on an unknown plan", plansV1, "keys:\n  - {key: " + devKey + ", plan: gold}\n"},
+		{"empty plans file", "", keysV1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			plansFile, keysFile := filepath.Join(dir, "plans.yaml"), filepath.Join(dir, "keys.yaml")
+			write(t, plansFile, plansV1)
+			write(t, keysFile, keysV1)
+			w := newWatched(t, plansFile, keysFile, time.Hour)
+			if err := w.watcher.Load(); err != nil {
+				t.Fatal(err)
+			}
+			write(t, plansFile, tt.plans)
+			write(t, keysFile, tt.keys)
+			_, reloadErr := w.watcher.Check()
+			_, _, err := apikey.LoadFiles(plansFile, keysFile)
+			if err == nil || reloadErr == nil || err.Error() != reloadErr.Error() {
+				t.Fatalf("LoadFiles() = %v\nreload      = %v\nwant the same error", err, reloadErr)
+			}
+			if log := strings.Join(w.log.lines(), "\n"); !strings.Contains(log, "configuration change rejected") {
+				t.Fatalf("the reload logged no rejection:\n%s", log)
+			}
+		})
+	}
+	plans, keys, err := apikey.LoadFiles("", "")
+	if err != nil || len(plans.Names()) != len(plan.Defaults().Names()) || keys.Len() != 0 {
+		t.Fatalf("LoadFiles(\"\", \"\") = %v, %v, %v; want the built-in plans and no keys", plans, keys, err)
+	}
+}

@@ -56,9 +56,10 @@ func Load(path string) (*Set, error) {
 //
 // Fields of a plan, all optional:
 //
-//   - quotas: list of {limit, period}; limit is a whole number of at least
-//     1, period is a duration such as 1s, 10s, 1m, 24h or 7d (a day is 24h;
-//     see ParsePeriod), at least 1ms; no two quotas may share a period. The
+//   - quotas: list of {limit, period}; limit is a whole number from 1 to
+//     1,000,000,000, period is a duration such as 1s, 10s, 1m, 24h or 7d (a
+//     day is 24h; see ParsePeriod), from 1ms to 366d; no two quotas may
+//     share a period. The
 //     list replaces the plan's whole list. A plan that is not built in must
 //     have quotas unless it is per_key.
 //   - ban: "off" (never ban), or a mapping: threshold (required, at least 1:
@@ -89,15 +90,21 @@ func Load(path string) (*Set, error) {
 //     removed plan are then rejected.
 //
 // Decoding is strict: unknown fields, wrong types, bad periods, a limit
-// below 1, two quotas with one period and a plan named twice (in any case)
-// are errors naming the plan and the field. An empty file leaves the
-// built-in plans as they are.
+// out of range, two quotas with one period, a plan named twice (in any
+// case), a file that is not YAML and a second YAML document are errors
+// naming the field (plans.free.quotas[0].limit) and its line. So is an
+// empty file: more likely a file caught half written than a wish to drop
+// every change, which "plans: {}" says.
 func Parse(data []byte) (*Set, error) {
 	var f fileSpec
 	if err := yamlerr.DecodeStrict(data, &f, "plans file"); err != nil {
 		return nil, locate(data, err)
 	}
-	return f.build()
+	s, problems, err := f.build()
+	if len(problems) > 0 {
+		return nil, place(data, problems)
+	}
+	return s, err
 }
 
 type fileSpec struct {
@@ -190,8 +197,15 @@ func (b *banSpec) UnmarshalYAML(n *yaml.Node) error {
 	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s%s into plan.banSpec", n.Line, n.ShortTag(), value)}}
 }
 
-// build merges the file's plans over the built-in ones.
-func (f fileSpec) build() (*Set, error) {
+// problem is one thing wrong in a plans file, at path (plans.free.ban);
+// Parse adds the line.
+type problem struct {
+	path, msg string
+}
+
+// build merges the file's plans over the built-in ones; a file with
+// problems builds nothing.
+func (f fileSpec) build() (*Set, []problem, error) {
 	plans := make(map[string]Plan)
 	for _, p := range defaultPlans() {
 		plans[p.Name] = p
@@ -202,25 +216,29 @@ func (f fileSpec) build() (*Set, error) {
 	}
 	sort.Strings(names)
 
-	var errs []string
-	fail := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
+	var problems []problem
+	fail := func(path, format string, args ...any) {
+		problems = append(problems, problem{path, fmt.Sprintf(format, args...)})
+	}
 	seen := make(map[string]string, len(names))
+	file := make(map[string]bool, len(names))
 	for _, raw := range names {
 		spec := f.Plans[raw]
 		name := Normalize(raw)
 		at := "plans." + raw
 		if !ValidName(name) {
-			fail("%s: plan name must be a lowercase identifier (a-z, 0-9, '-' or '_', starting with a letter, at most 63 characters)", at)
+			fail(at, "plan name must be a lowercase identifier (a-z, 0-9, '-' or '_', starting with a letter, at most 63 characters)")
 			continue
 		}
 		if first, dup := seen[name]; dup {
-			fail("%s: plan %q is already defined as %q", at, name, first)
+			fail(at, "plan %q is already defined as %q", name, first)
 			continue
 		}
 		seen[name] = raw
+		file[name] = true
 		if spec.Remove {
 			if spec.Quotas != nil || spec.Ban != nil || spec.PerKey != nil || spec.Mode != nil || spec.Candidate != nil {
-				fail("%s.remove: a removed plan takes no other field", at)
+				fail(at+".remove", "a removed plan takes no other field")
 			}
 			delete(plans, name)
 			continue
@@ -239,34 +257,35 @@ func (f fileSpec) build() (*Set, error) {
 			case "shadow":
 				p.Shadow = true
 			default:
-				fail("%s.mode: must be enforce or shadow, not %q", at, *spec.Mode)
+				fail(at+".mode", "must be enforce or shadow, not %q", *spec.Mode)
 			}
 		}
+		var badQuotas bool
 		if spec.Quotas != nil {
-			ws, qerrs := spec.quotas(at + ".quotas")
-			errs = append(errs, qerrs...)
-			p.Windows = ws
+			ws, qproblems := spec.quotas(at + ".quotas")
+			problems = append(problems, qproblems...)
+			p.Windows, badQuotas = ws, len(qproblems) > 0
 		}
 		if spec.Candidate != nil {
 			if len(spec.Candidate.Quotas) == 0 {
-				fail("%s.candidate.quotas: a candidate needs at least one quota (leave candidate out to drop it)", at)
+				fail(at+".candidate.quotas", "a candidate needs at least one quota (leave candidate out to drop it)")
 			}
 			q := spec
 			q.Quotas = &spec.Candidate.Quotas
-			ws, qerrs := q.quotas(at + ".candidate.quotas")
-			errs = append(errs, qerrs...)
+			ws, qproblems := q.quotas(at + ".candidate.quotas")
+			problems = append(problems, qproblems...)
 			p.Candidate = ws
 		} else {
 			p.Candidate = nil
 		}
-		if len(p.Windows) == 0 && !p.PerKey {
-			fail("%s.quotas: plan %q needs at least one quota unless per_key is true", at, name)
+		if len(p.Windows) == 0 && !p.PerKey && !badQuotas {
+			fail(at+".quotas", "plan %q needs at least one quota unless per_key is true", name)
 		}
 		switch {
 		case spec.Ban != nil:
-			ban, err := spec.Ban.policy()
+			ban, field, err := spec.Ban.policy()
 			if err != nil {
-				fail("%s.ban.%v", at, err)
+				fail(at+".ban."+field, "%v", err)
 			}
 			p.Ban = ban
 		case !builtin:
@@ -274,90 +293,108 @@ func (f fileSpec) build() (*Set, error) {
 		}
 		plans[name] = p
 	}
-	if len(errs) > 0 {
-		return nil, errors.New(strings.Join(errs, "; "))
+	if len(problems) > 0 {
+		return nil, problems, nil
 	}
 	list := make([]Plan, 0, len(plans))
 	for _, p := range plans {
 		list = append(list, p)
 	}
-	return NewSet(list...)
+	s, err := NewSet(list...)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.file = file
+	return s, nil, nil
 }
 
-func (s planSpec) quotas(at string) ([]ratelimit.Window, []string) {
-	var errs []string
+func (s planSpec) quotas(at string) ([]ratelimit.Window, []problem) {
+	var problems []problem
+	fail := func(path, format string, args ...any) {
+		problems = append(problems, problem{path, fmt.Sprintf(format, args...)})
+	}
 	ws := make([]ratelimit.Window, 0, len(*s.Quotas))
 	periods := make(map[time.Duration]int)
 	for i, q := range *s.Quotas {
 		qat := fmt.Sprintf("%s[%d]", at, i)
-		if q.Limit < 1 {
-			errs = append(errs, fmt.Sprintf("%s.limit: must be at least 1, got %d", qat, q.Limit))
+		if q.Limit < 1 || q.Limit > ratelimit.MaxLimit {
+			fail(qat+".limit", "must be from 1 to %d, got %d", ratelimit.MaxLimit, q.Limit)
 		}
 		if q.Period == "" {
-			errs = append(errs, fmt.Sprintf("%s.period: required", qat))
+			fail(qat+".period", "required")
 			continue
 		}
-		d, err := ParsePeriod(q.Period)
+		d, err := ParseQuotaPeriod(q.Period)
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s.period: %v", qat, err))
+			fail(qat+".period", "%v", err)
 			continue
 		}
 		if j, dup := periods[d]; dup {
-			errs = append(errs, fmt.Sprintf("%s.period: %s is also the period of %s[%d]", qat, ratelimit.FormatPeriod(d), at, j))
+			fail(qat+".period", "%s is also the period of %s[%d]", ratelimit.FormatPeriod(d), at, j)
 			continue
 		}
 		periods[d] = i
 		ws = append(ws, ratelimit.Window{Limit: int64(q.Limit), Period: d})
 	}
-	return ws, errs
+	return ws, problems
 }
 
-// policy returns the ban policy; its errors start with the field's name.
-func (b banSpec) policy() (ratelimit.BanPolicy, error) {
-	if b.Off {
-		return ratelimit.BanPolicy{}, nil
+// ParseQuotaPeriod parses the period of a quota or of a ban's strike
+// window: a period (see ParsePeriod) of at most the limiter's MaxPeriod.
+func ParseQuotaPeriod(s string) (time.Duration, error) {
+	d, err := ParsePeriod(s)
+	if err != nil {
+		return 0, err
 	}
-	period := func(field, v string, def time.Duration) (time.Duration, error) {
+	if d > ratelimit.MaxPeriod {
+		return 0, fmt.Errorf("period %q: must be at most %dd", s, ratelimit.MaxPeriod/Day)
+	}
+	return d, nil
+}
+
+// policy returns the ban policy or, if it cannot, the field at fault and
+// why.
+func (b banSpec) policy() (ratelimit.BanPolicy, string, error) {
+	if b.Off {
+		return ratelimit.BanPolicy{}, "", nil
+	}
+	period := func(v string, def time.Duration, parse func(string) (time.Duration, error)) (time.Duration, error) {
 		if v == "" {
 			if def == 0 {
-				return 0, fmt.Errorf("%s: required", field)
+				return 0, errors.New("required")
 			}
 			return def, nil
 		}
-		d, err := ParsePeriod(v)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", field, err)
-		}
-		return d, nil
+		return parse(v)
 	}
 	if b.Threshold == nil {
-		return ratelimit.BanPolicy{}, errors.New("threshold: required (or write ban: off)")
+		return ratelimit.BanPolicy{}, "threshold", errors.New("required (or write ban: off)")
 	}
-	if *b.Threshold < 1 {
-		return ratelimit.BanPolicy{}, fmt.Errorf("threshold: must be at least 1, got %d", *b.Threshold)
+	if *b.Threshold < 1 || *b.Threshold > ratelimit.MaxLimit {
+		return ratelimit.BanPolicy{}, "threshold", fmt.Errorf("must be from 1 to %d, got %d", ratelimit.MaxLimit, *b.Threshold)
 	}
 	p := ratelimit.BanPolicy{Threshold: int64(*b.Threshold), Multiplier: banMultiplier}
 	var err error
-	if p.StrikeWindow, err = period("within", b.Within, 0); err != nil {
-		return p, err
+	if p.StrikeWindow, err = period(b.Within, 0, ParseQuotaPeriod); err != nil {
+		return p, "within", err
 	}
-	if p.Base, err = period("duration", b.Duration, 0); err != nil {
-		return p, err
+	if p.Base, err = period(b.Duration, 0, ParsePeriod); err != nil {
+		return p, "duration", err
 	}
-	if p.Max, err = period("max", b.Max, max(banMax, p.Base)); err != nil {
-		return p, err
+	if p.Max, err = period(b.Max, max(banMax, p.Base), ParsePeriod); err != nil {
+		return p, "max", err
 	}
 	if p.Max < p.Base {
-		return p, fmt.Errorf("max: %s is shorter than duration %s", ratelimit.FormatPeriod(p.Max), ratelimit.FormatPeriod(p.Base))
+		return p, "max", fmt.Errorf("%s is shorter than duration %s", ratelimit.FormatPeriod(p.Max), ratelimit.FormatPeriod(p.Base))
 	}
-	if p.Memory, err = period("memory", b.Memory, banMemory); err != nil {
-		return p, err
+	if p.Memory, err = period(b.Memory, banMemory, ParsePeriod); err != nil {
+		return p, "memory", err
 	}
 	if b.Multiplier != nil {
 		if m := *b.Multiplier; !(m >= 1 && m <= maxMultiplier) {
-			return p, fmt.Errorf("multiplier: must be from 1 to %d, got %g", maxMultiplier, m)
+			return p, "multiplier", fmt.Errorf("must be from 1 to %d, got %g", maxMultiplier, m)
 		}
 		p.Multiplier = *b.Multiplier
 	}
-	return p, nil
+	return p, "", nil
 }

@@ -37,6 +37,17 @@ func TestLoadExample(t *testing.T) {
 	if !partner.PerKey || !reflect.DeepEqual(partner.Windows, []ratelimit.Window{w(100, time.Second), w(100000, 7*day)}) {
 		t.Errorf("partner = %+v, want per-key with 100/1s and 100000/7d", partner)
 	}
+	for name, want := range map[string]bool{"free": true, "pro": true, "business": true, "tiny-test": true, "partner": true, "enterprise": false, "loadtest": false} {
+		if got := s.FromFile(name); got != want {
+			t.Errorf("FromFile(%q) = %v, want %v", name, got, want)
+		}
+	}
+	if got := s.Removed(); !reflect.DeepEqual(got, []string{"business"}) {
+		t.Errorf("Removed() = %v, want [business]", got)
+	}
+	if d := plan.Defaults(); d.FromFile("free") || d.Removed() != nil {
+		t.Error("the built-in set claims plans from a file")
+	}
 	if _, err := s.Policy("partner", nil); err == nil {
 		t.Error("a key on a per-key plan without quotas was accepted")
 	}
@@ -72,7 +83,12 @@ func TestParseMerges(t *testing.T) {
 		file  string
 		check func(t *testing.T, s *plan.Set)
 	}{
-		{"empty file keeps the defaults", "", func(t *testing.T, s *plan.Set) {
+		{"no plans keeps the defaults", "plans: {}", func(t *testing.T, s *plan.Set) {
+			if !reflect.DeepEqual(s.Names(), plan.Defaults().Names()) {
+				t.Errorf("names = %v", s.Names())
+			}
+		}},
+		{"null plans keeps the defaults", "plans:\n", func(t *testing.T, s *plan.Set) {
 			if !reflect.DeepEqual(s.Names(), plan.Defaults().Names()) {
 				t.Errorf("names = %v", s.Names())
 			}
@@ -171,31 +187,39 @@ func TestParseErrors(t *testing.T) {
 		{"per_key not a boolean", "plans:\n  free:\n    per_key: [1]\n", []string{"plans.free.per_key (line 3): want true or false, got a list"}},
 		{"ban neither off nor mapping", "plans:\n  free:\n    ban: on\n", []string{`plans.free.ban (line 3): want "off" or a mapping, got text "on"`}},
 		{"plans not a mapping", "plans: [free]", []string{"plans (line 1): want a mapping, got a list"}},
-		{"bad period", "plans:\n  free:\n    quotas: [{limit: 1, period: 7x}]\n", []string{`plans.free.quotas[0].period: period "7x"`}},
-		{"missing period", "plans: {free: {quotas: [{limit: 1}]}}", []string{"plans.free.quotas[0].period: required"}},
-		{"limit below 1", "plans: {free: {quotas: [{limit: 0, period: 1m}]}}", []string{"plans.free.quotas[0].limit: must be at least 1"}},
-		{"duplicate periods", "plans: {free: {quotas: [{limit: 1, period: 1m}, {limit: 2, period: 60s}]}}", []string{"plans.free.quotas[1].period: 1m is also the period of plans.free.quotas[0]"}},
+		{"bad period", "plans:\n  free:\n    quotas: [{limit: 1, period: 7x}]\n", []string{`plans.free.quotas[0].period (line 3): period "7x": want a duration`}},
+		{"period too long", "plans:\n  free:\n    quotas:\n      - {limit: 1, period: 1m}\n      - {limit: 9, period: 367d}\n", []string{`plans.free.quotas[1].period (line 5): period "367d": must be at most 366d`}},
+		{"missing period", "plans:\n  free:\n    quotas:\n      - limit: 1\n", []string{"plans.free.quotas[0].period (line 4): required"}},
+		{"limit below 1", "plans:\n  free:\n    quotas:\n      - {limit: 0, period: 1m}\n", []string{"plans.free.quotas[0].limit (line 4): must be from 1 to 1000000000, got 0"}},
+		{"limit above the maximum", "plans:\n  free:\n    quotas:\n      - period: 1m\n        limit: 1000000001\n", []string{"plans.free.quotas[0].limit (line 5): must be from 1 to 1000000000, got 1000000001"}},
+		{"duplicate periods", "plans:\n  free:\n    quotas:\n      - {limit: 1, period: 1m}\n      - {limit: 2, period: 60s}\n", []string{"plans.free.quotas[1].period (line 5): 1m is also the period of plans.free.quotas[0]"}},
 		{"duplicate plan names", "plans:\n  gold: {quotas: [{limit: 1, period: 1s}]}\n  gold: {quotas: [{limit: 2, period: 1s}]}\n", []string{"plans.gold (line 3): defined twice (first at line 2)"}},
-		{"duplicate plan names in other case", "plans: {Gold: {quotas: [{limit: 1, period: 1s}]}, gold: {quotas: [{limit: 2, period: 1s}]}}", []string{`plans.gold: plan "gold" is already defined as "Gold"`}},
-		{"bad plan name", "plans: {'gold plan': {quotas: [{limit: 1, period: 1s}]}}", []string{"plans.gold plan: plan name must be a lowercase identifier"}},
-		{"new plan without quotas", "plans: {gold: {}}", []string{`plans.gold.quotas: plan "gold" needs at least one quota`}},
-		{"remove with fields", "plans: {free: {remove: true, ban: off}}", []string{"plans.free.remove: a removed plan takes no other field"}},
-		{"remove with a mode", "plans: {free: {remove: true, mode: shadow}}", []string{"plans.free.remove: a removed plan takes no other field"}},
-		{"candidate without quotas", "plans: {free: {candidate: {}}}", []string{"plans.free.candidate.quotas: a candidate needs at least one quota"}},
-		{"candidate with a bad quota", "plans: {free: {candidate: {quotas: [{limit: 0, period: 1m}, {limit: 1, period: 1m}]}}}", []string{"plans.free.candidate.quotas[0].limit: must be at least 1", "plans.free.candidate.quotas[1].period: 1m is also the period of plans.free.candidate.quotas[0]"}},
+		{"duplicate plan names in other case", "plans:\n  Gold: {quotas: [{limit: 1, period: 1s}]}\n  gold: {quotas: [{limit: 2, period: 1s}]}\n", []string{`plans.gold (line 3): plan "gold" is already defined as "Gold"`}},
+		{"bad plan name", "plans:\n  'gold plan': {quotas: [{limit: 1, period: 1s}]}\n", []string{"plans.gold plan (line 2): plan name must be a lowercase identifier"}},
+		{"new plan without quotas", "plans:\n  gold: {}\n", []string{`plans.gold.quotas (line 2): plan "gold" needs at least one quota`}},
+		{"remove with fields", "plans:\n  free:\n    remove: true\n    ban: off\n", []string{"plans.free.remove (line 3): a removed plan takes no other field"}},
+		{"remove with a mode", "plans: {free: {remove: true, mode: shadow}}", []string{"plans.free.remove (line 1): a removed plan takes no other field"}},
+		{"unknown mode", "plans:\n  free:\n    mode: dry-run\n", []string{`plans.free.mode (line 3): must be enforce or shadow, not "dry-run"`}},
+		{"ban without threshold", "plans:\n  free:\n    ban:\n      within: 1m\n      duration: 1m\n", []string{"plans.free.ban.threshold (line 3): required (or write ban: off)"}},
+		{"ban threshold below 1", "plans:\n  free:\n    ban:\n      within: 1m\n      threshold: 0\n", []string{"plans.free.ban.threshold (line 5): must be from 1 to 1000000000, got 0"}},
+		{"ban threshold above the maximum", "plans: {free: {ban: {threshold: 1000000001, within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold (line 1): must be from 1 to 1000000000"}},
+		{"ban without within", "plans:\n  free:\n    ban: {threshold: 1, duration: 1m}\n", []string{"plans.free.ban.within (line 3): required"}},
+		{"ban within too long", "plans:\n  free:\n    ban: {threshold: 1, within: 400d, duration: 1m}\n", []string{`plans.free.ban.within (line 3): period "400d": must be at most 366d`}},
+		{"ban bad duration", "plans:\n  free:\n    ban:\n      threshold: 1\n      within: 1m\n      duration: soon\n", []string{`plans.free.ban.duration (line 6): period "soon"`}},
+		{"ban max below duration", "plans:\n  free:\n    ban: {threshold: 1, within: 1m, duration: 1h, max: 1m}\n", []string{"plans.free.ban.max (line 3): 1m is shorter than duration 1h"}},
+		{"ban multiplier below 1", "plans:\n  free:\n    ban: {threshold: 1, within: 1m, duration: 1m, multiplier: 0.5}\n", []string{"plans.free.ban.multiplier (line 3): must be from 1 to 100"}},
+		{"ban multiplier not a number", "plans: {free: {ban: {threshold: 1, within: 1m, duration: 1m, multiplier: .nan}}}", []string{"plans.free.ban.multiplier (line 1): must be from 1 to 100"}},
+		{"every problem reported", "plans:\n  free: {quotas: [{limit: 0, period: 1m}]}\n  pro: {quotas: [{limit: 1, period: x}]}\n", []string{"plans.free.quotas[0].limit (line 2)", "plans.pro.quotas[0].period (line 3)"}},
+		{"candidate without quotas", "plans:\n  free:\n    candidate: {}\n", []string{"plans.free.candidate.quotas (line 3): a candidate needs at least one quota"}},
+		{"candidate with a bad quota", "plans:\n  free:\n    candidate:\n      quotas:\n        - {limit: 0, period: 1m}\n        - {limit: 1, period: 1m}\n", []string{"plans.free.candidate.quotas[0].limit (line 5): must be from 1 to 1000000000, got 0", "plans.free.candidate.quotas[1].period (line 6): 1m is also the period of plans.free.candidate.quotas[0]"}},
 		{"candidate with an unknown field", "plans:\n  free:\n    candidate: {quotas: [], ban: off}\n", []string{"plans.free.candidate.ban (line 3): unknown field"}},
-		{"unknown mode", "plans: {free: {mode: dry-run}}", []string{`plans.free.mode: must be enforce or shadow, not "dry-run"`}},
-		{"ban without threshold", "plans: {free: {ban: {within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: required"}},
-		{"ban threshold below 1", "plans: {free: {ban: {threshold: 0, within: 1m, duration: 1m}}}", []string{"plans.free.ban.threshold: must be at least 1"}},
-		{"ban without within", "plans: {free: {ban: {threshold: 1, duration: 1m}}}", []string{"plans.free.ban.within: required"}},
-		{"ban bad duration", "plans: {free: {ban: {threshold: 1, within: 1m, duration: soon}}}", []string{`plans.free.ban.duration: period "soon"`}},
-		{"ban max below duration", "plans: {free: {ban: {threshold: 1, within: 1m, duration: 1h, max: 1m}}}", []string{"plans.free.ban.max: 1m is shorter than duration 1h"}},
-		{"ban multiplier below 1", "plans: {free: {ban: {threshold: 1, within: 1m, duration: 1m, multiplier: 0.5}}}", []string{"plans.free.ban.multiplier: must be from 1 to 100"}},
-		{"ban multiplier not a number", "plans: {free: {ban: {threshold: 1, within: 1m, duration: 1m, multiplier: .nan}}}", []string{"plans.free.ban.multiplier: must be from 1 to 100"}},
-		{"every problem reported", "plans: {free: {quotas: [{limit: 0, period: 1m}]}, pro: {quotas: [{limit: 1, period: x}]}}", []string{"plans.free.quotas[0].limit", "plans.pro.quotas[0].period"}},
+		{"remove with a candidate", "plans: {free: {remove: true, candidate: {quotas: [{limit: 1, period: 1m}]}}}", []string{"plans.free.remove (line 1): a removed plan takes no other field"}},
 		{"every decoding problem reported", "plans:\n  free: {quotas: [{limit: a, period: 1m}]}\n  pro: {quotaz: []}\n", []string{"plans.free.quotas[0].limit (line 2)", "plans.pro.quotaz (line 3): unknown field"}},
-		{"two documents", "plans: {}\n---\nplans: {}\n", []string{"single YAML document"}},
-		{"not YAML", "plans: [", []string{"yaml:"}},
+		{"two documents", "plans: {}\n---\nplans: {pro: {ban: off}}\n", []string{"plans (line 3): in a second YAML document, which starts on line 2: a plans file holds a single YAML document"}},
+		{"empty file", "", []string{`plans (line 1): required, and the file is empty; write "plans: {}"`}},
+		{"only comments", "# plans: {}\n\n", []string{"plans (line 1): required, and the file is empty"}},
+		{"not YAML", "plans:\n  free:\n    quotas: []\n  pro: x: y\n", []string{"plans.pro (line 4): not YAML: mapping values are not allowed in this context"}},
+		{"not YAML from the start of a line", "plans:\n  free:\n\tquotas: []\n", []string{"line 3: not YAML: found character that cannot start any token (after plans.free, line 2)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

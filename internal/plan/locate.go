@@ -15,6 +15,26 @@ import (
 // is about (plans.free.quotas[0].limit) in the file's terms rather than in
 // the decoder's Go types.
 func locate(data []byte, err error) error {
+	var extra *yamlerr.ExtraDocumentError
+	switch {
+	case errors.Is(err, yamlerr.ErrEmpty):
+		return errors.New(`plans (line 1): required, and the file is empty; write "plans: {}" to keep the built-in plans as they are`)
+	case errors.As(err, &extra):
+		if path, line, ok := yamlerr.Index(extra.Document).First(); ok {
+			return fmt.Errorf("%s (line %d): in a second YAML document, which starts on line %d: a plans file holds a single YAML document", path, line, extra.Line)
+		}
+		return err
+	}
+	if s, ok := yamlerr.ParseSyntax(data, err); ok {
+		path, at, found := s.Lines.Last(s.Line)
+		switch {
+		case found && at == s.Line:
+			return fmt.Errorf("%s (line %d): not YAML: %s", path, s.Line, s.Message)
+		case found:
+			return fmt.Errorf("line %d: not YAML: %s (after %s, line %d)", s.Line, s.Message, path, at)
+		}
+		return fmt.Errorf("line %d: not YAML: %s", s.Line, s.Message)
+	}
 	root, problems, ok := yamlerr.Problems(data, err)
 	if !ok {
 		return err
@@ -22,6 +42,22 @@ func locate(data []byte, err error) error {
 	msgs := make([]string, 0, len(problems))
 	for _, p := range problems {
 		msgs = append(msgs, describe(root, p))
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// place names the line of each problem found after decoding.
+func place(data []byte, problems []problem) error {
+	var root yaml.Node
+	_ = yaml.Unmarshal(data, &root) // it decoded before
+	lines := yamlerr.Index(&root)
+	msgs := make([]string, 0, len(problems))
+	for _, p := range problems {
+		if line, ok := lines.Line(p.path); ok {
+			msgs = append(msgs, fmt.Sprintf("%s (line %d): %s", p.path, line, p.msg))
+		} else {
+			msgs = append(msgs, p.path+": "+p.msg)
+		}
 	}
 	return errors.New(strings.Join(msgs, "; "))
 }

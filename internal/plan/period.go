@@ -66,10 +66,10 @@ func ParseQuota(s string) (ratelimit.Window, error) {
 		return ratelimit.Window{}, fmt.Errorf("quota %q: want LIMIT/PERIOD, e.g. 300/1m", s)
 	}
 	limit, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
-	if err != nil || limit < 1 {
-		return ratelimit.Window{}, fmt.Errorf("quota %q: limit must be a whole number of at least 1", s)
+	if err != nil || limit < 1 || limit > ratelimit.MaxLimit {
+		return ratelimit.Window{}, fmt.Errorf("quota %q: limit must be a whole number from 1 to %d", s, ratelimit.MaxLimit)
 	}
-	period, err := ParsePeriod(p)
+	period, err := ParseQuotaPeriod(p)
 	if err != nil {
 		return ratelimit.Window{}, fmt.Errorf("quota %q: %w", s, err)
 	}

@@ -66,7 +66,9 @@ func TestParseQuota(t *testing.T) {
 		{in: " 5000 / 7d ", want: "5000/168h"},
 		{in: "1/1s", want: "1/1s"},
 		{in: "300", err: "LIMIT/PERIOD"},
-		{in: "0/1m", err: "at least 1"},
+		{in: "0/1m", err: "from 1 to 1000000000"},
+		{in: "1000000001/1m", err: "from 1 to 1000000000"},
+		{in: "1/367d", err: "at most 366d"},
 		{in: "x/1m", err: "whole number"},
 		{in: "10/1x", err: "want a duration"},
 	}

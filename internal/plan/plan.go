@@ -144,6 +144,8 @@ func defaultPlans() []Plan {
 type Set struct {
 	plans map[string]Plan
 	names []string
+	// file holds the names a plans file defined, changed or removed.
+	file map[string]bool
 }
 
 // NewSet returns a set of the given plans, each valid on its own and named
@@ -213,6 +215,24 @@ func (s *Set) Lookup(name string) (Plan, bool) {
 
 // Names returns the names of all plans in alphabetical order.
 func (s *Set) Names() []string { return slices.Clone(s.names) }
+
+// FromFile reports whether the plans file the set was parsed from defines
+// the plan called name, or changes or removes the built-in plan of that
+// name, even to the values it had.
+func (s *Set) FromFile(name string) bool { return s.file[Normalize(name)] }
+
+// Removed returns the built-in plans the plans file removed, in
+// alphabetical order.
+func (s *Set) Removed() []string {
+	var out []string
+	for _, p := range defaultPlans() {
+		if _, ok := s.plans[p.Name]; !ok && s.file[p.Name] {
+			out = append(out, p.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
 
 // Policy returns the rate-limit policy for a key on planName with the key's
 // quota overrides: an override replaces the plan's window of the same

@@ -90,19 +90,52 @@ func parse(e string) Problem {
 	return p
 }
 
-// DecodeStrict decodes data, a file holding at most one YAML document, into
-// v, refusing unknown fields. An empty file leaves v as it is. name says
-// what the file is ("plans file") in the error for a second document;
-// decoding errors are returned as the decoder made them, for Problems.
+// ErrEmpty is DecodeStrict's error for a file that holds no YAML document,
+// or an empty one: nothing, blank lines and comments, "---" or null.
+var ErrEmpty = errors.New("the file is empty")
+
+// ExtraDocumentError is DecodeStrict's error for a file that holds more
+// than one YAML document.
+type ExtraDocumentError struct {
+	// Name says what the file is ("plans file").
+	Name string
+	// Line is where the second document starts: its "---".
+	Line int
+	// Document is the second document, for naming what it holds.
+	Document *yaml.Node
+}
+
+func (e *ExtraDocumentError) Error() string {
+	return fmt.Sprintf("line %d: a second YAML document starts here: a %s holds a single YAML document", e.Line, e.Name)
+}
+
+// DecodeStrict decodes data, a file holding one YAML document, into v,
+// refusing unknown fields. A file with no document is ErrEmpty and leaves
+// v as it is; one with a second document is an *ExtraDocumentError. name
+// says what the file is ("plans file"); decoding errors are returned as
+// the decoder made them, for Problems and ParseSyntax.
 func DecodeStrict(data []byte, v any, name string) error {
+	var first yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&first); errors.Is(err, io.EOF) || (err == nil && isNull(&first)) {
+		return ErrEmpty
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+	if err := dec.Decode(v); err != nil {
 		return err
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("a %s holds a single YAML document", name)
+	extra := new(yaml.Node)
+	if err := dec.Decode(extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return err // the second document is not even YAML
+		}
+		return &ExtraDocumentError{Name: name, Line: extra.Line, Document: extra}
 	}
 	return nil
+}
+
+// isNull reports whether a document holds nothing: "---" alone, or null.
+func isNull(doc *yaml.Node) bool {
+	return doc.Kind == yaml.DocumentNode && (len(doc.Content) == 0 ||
+		(doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].ShortTag() == "!!null"))
 }

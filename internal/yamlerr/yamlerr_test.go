@@ -3,6 +3,7 @@ package yamlerr
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -78,18 +79,107 @@ func TestProblemsOtherErrors(t *testing.T) {
 
 func TestDecodeStrict(t *testing.T) {
 	t.Parallel()
-	var d doc
-	if err := DecodeStrict([]byte(""), &d, "test file"); err != nil || d != (doc{}) {
-		t.Errorf("empty file: %v %+v", err, d)
+	for _, empty := range []string{"", "\n\n", "# only a comment\n", "---\n", "null\n"} {
+		d := doc{Name: "kept"}
+		if err := DecodeStrict([]byte(empty), &d, "test file"); !errors.Is(err, ErrEmpty) || d != (doc{Name: "kept"}) {
+			t.Errorf("empty file %q: %v %+v, want ErrEmpty and v untouched", empty, err, d)
+		}
 	}
+	var d doc
 	if err := DecodeStrict([]byte("name: a\ncount: 2\n"), &d, "test file"); err != nil || d != (doc{Name: "a", Count: 2}) {
 		t.Errorf("one document: %v %+v", err, d)
 	}
-	if err := DecodeStrict([]byte("name: a\n---\nname: b\n"), &d, "test file"); err == nil || err.Error() != "a test file holds a single YAML document" {
+	err := DecodeStrict([]byte("name: a\n# next\n---\nname: b\n"), &d, "test file")
+	var extra *ExtraDocumentError
+	if !errors.As(err, &extra) || extra.Line != 3 || extra.Document == nil ||
+		err.Error() != "line 3: a second YAML document starts here: a test file holds a single YAML document" {
 		t.Errorf("two documents: %v", err)
 	}
-	err := DecodeStrict([]byte("nope: 1\n"), &d, "test file")
+	if err := DecodeStrict([]byte("name: a\n---\nname: [\n"), &d, "test file"); err == nil || !strings.Contains(err.Error(), "yaml: line") {
+		t.Errorf("a second document that is not YAML: %v", err)
+	}
+	err = DecodeStrict([]byte("nope: 1\n"), &d, "test file")
 	if _, ps, ok := Problems([]byte("nope: 1\n"), err); !ok || len(ps) != 1 || ps[0].Kind != UnknownField {
 		t.Errorf("unknown field: %v", err)
+	}
+}
+
+func TestLines(t *testing.T) {
+	t.Parallel()
+	root := new(yaml.Node)
+	data := "plans:\n  free:\n    quotas:\n      - limit: 1\n        period: 1m\n      - {limit: 2, period: 1h}\n  pro: {ban: off}\n"
+	if err := yaml.Unmarshal([]byte(data), root); err != nil {
+		t.Fatal(err)
+	}
+	l := Index(root)
+	tests := []struct {
+		path string
+		line int
+		ok   bool
+	}{
+		{"plans", 1, true},
+		{"plans.free.quotas", 3, true},
+		{"plans.free.quotas[0]", 4, true},
+		{"plans.free.quotas[0].period", 5, true},
+		{"plans.free.quotas[1].limit", 6, true},
+		{"plans.pro.ban", 7, true},
+		{"plans.pro.ban.threshold", 7, true}, // left out: its mapping's line
+		{"plans.free.quotas[7].limit", 3, true},
+		{"plans.gold.x", 1, true},
+		{"keys[0]", 0, false},
+	}
+	for _, tt := range tests {
+		if line, ok := l.Line(tt.path); line != tt.line || ok != tt.ok {
+			t.Errorf("Line(%q) = %d, %v; want %d, %v", tt.path, line, ok, tt.line, tt.ok)
+		}
+	}
+	for _, tt := range []struct {
+		line int
+		path string
+		at   int
+	}{{1, "plans", 1}, {5, "plans.free.quotas[0].period", 5}, {6, "plans.free.quotas[1].period", 6}, {99, "plans.pro.ban", 7}} {
+		if path, at, ok := l.Last(tt.line); !ok || path != tt.path || at != tt.at {
+			t.Errorf("Last(%d) = %q, %d, %v; want %q, %d", tt.line, path, at, ok, tt.path, tt.at)
+		}
+	}
+	if _, _, ok := l.Last(0); ok {
+		t.Error("Last(0) found a field")
+	}
+}
+
+func TestParseSyntax(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		data string
+		line int
+		last string // the field at or before the error, "" for none
+	}{
+		{"unclosed list on the first line", "plans: [", 1, "plans"},
+		{"a value that is a mapping again", "plans:\n  free:\n    quotas: []\n  pro: x: y\n", 4, "plans.pro"},
+		{"a tab", "plans:\n\tfree: {}\n", 2, "plans"},
+		{"unclosed flow mapping", "plans:\n  free: {quotas: [{limit: 1, period: 1m}]}\n  pro: {ban: off\n", 2, "plans.free"},
+		{"nothing parses", "[\n", 1, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var v map[string]any
+			err := yaml.Unmarshal([]byte(tt.data), &v)
+			s, ok := ParseSyntax([]byte(tt.data), err)
+			if !ok || s.Line != tt.line || s.Message == "" || strings.HasPrefix(s.Message, "yaml:") {
+				t.Fatalf("ParseSyntax(%v) = %+v, %v; want line %d", err, s, ok, tt.line)
+			}
+			path, _, found := s.Lines.Last(s.Line)
+			if path != tt.last || found != (tt.last != "") {
+				t.Errorf("field at or before line %d = %q, want %q", s.Line, path, tt.last)
+			}
+		})
+	}
+	if _, ok := ParseSyntax([]byte("a: 1"), errors.New("other")); ok {
+		t.Error("a plain error parsed as a syntax error")
+	}
+	if _, ok := ParseSyntax([]byte("a: 1"), nil); ok {
+		t.Error("no error parsed as a syntax error")
 	}
 }
