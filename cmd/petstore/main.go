@@ -5,6 +5,7 @@
 //	petstore migrate            apply the PostgreSQL migrations
 //	petstore keys create|list|revoke
 //	petstore limits show|unban|reset KEY-ID
+//	petstore plans check|show   validate the plans file, print the plans in force
 //	petstore version
 package main
 
@@ -46,6 +47,9 @@ Usage:
   petstore limits unban KEY-ID            lift a key's temporary ban
   petstore limits reset KEY-ID... | --plan P
                                           clear counts, strikes and bans (between load tests)
+  petstore plans check FILE [--keys FILE] validate a plans file (and a keys file) as a reload would
+  petstore plans show [--plans FILE] [--format text|yaml|json]
+                                          the plans in force: the file merged over the built-in ones
   petstore version
 
 Every flag has a PETSTORE_* environment variable twin; run
@@ -68,6 +72,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runKeys(ctx, rest, getenv, stdout, stderr)
 	case "limits":
 		return runLimits(ctx, rest, getenv, stdout, stderr)
+	case "plans":
+		return runPlans(rest, getenv, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "petstore %s (%s)\n", version, runtime.Version())
 		return nil
