@@ -487,3 +487,43 @@ func TestDashboardMetricsAreExported(t *testing.T) {
 		}
 	}
 }
+
+// TestServePprof checks that the profiles are off by default, and when
+// turned on, served on the ops port only.
+func TestServePprof(t *testing.T) {
+	t.Parallel()
+	status := func(url string) int {
+		t.Helper()
+		resp, _ := do(t, "GET", url, "", "")
+		return resp.StatusCode
+	}
+	off := start(t, nil)
+	if got := status(off.ops + "/debug/pprof/"); got != http.StatusNotFound {
+		t.Errorf("pprof off: ops /debug/pprof/ = %d, want 404", got)
+	}
+	if got := status(off.api + "/debug/pprof/"); got != http.StatusNotFound {
+		t.Errorf("pprof off: public /debug/pprof/ = %d, want 404", got)
+	}
+
+	for name, on := range map[string]*instance{
+		"--pprof":             start(t, nil, "--pprof"),
+		"PETSTORE_PPROF=true": start(t, map[string]string{"PETSTORE_PPROF": "true"}),
+	} {
+		resp, body := do(t, "GET", on.ops+"/debug/pprof/", "", "")
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Types of profiles available") {
+			t.Errorf("%s: ops /debug/pprof/ = %d %.100q, want the profile index", name, resp.StatusCode, body)
+		}
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/profile?seconds=1", "/debug/pprof/cmdline"} {
+			if got := status(on.api + path); got != http.StatusNotFound {
+				t.Errorf("%s: public %s = %d, want 404", name, path, got)
+			}
+		}
+	}
+	// A CPU profile longer than the server's write timeout (30 s) would
+	// be let through too: net/http/pprof extends the deadline itself.
+	on := start(t, nil, "--pprof")
+	resp, body := do(t, "GET", on.ops+"/debug/pprof/profile?seconds=1", "", "")
+	if resp.StatusCode != http.StatusOK || len(body) == 0 {
+		t.Fatalf("CPU profile: %d %.200q", resp.StatusCode, body)
+	}
+}

@@ -196,7 +196,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	// Where the replica stands is known, and logged, before it listens.
 	readiness := httpapi.NewReadiness(httpapi.ReadinessConfig{Checks: checks, Logger: log})
 	readiness.CheckNow(ctx)
-	ops := httpapi.NewOpsHandler(httpapi.OpsConfig{Readiness: readiness, Gatherer: reg, Logger: log})
+	ops := httpapi.NewOpsHandler(httpapi.OpsConfig{Readiness: readiness, Gatherer: reg, Logger: log, Pprof: cfg.Pprof})
 
 	apiLn, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

@@ -47,6 +47,9 @@ type Config struct {
 
 	LogLevel  string
 	LogFormat string
+
+	// Pprof serves net/http/pprof on the ops port.
+	Pprof bool
 }
 
 // Redis says how to reach Redis: a URL, or an address list with a mode.
@@ -134,6 +137,7 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("drain-delay", "PETSTORE_DRAIN_DELAY", "time between readiness turning false and the listener closing, so load balancers stop sending", false, durationValue{&cfg.DrainDelay, 0})
 	s.add("log-level", "PETSTORE_LOG_LEVEL", "debug, info, warn or error", false, choiceValue{&cfg.LogLevel, []string{"debug", "info", "warn", "error"}})
 	s.add("log-format", "PETSTORE_LOG_FORMAT", "json or text", false, choiceValue{&cfg.LogFormat, []string{"json", "text"}})
+	s.add("pprof", "PETSTORE_PPROF", "serve the Go runtime's profiles (net/http/pprof) under /debug/pprof/ on the ops port, never on the public port", false, boolValue{&cfg.Pprof})
 	return s
 }
 

@@ -27,7 +27,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Addr != ":8080" || cfg.OpsAddr != ":9090" || cfg.Store != "memory" || cfg.Redis.Configured() {
+	if cfg.Addr != ":8080" || cfg.OpsAddr != ":9090" || cfg.Store != "memory" || cfg.Redis.Configured() || cfg.Pprof {
 		t.Fatalf("unexpected defaults: %+v", cfg)
 	}
 	if err := cfg.Validate(); err != nil {
@@ -73,6 +73,27 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	}
 }
 
+func TestPprof(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{nil, nil, false},
+		{[]string{"--pprof"}, nil, true},
+		{nil, map[string]string{"PETSTORE_PPROF": "true"}, true},
+		{nil, map[string]string{"PETSTORE_PPROF": "1"}, true},
+		{[]string{"--pprof=false"}, map[string]string{"PETSTORE_PPROF": "true"}, false}, // the flag wins
+	}
+	for _, tt := range tests {
+		cfg, _, err := parse(t, tt.args, tt.env)
+		if err != nil || cfg.Pprof != tt.want {
+			t.Errorf("args %q env %v: Pprof = %v, %v; want %v", tt.args, tt.env, cfg.Pprof, err, tt.want)
+		}
+	}
+}
+
 func TestBadValuesNameTheSetting(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -88,6 +109,7 @@ func TestBadValuesNameTheSetting(t *testing.T) {
 		{"bad int flag", []string{"--ratelimit-replicas", "0"}, nil, "ratelimit-replicas"},
 		{"too small body", []string{"--max-body-bytes", "1"}, nil, "max-body-bytes"},
 		{"bad bool env", nil, map[string]string{"PETSTORE_MIGRATE": "sometimes"}, "PETSTORE_MIGRATE"},
+		{"bad pprof env", nil, map[string]string{"PETSTORE_PPROF": "maybe"}, "PETSTORE_PPROF"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -241,6 +242,11 @@ type OpsConfig struct {
 	Gatherer prometheus.Gatherer
 	// Logger receives /metrics errors; nil discards them.
 	Logger *slog.Logger
+	// Pprof serves the Go runtime's profiles (net/http/pprof) under
+	// /debug/pprof/. Only the ops handler ever has them: a profile shows
+	// the program's internals and a CPU profile costs CPU, so they must not
+	// be reachable by API clients.
+	Pprof bool
 }
 
 // opsStatus is the body of /healthz and /readyz.
@@ -253,7 +259,8 @@ type opsStatus struct {
 
 // NewOpsHandler returns the operations handler, served on its own port
 // without authentication or limits: /healthz (the process answers: always
-// 200), /readyz (200 when ready, else 503 saying why) and /metrics.
+// 200), /readyz (200 when ready, else 503 saying why), /metrics and, with
+// cfg.Pprof, /debug/pprof/.
 func NewOpsHandler(cfg OpsConfig) http.Handler {
 	log := cfg.Logger
 	if log == nil {
@@ -284,5 +291,16 @@ func NewOpsHandler(cfg OpsConfig) http.Handler {
 		gatherer = prometheus.NewRegistry()
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError)}))
+	if cfg.Pprof {
+		// Index serves the named profiles too (/debug/pprof/heap, ...).
+		// Profile and Trace extend the server's write deadline by the time
+		// they are asked to run. Importing net/http/pprof also registers
+		// these on http.DefaultServeMux, which nothing here serves.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }

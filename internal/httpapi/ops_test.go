@@ -268,3 +268,28 @@ func TestOpsHandler(t *testing.T) {
 		t.Errorf("unknown ops path: %d", rec.Code)
 	}
 }
+
+func TestOpsPprof(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		pprof bool
+		path  string
+		code  int
+		body  string
+	}{
+		{false, "/debug/pprof/", http.StatusNotFound, ""},
+		{false, "/debug/pprof/heap", http.StatusNotFound, ""},
+		{true, "/debug/pprof/", http.StatusOK, "Types of profiles available"},
+		{true, "/debug/pprof/goroutine?debug=1", http.StatusOK, "goroutine profile:"},
+		{true, "/debug/pprof/cmdline", http.StatusOK, ""},
+		{true, "/debug/pprof/nosuchprofile", http.StatusNotFound, "Unknown profile"},
+	}
+	for _, tt := range tests {
+		ops := NewOpsHandler(OpsConfig{Pprof: tt.pprof})
+		rec := httptest.NewRecorder()
+		ops.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tt.path, nil))
+		if rec.Code != tt.code || !strings.Contains(rec.Body.String(), tt.body) {
+			t.Errorf("pprof %v: GET %s = %d %.80q, want %d with %q", tt.pprof, tt.path, rec.Code, rec.Body.String(), tt.code, tt.body)
+		}
+	}
+}
