@@ -340,6 +340,7 @@ func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, er
 		d, served, a, wait := l.lease.take(key, pl, start, first)
 		if served {
 			pl.outcome[Allowed].Inc()
+			pl.countNearLimit(d)
 			return d, nil
 		}
 		if wait == nil {
@@ -440,6 +441,7 @@ func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
 		}
 	}
 	pl.outcome[d.Outcome].Inc()
+	pl.countNearLimit(d)
 	if v.newBan {
 		pl.banned.Inc()
 	}

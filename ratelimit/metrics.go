@@ -15,6 +15,7 @@ type metrics struct {
 	shadowDecisions *prometheus.CounterVec
 	shadowBans      *prometheus.CounterVec
 	candidates      *prometheus.CounterVec
+	nearLimit       *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
 	redisErrors     prometheus.Counter
 	fallbackActive  prometheus.Gauge
@@ -46,6 +47,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "candidate_decisions_total",
 			Help: "Requests the plans' candidate windows would have admitted (allowed) or limited, by plan; candidates never refuse.",
 		}, []string{"plan", "outcome"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "near_limit_total",
+			Help: "Admissions that left some window of the key with less than a tenth of its limit remaining, by plan (plans in shadow mode are not counted).",
+		}, []string{"plan"}),
 		redisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "redis_duration_seconds",
 			Help:    "Duration of rate-limit round trips to Redis (one pipeline of decisions).",
@@ -95,6 +100,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.candidates, err = register(reg, m.candidates); err != nil {
 		return nil, err
 	}
+	if m.nearLimit, err = register(reg, m.nearLimit); err != nil {
+		return nil, err
+	}
 	if m.redisDuration, err = register(reg, m.redisDuration); err != nil {
 		return nil, err
 	}
@@ -140,6 +148,8 @@ type counters struct {
 	outcome   [3]prometheus.Counter
 	banned    prometheus.Counter
 	candidate [2]prometheus.Counter // allowed, limited
+	// nearLimit is nil for a shadow plan: its admissions are not ones.
+	nearLimit prometheus.Counter
 }
 
 // forPlan resolves the counters of plan name; a shadow plan's decisions
@@ -157,7 +167,28 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 	for o := Allowed; o <= Limited; o++ {
 		c.candidate[o] = m.candidates.WithLabelValues(name, o.String())
 	}
+	if !shadow {
+		c.nearLimit = m.nearLimit.WithLabelValues(name)
+	}
 	return c
+}
+
+// countNearLimit counts d if it admitted a request and left some window
+// with less than a tenth of its limit remaining: remaining*10 < limit, a
+// tenth without rounding (limit/10 in integers would round it down), which
+// cannot overflow for limits up to MaxLimit. Such a key is about to be
+// refused, a sign that its plan may be too tight for it. An admission
+// counts once, however many windows it leaves near their limits.
+func (c counters) countNearLimit(d Decision) {
+	if d.Outcome != Allowed || c.nearLimit == nil {
+		return
+	}
+	for _, w := range d.Windows {
+		if w.Remaining*10 < w.Limit {
+			c.nearLimit.Inc()
+			return
+		}
+	}
 }
 
 func (m *metrics) observeRedis(d time.Duration, err error) {
