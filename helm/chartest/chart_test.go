@@ -312,11 +312,11 @@ func checkRelease(t *testing.T, objs []object, v chartutil.Values) []string {
 		fail("PrometheusRule: want %v, got %d", lookup[bool](t, v, "prometheusRule.enabled"), len(rules))
 	}
 	for _, r := range rules {
-		want := readAlerts(t)
+		want := alertsFor(t, lookup[bool](t, v, "prometheusRule.planTuningAlerts"))
 		got, _ := json.Marshal(r.Spec)
 		wantJSON, _ := json.Marshal(want)
 		if string(got) != string(wantJSON) {
-			fail("PrometheusRule spec differs from deploy/prometheus/alerts.yaml")
+			fail("PrometheusRule spec differs from deploy/prometheus/alerts.yaml (opt-in groups: %v)", lookup[bool](t, v, "prometheusRule.planTuningAlerts"))
 		}
 	}
 

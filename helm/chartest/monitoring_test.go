@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -140,6 +141,44 @@ func readAlerts(t *testing.T) ruleFile {
 	return rf
 }
 
+// optionalGroup is the rule group the chart renders only with
+// prometheusRule.planTuningAlerts; only its alerts may be severity info.
+const optionalGroup = "petstore.plan-tuning"
+
+// alertsFor returns the rules the chart's PrometheusRule holds: those of
+// deploy/prometheus/alerts.yaml, without the optional group unless asked.
+func alertsFor(t *testing.T, planTuning bool) ruleFile {
+	t.Helper()
+	rf := readAlerts(t)
+	if !planTuning {
+		rf.Groups = slices.DeleteFunc(rf.Groups, func(g ruleGroup) bool { return g.Name == optionalGroup })
+	}
+	return rf
+}
+
+// TestPlanTuningAlertsOptIn renders the chart's PrometheusRule with and
+// without the opt-in group.
+func TestPlanTuningAlertsOptIn(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		vals := readValues(t, filepath.Join(ciValuesDir, "production-values.yaml"))
+		setPath(vals, "prometheusRule.planTuningAlerts", on)
+		r := one[*prometheusRule](t, mustRender(t, vals, renderOptions{}))
+		var alerts []string
+		for _, g := range r.Spec.Groups {
+			for _, rule := range g.Rules {
+				alerts = append(alerts, rule.Alert)
+			}
+		}
+		if got := slices.Contains(alerts, "PetstorePlanNearLimit"); got != on {
+			t.Errorf("planTuningAlerts %v: PetstorePlanNearLimit rendered %v (alerts %v)", on, got, alerts)
+		}
+		if !slices.Contains(alerts, "PetstoreHigh5xxRatio") {
+			t.Errorf("planTuningAlerts %v: the other alerts are missing: %v", on, alerts)
+		}
+	}
+}
+
 // runbookAnchors returns the GitHub anchors of the runbook's headings.
 func runbookAnchors(t *testing.T) map[string]bool {
 	t.Helper()
@@ -203,8 +242,10 @@ func TestAlertRules(t *testing.T) {
 					t.Errorf("%s: for: %v", where, err)
 				}
 			}
-			if s := r.Labels["severity"]; s != "warning" && s != "critical" {
-				t.Errorf("%s: severity label must be warning or critical, got %q", where, s)
+			switch s := r.Labels["severity"]; {
+			case g.Name == optionalGroup && s == "info":
+			case s != "warning" && s != "critical":
+				t.Errorf("%s: severity label must be warning or critical (info only in the opt-in group %s), got %q", where, optionalGroup, s)
 			}
 			for _, a := range []string{"summary", "description", "runbook_url"} {
 				if r.Annotations[a] == "" {
@@ -374,7 +415,7 @@ func TestDashboard(t *testing.T) {
 	// What the dashboard must show.
 	for _, want := range []string{
 		"petstore_http_requests_total", "petstore_http_request_duration_seconds_bucket",
-		"petstore_ratelimit_decisions_total", "petstore_ratelimit_bans_total",
+		"petstore_ratelimit_decisions_total", "petstore_ratelimit_bans_total", "petstore_ratelimit_near_limit_total",
 		"petstore_ratelimit_redis_duration_seconds_bucket", "petstore_ratelimit_redis_errors_total",
 		"petstore_ratelimit_fallback_active", "kube_deployment_status_replicas_available",
 	} {
