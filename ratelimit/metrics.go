@@ -154,16 +154,20 @@ type counters struct {
 
 // forPlan resolves the counters of plan name; a shadow plan's decisions
 // and bans are counted apart, so that enforcement's figures stay true.
+// Both sets exist, at zero, for every plan seen: a plan switched between
+// modes continues its series, and dashboards find them from the start.
 func (m *metrics) forPlan(name string, shadow bool) counters {
-	decisions, bans := m.decisions, m.bans
-	if shadow {
-		decisions, bans = m.shadowDecisions, m.shadowBans
-	}
 	var c counters
 	for o := Allowed; o <= Banned; o++ {
-		c.outcome[o] = decisions.WithLabelValues(name, o.String())
+		c.outcome[o] = m.decisions.WithLabelValues(name, o.String())
+		if s := m.shadowDecisions.WithLabelValues(name, o.String()); shadow {
+			c.outcome[o] = s
+		}
 	}
-	c.banned = bans.WithLabelValues(name)
+	c.banned = m.bans.WithLabelValues(name)
+	if s := m.shadowBans.WithLabelValues(name); shadow {
+		c.banned = s
+	}
 	for o := Allowed; o <= Limited; o++ {
 		c.candidate[o] = m.candidates.WithLabelValues(name, o.String())
 	}
