@@ -353,6 +353,10 @@ func newFleet(t testing.TB, o fleetOptions) *fleet {
 	}
 	t.Cleanup(f.client.CloseIdleConnections)
 	f.redis = startRedis(t, dir)
+	if o.plans == "" {
+		// An empty plans file is refused: this one keeps the built-in plans.
+		o.plans = "plans: {}\n"
+	}
 	f.writeFile("plans.yaml", o.plans)
 	f.writeKeys()
 	for i := range o.replicas {
