@@ -218,10 +218,12 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	go watcher.Run(watchCtx)
 	go readiness.Run(watchCtx)
 
-	log.Info("listening", "api", apiLn.Addr().String(), "ops", opsLn.Addr().String())
+	// The development key is printed before the "listening" line, so that
+	// whoever waits for that line (a script, the tests) finds the key too.
 	if devKey != "" {
 		printDevKey(stdout, devKey, apiLn.Addr())
 	}
+	log.Info("listening", "api", apiLn.Addr().String(), "ops", opsLn.Addr().String())
 
 	select {
 	case err := <-errc:
