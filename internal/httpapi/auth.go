@@ -29,7 +29,8 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			return throttled
 		})
 		if err == nil {
-			requestInfoFrom(r.Context()).keyID = p.KeyID
+			info := requestInfoFrom(r.Context())
+			info.keyID, info.plan = p.KeyID, p.Plan
 			next.ServeHTTP(w, r.WithContext(apikey.NewContext(r.Context(), p)))
 			return
 		}

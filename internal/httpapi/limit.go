@@ -31,6 +31,8 @@ func (s *server) rateLimit(next http.Handler) http.Handler {
 			s.writeError(w, r, fmt.Errorf("rate limit key %s: %w", p.KeyID, err))
 			return
 		}
+		info := requestInfoFrom(r.Context())
+		info.decision, info.shadow = d.Outcome.String(), d.Shadow
 		if d.Shadow {
 			// A plan in shadow mode has no limits as far as its clients
 			// know: no headers, never refused; what enforcement would have

@@ -23,6 +23,13 @@ type requestInfo struct {
 	id       string
 	clientIP netip.Addr
 	keyID    string
+	// plan is the key's plan; decision is what the limiter decided for
+	// the request (empty when it was not asked), shadow whether that was
+	// under a plan in shadow mode. With the time and key they are what a
+	// replay of the log needs (petstore plans simulate).
+	plan     string
+	decision string
+	shadow   bool
 	// unmatched marks requests no route answered (404, 405).
 	unmatched bool
 	// clientGone marks requests abandoned by the client.
@@ -158,7 +165,13 @@ func (s *server) observe(next http.Handler) http.Handler {
 			slog.String("client_ip", info.clientIP.String()),
 		}
 		if info.keyID != "" {
-			attrs = append(attrs, slog.String("key_id", info.keyID))
+			attrs = append(attrs, slog.String("key_id", info.keyID), slog.String("plan", info.plan))
+		}
+		if info.decision != "" {
+			attrs = append(attrs, slog.String("ratelimit", info.decision))
+			if info.shadow {
+				attrs = append(attrs, slog.Bool("ratelimit_shadow", true))
+			}
 		}
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	})

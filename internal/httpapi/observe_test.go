@@ -4,19 +4,34 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/animal-store/petstore/ratelimit"
 )
 
+// TestAccessLog: one line per request, with what an operator and a replay
+// of the log (petstore plans simulate) need: the key, its plan and what
+// the limiter decided, and never the key itself.
 func TestAccessLog(t *testing.T) {
 	t.Parallel()
 	ts := newTestServer(t)
 	ts.do(request{target: "/v1/pets?limit=5", key: keyFree, headers: map[string]string{"X-Request-Id": "req-1"}})
 	ts.do(request{target: "/v1/pets", key: keyUnknown, headers: map[string]string{"X-Request-Id": "req-2"}})
 	ts.do(request{method: "BREW", target: "/coffee", headers: map[string]string{"X-Request-Id": "req-3"}})
+	window := []ratelimit.WindowState{{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Reset: time.Now().Add(time.Minute)}}
+	ts.limiter.decision = ratelimit.Decision{Outcome: ratelimit.Limited, Windows: window, RetryAfter: time.Second}
+	ts.do(request{target: "/v1/pets", key: keyFree, headers: map[string]string{"X-Request-Id": "req-4"}})
+	ts.limiter.decision = ratelimit.Decision{Outcome: ratelimit.Banned, Windows: window, RetryAfter: time.Minute, Shadow: true}
+	ts.do(request{target: "/v1/pets", key: keyFree, headers: map[string]string{"X-Request-Id": "req-5"}})
 
+	// nil: the field must be absent.
 	want := map[string]map[string]any{
-		"req-1": {"method": "GET", "route": "/v1/pets", "path": "/v1/pets", "status": float64(200), "client_ip": "192.0.2.1", "key_id": "key_free"},
-		"req-2": {"method": "GET", "route": "/v1/pets", "status": float64(401), "client_ip": "192.0.2.1"},
-		"req-3": {"method": "BREW", "route": "unmatched", "status": float64(404)},
+		"req-1": {"method": "GET", "route": "/v1/pets", "path": "/v1/pets", "status": float64(200), "client_ip": "192.0.2.1",
+			"key_id": "key_free", "plan": "free", "ratelimit": "allowed", "ratelimit_shadow": nil},
+		"req-2": {"method": "GET", "route": "/v1/pets", "status": float64(401), "client_ip": "192.0.2.1", "key_id": nil, "plan": nil, "ratelimit": nil},
+		"req-3": {"method": "BREW", "route": "unmatched", "status": float64(404), "key_id": nil, "ratelimit": nil},
+		"req-4": {"status": float64(429), "key_id": "key_free", "plan": "free", "ratelimit": "limited", "ratelimit_shadow": nil},
+		"req-5": {"status": float64(200), "key_id": "key_free", "plan": "free", "ratelimit": "banned", "ratelimit_shadow": true},
 	}
 	seen := 0
 	for _, rec := range ts.logs.records(t) {
@@ -29,8 +44,11 @@ func TestAccessLog(t *testing.T) {
 		}
 		seen++
 		for k, v := range fields {
-			if rec[k] != v {
-				t.Errorf("%s: %s = %v, want %v", rec["request_id"], k, rec[k], v)
+			got, present := rec[k]
+			if v == nil && present {
+				t.Errorf("%s: %s = %v, want no such field", rec["request_id"], k, got)
+			} else if v != nil && got != v {
+				t.Errorf("%s: %s = %v, want %v", rec["request_id"], k, got, v)
 			}
 		}
 		if _, ok := rec["duration_ms"].(float64); !ok {
