@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,10 +16,10 @@ var errTimeout = errors.New("ratelimit: redis round trip timed out")
 // errOverloaded is a decision that could not even be queued.
 var errOverloaded = errors.New("ratelimit: too many decisions waiting for redis")
 
-// call is one script evaluation waiting for its pipeline.
+// call is one decision waiting for its pipeline.
 type call struct {
-	keys  []string
-	args  []any
+	decision
+	slot  int // the key's Redis Cluster slot (0 outside a cluster)
 	reply any
 	err   error
 	done  chan struct{}
@@ -26,30 +27,39 @@ type call struct {
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
-// batcher sends concurrent decisions to Redis in pipelines: each worker
-// takes whatever is queued when it is free (up to max) and sends it as one
-// round trip, so batches grow with load and add no delay when idle.
+// batcher sends concurrent decisions to Redis: each worker takes whatever
+// is queued when it is free (up to max) and sends it in one round trip, so
+// batches grow with load and add no delay when idle. Its promise: one
+// script call decides many keys (up to scriptBatch decisions, one Redis
+// Cluster slot per call), and decisions for one key keep their order, in
+// a call and across the calls of a round trip.
 type batcher struct {
 	rdb     redis.UniversalClient
 	sc      script
 	queue   chan *call
 	max     int
 	timeout time.Duration
+	cluster bool
 	observe func(time.Duration, error)
 }
 
 func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout time.Duration, observe func(time.Duration, error)) *batcher {
-	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, observe: observe}
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, cluster: cluster, observe: observe}
 }
 
-// do evaluates the script for keys and args and waits at most wait.
-func (b *batcher) do(ctx context.Context, keys []string, args []any, wait time.Duration) (any, error) {
+// do makes decision d and waits at most wait for its reply: the script's
+// string for it.
+func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, error) {
 	c := callPool.Get().(*call)
-	c.keys, c.args = keys, args
+	c.decision = d
+	if b.cluster {
+		c.slot = keySlot(d.keys[0])
+	}
 	select {
 	case b.queue <- c:
 	default:
-		c.keys, c.args = nil, nil
+		c.decision = decision{}
 		callPool.Put(c)
 		return nil, errOverloaded
 	}
@@ -72,7 +82,6 @@ func (b *batcher) do(ctx context.Context, keys []string, args []any, wait time.D
 // run is one worker; it returns when ctx is done.
 func (b *batcher) run(ctx context.Context) {
 	batch := make([]*call, 0, b.max)
-	cmds := make([]*redis.Cmd, 0, b.max)
 	for {
 		select {
 		case <-ctx.Done():
@@ -89,58 +98,120 @@ func (b *batcher) run(ctx context.Context) {
 				break fill
 			}
 		}
-		cmds = b.exec(ctx, batch, cmds[:0])
-		for i := range batch {
-			batch[i] = nil
-		}
+		b.exec(ctx, batch)
+		clear(batch)
 	}
 }
 
-// exec sends one pipeline of EVALSHA and answers every call. Calls the
-// server answers with NOSCRIPT (its script cache was flushed) are loaded
-// and sent again with EVAL.
-func (b *batcher) exec(ctx context.Context, batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
+// exec sends batch as one pipeline of script calls and answers every
+// call. Calls the server answers with NOSCRIPT (its script cache was
+// flushed) are loaded and sent again with EVAL.
+func (b *batcher) exec(ctx context.Context, batch []*call) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
+	if b.cluster {
+		// One slot per script call. The sort is stable, so one key's
+		// decisions (one slot) keep their order.
+		slices.SortStableFunc(batch, func(x, y *call) int { return x.slot - y.slot })
+	}
+	type group struct{ from, to int }
+	var groups []group
+	for from := 0; from < len(batch); {
+		to := from + 1
+		for to < len(batch) && to-from < scriptBatch && batch[to].slot == batch[from].slot {
+			to++
+		}
+		groups = append(groups, group{from, to})
+		from = to
+	}
 	start := time.Now()
 	pipe := b.rdb.Pipeline()
-	for _, c := range batch {
-		cmds = append(cmds, pipe.EvalSha(ctx, b.sc.sha, c.keys, c.args...))
+	cmds := make([]*redis.Cmd, len(groups))
+	keys := make([][]string, len(groups))
+	args := make([][]any, len(groups))
+	ds := make([]decision, 0, len(batch))
+	for i, g := range groups {
+		ds = ds[:0]
+		for _, c := range batch[g.from:g.to] {
+			ds = append(ds, c.decision)
+		}
+		keys[i], args[i] = batchCommand(ds)
+		cmds[i] = pipe.EvalSha(ctx, b.sc.sha, keys[i], args[i]...)
 	}
 	_, err := pipe.Exec(ctx)
-	var retry []int
-	if err != nil {
-		for i, cmd := range cmds {
-			if isNoScript(cmd.Err()) {
-				retry = append(retry, i)
+	if err != nil && slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return isNoScript(c.Err()) }) {
+		// EVAL below carries the source anyway, so a failed load costs
+		// nothing; a successful one spares the next pipelines another
+		// NOSCRIPT.
+		_ = b.rdb.ScriptLoad(ctx, b.sc.src).Err()
+		retry := b.rdb.Pipeline()
+		for i, c := range cmds {
+			if isNoScript(c.Err()) {
+				cmds[i] = retry.Eval(ctx, b.sc.src, keys[i], args[i]...)
 			}
 		}
-	}
-	if len(retry) > 0 {
-		b.reload(ctx, batch, cmds, retry)
+		_, _ = retry.Exec(ctx)
 		err = nil
-		for _, cmd := range cmds {
-			if e := cmd.Err(); e != nil && !isNoScript(e) {
-				err = e
+		for _, c := range cmds {
+			if err = c.Err(); err != nil {
 				break
 			}
 		}
 	}
 	b.observe(time.Since(start), err)
-	for i, c := range batch {
-		c.reply, c.err = cmds[i].Val(), cmds[i].Err()
-		c.done <- struct{}{}
+	for i, g := range groups {
+		replies, err := cmds[i].Val(), cmds[i].Err()
+		var rs []any
+		if err == nil {
+			rs, err = batchReplies(replies, g.to-g.from)
+		}
+		for j, c := range batch[g.from:g.to] {
+			if err == nil {
+				c.reply = rs[j]
+			}
+			c.err = err
+			c.done <- struct{}{}
+		}
 	}
-	return cmds
 }
 
-func (b *batcher) reload(ctx context.Context, batch []*call, cmds []*redis.Cmd, retry []int) {
-	// EVAL below carries the source anyway, so a failed load costs nothing;
-	// a successful one spares the next pipelines another NOSCRIPT.
-	_ = b.rdb.ScriptLoad(ctx, b.sc.src).Err()
-	pipe := b.rdb.Pipeline()
-	for _, i := range retry {
-		cmds[i] = pipe.Eval(ctx, b.sc.src, batch[i].keys, batch[i].args...)
+// keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its
+// hash tag (what lies between its first '{' and the first '}' after it,
+// when not empty), or of the whole key, modulo 16384.
+func keySlot(key string) int {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			for j := i + 1; j < len(key); j++ {
+				if key[j] == '}' {
+					if j > i+1 {
+						key = key[i+1 : j]
+					}
+					break
+				}
+			}
+			break
+		}
 	}
-	_, _ = pipe.Exec(ctx)
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^key[i]]
+	}
+	return int(crc) % 16384
 }
+
+// crc16Table is CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), the
+// hash Redis Cluster assigns slots with.
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()

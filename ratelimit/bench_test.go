@@ -310,7 +310,8 @@ func BenchmarkScriptCost(b *testing.B) {
 	rl := redis_rate.NewLimiter(rdb)
 	lim := redis_rate.PerMinute(1000)
 	ours := func(i int) error {
-		return rdb.EvalSha(ctx, sc.sha, stateKeys("b:", benchKey(int64(i)), pl), scriptArgs(pl, input{lease: noLease})...).Err()
+		_, err := evalDecision(ctx, rdb, stateKeys("b:", benchKey(int64(i)), pl), pl, input{lease: noLease})
+		return err
 	}
 	theirs := func(i int) error {
 		_, err := rl.Allow(ctx, benchKey(int64(i)), lim)
@@ -400,7 +401,7 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 				keys := stateKeys("m:", benchKey(int64(i)), pl)
 				// One admission and one locally answered rejection carried
 				// as a strike: both keys exist.
-				if err := rdb.Eval(ctx, decideLua, keys, scriptArgs(pl, input{extra: 1, lease: noLease})...).Err(); err != nil {
+				if _, err := evalDecision(ctx, rdb, keys, pl, input{extra: 1, lease: noLease}); err != nil {
 					b.Fatal(err)
 				}
 				for _, k := range keys {

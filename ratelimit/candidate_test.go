@@ -112,10 +112,9 @@ func newCandidateCase(t *testing.T, rng *rand.Rand, maxPeriod time.Duration) *ca
 
 func runScriptCandidates(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, maxPeriod time.Duration) *candidateCase {
 	c := newCandidateCase(t, rng, maxPeriod)
-	sc := newScript(decideLua)
 	prefix := randomPrefix(t)
 	eval := func(pl *plan, key string, in input) verdict {
-		reply, err := rdb.Eval(context.Background(), sc.src, stateKeys(prefix, key, pl), scriptArgs(pl, in)...).Result()
+		reply, err := evalDecision(context.Background(), rdb, stateKeys(prefix, key, pl), pl, in)
 		if err != nil {
 			t.Fatalf("%s: %v", c.what, err)
 		}

@@ -80,7 +80,7 @@ func TestRecordsAtTheirMaxima(t *testing.T) {
 			prefix := randomPrefix(t)
 			eval := func(pl *plan, in input) verdict {
 				t.Helper()
-				reply, err := rdb.Eval(ctx, decideLua, stateKeys(prefix, "k", pl), scriptArgs(pl, in)...).Result()
+				reply, err := evalDecision(ctx, rdb, stateKeys(prefix, "k", pl), pl, in)
 				if err != nil {
 					t.Fatal(err)
 				}

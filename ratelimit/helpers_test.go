@@ -194,3 +194,29 @@ func onRealRedis(t *testing.T, stream uint64, run func(t *testing.T, rdb *redis.
 		})
 	}
 }
+
+// evalDecision makes one decision with the script exactly as the batcher
+// sends it (a batch of one), with EVALSHA or, when the server does not
+// know the script yet, EVAL, and returns the decision's own reply.
+func evalDecision(ctx context.Context, rdb redis.Scripter, keys []string, pl *plan, in input) (any, error) {
+	rs, err := evalBatch(ctx, rdb, []decision{{keys: keys, pl: pl, nums: scriptNums(pl, in)}})
+	if err != nil {
+		return nil, err
+	}
+	return rs[0], nil
+}
+
+// evalBatch makes the decisions ds in one script call, as the batcher
+// does, and returns their replies.
+func evalBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, error) {
+	sc := newScript(decideLua)
+	keys, args := batchCommand(ds)
+	reply, err := rdb.EvalSha(ctx, sc.sha, keys, args...).Result()
+	if isNoScript(err) {
+		reply, err = rdb.Eval(ctx, sc.src, keys, args...).Result()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return batchReplies(reply, len(ds))
+}

@@ -185,6 +185,10 @@ func (a *admissionLog) idealWait(limit, p, x int64) int64 {
 type refusal struct {
 	at, retry int64
 	ok        bool
+	// seq numbers the decision: a retry must be admitted at Retry-After
+	// only when no decision came after the refusal (under other plans,
+	// or later in the same batch).
+	seq int
 }
 
 // invariantDriver runs one generated case against the script.
@@ -193,7 +197,6 @@ type invariantDriver struct {
 	rng      *rand.Rand
 	rdb      *redis.Client
 	mini     *miniredis.Miniredis // nil: real Redis, real time
-	sc       script
 	keys     [][]string
 	plans    []*plan
 	policies []Policy
@@ -202,12 +205,13 @@ type invariantDriver struct {
 	now      int64 // µs, the clock the test sets (miniredis)
 	last     int64 // the previous decision's Redis time
 	stats    [3]int
+	seq      int // decisions checked
 	leases   int
 	honoured int
 }
 
 func newInvariantDriver(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, policies []Policy) *invariantDriver {
-	d := &invariantDriver{t: t, rng: rng, rdb: rdb, mini: mini, sc: newScript(decideLua), policies: policies}
+	d := &invariantDriver{t: t, rng: rng, rdb: rdb, mini: mini, policies: policies}
 	prefix := randomPrefix(t)
 	for _, p := range policies {
 		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
@@ -239,10 +243,7 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 		ask = leaseAsk{want: want, need: want, life: 1 + d.rng.Int64N(2_000_000)}
 	}
 	pl := d.plans[i]
-	reply, err := d.rdb.EvalSha(context.Background(), d.sc.sha, d.keys[i], scriptArgs(pl, input{lease: ask})...).Result()
-	if isNoScript(err) {
-		reply, err = d.rdb.Eval(context.Background(), d.sc.src, d.keys[i], scriptArgs(pl, input{lease: ask})...).Result()
-	}
+	reply, err := evalDecision(context.Background(), d.rdb, d.keys[i], pl, input{lease: ask})
 	if err != nil {
 		t.Fatalf("%s: eval: %v", d.describe(), err)
 	}
@@ -261,6 +262,50 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 	return v
 }
 
+// batch decides one request under each plan is[j], asking for wants[j]
+// admissions, in one script call (with decisions for another key between
+// them), and checks every verdict in order.
+func (d *invariantDriver) batch(is []int, wants []int64) {
+	t := d.t
+	t.Helper()
+	if d.mini != nil {
+		d.mini.SetTime(time.UnixMicro(d.now))
+	}
+	var ds []decision
+	var mine []int // index in ds of each of is
+	for j, i := range is {
+		if d.rng.IntN(3) == 0 {
+			pl := d.plans[d.rng.IntN(len(d.plans))]
+			ds = append(ds, decision{keys: stateKeys("other:", "n", pl), pl: pl, nums: scriptNums(pl, input{lease: noLease})})
+		}
+		ask := noLease
+		if wants[j] > 1 {
+			ask = leaseAsk{want: wants[j], need: wants[j], life: 1 + d.rng.Int64N(2_000_000)}
+		}
+		mine = append(mine, len(ds))
+		ds = append(ds, decision{keys: d.keys[i], pl: d.plans[i], nums: scriptNums(d.plans[i], input{lease: ask})})
+	}
+	replies, err := evalBatch(context.Background(), d.rdb, ds)
+	if err != nil {
+		t.Fatalf("%s: eval: %v", d.describe(), err)
+	}
+	var at int64
+	for j, i := range is {
+		v, err := decode(d.plans[i], replies[mine[j]])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j == 0 {
+			at = v.now
+		}
+		if v.now != at || (d.mini != nil && v.now != d.now) || v.now < d.last {
+			t.Fatalf("decision %d of a batch at %d, the batch's first at %d, the clock at %d, the last decision at %d", j, v.now, at, d.now, d.last)
+		}
+		d.last = v.now
+		d.check(i, v)
+	}
+}
+
 // check holds verdict v of a decision under plan i to every promise.
 func (d *invariantDriver) check(i int, v verdict) {
 	t := d.t
@@ -268,6 +313,7 @@ func (d *invariantDriver) check(i int, v verdict) {
 	pl := d.plans[i]
 	x := v.now
 	d.stats[v.outcome]++
+	d.seq++
 	if v.outcome == Allowed {
 		if r := d.refused[i]; r.ok && x < r.at+r.retry {
 			t.Fatalf("%s\nplan %d admitted at %d, before the Retry-After of its refusal at %d (%d µs)", d.describe(), i, x, r.at, r.retry)
@@ -306,7 +352,7 @@ func (d *invariantDriver) check(i int, v verdict) {
 	if v.outcome == Limited && v.retry > ideal+slack {
 		t.Fatalf("%s\nplan %d limited at %d with Retry-After %d µs, more than a bucket (%d) past the exact window's %d", d.describe(), i, x, v.retry, slack, ideal)
 	}
-	d.refused[i] = refusal{at: x, retry: v.retry, ok: true}
+	d.refused[i] = refusal{at: x, retry: v.retry, ok: true, seq: d.seq}
 }
 
 // step draws the next request: which plan, when, and how many admissions.
@@ -320,7 +366,7 @@ func (d *invariantDriver) step(lastPlan int) int {
 	r := d.refused[i]
 	// Honour a Retry-After exactly, or come back 1 µs early (miniredis,
 	// whose clock the test sets).
-	if r.ok && d.mini != nil && d.last == r.at {
+	if r.ok && d.mini != nil && d.last == r.at && r.seq == d.seq {
 		switch rng.IntN(10) {
 		case 0, 1, 2:
 			d.now = r.at + r.retry
@@ -367,10 +413,27 @@ func (d *invariantDriver) step(lastPlan int) int {
 		minLimit = min(minLimit, r.limit)
 	}
 	switch k := rng.IntN(10); {
-	case k < 2:
+	case k < 1:
 		for range 1 + rng.IntN(int(min(minLimit+3, 40))) {
 			d.call(i, 1)
 		}
+	case k < 2:
+		// The same burst in one script call, as the batcher sends
+		// concurrent requests, mixed with other replicas' plans, leases
+		// and another key's decisions.
+		var is []int
+		var wants []int64
+		for range 1 + rng.IntN(int(min(minLimit+3, 40))) {
+			j, want := i, int64(1)
+			if rng.IntN(4) == 0 {
+				j = rng.IntN(len(d.plans))
+			}
+			if rng.IntN(6) == 0 {
+				want = 2 + rng.Int64N(min(minLimit, 1<<20))
+			}
+			is, wants = append(is, j), append(wants, want)
+		}
+		d.batch(is, wants)
 	case k < 4:
 		want := []int64{minLimit, minLimit - 1, minLimit + 1, minLimit / 2, 2 + rng.Int64N(min(minLimit, 1<<40))}[rng.IntN(5)]
 		d.call(i, max(want, 2))
@@ -454,7 +517,7 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 			for range 120 {
 				plan = d.step(plan)
 				// Honour the last Retry-After by sleeping it, when short.
-				if r := d.refused[plan]; r.ok && r.retry < int64(30*time.Millisecond/time.Microsecond) && rng.IntN(3) == 0 {
+				if r := d.refused[plan]; r.ok && r.seq == d.seq && r.retry < int64(30*time.Millisecond/time.Microsecond) && rng.IntN(3) == 0 {
 					time.Sleep(time.Duration(r.retry) * time.Microsecond)
 					if v := d.call(plan, 1); v.outcome != Allowed {
 						t.Fatalf("%s\nrefused at %d with Retry-After %d µs, then %v after sleeping it: %+v", d.describe(), r.at, r.retry, v.outcome, v)

@@ -376,8 +376,8 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	// next round trip.
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
-	reply, err := l.batch.do(ctx, seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl)),
-		scriptArgs(pl, input{extra: extra, add: add, lease: ask, seed: sd}), budget)
+	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl)), pl: pl,
+		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd})}, budget)
 	var v verdict
 	if err == nil {
 		v, err = decode(pl, reply)
@@ -503,7 +503,8 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 			var reply any
 			sd := l.reg.seeding(pl)
 			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl))
-			if reply, err = l.batch.do(ctx, keys, scriptArgs(pl, input{peek: true, lease: noLease, seed: sd}), l.opts.Timeout); err == nil {
+			d := decision{keys: keys, pl: pl, nums: scriptNums(pl, input{peek: true, lease: noLease, seed: sd})}
+			if reply, err = l.batch.do(ctx, d, l.opts.Timeout); err == nil {
 				v, err = decode(pl, reply)
 			}
 		}

@@ -157,7 +157,6 @@ func periodTraffic(rng *rand.Rand, pl *plan) (int64, int) {
 // runScriptPeriodEdit drives one key under old, then under edited from S
 // on, through the script with the seeding the registry would give.
 func runScriptPeriodEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, old, edited Policy) (int, int) {
-	sc := newScript(decideLua)
 	prefix := randomPrefix(t)
 	po, pn := compile(old, DefaultBuckets, DefaultStrikeBuckets), compile(edited, DefaultBuckets, DefaultStrikeBuckets)
 	// The registry's view once the edit has reached every replica: the
@@ -179,7 +178,7 @@ func runScriptPeriodEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 		if underNew {
 			pl, keys, in = pn, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pn)), input{lease: noLease, seed: sd}
 		}
-		reply, err := rdb.Eval(context.Background(), sc.src, keys, scriptArgs(pl, in)...).Result()
+		reply, err := evalDecision(context.Background(), rdb, keys, pl, in)
 		if err != nil {
 			t.Fatalf("%s: %v", c.what, err)
 		}
@@ -419,7 +418,6 @@ func TestPeriodEditWhileItSpreads(t *testing.T) {
 	m.ClockTTL(true)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: time.Minute})
 	t.Cleanup(func() { _ = rdb.Close() })
-	sc := newScript(decideLua)
 	ctx := context.Background()
 	transitions := 0
 	for c := range max(*invariantCases/2, 10) {
@@ -465,7 +463,7 @@ func TestPeriodEditWhileItSpreads(t *testing.T) {
 					in = append(in, w)
 				}
 			}
-			reply, err := rdb.Eval(ctx, sc.src, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pl)), scriptArgs(pl, input{lease: noLease, seed: sd})...).Result()
+			reply, err := evalDecision(ctx, rdb, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pl)), pl, input{lease: noLease, seed: sd})
 			if err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -59,8 +58,10 @@ type plan struct {
 	banMult    float64 // at least 1
 	banMax     int64   // µs, 0: no cap
 	memory     int64   // µs
-	argv       []any   // script arguments after the per-call ones
-	keys       []string
+	// packed and mult are the plan's script arguments (script.go): its
+	// numbers, 8 bytes each, and its ban multiplier.
+	packed, mult string
+	keys         []string
 
 	buckets, strikeBuckets int
 
@@ -112,8 +113,7 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	for _, r := range pl.candidates {
 		nums = append(nums, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS)
 	}
-	rfmt := ">" + strings.Repeat("i8", replyFields+3*(len(pl.windows)+len(pl.candidates)))
-	pl.argv = []any{packFormat(nums), packNums(nums), mult, rfmt}
+	pl.packed, pl.mult = packNums(nums), mult
 	return pl
 }
 
@@ -141,9 +141,6 @@ func (pl *plan) banLength(n int64) int64 {
 	}
 	return max(int64(math.Floor(d)), 1)
 }
-
-// packFormat is the struct format that reads nums packed by packNums.
-func packFormat(nums []int64) string { return ">" + strings.Repeat("I8", len(nums)) }
 
 // packNums packs non-negative integers as 8-byte big-endian ones.
 func packNums(nums []int64) string {

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -45,14 +46,16 @@ func seedKeys(prefix, key string, sd *seeding, keys []string) []string {
 	return keys
 }
 
-// scriptArgs returns the full ARGV for one evaluation: the per-call
-// numbers packed in one string, then the plan's arguments.
-func scriptArgs(pl *plan, in input) []any {
+// scriptNums returns one decision's numbers for the script (script.go,
+// ARGV[1]), packed: mode, extra strikes, the lease asked, the admissions
+// to add per window, then the seeding numbers.
+func scriptNums(pl *plan, in input) []byte {
 	mode := modeDecide
 	if in.peek {
 		mode = modePeek
 	}
-	b := make([]byte, 0, 8*(5+len(pl.windows)+len(in.seed.numbers())))
+	seed := in.seed.numbers()
+	b := make([]byte, 0, 8*(5+len(pl.windows)+len(seed)))
 	for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
@@ -63,12 +66,67 @@ func scriptArgs(pl *plan, in input) []any {
 		}
 		b = binary.BigEndian.AppendUint64(b, uint64(a))
 	}
-	for _, v := range in.seed.numbers() {
+	for _, v := range seed {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
-	args := make([]any, 0, 1+len(pl.argv))
-	args = append(args, string(b))
-	return append(args, pl.argv...)
+	return b
+}
+
+// decision is one decision for the script: its key's records (stateKeys,
+// seedKeys) under pl, and what it is asked (scriptNums).
+type decision struct {
+	keys []string
+	pl   *plan
+	nums []byte
+}
+
+// scriptBatch caps the decisions one script call makes, so that a call
+// holds Redis for well under a millisecond; a larger pipeline flush sends
+// several calls.
+const scriptBatch = 64
+
+// batchCommand returns the KEYS and ARGV of one script call that decides
+// ds in order (script.go): every decision's keys, one after the other;
+// the decisions' numbers, each behind its key count, plan index and
+// number count; and each distinct plan's numbers and ban multiplier, once.
+func batchCommand(ds []decision) ([]string, []any) {
+	nkeys, nbytes := 0, 0
+	for i := range ds {
+		nkeys += len(ds[i].keys)
+		nbytes += 24 + len(ds[i].nums)
+	}
+	keys := make([]string, 0, nkeys)
+	calls := make([]byte, 0, nbytes)
+	var plans []*plan
+	for i := range ds {
+		d := &ds[i]
+		p := slices.Index(plans, d.pl)
+		if p < 0 {
+			p = len(plans)
+			plans = append(plans, d.pl)
+		}
+		calls = binary.BigEndian.AppendUint64(calls, uint64(len(d.keys)))
+		calls = binary.BigEndian.AppendUint64(calls, uint64(p+1))
+		calls = binary.BigEndian.AppendUint64(calls, uint64(len(d.nums)/8))
+		calls = append(calls, d.nums...)
+		keys = append(keys, d.keys...)
+	}
+	args := make([]any, 0, 1+2*len(plans))
+	args = append(args, calls)
+	for _, pl := range plans {
+		args = append(args, pl.packed, pl.mult)
+	}
+	return keys, args
+}
+
+// batchReplies returns the replies of a script call that decided n
+// decisions, one per decision.
+func batchReplies(reply any, n int) ([]any, error) {
+	rs, ok := reply.([]any)
+	if !ok || len(rs) != n {
+		return nil, fmt.Errorf("ratelimit: unexpected script reply %T for %d decisions", reply, n)
+	}
+	return rs, nil
 }
 
 // replyFields is the number of 8-byte integers in the script's reply
@@ -79,6 +137,9 @@ const replyFields = 12
 // script.go) into a verdict.
 func decode(pl *plan, reply any) (verdict, error) {
 	s, ok := reply.(string)
+	if ok && strings.HasPrefix(s, "E") {
+		return verdict{}, fmt.Errorf("ratelimit: script: %s", s[1:])
+	}
 	if !ok || len(s) != 8*(replyFields+3*(len(pl.windows)+len(pl.candidates))) {
 		return verdict{}, fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
 	}

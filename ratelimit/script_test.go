@@ -27,8 +27,7 @@ func newMini(t *testing.T, start time.Time) (*miniredis.Miniredis, *redis.Client
 
 func evalScript(t *testing.T, rdb *redis.Client, key string, pl *plan, in input) verdict {
 	t.Helper()
-	sc := newScript(decideLua)
-	reply, err := rdb.Eval(context.Background(), sc.src, stateKeys("t:", key, pl), scriptArgs(pl, in)...).Result()
+	reply, err := evalDecision(context.Background(), rdb, stateKeys("t:", key, pl), pl, in)
 	if err != nil {
 		t.Fatalf("eval: %v", err)
 	}
@@ -180,7 +179,6 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 			t.Parallel()
 			pl := compile(p, 10, 4)
 			keys := stateKeys(randomPrefix(t), "k", pl)
-			sc := newScript(decideLua)
 			ref := &keyState{}
 			rng := rand.New(rand.NewPCG(5, uint64(len(p.Name))))
 			var seen [3]int
@@ -194,7 +192,7 @@ func TestScriptMatchesReferenceOnRedis(t *testing.T) {
 					time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
 				}
 				mode, extra, add, ask := randomRequest(rng, 40_000)
-				reply, err := rdb.Eval(context.Background(), sc.src, keys, scriptArgs(pl, input{peek: mode == modePeek, extra: extra, add: add, lease: ask})...).Result()
+				reply, err := evalDecision(context.Background(), rdb, keys, pl, input{peek: mode == modePeek, extra: extra, add: add, lease: ask})
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}

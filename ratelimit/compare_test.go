@@ -1,0 +1,255 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// BenchmarkCompareLimiters runs three limiters side by side on one
+// private redis-server, in one run, for a two-window plan: this one,
+// redis_rate (a GCRA call per window) and httprate-redis's counter (per
+// window, a sliding-window estimate from two fixed-window counters: MGET
+// of both, then MULTI INCRBY EXPIRE EXEC when admitted). Two workloads:
+// busy (16 keys far from their limits, where this limiter leases) and
+// cold (5,000 keys each well under its limits, where no lease forms and
+// every decision reaches Redis). The limiters take turns in rounds of
+// b.N decisions from compareCallers goroutines, in a rotating order, so
+// that load from elsewhere on the machine weighs on all alike. Reported
+// per limiter: decisions/s, Redis CPU per decision (the server process's
+// own user and system time, from INFO CPU, around each round), Redis
+// command time per decision (INFO commandstats, usec of the commands the
+// clients sent: a script's inner commands count in the script's time),
+// and the client's allocations per decision.
+//
+//	PETSTORE_TEST_REDIS_ADDR=127.0.0.1:6379 go test ./ratelimit -run '^$' -bench CompareLimiters -benchtime 100000x
+//
+// httprate-redis (github.com/go-chi/httprate-redis) is not served by the
+// Go module proxy this project builds with, so its counter is written
+// here from its source: the same commands in the same round trips, and
+// httprate's estimate (previous window's count weighted by the part of
+// it still inside the sliding window, plus the current one's).
+func BenchmarkCompareLimiters(b *testing.B) {
+	testenv.RedisAddr(b)
+	workloads := []struct {
+		name string
+		keys int
+		p    Policy
+	}{
+		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}},
+		{"cold", 5000, Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}},
+	}
+	for _, wl := range workloads {
+		b.Run(wl.name, func(b *testing.B) {
+			s := startRedisServer(b)
+			rdb := redis.NewClient(&redis.Options{Addr: s.addr, PoolSize: 2 * compareCallers})
+			b.Cleanup(func() { _ = rdb.Close() })
+			// No heartbeats or registry refreshes: their scripts would be
+			// counted in other limiters' rounds.
+			ours, err := New(rdb, Options{Timeout: time.Second, Prefix: "ours:", noHeartbeat: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ours.Close()
+			var leased atomic.Int64
+			scripts := []string{"evalsha", "eval"}
+			contenders := []contender{
+				{name: "petstore", commands: scripts, allow: func(ctx context.Context, key string) (bool, error) {
+					d, err := ours.Allow(ctx, key, wl.p)
+					if d.Leased {
+						leased.Add(1)
+					}
+					if err == nil && d.Degraded {
+						err = fmt.Errorf("degraded decision: %+v", d)
+					}
+					return d.Allowed(), err
+				}},
+				{name: "redis_rate", commands: scripts, allow: func(ctx context.Context, key string) (bool, error) {
+					return twoWindowRedisRate(ctx, redis_rate.NewLimiter(rdb), "rr:"+key, wl.p)
+				}},
+				{name: "httprate-redis", commands: []string{"mget", "multi", "incrby", "expire", "exec"}, allow: func(ctx context.Context, key string) (bool, error) {
+					return httprateTwoWindows(ctx, rdb, "hr:"+key, wl.p, time.Now())
+				}},
+			}
+			keys := make([]string, wl.keys)
+			for i := range keys {
+				keys[i] = "key-" + strconv.Itoa(i)
+			}
+			const rounds = 3
+			b.ResetTimer()
+			for round := range rounds {
+				for k := range contenders {
+					c := &contenders[(round+k)%len(contenders)]
+					c.run(b, rdb, keys)
+				}
+			}
+			b.StopTimer()
+			for _, c := range contenders {
+				n := float64(rounds * b.N)
+				b.ReportMetric(n/c.elapsed.Seconds(), c.name+"-decisions/s")
+				b.ReportMetric(c.cpu.Seconds()*1e6/n, c.name+"-redis-cpu-us/decision")
+				b.ReportMetric(c.usec/n, c.name+"-redis-cmd-us/decision")
+				b.ReportMetric(float64(c.mallocs)/n, c.name+"-allocs/decision")
+			}
+			b.ReportMetric(float64(leased.Load())/float64(rounds*b.N), "petstore-leased/decision")
+			b.ReportMetric(float64(rounds*b.N)/float64(contenders[0].scripts), "petstore-decisions/script-call")
+		})
+	}
+}
+
+// compareCallers is the number of goroutines deciding at once.
+const compareCallers = 64
+
+// contender is one limiter of BenchmarkCompareLimiters with its totals.
+type contender struct {
+	name     string
+	commands []string // the commands it sends (INFO commandstats names)
+	allow    func(ctx context.Context, key string) (bool, error)
+	elapsed  time.Duration
+	cpu      time.Duration // Redis process CPU
+	usec     float64       // Redis command time
+	scripts  int64         // script calls (EVALSHA and EVAL)
+	mallocs  uint64
+}
+
+// run makes b.N decisions over keys, in turn, from compareCallers
+// goroutines, and adds what they cost to c's totals.
+func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
+	ctx := context.Background()
+	cpu0, stats0 := redisCPU(b, rdb), allCommandStats(b, rdb)
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	var next, denied atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range compareCallers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				ok, err := c.allow(ctx, keys[i%int64(len(keys))])
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if !ok {
+					denied.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	c.elapsed += time.Since(start)
+	runtime.ReadMemStats(&ms1)
+	c.mallocs += ms1.Mallocs - ms0.Mallocs
+	c.cpu += redisCPU(b, rdb) - cpu0
+	stats1 := allCommandStats(b, rdb)
+	for _, name := range c.commands {
+		c.usec += stats1[name].usec - stats0[name].usec
+	}
+	c.scripts += stats1["evalsha"].calls + stats1["eval"].calls - stats0["evalsha"].calls - stats0["eval"].calls
+	if n := denied.Load(); n > 0 {
+		b.Fatalf("%s denied %d decisions: the workload must stay under its limits", c.name, n)
+	}
+}
+
+// redisCPU returns the Redis server process's user and system CPU time.
+func redisCPU(b *testing.B, rdb *redis.Client) time.Duration {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// allCommandStats returns INFO commandstats by command name.
+func allCommandStats(b *testing.B, rdb *redis.Client) map[string]cmdStat {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]cmdStat{}
+	for _, line := range strings.Split(info, "\r\n") {
+		rest, ok := strings.CutPrefix(line, "cmdstat_")
+		if !ok {
+			continue
+		}
+		name, fields, _ := strings.Cut(rest, ":")
+		var st cmdStat
+		for _, kv := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		out[name] = st
+	}
+	return out
+}
+
+// httprateTwoWindows decides one request with httprate's sliding-window
+// counter over Redis, as httprate-redis stores it, for each of p's
+// windows: the counts of the current and the previous fixed window
+// (MGET); the estimate is the previous count weighted by the part of the
+// previous window still inside the sliding one, plus the current count;
+// under the limit, the request is counted (MULTI INCRBY EXPIRE EXEC).
+func httprateTwoWindows(ctx context.Context, rdb *redis.Client, key string, p Policy, now time.Time) (bool, error) {
+	for _, w := range p.Windows {
+		cur := now.Truncate(w.Period)
+		prev := cur.Add(-w.Period)
+		ck := key + ":" + strconv.FormatInt(cur.Unix(), 10)
+		pk := key + ":" + strconv.FormatInt(prev.Unix(), 10)
+		vals, err := rdb.MGet(ctx, ck, pk).Result()
+		if err != nil {
+			return false, err
+		}
+		count := func(v any) float64 {
+			s, _ := v.(string)
+			n, _ := strconv.Atoi(s)
+			return float64(n)
+		}
+		elapsed := now.Sub(cur)
+		rate := count(vals[1])*float64(w.Period-elapsed)/float64(w.Period) + count(vals[0])
+		if rate >= float64(w.Limit) {
+			return false, nil
+		}
+		pipe := rdb.TxPipeline()
+		pipe.IncrBy(ctx, ck, 1)
+		pipe.Expire(ctx, ck, 3*w.Period)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
