@@ -47,8 +47,9 @@ func seedKeys(prefix, key string, sd *seeding, keys []string) []string {
 }
 
 // scriptNums returns one decision's numbers for the script (script.go,
-// ARGV[1]), packed: mode, extra strikes, the lease asked, the admissions
-// to add per window, then the seeding numbers.
+// ARGV[1]), packed: mode, extra strikes, the lease asked, then, unless
+// all are zero and there is no seeding, the admissions to add per window,
+// then the seeding numbers.
 func scriptNums(pl *plan, in input) []byte {
 	mode := modeDecide
 	if in.peek {
@@ -59,12 +60,14 @@ func scriptNums(pl *plan, in input) []byte {
 	for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
-	for i := range pl.windows {
-		var a int64
-		if i < len(in.add) {
-			a = in.add[i]
+	if len(seed) > 0 || slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 }) {
+		for i := range pl.windows {
+			var a int64
+			if i < len(in.add) {
+				a = in.add[i]
+			}
+			b = binary.BigEndian.AppendUint64(b, uint64(a))
 		}
-		b = binary.BigEndian.AppendUint64(b, uint64(a))
 	}
 	for _, v := range seed {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))

@@ -29,9 +29,10 @@ import (
 // ARGV[1]: the decisions, 8-byte big-endian numbers each: how many KEYS
 // it has, its plan (index among the plans below, from 1), how many
 // numbers follow, then those: mode (0 decide, 1 peek), extra strikes,
-// lease size wanted, lease room needed, lease life (µs), per window the
-// admissions made without Redis to record (input.add), and, when a plan
-// edit changed periods, the seeding numbers (seeding.nums). ARGV[2p],
+// lease size wanted, lease room needed, lease life (µs), then, when any
+// follow, per window the admissions made without Redis to record
+// (input.add) and, when a plan edit changed periods, the seeding numbers
+// (seeding.nums). ARGV[2p],
 // ARGV[2p+1]: plan p's numbers packed (window count, ban threshold (0: no
 // bans), per window limit, period, bucket width, n, offset unit (µs) and
 // record TTL (ms); with bans the strike window's period, bucket width, n,
@@ -55,7 +56,9 @@ import (
 // record of another type, say) is "E" and the error, and does not stop
 // the others.
 const decideLua = `
-local byte, char, sub, rep, floor, ceil = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil
+-- Globals are table lookups: everything used per decision is a local.
+local byte, char, sub, rep, floor, ceil, format = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil, string.format
+local call, KEYS, unpack, pcall, type, tostring = redis.call, KEYS, unpack, pcall, type, tostring
 ` + codecLua + `
 -- Record layout (format.go): a ring is a header of head (8), total (4),
 -- head count (4) and head offset (2) bytes, then n+1 slots of count (4)
@@ -64,14 +67,15 @@ local byte, char, sub, rep, floor, ceil = string.byte, string.char, string.sub, 
 -- strike bucket width (1+8+4+8+8+8 bytes), then the strike ring.
 local VERSION, HDR, SLOT, MAXC = 1, 18, 6, 4294967295
 local RINGFMT = '>I8I4I4I2'
+-- An empty slot.
+local EMPTY = '\0\0\0\0\0\0'
 -- A window record's slots start here (1-based).
 local WR = 2 + HDR
 
 -- get reads a k-byte big-endian integer at position p of s.
+local WIDTH = {'>I1', '>I2', '>I3', '>I4', '>I5', '>I6', '>I7', '>I8'}
 local function get(s, p, k)
-  local v = 0
-  for i = p, p + k - 1 do v = v * 256 + byte(s, i) end
-  return v
+  return (unpack_(WIDTH[k], s, p))
 end
 
 -- A view of a ring's slots: slot i of the ring is at position R + i*SLOT
@@ -201,72 +205,128 @@ local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
     if a > 0 then slots[((b - a) % (n + 1)) + 1] = pack_('>I4I2', c, os[a]) end
   end
   local rec = char(VERSION) .. pack_(RINGFMT, b, total, cs[0] or 0, os[0] or 0) .. table.concat(slots)
-  redis.call('SET', key, rec, 'PX', ttl)
+  call('SET', key, rec, 'PX', ttl)
   return rec
 end
 
 -- One clock reading for the whole batch: its decisions happen at one
 -- instant, in order.
-local t = redis.call('TIME')
+local t = call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
--- view returns window working values for record key, whose content is s
--- (false or nil: none), at now: its head, total and the events it counts.
-local function view(key, s, period, g, n, unit)
-  local fresh = not s or #s < 1 + HDR
-  local vh, total, hc, ho = 0, 0, 0, 0
-  if fresh then s = '' else vh, total, hc, ho = unpack_(RINGFMT, s, 2) end
-  local b = floor(now / g)
-  if b < vh then b = vh end
-  local tot = advanced(s, WR, n, vh, total, b)
-  local c, from = tot, b - n
-  if tot > 0 then c, from = used(s, WR, n, g, unit, period, vh, hc, ho, tot, now, b) end
-  return {key = key, s = s, fresh = fresh, vh = vh, total = tot, hc = hc, ho = ho, b = b, used = c, from = from, add = 0}
+-- Numbers passed to redis.call go as decimal strings: Lua would format
+-- them as floats ("%.14g"), several times dearer.
+local function itoa(v) return format('%d', v) end
+
+-- Offsets passed to redis.call, as strings: a batch's decisions at one
+-- instant mostly read and write the same slots of their windows, so each
+-- offset is formatted once per batch.
+local OFF = {}
+local function ofs(v)
+  local o = OFF[v]
+  if not o then
+    o = itoa(v)
+    OFF[v] = o
+  end
+  return o
 end
 
--- record counts k events at time t in the current bucket of window x:
+-- Window working values, by index (windows 1..nw, then transition
+-- windows, then candidate windows), in arrays reused by every decision of
+-- the batch, so that a decision allocates almost nothing: the record's
+-- key, whether it is new, its head, total, head count and offset as read,
+-- the current bucket, the events counted now, the first bucket counted,
+-- and the admissions made elsewhere being added.
+local WKEY, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+
+-- view sets window i's working values from record key (header h already
+-- read: '' when none) at now, reading the slots that advanced and used
+-- need: those leaving the ring as the head moves, and the oldest still in
+-- it. The same as advanced and used above, written out for the common
+-- case.
+local function view(i, key, h, period, g, n, unit)
+  local fresh = #h < 1 + HDR
+  local vh, total, hc, ho = 0, 0, 0, 0
+  if not fresh then vh, total, hc, ho = unpack_(RINGFMT, h, 2) end
+  local b = (now - now % g) / g
+  if b < vh then b = vh end
+  local c, from = total, b - n
+  if total > 0 then
+    if b - vh > n then
+      -- Every bucket it had has slid out.
+      total, c = 0, 0
+    else
+      local lo, hi = b - n, b - n
+      if b > vh then lo = vh - n end
+      local si, k = lo % (n + 1), hi - lo + 1
+      if si + k > n + 1 then si, k = 0, n + 1 end
+      local s = call('GETRANGE', key, ofs(1 + HDR + si * SLOT), ofs(HDR + (si + k) * SLOT))
+      local R = 1 - si * SLOT
+      for j = vh - n, b - n - 1 do
+        total = total - (unpack_('>I4', s, R + (j % (n + 1)) * SLOT))
+      end
+      if total < 0 then total = 0 end
+      c = total
+      -- The oldest bucket leaves as soon as its last event is a full
+      -- period old.
+      local j0 = b - n
+      if total > 0 and j0 <= vh then
+        local c0, l0 = hc, ho
+        if j0 < vh then c0, l0 = unpack_('>I4I2', s, R + (j0 % (n + 1)) * SLOT) end
+        if c0 > 0 and j0 * g + l0 * unit + period <= now then c, from = total - c0, j0 + 1 end
+      end
+    end
+  end
+  WKEY[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, fresh, vh, total, hc, ho, b, c, from, 0
+end
+
+-- record counts k events at time t in the current bucket of window i:
 -- one header write (and the slots the head leaves behind when it moves,
 -- with a TTL refresh), or the whole record when it is new.
-local function record(x, k, t, g, n, unit, ttl)
-  local hc, ho = x.hc, x.ho
-  if x.b > x.vh then
-    if not x.fresh then
-      local p1, x1, p2, x2 = move(n, x.vh, hc, ho, x.b)
-      if p1 then redis.call('SETRANGE', x.key, HDR + p1, x1) end
-      if p2 then redis.call('SETRANGE', x.key, HDR + p2, x2) end
+local function record(i, k, t, g, n, unit, ttl)
+  local key, b, vh, hc, ho = WKEY[i], WB[i], WVH[i], WHC[i], WHO[i]
+  if b > vh then
+    if not WFRESH[i] then
+      local p1, x1, p2, x2 = move(n, vh, hc, ho, b)
+      if p1 then call('SETRANGE', key, ofs(HDR + p1), x1) end
+      if p2 then call('SETRANGE', key, ofs(HDR + p2), x2) end
     end
     hc, ho = 0, 0
   end
-  local off = ceil((t - x.b * g) / unit)
-  if off < 0 then off = 0 end
+  -- The offset of t in its bucket, in units, rounded up.
+  local d, off = t - b * g, 0
+  if d > 0 then off = (d + unit - 1 - (d + unit - 1) % unit) / unit end
   if hc > 0 and ho > off then off = ho end
-  local hdr = pack_(RINGFMT, x.b, x.total + k, hc + k, off)
-  if x.fresh then
-    x.s = char(VERSION) .. hdr .. rep('\0', (n + 1) * SLOT)
-    redis.call('SET', x.key, x.s, 'PX', ttl)
+  local hdr = pack_(RINGFMT, b, WTOT[i] + k, hc + k, off)
+  if WFRESH[i] then
+    call('SET', key, char(VERSION) .. hdr .. rep(EMPTY, n + 1), 'PX', ttl)
   else
-    redis.call('SETRANGE', x.key, 1, hdr)
-    if x.b > x.vh then redis.call('PEXPIRE', x.key, ttl) end
-    -- x.s no longer holds the record; a scan below reads it again.
-    x.dirty = true
+    call('SETRANGE', key, '1', hdr)
+    if b > vh then call('PEXPIRE', key, ttl) end
   end
-  x.fresh, x.vh, x.hc, x.ho, x.total = false, x.b, hc + k, off, x.total + k
+  -- The record now has this head; a rejection scans it below.
+  WFRESH[i], WVH[i], WHC[i], WHO[i], WTOT[i] = false, b, hc + k, off, WTOT[i] + k
 end
 
--- standing returns window x's used, remaining and reset after the
+-- standing returns window i's used, remaining and reset after the
 -- decision, and (for a refused request whose window is full) how long
 -- until the window admits one more.
-local function standing(x, limit, period, g, n, unit, counted, refused)
-  local u, reset_, wait = x.used, now, 0
+local function standing(i, limit, period, g, n, unit, counted, refused)
+  local u, reset_, wait = WUSED[i], now, 0
   if counted > 0 then
     u = u + counted
-    reset_ = untl(x.b, x.b * g + x.ho * unit, period, n, g)
+    -- untl of the head bucket, whose last event is the newest.
+    local b = WB[i]
+    reset_ = b * g + WHO[i] * unit + period
+    if reset_ < (b + n) * g then reset_ = (b + n) * g end
+    if reset_ > (b + n + 1) * g then reset_ = (b + n + 1) * g end
   elseif u > 0 then
-    local s = x.s
-    if x.dirty then s = redis.call('GET', x.key) end
-    reset_ = scan(s, WR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, 0, now)
+    -- A rejection or a peek scans the window: read it whole.
+    local s = call('GET', WKEY[i])
+    local vh, hc, ho, from, b = WVH[i], WHC[i], WHO[i], WFROM[i], WB[i]
+    reset_ = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, 0, now)
     if refused and u >= limit then
-      wait = scan(s, WR, n, g, unit, period, x.vh, x.hc, x.ho, x.from, x.b, u - limit + 1, now) - now
+      wait = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - limit + 1, now) - now
     end
   end
   local rem = limit - u
@@ -274,16 +334,17 @@ local function standing(x, limit, period, g, n, unit, counted, refused)
   return u, rem, reset_, wait
 end
 
+-- The reply's numbers, reused by every decision.
+local RES = {}
+
 -- decide evaluates one decision whose records are KEYS[base + 1 ..
--- base + nk], under the plan whose numbers are V (ban multiplier mult,
--- reply format rfmt), asked A (the per-decision numbers), and returns its
--- reply.
-local function decide(base, nk, V, mult, rfmt, A)
+-- base + nk], under plan pl (its numbers V, ban multiplier, reply format
+-- and TTLs as strings), asked mode, extra, want, need and life, with
+-- ADD[i] admissions to add per window and the seeding numbers SEED (or
+-- nil), and returns its reply.
+local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
+  local V = pl.V
   local nw, thr = V[1], V[2]
-  -- Every record of the key, read at once: REC[i] is KEYS[base + i]'s
-  -- content (false: none), as this decision left it, unless it wrote
-  -- part of it (dirty).
-  local REC = redis.call('MGET', unpack(KEYS, base + 1, base + nk))
 
   -- After a plan changed its periods: where a window the key has no
   -- record of may take its past from (the number of sources, each as
@@ -293,25 +354,25 @@ local function decide(base, nk, V, mult, rfmt, A)
   -- them (another plan's windows, while an edit spreads over the
   -- replicas): their number, each as (KEYS index, limit, period, g, n,
   -- unit, ttl).
-  local mode, extra, want, need, life = A[1], A[2], A[3], A[4], A[5]
-  local SRC, TRY, TRANS = {}, {}, {}
-  if #A > 5 + nw then
-    local o = 6 + nw
-    local ns = A[o]
+  local SRC, TRY, TRANS
+  if SEED then
+    SRC, TRY, TRANS = {}, {}, {}
+    local o = 1
+    local ns = SEED[o]
     for s = 1, ns do
       local q = o + 1 + 5 * (s - 1)
-      SRC[s] = {A[q], A[q + 1], A[q + 2], A[q + 3], A[q + 4]}
+      SRC[s] = {SEED[q], SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4]}
     end
     o = o + 1 + 5 * ns
     for i = 1, nw do
-      local k = A[o]
+      local k = SEED[o]
       TRY[i] = {}
-      for m = 1, k do TRY[i][m] = A[o + m] end
+      for m = 1, k do TRY[i][m] = SEED[o + m] end
       o = o + 1 + k
     end
-    for j = 1, A[o] do
+    for j = 1, SEED[o] do
       local q = o + 1 + 7 * (j - 1)
-      TRANS[j] = {A[q], A[q + 1], A[q + 2], A[q + 3], A[q + 4], A[q + 5], A[q + 6]}
+      TRANS[j] = {SEED[q], SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6]}
     end
   end
   local peek = mode == 1
@@ -324,7 +385,7 @@ local function decide(base, nk, V, mult, rfmt, A)
   if ban then
     local o = 3 + 6 * nw
     sp, sg, sn, su, sttl, memory, banBase, banMax = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7]
-    bs = REC[1]
+    bs = call('GET', KEYS[base + 1])
     if bs and #bs >= 37 then
       banUntil, offences, offenceAt = get(bs, 2, 8), get(bs, 10, 4), get(bs, 14, 8)
       if offences > 0 and offenceAt + memory <= now then offences = 0 end
@@ -338,58 +399,60 @@ local function decide(base, nk, V, mult, rfmt, A)
   local admit = not banned
   local room, lend = -1, now + life
 
-  -- Windows: X holds per window its view and working values.
-  local X = {}
+  -- Windows.
   for i = 1, nw do
     local o = 3 + 6 * (i - 1)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
     local key = KEYS[base + 1 + i]
-    local s = REC[1 + i]
-    if (not s or #s < 1 + HDR) and TRY[i] then
+    local h = call('GETRANGE', key, '0', '18')
+    if #h < 1 + HDR and TRY and TRY[i] then
       -- A period the key has no record of, after a plan edit: start from
       -- the best record of another period the key has.
       for _, si in ipairs(TRY[i]) do
         local src = SRC[si]
-        local ss = REC[src[1]]
+        local ss = call('GET', KEYS[base + src[1]])
         if ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT then
-          local w = seed(key, ss, src[2], src[3], src[4], src[5], period, g, n, unit, V[o + 5], floor(now / g), now)
-          if w then
-            s = w
-            REC[1 + i] = w
+          if seed(key, ss, src[2], src[3], src[4], src[5], period, g, n, unit, pl.TTL[i], floor(now / g), now) then
+            h = call('GETRANGE', key, '0', '18')
           end
           break
         end
       end
     end
-    local x = view(key, s, period, g, n, unit)
+    view(i, key, h, period, g, n, unit)
     -- Admissions made locally while Redis was unreachable count first, as
     -- made now: at most the window's limit, since no interval held more.
-    local add = A[5 + i]
+    local add = ADD[i]
     if add > 0 and not peek then
-      x.add = add
-      if x.add > limit then x.add = limit end
-      x.used = x.used + x.add
+      if add > limit then add = limit end
+      WADD[i] = add
+      WUSED[i] = WUSED[i] + add
     end
-    X[i] = x
-    local c = x.used
+    local c = WUSED[i]
     if c >= limit then admit = false end
     if room < 0 or limit - c < room then room = limit - c end
-    if (x.b + 1) * g < lend then lend = (x.b + 1) * g end
+    if (WB[i] + 1) * g < lend then lend = (WB[i] + 1) * g end
   end
 
   -- Transition windows: another plan's windows, while an edit spreads.
   -- Where the key has a record of one, an admission here must fit it too
   -- and counts in it, so replicas still on that plan see it.
-  local TX = {}
-  for j = 1, #TRANS do
-    local tr = TRANS[j]
-    local s = REC[tr[1]]
-    if s and #s >= 1 + HDR then
-      local x = view(KEYS[base + tr[1]], s, tr[3], tr[4], tr[5], tr[6])
-      TX[#TX + 1] = {x = x, tr = tr}
-      if x.used >= tr[2] then admit = false end
-      if room < 0 or tr[2] - x.used < room then room = tr[2] - x.used end
-      if (x.b + 1) * tr[4] < lend then lend = (x.b + 1) * tr[4] end
+  local TX, ntx = nil, 0
+  if TRANS then
+    TX = {}
+    for j = 1, #TRANS do
+      local tr = TRANS[j]
+      local key = KEYS[base + tr[1]]
+      local h = call('GETRANGE', key, '0', '18')
+      if #h >= 1 + HDR then
+        ntx = ntx + 1
+        local x = nw + ntx
+        TX[ntx] = tr
+        view(x, key, h, tr[3], tr[4], tr[5], tr[6])
+        if WUSED[x] >= tr[2] then admit = false end
+        if room < 0 or tr[2] - WUSED[x] < room then room = tr[2] - WUSED[x] end
+        if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
+      end
     end
   end
 
@@ -399,18 +462,17 @@ local function decide(base, nk, V, mult, rfmt, A)
   local admitted = admit and not peek
 
   for i = 1, nw do
-    local x = X[i]
-    local k, t = x.add, now
+    local k, t = WADD[i], now
     if admitted then k, t = k + granted, at end
     if k > 0 then
       local o = 3 + 6 * (i - 1)
-      record(x, k, t, V[o + 2], V[o + 3], V[o + 4], V[o + 5])
+      record(i, k, t, V[o + 2], V[o + 3], V[o + 4], pl.TTL[i])
     end
   end
   if admitted then
-    for _, tx in ipairs(TX) do
-      local tr = tx.tr
-      record(tx.x, granted, at, tr[4], tr[5], tr[6], tr[7])
+    for j = 1, ntx do
+      local tr = TX[j]
+      record(nw + j, granted, at, tr[4], tr[5], tr[6], itoa(tr[7]))
     end
   end
 
@@ -420,16 +482,16 @@ local function decide(base, nk, V, mult, rfmt, A)
   -- count, as if they were the only windows; the rest they would have
   -- limited. Records of their own, so that a candidate never touches an
   -- enforced window's count.
-  local co = 3 + 6 * nw
-  if ban then co = co + 8 end
+  local co = pl.co
   local nc = V[co]
-  local CX, croom = {}, -1
+  local cb = nw + ntx
+  local croom = -1
   for i = 1, nc do
     local o = co + 1 + 6 * (i - 1)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
-    local x = view(KEYS[base + 1 + nw + i], REC[1 + nw + i], period, g, n, unit)
-    CX[i] = x
-    if croom < 0 or limit - x.used < croom then croom = limit - x.used end
+    local key = KEYS[base + 1 + nw + i]
+    view(cb + i, key, call('GETRANGE', key, '0', '18'), period, g, n, unit)
+    if croom < 0 or limit - WUSED[cb + i] < croom then croom = limit - WUSED[cb + i] end
   end
   -- cAdm, cLim: requests the candidate windows would admit, would limit;
   -- cThis: whether they would admit this one (the extras came before it).
@@ -444,7 +506,7 @@ local function decide(base, nk, V, mult, rfmt, A)
     if cAdm > 0 then
       for i = 1, nc do
         local o = co + 1 + 6 * (i - 1)
-        record(CX[i], cAdm, now, V[o + 2], V[o + 3], V[o + 4], V[o + 5])
+        record(cb + i, cAdm, now, V[o + 2], V[o + 3], V[o + 4], pl.CTTL[i])
       end
     end
   end
@@ -459,7 +521,7 @@ local function decide(base, nk, V, mult, rfmt, A)
     if write or sring then
       if not sring then
         -- A new strike ring (of this strike window's geometry).
-        bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. rep('\0', HDR + (sn + 1) * SLOT)
+        bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. rep('\0', HDR) .. rep(EMPTY, sn + 1)
       end
       local R = 38 + HDR
       local vh, total, hc, ho = unpack_(RINGFMT, bs, 38)
@@ -489,8 +551,8 @@ local function decide(base, nk, V, mult, rfmt, A)
           local d, cap = banBase, 2 ^ 50
           if banMax > 0 then cap = banMax end
           local j = 1
-          while j < offences and d < cap and mult > 1 do
-            d = d * mult
+          while j < offences and d < cap and pl.mult > 1 do
+            d = d * pl.mult
             j = j + 1
           end
           if d > cap then d = cap end
@@ -498,14 +560,14 @@ local function decide(base, nk, V, mult, rfmt, A)
           if d < 1 then d = 1 end
           banUntil = now + d
           total, hc, ho = 0, 0, 0
-          bs = sub(bs, 1, R - 1) .. rep('\0', (sn + 1) * SLOT)
+          bs = sub(bs, 1, R - 1) .. rep(EMPTY, sn + 1)
           banned, newBan = true, 1
         end
         bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. pack_(RINGFMT, vh, total, hc, ho) .. sub(bs, R)
         local e = banUntil
         if offenceAt + memory > e then e = offenceAt + memory end
         if now + sttl * 1000 > e then e = now + sttl * 1000 end
-        redis.call('SET', KEYS[base + 1], bs, 'PX', ceil((e - now) / 1000) + 1)
+        call('SET', KEYS[base + 1], bs, 'PX', itoa(ceil((e - now) / 1000) + 1))
       end
       strikes = used(bs, R, sn, sg, su, sp, vh, hc, ho, total, now, b)
     end
@@ -514,7 +576,9 @@ local function decide(base, nk, V, mult, rfmt, A)
 
   if not admitted then granted, lend = 0, 0 end
   local rt = 0
-  local res = {0, 0, now, newBan, strikes, banUntil, offences, granted, lend, cThis, cAdm, cLim}
+  RES[1], RES[2], RES[3], RES[4], RES[5], RES[6] = 0, 0, now, newBan, strikes, banUntil
+  RES[7], RES[8], RES[9], RES[10], RES[11], RES[12] = offences, granted, lend, cThis, cAdm, cLim
+  local m = 12
   for i = 1, nw do
     local o = 3 + 6 * (i - 1)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
@@ -522,29 +586,31 @@ local function decide(base, nk, V, mult, rfmt, A)
     if admitted then counted = granted end
     -- A refused request (banned or limited) waits for every full window
     -- as well as for the ban: Retry-After is the true wait.
-    local u, rem, reset_, wait = standing(X[i], limit, period, g, n, unit, counted, not admit)
+    local u, rem, reset_, wait = standing(i, limit, period, g, n, unit, counted, not admit)
     if wait > rt then rt = wait end
-    res[#res + 1], res[#res + 2], res[#res + 3] = u, rem, reset_
+    RES[m + 1], RES[m + 2], RES[m + 3] = u, rem, reset_
+    m = m + 3
   end
-  for _, tx in ipairs(TX) do
-    local tr = tx.tr
-    if not admit then
-      local _, _, _, wait = standing(tx.x, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+  if not admit then
+    for j = 1, ntx do
+      local tr = TX[j]
+      local _, _, _, wait = standing(nw + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
       if wait > rt then rt = wait end
     end
   end
   for i = 1, nc do
     local o = co + 1 + 6 * (i - 1)
-    local u, rem, reset_ = standing(CX[i], V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], cAdm, false)
-    res[#res + 1], res[#res + 2], res[#res + 3] = u, rem, reset_
+    local u, rem, reset_ = standing(cb + i, V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], cAdm, false)
+    RES[m + 1], RES[m + 2], RES[m + 3] = u, rem, reset_
+    m = m + 3
   end
   if banned then
-    res[1], res[2] = 2, banUntil - now
-    if rt > res[2] then res[2] = rt end
+    RES[1], RES[2] = 2, banUntil - now
+    if rt > RES[2] then RES[2] = rt end
   elseif not admit then
-    res[1], res[2] = 1, rt
+    RES[1], RES[2] = 1, rt
   end
-  return pack_(rfmt, unpack(res))
+  return pack_(pl.rfmt, unpack(RES, 1, m))
 end
 
 -- The batch: plans are decoded once each, on first use.
@@ -554,29 +620,40 @@ local function planAt(p)
   if not pl then
     local s = ARGV[2 * p]
     local V = {unpack_('>' .. rep('I8', #s / 8), s, 1)}
-    local nw, nc = V[1], 0
+    local nw = V[1]
     local co = 3 + 6 * nw
     if V[2] > 0 then co = co + 8 end
-    nc = V[co]
-    pl = {V = V, mult = tonumber(ARGV[2 * p + 1]), rfmt = '>' .. rep('i8', 12 + 3 * (nw + nc))}
+    local nc = V[co]
+    local ttl, cttl = {}, {}
+    for i = 1, nw do ttl[i] = itoa(V[3 + 6 * (i - 1) + 5]) end
+    for i = 1, nc do cttl[i] = itoa(V[co + 1 + 6 * (i - 1) + 5]) end
+    pl = {V = V, co = co, mult = tonumber(ARGV[2 * p + 1]), rfmt = '>' .. rep('i8', 12 + 3 * (nw + nc)), TTL = ttl, CTTL = cttl}
     PLANS[p] = pl
   end
   return pl
 end
 
 local calls, pos, base = ARGV[1], 1, 0
-local out = {}
+local out, ADD = {}, {}
 while pos <= #calls do
-  local nk, p, na
-  nk, p, na, pos = unpack_('>I8I8I8', calls, pos)
-  local A = {}
-  if na > 0 then
-    A = {unpack_('>' .. rep('I8', na), calls, pos)}
-    pos = A[na + 1]
-    A[na + 1] = nil
-  end
+  local nk, p, na, mode, extra, want, need, life
+  nk, p, na, mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8I8I8I8', calls, pos)
   local pl = planAt(p)
-  local ok, r = pcall(decide, base, nk, pl.V, pl.mult, pl.rfmt, A)
+  local nw = pl.V[1]
+  -- The admissions to add per window are sent only when there are any
+  -- (or seeding numbers follow them).
+  if na > 5 then
+    for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
+  else
+    for i = 1, nw do ADD[i] = 0 end
+  end
+  local SEED
+  if na > 5 + nw then
+    SEED = {unpack_('>' .. rep('I8', na - 5 - nw), calls, pos)}
+    pos = SEED[na - 5 - nw + 1]
+    SEED[na - 5 - nw + 1] = nil
+  end
+  local ok, r = pcall(decide, base, pl, mode, extra, want, need, life, ADD, SEED)
   if not ok then
     if type(r) == 'table' and r.err then r = r.err end
     r = 'E' .. tostring(r)

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/internal/httpapi"
+	"github.com/animal-store/petstore/internal/memstore"
+	"github.com/animal-store/petstore/internal/pet"
+	"github.com/animal-store/petstore/internal/plan"
+	"github.com/animal-store/petstore/internal/testenv"
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// BenchmarkServeWithWrk serves GET /v1/pets from this process, over real
+// TCP, to wrk (another process, 2 threads, 32 connections), with the
+// rate limiter off and on (a private redis-server), in interleaved
+// rounds, for two workloads: 16 busy keys, and 5,000 cold keys each well
+// under its limits (no lease forms). The whole stack runs as in
+// production: access log (JSON, discarded), metrics, authentication.
+// Reported per workload: requests/s off and on and their ratio, this
+// process's CPU per request off and on (getrusage: the server's own
+// work, without wrk's) and their difference (the limiter's cost per
+// decision in the server), Redis's CPU per request (INFO CPU), the Redis
+// script calls per request, and decisions per script call.
+//
+//	go test -run '^$' -bench ServeWithWrk -benchtime 1x ./cmd/petstore/
+//
+// Each round runs wrk for wrkSeconds; -benchtime Nx runs N pairs of
+// rounds per workload. It needs wrk (Debian's package) and redis-server.
+func BenchmarkServeWithWrk(b *testing.B) {
+	testenv.RedisAddr(b)
+	for _, tool := range []string{"wrk", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			b.Skipf("%s not installed: %v", tool, err)
+		}
+	}
+	for _, wl := range []struct {
+		name string
+		keys int
+		plan string
+	}{
+		{"busy", 16, "{limit: 100000, period: 1m}, {limit: 10000000, period: 24h}"},
+		{"cold", 5000, "{limit: 1000, period: 1m}, {limit: 100000, period: 24h}"},
+	} {
+		b.Run(wl.name, func(b *testing.B) {
+			dir := b.TempDir()
+			rs := startPrivateRedis(b, dir)
+			rdb := redis.NewClient(&redis.Options{Addr: rs.addr, ContextTimeoutEnabled: true, PoolSize: 32})
+			defer rdb.Close()
+			plans, err := plan.Parse([]byte("plans:\n  bench:\n    quotas: [" + wl.plan + "]\n    ban: off\n"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var yaml strings.Builder
+			yaml.WriteString("keys:\n")
+			keys := make([]string, wl.keys)
+			for i := range keys {
+				if keys[i], err = apikey.Generate(); err != nil {
+					b.Fatal(err)
+				}
+				fmt.Fprintf(&yaml, "  - {key: %s, plan: bench}\n", keys[i])
+			}
+			static, err := apikey.ParseKeys([]byte(yaml.String()), plans)
+			if err != nil {
+				b.Fatal(err)
+			}
+			auth, err := apikey.NewAuthenticator(apikey.Options{Plans: plans, Keys: static})
+			if err != nil {
+				b.Fatal(err)
+			}
+			store := memstore.New()
+			for i := range 100 {
+				if _, _, err := store.Create(context.Background(), pet.NewPet{Name: fmt.Sprintf("pet %d", i), CategoryID: 1, Status: pet.StatusAvailable}, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			limiter, err := ratelimit.New(rdb, ratelimit.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer limiter.Close()
+			script := writeWrkScript(b, dir, keys)
+			log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+
+			serve := func(l httpapi.Limiter) (url string, stop func()) {
+				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry())})
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					b.Fatal(err)
+				}
+				srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+				go func() { _ = srv.Serve(ln) }()
+				return "http://" + ln.Addr().String(), func() { _ = srv.Close() }
+			}
+			type side struct {
+				name              string
+				limiter           httpapi.Limiter
+				requests          float64
+				elapsed, cpu, rcp time.Duration
+				scripts           int64
+			}
+			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}}
+			b.ResetTimer()
+			for i := range b.N {
+				for k := range sides {
+					s := sides[(i+k)%2]
+					url, stop := serve(s.limiter)
+					cpu0, rcpu0, calls0 := processCPU(b), rs.cpu(b), rs.scriptCalls(b)
+					n, elapsed := runWrk(b, script, url)
+					s.cpu += processCPU(b) - cpu0
+					s.rcp += rs.cpu(b) - rcpu0
+					s.scripts += rs.scriptCalls(b) - calls0
+					s.requests += n
+					s.elapsed += elapsed
+					stop()
+				}
+			}
+			b.StopTimer()
+			off, on := sides[0], sides[1]
+			perReq := func(d time.Duration, n float64) float64 { return float64(d.Microseconds()) / n }
+			b.ReportMetric(off.requests/off.elapsed.Seconds(), "off-req/s")
+			b.ReportMetric(on.requests/on.elapsed.Seconds(), "on-req/s")
+			b.ReportMetric((on.requests/on.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "on/off")
+			b.ReportMetric(perReq(off.cpu, off.requests), "off-server-cpu-us/req")
+			b.ReportMetric(perReq(on.cpu, on.requests), "on-server-cpu-us/req")
+			b.ReportMetric(perReq(on.cpu, on.requests)-perReq(off.cpu, off.requests), "limiter-server-cpu-us/req")
+			b.ReportMetric(perReq(on.rcp, on.requests), "redis-cpu-us/req")
+			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
+		})
+	}
+}
+
+// wrkSeconds is how long each wrk round runs.
+const wrkSeconds = 8
+
+// writeWrkScript writes a wrk script that sends every request with the
+// next key in turn (each thread starting elsewhere in the list) and
+// returns its path.
+func writeWrkScript(b *testing.B, dir string, keys []string) string {
+	var s strings.Builder
+	s.WriteString("local keys = {\n")
+	for _, k := range keys {
+		fmt.Fprintf(&s, "%q,\n", k)
+	}
+	s.WriteString(`}
+local i = 0
+function init(args) i = math.random(#keys) end
+function request()
+  i = i % #keys + 1
+  return wrk.format("GET", "/v1/pets?limit=20", {["Authorization"] = "Bearer " .. keys[i]})
+end
+`)
+	p := filepath.Join(dir, "keys.lua")
+	if err := os.WriteFile(p, []byte(s.String()), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+var (
+	wrkRequests = regexp.MustCompile(`(\d+) requests in ([\d.]+)(\w+)`)
+	wrkNon2xx   = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
+	wrkErrors   = regexp.MustCompile(`Socket errors: .*`)
+)
+
+// runWrk runs wrk against url for wrkSeconds and returns the requests it
+// completed and the time they took. Every answer must be 2xx: the
+// workloads stay under their limits.
+func runWrk(b *testing.B, script, url string) (float64, time.Duration) {
+	out, err := exec.Command("wrk", "-t", "2", "-c", "32", "-d", strconv.Itoa(wrkSeconds)+"s", "-s", script, url+"/v1/pets?limit=20").CombinedOutput()
+	if err != nil {
+		b.Fatalf("wrk: %v\n%s", err, out)
+	}
+	if m := wrkNon2xx.FindSubmatch(out); m != nil {
+		b.Fatalf("wrk: %s answers were not 2xx:\n%s", m[1], out)
+	}
+	if m := wrkErrors.Find(out); m != nil {
+		b.Fatalf("wrk: %s\n%s", m, out)
+	}
+	m := wrkRequests.FindSubmatch(out)
+	if m == nil {
+		b.Fatalf("wrk: no request count in:\n%s", out)
+	}
+	n, _ := strconv.ParseFloat(string(m[1]), 64)
+	d, err := time.ParseDuration(string(m[2]) + string(m[3]))
+	if err != nil {
+		b.Fatalf("wrk: %v in:\n%s", err, out)
+	}
+	return n, d
+}
+
+// processCPU returns this process's user and system CPU time.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// privateRedis is a redis-server this benchmark starts and stops.
+type privateRedis struct {
+	addr string
+	rdb  *redis.Client
+}
+
+func startPrivateRedis(b *testing.B, dir string) *privateRedis {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	r := &privateRedis{addr: "127.0.0.1:" + strconv.Itoa(port)}
+	r.rdb = redis.NewClient(&redis.Options{Addr: r.addr})
+	b.Cleanup(func() { _ = r.rdb.Close() })
+	for deadline := time.Now().Add(10 * time.Second); r.rdb.Ping(context.Background()).Err() != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatalf("redis-server on %s did not start", r.addr)
+		}
+	}
+	return r
+}
+
+// cpu returns the server's user and system CPU time (INFO CPU).
+func (r *privateRedis) cpu(b *testing.B) time.Duration {
+	info, err := r.rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\r\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// scriptCalls returns the script calls the server has run (EVALSHA and
+// EVAL, INFO commandstats).
+func (r *privateRedis) scriptCalls(b *testing.B) int64 {
+	info, err := r.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\r\n") {
+		for _, name := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(line, name); ok {
+				v, _, _ := strings.Cut(rest, ",")
+				c, _ := strconv.ParseInt(v, 10, 64)
+				n += c
+			}
+		}
+	}
+	return n
+}
