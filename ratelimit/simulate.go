@@ -1,0 +1,140 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"time"
+)
+
+// Simulator decides requests with the limiter's own algorithm, in this
+// process, at times the caller gives: for each request, exactly what the
+// shared store (the decision script) would decide for it, on the same ring
+// geometry, with the same strikes and bans. None of a Limiter's machinery
+// stands between: no leases, no rejection cache, no fallback, no metrics.
+// It answers "what would these limits have done to this traffic", e.g. to
+// replay an access log against proposed plans.
+//
+// Keys never share state: replay each key's requests in time order (a time
+// before the key's previous request is taken as that request's, so a key's
+// clock never runs back). A Simulator is not safe for concurrent use;
+// disjoint sets of keys can be replayed in parallel on Simulators of their
+// own.
+type Simulator struct {
+	buckets, strikeBuckets int
+	seed                   maphash.Seed
+	plans                  map[uint64][]*plan
+	keys                   map[string]*simKey
+}
+
+// simKey is one key's state and the plan of its last decision, reused
+// while the key's policy stays the same.
+type simKey struct {
+	st   keyState
+	pl   *plan
+	last int64 // µs, the key's latest decision
+}
+
+// SimDecision is one simulated decision.
+type SimDecision struct {
+	Decision
+	// NewBan is true when this request began a ban (Outcome is Banned).
+	NewBan bool
+	// BannedUntil is, while the key is banned, when the ban ends.
+	BannedUntil time.Time
+}
+
+// NewSimulator returns a Simulator with the geometry of a Limiter made
+// with opts: Buckets and StrikeBuckets (default 200 and 20), which every
+// replica of a fleet shares. The other options have no meaning here.
+func NewSimulator(opts Options) *Simulator {
+	if opts.Buckets <= 0 {
+		opts.Buckets = DefaultBuckets
+	}
+	if opts.StrikeBuckets <= 0 {
+		opts.StrikeBuckets = DefaultStrikeBuckets
+	}
+	return &Simulator{
+		buckets: opts.Buckets, strikeBuckets: opts.StrikeBuckets,
+		seed:  maphash.MakeSeed(),
+		plans: make(map[uint64][]*plan),
+		keys:  make(map[string]*simKey),
+	}
+}
+
+// Decide decides one request for key under p at time at and records it,
+// as the shared store would have. Decision.Time is at (or the key's
+// previous request's time, if later), Decision.Shadow is p.Shadow: under a
+// shadow policy the outcome is what enforcement would have decided, and
+// refusals are not counted, exactly as the limiter does. It returns an
+// error only for an invalid policy.
+func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, error) {
+	k := s.keys[key]
+	if k == nil {
+		k = &simKey{}
+		s.keys[key] = k
+	}
+	if k.pl == nil || !samePolicy(k.pl.given, p) {
+		pl, err := s.plan(p)
+		if err != nil {
+			return SimDecision{}, err
+		}
+		k.pl = pl
+	}
+	k.last = max(k.last, at.UnixMicro())
+	v := k.st.decide(k.pl, k.last, input{lease: noLease})
+	d := SimDecision{Decision: decisionOf(k.pl, v), NewBan: v.newBan}
+	if v.banUntil > 0 {
+		d.BannedUntil = time.UnixMicro(v.banUntil)
+	}
+	return d, nil
+}
+
+// Forget drops everything held for key, as if it had never sent a
+// request: a replay that is done with a key frees its state.
+func (s *Simulator) Forget(key string) { delete(s.keys, key) }
+
+// plan returns p compiled, once per distinct policy.
+func (s *Simulator) plan(p Policy) (*plan, error) {
+	h := hashPolicy(s.seed, p)
+	for _, pl := range s.plans[h] {
+		if samePolicy(pl.given, p) {
+			return pl, nil
+		}
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	pl := compile(p, s.buckets, s.strikeBuckets)
+	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban, Shadow: p.Shadow,
+		Candidate: append([]Window(nil), p.Candidate...)}
+	s.plans[h] = append(s.plans[h], pl)
+	return pl, nil
+}
+
+// decisionOf states verdict v in terms of pl's windows, as Limiter.finish
+// does, without counting it anywhere.
+func decisionOf(pl *plan, v verdict) Decision {
+	d := Decision{
+		Outcome:    v.outcome,
+		Windows:    make([]WindowState, len(pl.policy.Windows)),
+		RetryAfter: time.Duration(v.retry) * time.Microsecond,
+		Shadow:     pl.policy.Shadow,
+		Time:       time.UnixMicro(v.now),
+	}
+	for i, w := range pl.policy.Windows {
+		d.Windows[i] = WindowState{Window: w, Remaining: v.win[i].remaining, Reset: time.UnixMicro(v.win[i].reset)}
+		// Windows are ordered by period, so <= prefers the longer on a tie.
+		if d.Windows[i].Remaining <= d.Windows[d.Binding].Remaining {
+			d.Binding = i
+		}
+	}
+	if len(pl.candidates) > 0 {
+		d.Candidate = make([]WindowState, len(pl.candidates))
+		for i, w := range pl.policy.Candidate {
+			d.Candidate[i] = WindowState{Window: w, Remaining: v.cwin[i].remaining, Reset: time.UnixMicro(v.cwin[i].reset)}
+		}
+		if !v.cThis {
+			d.CandidateOutcome = Limited
+		}
+	}
+	return d
+}
