@@ -23,6 +23,10 @@ type Simulator struct {
 	seed                   maphash.Seed
 	plans                  map[uint64][]*plan
 	keys                   map[string]*simKey
+	// spare holds the records of forgotten keys, by ring name, to be
+	// cleared and used again: a replay of many keys then allocates
+	// records for the busiest moment's keys only.
+	spare map[string][]*ringState
 }
 
 // simKey is one key's state and the plan of its last decision, reused
@@ -57,6 +61,7 @@ func NewSimulator(opts Options) *Simulator {
 		seed:  maphash.MakeSeed(),
 		plans: make(map[uint64][]*plan),
 		keys:  make(map[string]*simKey),
+		spare: make(map[string][]*ringState),
 	}
 }
 
@@ -77,6 +82,9 @@ func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, err
 		if err != nil {
 			return SimDecision{}, err
 		}
+		if k.pl == nil {
+			s.reuse(&k.st, pl)
+		}
 		k.pl = pl
 	}
 	k.last = max(k.last, at.UnixMicro())
@@ -90,7 +98,61 @@ func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, err
 
 // Forget drops everything held for key, as if it had never sent a
 // request: a replay that is done with a key frees its state.
-func (s *Simulator) Forget(key string) { delete(s.keys, key) }
+func (s *Simulator) Forget(key string) {
+	k := s.keys[key]
+	if k == nil {
+		return
+	}
+	delete(s.keys, key)
+	for name, r := range k.st.windows {
+		s.spare[name] = append(s.spare[name], r)
+	}
+	for name, r := range k.st.candidates {
+		s.spare[name] = append(s.spare[name], r)
+	}
+	if r := k.st.ban.strikes; r != nil {
+		s.spare[k.st.ban.strikeRing] = append(s.spare[k.st.ban.strikeRing], r)
+	}
+}
+
+// reuse gives st, the state of a key before its first decision, spare
+// records for pl's rings, empty: exactly what the decision would
+// otherwise make (newRingState).
+func (s *Simulator) reuse(st *keyState, pl *plan) {
+	take := func(r *ring) *ringState {
+		free := s.spare[r.name]
+		if len(free) == 0 {
+			return nil
+		}
+		rs := free[len(free)-1]
+		s.spare[r.name] = free[:len(free)-1]
+		clear(rs.count)
+		clear(rs.off)
+		*rs = ringState{geo: *r, count: rs.count, off: rs.off}
+		return rs
+	}
+	for i := range pl.windows {
+		if rs := take(&pl.windows[i]); rs != nil {
+			if st.windows == nil {
+				st.windows = make(map[string]*ringState, len(pl.windows))
+			}
+			st.windows[pl.windows[i].name] = rs
+		}
+	}
+	for i := range pl.candidates {
+		if rs := take(&pl.candidates[i]); rs != nil {
+			if st.candidates == nil {
+				st.candidates = make(map[string]*ringState, len(pl.candidates))
+			}
+			st.candidates[pl.candidates[i].name] = rs
+		}
+	}
+	if pl.ban {
+		if rs := take(&pl.strikes); rs != nil {
+			st.ban.strikeRing, st.ban.strikes = pl.strikes.name, rs
+		}
+	}
+}
 
 // plan returns p compiled, once per distinct policy.
 func (s *Simulator) plan(p Policy) (*plan, error) {

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -97,11 +98,15 @@ func TestSimulatorClockNeverRunsBack(t *testing.T) {
 // generators: limits at byte boundaries, periods from MinPeriod to
 // MaxPeriod, a key changing plans as replicas disagreeing would): no
 // interval of length W holds more than L admissions of a window (L, W).
+// One Simulator replays every case, forgetting each key after it, as a
+// replay of many keys does: its decisions are a fresh Simulator's.
 func TestSimulatorWindowsInvariant(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 11)
 	var total [3]int
+	shared := NewSimulator(Options{})
 	for c := range *invariantCases {
+		key := fmt.Sprint("k", c)
 		policies := genPolicies(rng, MaxPeriod)
 		plans := make([]*plan, len(policies))
 		for i, p := range policies {
@@ -129,6 +134,9 @@ func TestSimulatorWindowsInvariant(t *testing.T) {
 				now += rng.Int64N(2 * w.period)
 			}
 			d := simDecide(t, s, "k", policies[pi], time.UnixMicro(now))
+			if e := simDecide(t, shared, key, policies[pi], time.UnixMicro(now)); !reflect.DeepEqual(e, d) {
+				t.Fatalf("case %d: a Simulator that replayed other keys decided %+v, a fresh one %+v", c, e, d)
+			}
 			total[d.Outcome]++
 			if d.Outcome != Allowed {
 				continue
@@ -146,6 +154,7 @@ func TestSimulatorWindowsInvariant(t *testing.T) {
 				}
 			}
 		}
+		shared.Forget(key)
 	}
 	t.Logf("decisions: %d allowed, %d limited, %d banned", total[0], total[1], total[2])
 	if total[Limited] == 0 || total[Banned] == 0 {
