@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -496,5 +497,74 @@ func TestPlansSimulateReplaysTheServiceLog(t *testing.T) {
 	tiny = planOf(t, simulateJSON(t, "--access-log", logFile, "--plans", loose, "--keys", keysFile), "tiny")
 	if want := (jsonProposed{Allowed: 15}); tiny.Proposed != want {
 		t.Errorf("20 per 10 s: proposed %+v, want %+v", tiny.Proposed, want)
+	}
+}
+
+// benchTraffic is a replica fleet's access log: n requests of keys on the
+// built-in plans over an hour, a few keys far over their quotas (limited,
+// then banned), and a line in twenty that the limiter did not decide.
+func benchTraffic(n, replicas int) [][]logged {
+	rng := rand.New(rand.NewPCG(7, 8))
+	const keys = 5000
+	plans := []string{"free", "free", "free", "pro", "business"}
+	out := make([][]logged, replicas)
+	step := time.Hour / time.Duration(n)
+	for i := range n {
+		var k int
+		if rng.IntN(4) == 0 {
+			k = rng.IntN(20) // the busy few: a quarter of the traffic
+		} else {
+			k = rng.IntN(keys)
+		}
+		r := logged{at: simT0.Add(time.Duration(i) * step), dur: time.Duration(rng.IntN(5000)) * time.Microsecond,
+			key: fmt.Sprintf("key_%016x", k*7919), plan: plans[k%len(plans)], outcome: "allowed"}
+		switch rng.IntN(20) {
+		case 0:
+			r.outcome = ""
+		case 1:
+			r.outcome = "limited"
+		}
+		j := rng.IntN(replicas)
+		out[j] = append(out[j], r)
+	}
+	return out
+}
+
+// BenchmarkSimulate runs `petstore plans simulate` end to end (read,
+// parse, group and sort, replay, report) on the access logs of three
+// replicas, plain and gzip, against a plans file that tightens free, and
+// reports log lines per second.
+func BenchmarkSimulate(b *testing.B) {
+	const lines = 600_000
+	parts := benchTraffic(lines, 3)
+	dir := b.TempDir()
+	plans := filepath.Join(dir, "plans.yaml")
+	if err := os.WriteFile(plans, []byte("plans:\n  free: {quotas: [{limit: 30, period: 1m}, {limit: 500, period: 24h}]}\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	for _, compressed := range []bool{false, true} {
+		args := []string{"plans", "simulate", "--plans", plans}
+		var size int64
+		for i, p := range parts {
+			data := accessLog(b, p)
+			if compressed {
+				data = gzipBytes(b, data)
+			}
+			name := filepath.Join(dir, fmt.Sprintf("replica-%d-%v.log", i, compressed))
+			if err := os.WriteFile(name, data, 0o600); err != nil {
+				b.Fatal(err)
+			}
+			size += int64(len(data))
+			args = append(args, "--access-log", name)
+		}
+		b.Run(map[bool]string{false: "plain", true: "gzip"}[compressed], func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				if err := run(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(lines)*float64(b.N)/b.Elapsed().Seconds(), "lines/s")
+		})
 	}
 }

@@ -128,15 +128,17 @@ const maxDepth = 10000
 func (p *parser) parse(line []byte) Kind {
 	p.b, p.i, p.depth = line, 0, 0
 	p.msg.set, p.time.set, p.keyID.set, p.plan.set, p.rl.set, p.duration.set, p.shadowSet = false, false, false, false, false, false, false
-	p.skipSpace()
-	if p.i == len(p.b) {
-		return Blank
-	}
-	if !p.topObject() {
+	switch p.peek() {
+	case 0:
+		if p.i == len(p.b) {
+			return Blank
+		}
+		return Malformed
+	case '{':
+	default:
 		return Malformed
 	}
-	p.skipSpace()
-	if p.i != len(p.b) {
+	if !p.topObject() || p.peek() != 0 || p.i != len(p.b) {
 		return Malformed
 	}
 	return p.classify()
@@ -179,53 +181,46 @@ func (p *parser) classify() Kind {
 	return Replayable
 }
 
-func (p *parser) skipSpace() {
+// peek skips white space and returns the byte there, or 0 at the end of
+// the line (a NUL byte is never valid there either).
+func (p *parser) peek() byte {
+	if p.i < len(p.b) && p.b[p.i] > ' ' {
+		return p.b[p.i] // compact JSON, as slog writes it
+	}
+	return p.skipSpace()
+}
+
+func (p *parser) skipSpace() byte {
 	for p.i < len(p.b) {
-		switch p.b[p.i] {
+		switch c := p.b[p.i]; c {
 		case ' ', '\t', '\n', '\r':
 			p.i++
 		default:
-			return
+			return c
 		}
 	}
+	return 0
 }
 
 // topObject reads the line's object, keeping the members a replay needs.
 func (p *parser) topObject() bool {
-	if p.b[p.i] != '{' {
-		return false
-	}
-	p.i++
+	p.i++ // {
 	p.depth = 1
-	p.skipSpace()
-	if p.i < len(p.b) && p.b[p.i] == '}' {
+	if p.peek() == '}' {
 		p.i++
 		return true
 	}
 	for {
-		if p.i >= len(p.b) || p.b[p.i] != '"' || !p.str(&p.key) {
-			return false
-		}
-		p.skipSpace()
-		if p.i >= len(p.b) || p.b[p.i] != ':' {
+		if p.peek() != '"' || !p.str(&p.key) || p.peek() != ':' {
 			return false
 		}
 		p.i++
-		p.skipSpace()
-		if p.i >= len(p.b) {
+		if p.peek() == 0 || !p.member() {
 			return false
 		}
-		if !p.member() {
-			return false
-		}
-		p.skipSpace()
-		if p.i >= len(p.b) {
-			return false
-		}
-		switch p.b[p.i] {
+		switch p.peek() {
 		case ',':
 			p.i++
-			p.skipSpace()
 		case '}':
 			p.i++
 			return true
@@ -309,33 +304,22 @@ func (p *parser) object() bool {
 		return false
 	}
 	p.i++ // {
-	p.skipSpace()
-	if p.i < len(p.b) && p.b[p.i] == '}' {
+	if p.peek() == '}' {
 		p.i++
 		p.depth--
 		return true
 	}
 	for {
-		if p.i >= len(p.b) || p.b[p.i] != '"' || !p.skipStr() {
-			return false
-		}
-		p.skipSpace()
-		if p.i >= len(p.b) || p.b[p.i] != ':' {
+		if p.peek() != '"' || !p.skipStr() || p.peek() != ':' {
 			return false
 		}
 		p.i++
-		p.skipSpace()
-		if p.i >= len(p.b) || !p.value() {
+		if p.peek() == 0 || !p.value() {
 			return false
 		}
-		p.skipSpace()
-		if p.i >= len(p.b) {
-			return false
-		}
-		switch p.b[p.i] {
+		switch p.peek() {
 		case ',':
 			p.i++
-			p.skipSpace()
 		case '}':
 			p.i++
 			p.depth--
@@ -351,24 +335,18 @@ func (p *parser) array() bool {
 		return false
 	}
 	p.i++ // [
-	p.skipSpace()
-	if p.i < len(p.b) && p.b[p.i] == ']' {
+	if p.peek() == ']' {
 		p.i++
 		p.depth--
 		return true
 	}
 	for {
-		if p.i >= len(p.b) || !p.value() {
+		if p.peek() == 0 || !p.value() {
 			return false
 		}
-		p.skipSpace()
-		if p.i >= len(p.b) {
-			return false
-		}
-		switch p.b[p.i] {
+		switch p.peek() {
 		case ',':
 			p.i++
-			p.skipSpace()
 		case ']':
 			p.i++
 			p.depth--
@@ -432,7 +410,9 @@ var plain = func() (t [256]bool) {
 }()
 
 // skipStr skips a string starting at p.i (its opening quote), checking
-// its escapes and that it holds no control character.
+// its escapes and that it holds no control character. Bytes past ASCII
+// are not checked, as encoding/json does not check them (it reads invalid
+// UTF-8 as U+FFFD).
 func (p *parser) skipStr() bool {
 	b, i := p.b, p.i+1
 	for i < len(b) {
