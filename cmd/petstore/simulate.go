@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,13 +35,15 @@ Every request the limiter decided (an access line with "ratelimit") is replayed,
 it got then, at the time it reached the limiter (its time less its duration_ms), in time
 order across all the logs (give one per replica). A key's policy is its plan as logged,
 looked up in the proposed plans file merged over the built-in plans, with the key's own
-quotas from the keys file. Requests of a plan the file does not define or removes, and of
-keys on a per-key plan with no quotas in the keys file, are reported as unmatched.
+quotas from the keys file (checked against the proposed plans, as a reload would check
+it). Requests of a plan the file does not define or removes, and of keys on a per-key
+plan with no quotas in the keys file, are reported as unmatched.
 
 Peak window use: for each key, the highest share of its limit (used/limit) that any of
 its windows reached just after one of its admissions under the proposed plan (100%: a
 window used to the full); p50, p95 and p99 are nearest-rank percentiles over the plan's
-keys. Most affected keys: by requests refused (limited or banned) under the proposal.
+keys that had an admission. Most affected keys: by requests refused (limited or banned)
+under the proposal, then by those refused then; keys refused neither way are left out.
 
 Logs may be gzip-compressed (told by their content) or '-' for standard input. Lines that
 are not access lines are skipped; malformed ones are counted and reported. Fails when no
@@ -93,9 +96,13 @@ func runSimulate(ctx context.Context, fs *flag.FlagSet, args []string, stdout, s
 			strings.Join(logs, ", "), c.Lines, c.Malformed, c.Other, c.NotAsked)
 	}
 	overrides := map[string][]ratelimit.Window{}
+	labels := map[string]string{}
 	for _, r := range keys.Records() {
 		if len(r.Overrides) > 0 {
 			overrides[r.ID] = r.Overrides
+		}
+		if r.Label != "" {
+			labels[r.ID] = r.Label
 		}
 	}
 	rep, err := replay.Run(ctx, log, replay.Options{Plans: plans, Overrides: overrides, Top: *top})
@@ -105,7 +112,7 @@ func runSimulate(ctx context.Context, fs *flag.FlagSet, args []string, stdout, s
 	if n := log.Total.Malformed; n > 0 {
 		fmt.Fprintf(stderr, "petstore: plans simulate: %d malformed lines skipped\n", n)
 	}
-	sim := simulation{plansFile: *plansFile, keysFile: *keysFile, logs: logs, plans: plans, log: log, report: rep}
+	sim := simulation{plansFile: *plansFile, keysFile: *keysFile, logs: logs, plans: plans, labels: labels, log: log, report: rep}
 	if *format == "json" {
 		return sim.writeJSON(stdout)
 	}
@@ -143,6 +150,7 @@ type simulation struct {
 	plans               *plan.Set
 	log                 *accesslog.Log
 	report              *replay.Report
+	labels              map[string]string // by key id, from the keys file
 }
 
 // proposed describes the proposed plan the log's plan name stands for, in
@@ -190,20 +198,20 @@ func (s simulation) writeText(w io.Writer) error {
 		c.Lines, c.Replayable, c.NotAsked, c.Other, c.Malformed)
 	for _, p := range r.Plans {
 		fmt.Fprintf(w, "\nPlan %s, proposed: %s\n", p.Name, s.proposed(p))
-		if err := writePlanText(w, p, true); err != nil {
+		if err := writePlanText(w, p, s.labels); err != nil {
 			return err
 		}
 	}
 	if len(r.Plans) > 1 {
 		fmt.Fprintf(w, "\nAll plans\n")
-		return writePlanText(w, r.Total, false)
+		return writePlanText(w, r.Total, nil)
 	}
 	return nil
 }
 
-// writePlanText writes the figures of one plan (or of all), and its most
-// affected keys when keys is set.
-func writePlanText(w io.Writer, p replay.Plan, keys bool) error {
+// writePlanText writes the figures of one plan (or of all, labels nil),
+// and its most affected keys with the labels the keys file gives them.
+func writePlanText(w io.Writer, p replay.Plan, labels map[string]string) error {
 	fmt.Fprintf(w, "  %d requests of %s", p.Requests, keysText(p.Keys))
 	if p.Shadow > 0 {
 		fmt.Fprintf(w, "; %d decided in shadow mode then (not enforced)", p.Shadow)
@@ -228,19 +236,20 @@ func writePlanText(w io.Writer, p replay.Plan, keys bool) error {
 		return err
 	}
 	if replayed {
-		fmt.Fprintf(w, "  bans begun: %d; peak window use over %d keys: p50 %s, p95 %s, p99 %s\n",
-			p.Bans, p.Peak.Keys, percent(p.Peak.P50), percent(p.Peak.P95), percent(p.Peak.P99))
+		fmt.Fprintf(w, "  bans begun: %d; peak window use over %s: p50 %s, p95 %s, p99 %s\n",
+			p.Bans, keysText(p.Peak.Keys), percent(p.Peak.P50), percent(p.Peak.P95), percent(p.Peak.P99))
 	}
 	switch {
-	case !keys || !replayed:
-	case len(p.Top) == 0:
+	case labels == nil || !replayed:
+	case p.Then.Refused() == 0 && p.Proposed.Refused() == 0:
 		fmt.Fprintln(w, "  no key refused, then or under the proposal")
-	default:
+	case len(p.Top) > 0:
 		fmt.Fprintln(w, "  most affected keys:")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  KEY\tREQUESTS\tTHEN LIMITED\tBANNED\tPROPOSED LIMITED\tBANNED\tPEAK")
+		fmt.Fprintln(tw, "  KEY\tLABEL\tREQUESTS\tTHEN LIMITED\tBANNED\tPROPOSED LIMITED\tBANNED\tPEAK")
 		for _, k := range p.Top {
-			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%s\n", k.KeyID, k.Requests, k.Then.Limited, k.Then.Banned,
+			label := cmp.Or(labels[k.KeyID], "-")
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", k.KeyID, label, k.Requests, k.Then.Limited, k.Then.Banned,
 				k.Proposed.Limited, k.Proposed.Banned, percent(k.Peak))
 		}
 		return tw.Flush()
@@ -313,7 +322,9 @@ type (
 		P99  float64 `json:"p99"`
 	}
 	jsonSimKey struct {
-		KeyID    string       `json:"key_id"`
+		KeyID string `json:"key_id"`
+		// Label is the key's label in the keys file; empty when unknown.
+		Label    string       `json:"label"`
 		Requests int64        `json:"requests"`
 		Then     jsonThen     `json:"then"`
 		Proposed jsonProposed `json:"proposed"`
@@ -325,12 +336,12 @@ type (
 func (s simulation) writeJSON(w io.Writer) error {
 	r := s.report
 	out := jsonSimulation{PlansFile: s.plansFile, KeysFile: s.keysFile, AccessLogs: []jsonAccessLog{}, Lines: s.log.Total,
-		From: r.From.Format(time.RFC3339Nano), To: r.To.Format(time.RFC3339Nano), Plans: []jsonSimPlan{}, Total: simPlanJSON(r.Total)}
+		From: r.From.Format(time.RFC3339Nano), To: r.To.Format(time.RFC3339Nano), Plans: []jsonSimPlan{}, Total: simPlanJSON(r.Total, nil)}
 	for i, name := range s.logs {
 		out.AccessLogs = append(out.AccessLogs, jsonAccessLog{Name: name, Lines: s.log.Inputs[i]})
 	}
 	for _, p := range r.Plans {
-		jp := simPlanJSON(p)
+		jp := simPlanJSON(p, s.labels)
 		if pl, ok := s.plans.Lookup(p.Name); ok {
 			desc := planJSON(pl, sourceOf(s.plans, pl.Name))
 			jp.Proposal = &desc
@@ -342,7 +353,7 @@ func (s simulation) writeJSON(w io.Writer) error {
 	return enc.Encode(out)
 }
 
-func simPlanJSON(p replay.Plan) jsonSimPlan {
+func simPlanJSON(p replay.Plan, labels map[string]string) jsonSimPlan {
 	jp := jsonSimPlan{Plan: p.Name, Requests: p.Requests, Keys: p.Keys,
 		Then:      thenJSON(p.Then, p.Shadow),
 		Proposed:  proposedJSON(p.Proposed, p.Bans),
@@ -350,7 +361,7 @@ func simPlanJSON(p replay.Plan) jsonSimPlan {
 		Peak:      jsonPeak{Keys: p.Peak.Keys, P50: p.Peak.P50, P95: p.Peak.P95, P99: p.Peak.P99},
 		TopKeys:   []jsonSimKey{}}
 	for _, k := range p.Top {
-		jp.TopKeys = append(jp.TopKeys, jsonSimKey{KeyID: k.KeyID, Requests: k.Requests, Then: thenJSON(k.Then, k.Shadow),
+		jp.TopKeys = append(jp.TopKeys, jsonSimKey{KeyID: k.KeyID, Label: labels[k.KeyID], Requests: k.Requests, Then: thenJSON(k.Then, k.Shadow),
 			Proposed: proposedJSON(k.Proposed, k.Bans), Peak: k.Peak})
 	}
 	return jp

@@ -298,7 +298,7 @@ func TestPlansSimulateUnmatchedAndMalformed(t *testing.T) {
 		t.Fatal(err)
 	}
 	withQuota := apikey.IDFromHash(apikey.Hash(key))
-	keysFile := writeFile(t, "keys.yaml", []byte("keys:\n  - {key: "+key+", plan: enterprise, quotas: [{limit: 2, period: 1m}]}\n"))
+	keysFile := writeFile(t, "keys.yaml", []byte("keys:\n  - {key: "+key+", plan: enterprise, label: bigco, quotas: [{limit: 2, period: 1m}]}\n"))
 	var reqs []logged
 	for i := range 4 {
 		at := simT0.Add(time.Duration(i) * time.Second)
@@ -327,6 +327,9 @@ func TestPlansSimulateUnmatchedAndMalformed(t *testing.T) {
 	}
 	if want := (jsonProposed{Allowed: 2, Limited: 2, KeysLimited: 1}); ent.Proposed != want {
 		t.Errorf("enterprise, the key's own 2/1m: proposed %+v, want %+v", ent.Proposed, want)
+	}
+	if k := keyOf(t, ent, withQuota); k.Label != "bigco" || k.Requests != 4 {
+		t.Errorf("enterprise key %+v, want its label from the keys file", k)
 	}
 	pro := planOf(t, rep, "pro")
 	if pro.Proposal != nil || pro.Unmatched != (jsonUnmatched{Requests: 4, Keys: 1, Reason: "removed by the proposed plans"}) ||
@@ -357,7 +360,7 @@ func TestPlansSimulateUnmatchedAndMalformed(t *testing.T) {
 			t.Errorf("text report lacks %q:\n%s", want, out)
 		}
 	}
-	if !regexp.MustCompile(`(?m)^  most affected keys:\n  KEY +REQUESTS +THEN LIMITED +BANNED +PROPOSED LIMITED +BANNED +PEAK\n  ` + withQuota + ` +4 +0 +0 +2 +0 +100\.0%$`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^  most affected keys:\n  KEY +LABEL +REQUESTS +THEN LIMITED +BANNED +PROPOSED LIMITED +BANNED +PEAK\n  ` + withQuota + ` +bigco +4 +0 +0 +2 +0 +100\.0%$`).MatchString(out) {
 		t.Errorf("text report lacks the enterprise key's row:\n%s", out)
 	}
 }
