@@ -107,10 +107,6 @@ func (f *strField) usable() bool { return f.set && f.isStr && len(f.val) > 0 }
 // U+FFFD). It is reused from line to line, so it allocates only while its
 // scratch buffers grow.
 type parser struct {
-	b     []byte
-	i     int
-	depth int
-
 	key                                  strField
 	msg, time, keyID, plan, rl, duration strField // duration holds the number's text
 	durIsNum                             bool
@@ -126,19 +122,17 @@ type parser struct {
 const maxDepth = 10000
 
 func (p *parser) parse(line []byte) Kind {
-	p.b, p.i, p.depth = line, 0, 0
 	p.msg.set, p.time.set, p.keyID.set, p.plan.set, p.rl.set, p.duration.set, p.shadowSet = false, false, false, false, false, false, false
-	switch p.peek() {
-	case 0:
-		if p.i == len(p.b) {
-			return Blank
-		}
-		return Malformed
-	case '{':
-	default:
+	b := line
+	i := skipSpace(b, 0)
+	switch {
+	case i == len(b):
+		return Blank
+	case b[i] != '{':
 		return Malformed
 	}
-	if !p.topObject() || p.peek() != 0 || p.i != len(p.b) {
+	i, ok := p.topObject(b, i)
+	if !ok || skipSpace(b, i) != len(b) {
 		return Malformed
 	}
 	return p.classify()
@@ -181,57 +175,69 @@ func (p *parser) classify() Kind {
 	return Replayable
 }
 
-// peek skips white space and returns the byte there, or 0 at the end of
-// the line (a NUL byte is never valid there either).
-func (p *parser) peek() byte {
-	if p.i < len(p.b) && p.b[p.i] > ' ' {
-		return p.b[p.i] // compact JSON, as slog writes it
+// The scanning functions take the line and a position in it and return
+// the position after what they read, and whether it was valid JSON.
+
+// ws returns the position of the next byte that is not white space.
+func ws(b []byte, i int) int {
+	if i < len(b) && b[i] > ' ' {
+		return i // compact JSON, as slog writes it
 	}
-	return p.skipSpace()
+	return skipSpace(b, i)
 }
 
-func (p *parser) skipSpace() byte {
-	for p.i < len(p.b) {
-		switch c := p.b[p.i]; c {
+func skipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
 		case ' ', '\t', '\n', '\r':
-			p.i++
+			i++
 		default:
-			return c
+			return i
 		}
 	}
-	return 0
+	return i
 }
 
-// topObject reads the line's object, keeping the members a replay needs.
-func (p *parser) topObject() bool {
-	p.i++ // {
-	p.depth = 1
-	if p.peek() == '}' {
-		p.i++
-		return true
+// topObject reads the line's object at b[i], keeping the members a replay
+// needs.
+func (p *parser) topObject(b []byte, i int) (int, bool) {
+	i = ws(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, true
 	}
 	for {
-		if p.peek() != '"' || !p.str(&p.key) || p.peek() != ':' {
-			return false
+		var ok bool
+		if i >= len(b) || b[i] != '"' {
+			return i, false
 		}
-		p.i++
-		if p.peek() == 0 || !p.member() {
-			return false
+		if i, ok = readStr(b, i, &p.key); !ok {
+			return i, false
 		}
-		switch p.peek() {
+		if i = ws(b, i); i >= len(b) || b[i] != ':' {
+			return i, false
+		}
+		if i = ws(b, i+1); i >= len(b) {
+			return i, false
+		}
+		if i, ok = p.member(b, i); !ok {
+			return i, false
+		}
+		if i = ws(b, i); i >= len(b) {
+			return i, false
+		}
+		switch b[i] {
 		case ',':
-			p.i++
+			i = ws(b, i+1)
 		case '}':
-			p.i++
-			return true
+			return i + 1, true
 		default:
-			return false
+			return i, false
 		}
 	}
 }
 
-// member reads the value of the member whose key was just read.
-func (p *parser) member() bool {
+// member reads the value at b[i] of the member whose key was just read.
+func (p *parser) member(b []byte, i int) (int, bool) {
 	var f *strField
 	switch string(p.key.val) {
 	case fieldMsg:
@@ -245,121 +251,123 @@ func (p *parser) member() bool {
 	case fieldRateLimit:
 		f = &p.rl
 	case fieldDuration:
-		start := p.i
 		p.duration.set = true
-		p.durIsNum = p.b[p.i] == '-' || '0' <= p.b[p.i] && p.b[p.i] <= '9'
-		if !p.value() {
-			return false
-		}
-		p.duration.val = p.b[start:p.i]
-		return true
+		p.durIsNum = b[i] == '-' || '0' <= b[i] && b[i] <= '9'
+		end, ok := value(b, i, 1)
+		p.duration.val = b[i:end]
+		return end, ok
 	case fieldShadow:
 		p.shadowSet = true
-		p.shadowIsBool = p.b[p.i] == 't' || p.b[p.i] == 'f'
-		p.shadowVal = p.b[p.i] == 't'
-		return p.value()
+		p.shadowIsBool = b[i] == 't' || b[i] == 'f'
+		p.shadowVal = b[i] == 't'
+		return value(b, i, 1)
 	default:
-		return p.value()
+		return value(b, i, 1)
 	}
 	f.set = true
-	if p.b[p.i] == '"' {
-		f.isStr = true
-		return p.str(f)
+	if f.isStr = b[i] == '"'; f.isStr {
+		return readStr(b, i, f)
 	}
-	f.isStr = false
-	return p.value()
+	return value(b, i, 1)
 }
 
-// value skips one JSON value starting at p.i, checking it.
-func (p *parser) value() bool {
-	switch c := p.b[p.i]; {
+// value skips the JSON value at b[i], inside depth levels of nesting.
+func value(b []byte, i, depth int) (int, bool) {
+	switch c := b[i]; {
 	case c == '"':
-		return p.skipStr()
+		return skipStr(b, i)
 	case c == '{':
-		return p.object()
+		return object(b, i, depth+1)
 	case c == '[':
-		return p.array()
+		return array(b, i, depth+1)
 	case c == '-' || '0' <= c && c <= '9':
-		return p.number()
+		return number(b, i)
 	case c == 't':
-		return p.literal("true")
+		return literal(b, i, "true")
 	case c == 'f':
-		return p.literal("false")
+		return literal(b, i, "false")
 	case c == 'n':
-		return p.literal("null")
+		return literal(b, i, "null")
 	}
-	return false
+	return i, false
 }
 
-func (p *parser) literal(lit string) bool {
-	if !bytes.HasPrefix(p.b[p.i:], []byte(lit)) {
-		return false
+func literal(b []byte, i int, lit string) (int, bool) {
+	if !bytes.HasPrefix(b[i:], []byte(lit)) {
+		return i, false
 	}
-	p.i += len(lit)
-	return true
+	return i + len(lit), true
 }
 
-func (p *parser) object() bool {
-	if p.depth++; p.depth > maxDepth {
-		return false
+func object(b []byte, i, depth int) (int, bool) {
+	if depth > maxDepth {
+		return i, false
 	}
-	p.i++ // {
-	if p.peek() == '}' {
-		p.i++
-		p.depth--
-		return true
+	if i = ws(b, i+1); i < len(b) && b[i] == '}' {
+		return i + 1, true
 	}
 	for {
-		if p.peek() != '"' || !p.skipStr() || p.peek() != ':' {
-			return false
+		var ok bool
+		if i >= len(b) || b[i] != '"' {
+			return i, false
 		}
-		p.i++
-		if p.peek() == 0 || !p.value() {
-			return false
+		if i, ok = skipStr(b, i); !ok {
+			return i, false
 		}
-		switch p.peek() {
+		if i = ws(b, i); i >= len(b) || b[i] != ':' {
+			return i, false
+		}
+		if i = ws(b, i+1); i >= len(b) {
+			return i, false
+		}
+		if i, ok = value(b, i, depth); !ok {
+			return i, false
+		}
+		if i = ws(b, i); i >= len(b) {
+			return i, false
+		}
+		switch b[i] {
 		case ',':
-			p.i++
+			i = ws(b, i+1)
 		case '}':
-			p.i++
-			p.depth--
-			return true
+			return i + 1, true
 		default:
-			return false
+			return i, false
 		}
 	}
 }
 
-func (p *parser) array() bool {
-	if p.depth++; p.depth > maxDepth {
-		return false
+func array(b []byte, i, depth int) (int, bool) {
+	if depth > maxDepth {
+		return i, false
 	}
-	p.i++ // [
-	if p.peek() == ']' {
-		p.i++
-		p.depth--
-		return true
+	if i = ws(b, i+1); i < len(b) && b[i] == ']' {
+		return i + 1, true
 	}
 	for {
-		if p.peek() == 0 || !p.value() {
-			return false
+		var ok bool
+		if i >= len(b) {
+			return i, false
 		}
-		switch p.peek() {
+		if i, ok = value(b, i, depth); !ok {
+			return i, false
+		}
+		if i = ws(b, i); i >= len(b) {
+			return i, false
+		}
+		switch b[i] {
 		case ',':
-			p.i++
+			i = ws(b, i+1)
 		case ']':
-			p.i++
-			p.depth--
-			return true
+			return i + 1, true
 		default:
-			return false
+			return i, false
 		}
 	}
 }
 
 // number checks a JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-func (p *parser) number() bool {
-	b, i := p.b, p.i
+func number(b []byte, i int) (int, bool) {
 	if b[i] == '-' {
 		i++
 	}
@@ -371,7 +379,7 @@ func (p *parser) number() bool {
 			i++
 		}
 	default:
-		return false
+		return i, false
 	}
 	if i < len(b) && b[i] == '.' {
 		i++
@@ -380,7 +388,7 @@ func (p *parser) number() bool {
 			i++
 		}
 		if i == d {
-			return false
+			return i, false
 		}
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
@@ -393,11 +401,10 @@ func (p *parser) number() bool {
 			i++
 		}
 		if i == d {
-			return false
+			return i, false
 		}
 	}
-	p.i = i
-	return true
+	return i, true
 }
 
 // plain marks the bytes that stand for themselves in a JSON string and
@@ -409,31 +416,28 @@ var plain = func() (t [256]bool) {
 	return t
 }()
 
-// skipStr skips a string starting at p.i (its opening quote), checking
-// its escapes and that it holds no control character. Bytes past ASCII
-// are not checked, as encoding/json does not check them (it reads invalid
-// UTF-8 as U+FFFD).
-func (p *parser) skipStr() bool {
-	b, i := p.b, p.i+1
-	for i < len(b) {
+// skipStr skips the string at b[i] (its opening quote), checking its
+// escapes and that it holds no control character. Bytes past ASCII are
+// not checked: encoding/json reads invalid UTF-8 as U+FFFD.
+func skipStr(b []byte, i int) (int, bool) {
+	for i++; i < len(b); {
 		c := b[i]
 		switch {
 		case plain[c] || c >= utf8.RuneSelf:
 			i++
 		case c == '"':
-			p.i = i + 1
-			return true
+			return i + 1, true
 		case c == '\\':
 			n := escLen(b[i:])
 			if n == 0 {
-				return false
+				return i, false
 			}
 			i += n
 		default: // a control character
-			return false
+			return i, false
 		}
 	}
-	return false
+	return i, false
 }
 
 // escLen returns the length of the valid escape sequence at the start of
@@ -471,26 +475,25 @@ func hexVal(c byte) rune {
 	return -1
 }
 
-// str reads the string starting at p.i into f.val, decoded.
-func (p *parser) str(f *strField) bool {
-	b, start := p.b, p.i+1
-	i := start
-	for i < len(b) && plain[b[i]] {
-		i++
+// readStr reads the string at b[i] into f.val, decoded.
+func readStr(b []byte, i int, f *strField) (int, bool) {
+	start := i + 1
+	j := start
+	for j < len(b) && plain[b[j]] {
+		j++
 	}
-	if i < len(b) && b[i] == '"' {
-		f.val = b[start:i]
-		p.i = i + 1
-		return true
+	if j < len(b) && b[j] == '"' {
+		f.val = b[start:j]
+		return j + 1, true
 	}
 	// Escapes, bytes past ASCII or an error: find the end, then decode.
-	p.i = start - 1
-	if !p.skipStr() {
-		return false
+	end, ok := skipStr(b, i)
+	if !ok {
+		return end, false
 	}
-	f.scratch = unquote(f.scratch[:0], b[start:p.i-1])
+	f.scratch = unquote(f.scratch[:0], b[start:end-1])
 	f.val = f.scratch
-	return true
+	return end, true
 }
 
 // unquote appends to dst the contents of a JSON string (without its
