@@ -27,6 +27,10 @@ type Simulator struct {
 	// cleared and used again: a replay of many keys then allocates
 	// records for the busiest moment's keys only.
 	spare map[string][]*ringState
+	// The key of the last decision: a replay decides a key's requests
+	// one after the other.
+	lastName string
+	lastKey  *simKey
 }
 
 // simKey is one key's state and the plan of its last decision, reused
@@ -72,10 +76,13 @@ func NewSimulator(opts Options) *Simulator {
 // refusals are not counted, exactly as the limiter does. It returns an
 // error only for an invalid policy.
 func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, error) {
-	k := s.keys[key]
-	if k == nil {
-		k = &simKey{}
-		s.keys[key] = k
+	k := s.lastKey
+	if k == nil || s.lastName != key {
+		if k = s.keys[key]; k == nil {
+			k = &simKey{}
+			s.keys[key] = k
+		}
+		s.lastName, s.lastKey = key, k
 	}
 	if k.pl == nil || !samePolicy(k.pl.given, p) {
 		pl, err := s.plan(p)
@@ -104,6 +111,9 @@ func (s *Simulator) Forget(key string) {
 		return
 	}
 	delete(s.keys, key)
+	if s.lastKey == k {
+		s.lastName, s.lastKey = "", nil
+	}
 	for name, r := range k.st.windows {
 		s.spare[name] = append(s.spare[name], r)
 	}

@@ -276,11 +276,17 @@ func (t *tally) replayKey(sim *ratelimit.Simulator, log *accesslog.Log, k int, b
 	overrides := opts.Overrides[id]
 	var own map[uint32]resolved // the key's policies, when it has quotas of its own
 	clear(t.cur)
+	var kt *keyTally
+	var ktPlan uint32
 	for _, r := range log.KeyRequests(k) {
-		kt := t.cur[r.Plan]
-		if kt == nil {
-			kt = &keyTally{Key: Key{KeyID: id}}
-			t.cur[r.Plan] = kt
+		if kt == nil || ktPlan != r.Plan {
+			// A key is on one plan nearly always: look it up only when
+			// the plan changes.
+			if kt = t.cur[r.Plan]; kt == nil {
+				kt = &keyTally{Key: Key{KeyID: id}}
+				t.cur[r.Plan] = kt
+			}
+			ktPlan = r.Plan
 		}
 		kt.Requests++
 		kt.Then.count(ratelimit.Outcome(r.Outcome))
