@@ -90,17 +90,19 @@ type Log struct {
 // KeyRequests returns the requests of key i, in time order.
 func (l *Log) KeyRequests(i int) []Request { return l.Requests[l.Start[i]:l.Start[i+1]] }
 
-// chunkSize is how much of a log a worker parses at once.
-const chunkSize = 1 << 20
-
-// maxLine bounds a line: a longer one is counted malformed and skipped.
-const maxLine = 64 << 20
+// sizes are the reader's buffer sizes.
+type sizes struct {
+	// chunk is how much of a log a worker parses at once.
+	chunk int
+	// maxLine bounds a line: a longer one is counted malformed and skipped.
+	maxLine int
+}
 
 // chunk is whole lines of one input.
 type chunk struct {
 	input int
 	buf   []byte
-	// overlong counts lines over maxLine dropped just before buf.
+	// overlong counts lines over the longest dropped just before buf.
 	overlong int64
 }
 
@@ -110,6 +112,12 @@ type chunk struct {
 // The error is about an input that cannot be opened or read (a truncated
 // gzip stream, say), and names it.
 func Read(ctx context.Context, inputs []Input, workers int) (*Log, error) {
+	// Chunks large enough that a worker rarely waits for the next, and
+	// room for any line the service writes.
+	return read(ctx, inputs, workers, sizes{chunk: 1 << 20, maxLine: 64 << 20})
+}
+
+func read(ctx context.Context, inputs []Input, workers int, sz sizes) (*Log, error) {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
@@ -130,13 +138,13 @@ func Read(ctx context.Context, inputs []Input, workers int) (*Log, error) {
 		opened[i] = rc
 	}
 
-	pool := sync.Pool{New: func() any { b := make([]byte, 0, chunkSize); return &b }}
+	pool := sync.Pool{New: func() any { b := make([]byte, 0, sz.chunk); return &b }}
 	chunks := make(chan chunk, 2*workers)
 	var readers sync.WaitGroup
 	for i, in := range inputs {
 		readers.Go(func() {
 			defer opened[i].Close()
-			if err := readInput(ctx, i, in.Name, opened[i], &pool, chunks); err != nil {
+			if err := readInput(ctx, i, in.Name, opened[i], sz.maxLine, &pool, chunks); err != nil {
 				cancel(err)
 			}
 		})
@@ -154,7 +162,7 @@ func Read(ctx context.Context, inputs []Input, workers int) (*Log, error) {
 		parsers.Go(func() {
 			for c := range chunks {
 				pt.parseChunk(c)
-				if cap(c.buf) == chunkSize {
+				if cap(c.buf) == sz.chunk {
 					b := c.buf[:0]
 					pool.Put(&b)
 				}
@@ -169,7 +177,7 @@ func Read(ctx context.Context, inputs []Input, workers int) (*Log, error) {
 }
 
 // readInput sends the input's lines in chunks of whole lines.
-func readInput(ctx context.Context, idx int, name string, rc io.Reader, pool *sync.Pool, out chan<- chunk) error {
+func readInput(ctx context.Context, idx int, name string, rc io.Reader, maxLine int, pool *sync.Pool, out chan<- chunk) error {
 	br := bufio.NewReaderSize(rc, 64<<10)
 	var r io.Reader = br
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {

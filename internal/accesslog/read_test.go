@@ -38,6 +38,9 @@ func gzipped(t *testing.T, b []byte) []byte {
 
 var t0 = time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
 
+// small sizes make a test log of a few thousand lines many chunks.
+var small = sizes{chunk: 16 << 10, maxLine: 64 << 10}
+
 func accessLine(at time.Time, dur time.Duration, key, plan, outcome string) string {
 	return fmt.Sprintf(`{"time":%q,"level":"INFO","msg":"request","request_id":"r","method":"GET","route":"/v1/pets","path":"/v1/pets","status":200,"duration_ms":%v,"bytes":2,"client_ip":"192.0.2.1","key_id":%q,"plan":%q,"ratelimit":%q}`,
 		at.Add(dur).Format(time.RFC3339Nano), float64(dur.Microseconds())/1000, key, plan, outcome)
@@ -124,7 +127,7 @@ func sameEntries(t *testing.T, got, want map[string][]Entry) {
 func TestReadAcrossChunksAndInputs(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
-	lines := genLog(rng, 30000) // about 9 MB: many chunks
+	lines := genLog(rng, 3000) // about 900 KB: many small chunks
 	want := expected(lines)
 
 	// Three "replicas": the lines dealt at random, one gzip-compressed,
@@ -140,7 +143,7 @@ func TestReadAcrossChunksAndInputs(t *testing.T) {
 		bytesInput("c", []byte(strings.Join(parts[2], "\r\n")+"\r\n\n\n")),
 	}
 	for _, workers := range []int{1, 3} {
-		l, err := Read(context.Background(), inputs, workers)
+		l, err := read(context.Background(), inputs, workers, small)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,17 +171,17 @@ func TestReadAcrossChunksAndInputs(t *testing.T) {
 func TestReadIsDeterministic(t *testing.T) {
 	t.Parallel()
 	var lines []string
-	for i := range 50000 {
+	for i := range 5000 {
 		// Many requests of one key at the same instant, in mixed outcomes.
 		lines = append(lines, accessLine(t0, 0, "key_same", []string{"free", "pro"}[i%2], []string{"allowed", "limited", "banned"}[i%3]))
 	}
 	log := []byte(strings.Join(lines, "\n"))
-	first, err := Read(context.Background(), []Input{bytesInput("x", log)}, 1)
+	first, err := read(context.Background(), []Input{bytesInput("x", log)}, 1, small)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
-		l, err := Read(context.Background(), []Input{bytesInput("x", log)}, 4)
+	for range 2 {
+		l, err := read(context.Background(), []Input{bytesInput("x", log)}, 4, small)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,11 +193,12 @@ func TestReadIsDeterministic(t *testing.T) {
 
 func TestReadLongLines(t *testing.T) {
 	t.Parallel()
+	sz := sizes{chunk: 4096, maxLine: 64 << 10}
 	long := strings.Replace(accessLine(t0, time.Millisecond, "key_long", "free", "allowed"), `"path":"/v1/pets"`,
-		`"path":"/`+strings.Repeat("p", 3*chunkSize)+`"`, 1)
-	overlong := `{"msg":"` + strings.Repeat("x", maxLine) + `"}`
+		`"path":"/`+strings.Repeat("p", 3*sz.chunk)+`"`, 1)
+	overlong := `{"msg":"` + strings.Repeat("x", sz.maxLine) + `"}`
 	log := strings.Join([]string{accessLine(t0, 0, "key_a", "free", "allowed"), long, overlong, accessLine(t0, 0, "key_b", "free", "limited")}, "\n")
-	l, err := Read(context.Background(), []Input{bytesInput("x", []byte(log))}, 2)
+	l, err := read(context.Background(), []Input{bytesInput("x", []byte(log))}, 2, sz)
 	if err != nil {
 		t.Fatal(err)
 	}
