@@ -92,7 +92,7 @@ func runSimulate(ctx context.Context, fs *flag.FlagSet, args []string, stdout, s
 	if log.Total.Replayable == 0 {
 		c := log.Total
 		return fmt.Errorf("nothing to replay: no line of %s is an access line with a rate-limit decision "+
-			"(%d lines: %d malformed, %d other messages, %d requests the limiter was not asked about)",
+			"(%d lines: %d malformed, %d other messages, %d not decided by the limiter)",
 			strings.Join(logs, ", "), c.Lines, c.Malformed, c.Other, c.NotAsked)
 	}
 	overrides := map[string][]ratelimit.Window{}
@@ -198,20 +198,20 @@ func (s simulation) writeText(w io.Writer) error {
 		c.Lines, c.Replayable, c.NotAsked, c.Other, c.Malformed)
 	for _, p := range r.Plans {
 		fmt.Fprintf(w, "\nPlan %s, proposed: %s\n", p.Name, s.proposed(p))
-		if err := writePlanText(w, p, s.labels); err != nil {
+		if err := writePlanText(w, p, true, s.labels); err != nil {
 			return err
 		}
 	}
 	if len(r.Plans) > 1 {
 		fmt.Fprintf(w, "\nAll plans\n")
-		return writePlanText(w, r.Total, nil)
+		return writePlanText(w, r.Total, false, nil)
 	}
 	return nil
 }
 
-// writePlanText writes the figures of one plan (or of all, labels nil),
-// and its most affected keys with the labels the keys file gives them.
-func writePlanText(w io.Writer, p replay.Plan, labels map[string]string) error {
+// writePlanText writes the figures of one plan (or of all), and with top
+// its most affected keys, with the labels the keys file gives them.
+func writePlanText(w io.Writer, p replay.Plan, top bool, labels map[string]string) error {
 	fmt.Fprintf(w, "  %d requests of %s", p.Requests, keysText(p.Keys))
 	if p.Shadow > 0 {
 		fmt.Fprintf(w, "; %d decided in shadow mode then (not enforced)", p.Shadow)
@@ -240,7 +240,7 @@ func writePlanText(w io.Writer, p replay.Plan, labels map[string]string) error {
 			p.Bans, keysText(p.Peak.Keys), percent(p.Peak.P50), percent(p.Peak.P95), percent(p.Peak.P99))
 	}
 	switch {
-	case labels == nil || !replayed:
+	case !top || !replayed:
 	case p.Then.Refused() == 0 && p.Proposed.Refused() == 0:
 		fmt.Fprintln(w, "  no key refused, then or under the proposal")
 	case len(p.Top) > 0:

@@ -383,7 +383,7 @@ func TestPlansSimulateUsage(t *testing.T) {
 		{[]string{"simulate", "--access-log", logFile, "--plans", writeFile(t, "bad.yaml", []byte("plans:\n  tiny: {}\n"))}, "plans.tiny.quotas (line 2)"},
 		{[]string{"simulate", "--access-log", logFile, "--keys", writeFile(t, "keys.yaml", []byte("keys:\n  - {sha256: abc, plan: free}\n"))}, "keys[0].sha256 (line 2)"},
 		{[]string{"simulate", "--access-log", writeFile(t, "other.log", []byte("{\"msg\":\"listening\"}\nnot json\n{\"msg\":\"request\",\"status\":401}\n"))},
-			"nothing to replay: no line of " + "%s is an access line with a rate-limit decision (3 lines: 1 malformed, 1 other messages, 1 requests the limiter was not asked about)"},
+			"nothing to replay: no line of " + "%s is an access line with a rate-limit decision (3 lines: 1 malformed, 1 other messages, 1 not decided by the limiter)"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
