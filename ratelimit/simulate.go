@@ -15,7 +15,11 @@ import (
 //
 // Keys never share state: replay each key's requests in time order (a time
 // before the key's previous request is taken as that request's, so a key's
-// clock never runs back). A Simulator is not safe for concurrent use;
+// clock never runs back). A key whose policy changes from one request to
+// the next keeps its counts as in a Limiter without Redis: windows of the
+// same period share their records, and a new period starts from the key's
+// record of another (as the script does from the periods the replicas
+// list). A Simulator is not safe for concurrent use;
 // disjoint sets of keys can be replayed in parallel on Simulators of their
 // own.
 type Simulator struct {

@@ -129,7 +129,8 @@ type Plan struct {
 type Report struct {
 	// Plans are in name order.
 	Plans []Plan
-	// Total sums the plans (its Peak is over every key, Top is empty).
+	// Total sums the plans: its key counts count a key once, its Peak is
+	// over the keys of every plan, its Top is empty.
 	Total Plan
 	// From and To are the earliest and latest request.
 	From, To time.Time
