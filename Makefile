@@ -89,12 +89,16 @@ bench: services
 	$(GO) test -run '^$$' -bench . -benchtime=40000x -count=1 ./ratelimit/ | tee bench.txt
 	$(GO) test -c -o bin/petstore.test ./cmd/petstore/
 	for i in 1 2 3 4 5 6; do bin/petstore.test -test.run '^$$' -test.bench ListPetsEndToEnd -test.benchtime 3s; done | tee -a bench.txt
+	bin/petstore.test -test.run '^$$' -test.bench Simulate -test.benchtime 5x -test.count 3 | tee -a bench.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/memstore/ ./internal/apikey/ ./internal/httpapi/ | tee -a bench.txt
 
-## fuzz: the createPet fuzzer, and the limiter's invariant tests over 2000 generated plans with a random seed
+## fuzz: the createPet fuzzer, the access-log scanner against encoding/json and time.Parse, and the limiter's
+## invariant tests (and the replay Simulator's) over 2000 generated plans with a random seed
 fuzz: services
 	$(GO) test -run '^$$' -fuzz FuzzCreatePet -fuzztime 60s ./internal/httpapi/
-	$(GO) test -count=1 -timeout 60m -run Invariant ./ratelimit/ -args -invariant.cases 2000 -invariant.seed 0
+	$(GO) test -run '^$$' -fuzz FuzzParseLine -fuzztime 60s ./internal/accesslog/
+	$(GO) test -run '^$$' -fuzz FuzzParseTime -fuzztime 30s ./internal/accesslog/
+	$(GO) test -count=1 -timeout 60m -run 'Invariant|SimulatorMatches' ./ratelimit/ -args -invariant.cases 2000 -invariant.seed 0
 
 clean:
 	rm -rf bin bench.txt

@@ -6,6 +6,7 @@
 //	petstore keys create|list|revoke
 //	petstore limits show|unban|reset KEY-ID
 //	petstore plans check|show   validate the plans file, print the plans in force
+//	petstore plans simulate     replay access logs against proposed plans
 //	petstore version
 package main
 
@@ -50,6 +51,8 @@ Usage:
   petstore plans check FILE [--keys FILE] validate a plans file (and a keys file) as a reload would
   petstore plans show [--plans FILE] [--format text|yaml|json]
                                           the plans in force: the file merged over the built-in ones
+  petstore plans simulate --access-log FILE... [--plans FILE] [--keys FILE] [--top N] [--format text|json]
+                                          replay access logs against proposed plans: what they would limit and ban
   petstore version
 
 Every flag has a PETSTORE_* environment variable twin; run
@@ -73,7 +76,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "limits":
 		return runLimits(ctx, rest, getenv, stdout, stderr)
 	case "plans":
-		return runPlans(rest, getenv, stdout, stderr)
+		return runPlans(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "petstore %s (%s)\n", version, runtime.Version())
 		return nil

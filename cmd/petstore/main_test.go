@@ -253,6 +253,7 @@ func TestCommands(t *testing.T) {
 	}{
 		{[]string{"version"}, "", "petstore dev"},
 		{[]string{"help"}, "", "petstore limits show KEY-ID"},
+		{[]string{"help"}, "", "petstore plans simulate --access-log FILE..."},
 		{nil, "no command", ""},
 		{[]string{"frobnicate"}, "unknown command", ""},
 		{[]string{"serve", "--store", "postgres"}, "database-url", ""},

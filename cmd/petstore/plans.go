@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -18,11 +19,12 @@ import (
 	"github.com/animal-store/petstore/ratelimit"
 )
 
-const plansUsage = "check FILE [--keys FILE] | show [--plans FILE] [--format text|yaml|json]"
+const plansUsage = "check FILE [--keys FILE] | show [--plans FILE] [--format text|yaml|json] | " + simulateUsage
 
-// runPlans serves the plan tools, which need nothing but the files: they
-// read no other setting and reach no database or Redis.
-func runPlans(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// runPlans serves the plan tools, which need nothing but the files (and,
+// to simulate, access logs): they read no other setting and reach no
+// database or Redis.
+func runPlans(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("usage: petstore plans %s", plansUsage)
 	}
@@ -51,6 +53,8 @@ func runPlans(args []string, getenv func(string) string, stdout, stderr io.Write
 			return fmt.Errorf("plans show takes no arguments, got %q (give the file with --plans)", rest)
 		}
 		return showPlans(stdout, *plansFile, *format)
+	case "simulate":
+		return runSimulate(ctx, fs, args, stdout, stderr)
 	default:
 		return fmt.Errorf("unknown plans command %q; usage: petstore plans %s", sub, plansUsage)
 	}
@@ -109,19 +113,11 @@ func showPlans(stdout io.Writer, plansFile, format string) error {
 	if err != nil {
 		return err
 	}
-	builtin := plan.Defaults()
 	var shown []shownPlan
 	for _, name := range set.Names() {
 		p, _ := set.Lookup(name)
 		p.Candidate = byPeriod(p.Candidate)
-		src := sourceBuiltIn
-		if set.FromFile(name) {
-			src = sourceFile
-			if _, ok := builtin.Lookup(name); ok {
-				src = sourceChanged
-			}
-		}
-		shown = append(shown, shownPlan{Plan: p, source: src})
+		shown = append(shown, shownPlan{Plan: p, source: sourceOf(set, name)})
 	}
 	for _, name := range set.Removed() {
 		shown = append(shown, shownPlan{Plan: plan.Plan{Name: name}, source: sourceRemoved})
@@ -134,6 +130,17 @@ func showPlans(stdout io.Writer, plansFile, format string) error {
 	default:
 		return writePlansText(stdout, shown)
 	}
+}
+
+// sourceOf says where the plan called name in set comes from.
+func sourceOf(set *plan.Set, name string) string {
+	if !set.FromFile(name) {
+		return sourceBuiltIn
+	}
+	if _, ok := plan.Defaults().Lookup(name); ok {
+		return sourceChanged
+	}
+	return sourceFile
 }
 
 // byPeriod returns ws ordered by period, as the windows of a set are; the
@@ -304,17 +311,22 @@ func writePlansJSON(w io.Writer, plansFile string, shown []shownPlan) error {
 			out.Removed = append(out.Removed, p.Name)
 			continue
 		}
-		jp := jsonPlan{Name: p.Name, Source: p.source, FromFile: p.source != sourceBuiltIn, Mode: modeName(p.Plan), PerKey: p.PerKey,
-			Quotas: quotasJSON(p.Windows), Candidate: quotasJSON(p.Candidate)}
-		if b := p.Ban; b.Enabled() {
-			jp.Ban = &jsonBan{Threshold: b.Threshold, WithinSeconds: b.StrikeWindow.Seconds(), DurationSeconds: b.Base.Seconds(),
-				Multiplier: b.Multiplier, MaxSeconds: b.Max.Seconds(), MemorySeconds: b.Memory.Seconds()}
-		}
-		out.Plans = append(out.Plans, jp)
+		out.Plans = append(out.Plans, planJSON(p.Plan, p.source))
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
+}
+
+// planJSON states plan p, which comes from source.
+func planJSON(p plan.Plan, source string) jsonPlan {
+	jp := jsonPlan{Name: p.Name, Source: source, FromFile: source != sourceBuiltIn, Mode: modeName(p), PerKey: p.PerKey,
+		Quotas: quotasJSON(p.Windows), Candidate: quotasJSON(byPeriod(p.Candidate))}
+	if b := p.Ban; b.Enabled() {
+		jp.Ban = &jsonBan{Threshold: b.Threshold, WithinSeconds: b.StrikeWindow.Seconds(), DurationSeconds: b.Base.Seconds(),
+			Multiplier: b.Multiplier, MaxSeconds: b.Max.Seconds(), MemorySeconds: b.Memory.Seconds()}
+	}
+	return jp
 }
 
 func quotasJSON(ws []ratelimit.Window) []jsonQuota {
