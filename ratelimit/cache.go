@@ -77,8 +77,8 @@ func (c *rejectCache) answer(key string, pl *plan, now time.Time) (d Decision, p
 		delete(sh.keys, key)
 		return Decision{}, e.pending, false
 	}
-	if e.decision.Outcome == Limited && pl.ban && !e.flushing {
-		due := e.known+e.pending+1 > pl.strikes.limit ||
+	if e.decision.Outcome == Limited && pl.ban.on && !e.flushing {
+		due := e.known+e.pending+1 > pl.ban.strikes.limit ||
 			e.pending+1 >= c.flushEvery ||
 			now.Sub(e.synced) >= c.flushInterval
 		if due {
@@ -87,7 +87,7 @@ func (c *rejectCache) answer(key string, pl *plan, now time.Time) (d Decision, p
 			return Decision{}, pending, false
 		}
 	}
-	if e.decision.Outcome == Limited && pl.ban {
+	if e.decision.Outcome == Limited && pl.ban.on {
 		e.pending++
 	}
 	d = e.decision

@@ -247,3 +247,236 @@ func TestCandidateThroughTheLimiter(t *testing.T) {
 		}
 	})
 }
+
+// A candidate is what enforcement would have been: with no locally
+// answered rejections in between, the requests of a key under a policy
+// with candidate windows and a candidate ban policy get, from the
+// candidate, exactly the outcomes, window counts, strikes and bans a key
+// under a policy enforcing those windows and that ban policy (on the
+// candidate's coarser geometry) gets for the same requests at the same
+// times; extras (the rejections a replica answered locally before a
+// request) reach the candidate as requests in turn before it, so they
+// equal as many decisions of the enforcing key. Checked over generated
+// policies and traffic, by Redis time (both keys decided in one batch), on
+// miniredis, a real Redis and in process.
+
+// candidateBanCase is one generated case: with, a policy with candidate
+// windows and a candidate ban policy; enforcing, a policy enforcing them.
+type candidateBanCase struct {
+	t               *testing.T
+	with, enforcing *plan
+	what            string
+	bans, banned    int
+}
+
+func newCandidateBanCase(t *testing.T, rng *rand.Rand, maxPeriod time.Duration) *candidateBanCase {
+	p := genPolicies(rng, maxPeriod)[0]
+	p.Candidate = genCandidates(rng, maxPeriod)
+	sw := genPeriod(rng, min(maxPeriod, time.Hour))
+	p.CandidateBan = BanPolicy{Threshold: 1 + rng.Int64N(4), StrikeWindow: sw, Base: time.Duration(1+rng.Int64N(int64(2*sw))) + time.Microsecond,
+		Multiplier: 1 + rng.Float64()*2, Memory: 3 * sw}
+	if rng.IntN(3) == 0 {
+		p.CandidateBan.Max = p.CandidateBan.Base * 2
+	}
+	q := Policy{Name: "enforcing", Windows: p.Candidate, Ban: p.CandidateBan}
+	return &candidateBanCase{t: t, with: compile(p, DefaultBuckets, DefaultStrikeBuckets), enforcing: compile(q, CandidateBuckets, DefaultStrikeBuckets),
+		what: fmt.Sprintf("%v ban %+v, candidates %v, candidate ban %+v", p.Windows, p.Ban, p.Candidate, p.CandidateBan)}
+}
+
+// decideAt decides, at one instant, key "c" under c.with with extra
+// rejections answered before it, and the extra+1 requests they stand for
+// for key "x" under c.enforcing, and checks that they agree.
+func (c *candidateBanCase) check(vc verdict, vx []verdict, extra int64) {
+	t := c.t
+	t.Helper()
+	var adm, lim, ban int64
+	newBan := false
+	for _, v := range vx {
+		switch v.outcome {
+		case Allowed:
+			adm++
+		case Limited:
+			lim++
+		case Banned:
+			ban++
+		}
+		newBan = newBan || v.newBan
+	}
+	last := vx[len(vx)-1]
+	if vc.cAdm != adm || vc.cLim != lim || vc.cBan != ban || vc.cOutcome != last.outcome || vc.cNewBan != newBan ||
+		vc.cStrikes != last.strikes || vc.cBanUntil != last.banUntil || vc.cOffences != last.offences {
+		t.Fatalf("%s\nextra %d: candidate %v (admitted %d, limited %d, banned %d, new ban %v, strikes %d, ban until %d, offences %d)\nenforcing: %v (%d, %d, %d, %v, %d, %d, %d)",
+			c.what, extra, vc.cOutcome, vc.cAdm, vc.cLim, vc.cBan, vc.cNewBan, vc.cStrikes, vc.cBanUntil, vc.cOffences,
+			last.outcome, adm, lim, ban, newBan, last.strikes, last.banUntil, last.offences)
+	}
+	for i := range vc.cwin {
+		if vc.cwin[i] != last.win[i] {
+			t.Fatalf("%s\nextra %d: candidate window %d %+v, enforced %+v", c.what, extra, i, vc.cwin[i], last.win[i])
+		}
+	}
+	if newBan {
+		c.bans++
+	}
+	c.banned += int(ban)
+}
+
+// run drives 100 requests through decide, which decides the requests it
+// is given in order at one instant and returns their verdicts.
+func (c *candidateBanCase) run(rng *rand.Rand, decide func(dt int64, reqs []candidateReq) []verdict) {
+	for range 100 {
+		dt, _ := candidateTraffic(rng, c.with)
+		var extra int64
+		if rng.IntN(4) == 0 {
+			extra = 1 + rng.Int64N(6)
+		}
+		reqs := []candidateReq{{"c", c.with, input{lease: noLease, extra: extra}}}
+		for range extra + 1 {
+			reqs = append(reqs, candidateReq{"x", c.enforcing, input{lease: noLease}})
+		}
+		vs := decide(dt, reqs)
+		c.check(vs[0], vs[1:], extra)
+	}
+}
+
+// candidateReq is one request of candidateBanCase.run.
+type candidateReq struct {
+	key string
+	pl  *plan
+	in  input
+}
+
+func TestCandidateIsEnforcementMeasured(t *testing.T) {
+	t.Parallel()
+	bans, banned := 0, 0
+	count := func(c *candidateBanCase) {
+		bans, banned = bans+c.bans, banned+c.banned
+	}
+	script := func(t *testing.T, rdb *redis.Client, mini *miniredis.Miniredis, rng *rand.Rand, maxPeriod time.Duration) *candidateBanCase {
+		c := newCandidateBanCase(t, rng, maxPeriod)
+		c.t = t
+		prefix := randomPrefix(t)
+		now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+		c.run(rng, func(dt int64, reqs []candidateReq) []verdict {
+			now += dt
+			if mini != nil {
+				mini.SetTime(time.UnixMicro(now))
+			} else {
+				sleepShort(nil, dt)
+			}
+			ds := make([]decision, len(reqs))
+			for i, r := range reqs {
+				ds[i] = decision{keys: stateKeys(prefix, r.key, r.pl), pl: r.pl, nums: scriptNums(r.pl, r.in)}
+			}
+			replies, err := evalBatch(context.Background(), rdb, ds)
+			if err != nil {
+				t.Fatalf("%s: %v", c.what, err)
+			}
+			vs := make([]verdict, len(reqs))
+			for i, r := range reqs {
+				if vs[i], err = decode(r.pl, replies[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return vs
+		})
+		return c
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		rng := invariantRNG(t, 25)
+		m := miniredis.RunT(t)
+		m.ClockTTL(true)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: time.Minute})
+		t.Cleanup(func() { _ = rdb.Close() })
+		for i := range max(*invariantCases/2, 10) {
+			t.Run(fmt.Sprint("case", i), func(t *testing.T) { count(script(t, rdb, m, rng, MaxPeriod)) })
+			if t.Failed() {
+				return
+			}
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		onRealRedis(t, 26, func(t *testing.T, rdb *redis.Client, rng *rand.Rand, maxPeriod time.Duration) {
+			script(t, rdb, nil, rng, maxPeriod)
+		})
+	})
+	t.Run("in process", func(t *testing.T) {
+		t.Parallel()
+		rng := invariantRNG(t, 27)
+		for range *invariantCases {
+			c := newCandidateBanCase(t, rng, MaxPeriod)
+			states := map[string]*keyState{"c": {}, "x": {}}
+			now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+			c.run(rng, func(dt int64, reqs []candidateReq) []verdict {
+				now += dt
+				vs := make([]verdict, len(reqs))
+				for i, r := range reqs {
+					vs[i] = states[r.key].decide(r.pl, now, r.in)
+				}
+				return vs
+			})
+			count(c)
+		}
+	})
+	t.Cleanup(func() {
+		t.Logf("candidate bans begun %d, requests refused by them %d", bans, banned)
+		if !t.Failed() && (bans == 0 || banned == 0) {
+			t.Error("the generated traffic never had a candidate ban")
+		}
+	})
+}
+
+// TestCandidateBanThroughTheLimiter: a candidate ban policy bans, in
+// measurement only, a key its candidate windows keep limiting: through
+// Allow (the candidate outcome), Usage, the metrics and Unban, on
+// miniredis, a real Redis and in process; enforcement is untouched.
+func TestCandidateBanThroughTheLimiter(t *testing.T) {
+	t.Parallel()
+	p := Policy{Name: "cban", Windows: []Window{{Limit: 5, Period: time.Minute}}, Candidate: []Window{{Limit: 2, Period: time.Minute}},
+		CandidateBan: BanPolicy{Threshold: 1, StrikeWindow: time.Minute, Base: time.Minute, Multiplier: 2, Memory: time.Hour}}
+	onEveryStore(t, Options{MaxLease: 64}, func(t *testing.T, l *Limiter, reg *prometheus.Registry) {
+		ctx := context.Background()
+		// Candidate: two admitted, a strike, a second strike over the
+		// threshold of one (banned), then banned; enforced: five of six.
+		want := []Outcome{Allowed, Allowed, Limited, Banned, Banned, Banned}
+		for i, wc := range want {
+			d, err := l.Allow(ctx, "k", p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wo := Allowed
+			if i >= 5 {
+				wo = Limited
+			}
+			if d.Outcome != wo || d.CandidateOutcome != wc {
+				t.Fatalf("request %d: %s, candidate %s; want %s, candidate %s", i+1, d.Outcome, d.CandidateOutcome, wo, wc)
+			}
+		}
+		u, err := l.Usage(ctx, "k", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.CandidateBannedUntil.IsZero() || u.CandidateOffences != 1 || u.CandidateStrikes != 0 || !u.BannedUntil.IsZero() || u.Candidate[0].Used != 2 {
+			t.Fatalf("usage %+v: want a candidate ban (1 offence, strikes started over), no enforced ban, candidate 2 used", u)
+		}
+		for o, want := range map[string]float64{"allowed": 2, "limited": 1, "banned": 3} {
+			if got := testenv.CounterSum(t, reg, "petstore_ratelimit_candidate_decisions_total", map[string]string{"plan": "cban", "outcome": o}); got != want {
+				t.Errorf("candidate_decisions_total{outcome=%q} = %v, want %v", o, got, want)
+			}
+		}
+		if got := testenv.CounterSum(t, reg, "petstore_ratelimit_candidate_bans_total", map[string]string{"plan": "cban"}); got != 1 {
+			t.Errorf("candidate_bans_total = %v, want 1", got)
+		}
+		if got := testenv.CounterSum(t, reg, "petstore_ratelimit_bans_total", map[string]string{"plan": "cban"}); got != 0 {
+			t.Errorf("bans_total = %v, want 0: the candidate bans nothing", got)
+		}
+		// Unban lifts the candidate's ban too.
+		if err := l.Unban(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		if u, err := l.Usage(ctx, "k", p); err != nil || !u.CandidateBannedUntil.IsZero() || u.CandidateOffences != 0 {
+			t.Fatalf("after Unban: %+v %v", u, err)
+		}
+	})
+}

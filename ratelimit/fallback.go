@@ -195,7 +195,7 @@ func (e *fallbackEntry) seedState(pl, lp *plan, now, n int64) (*keyState, []take
 			tk = append(tk, taken{ring: r.name, n: n})
 		}
 	}
-	if lp.ban && e.banUntil > now {
+	if lp.ban.on && e.banUntil > now {
 		st.ban.until = e.banUntil
 	}
 	return st, tk
@@ -230,7 +230,7 @@ func (f *fallback) unban(key string) {
 	if e := sh.keys[key]; e != nil {
 		e.banUntil = 0
 		if e.state != nil {
-			e.state.ban = banState{}
+			e.state.ban, e.state.cban = banState{}, banState{}
 		}
 	}
 	sh.mu.Unlock()

@@ -24,6 +24,7 @@ import "time"
 //	PREFIX{KEY}:w:PERIOD:GRAN   window record (PERIOD and GRAN in µs)
 //	PREFIX{KEY}:ban             ban record
 //	PREFIX{KEY}:c:PERIOD:GRAN   candidate window record (the window record's layout)
+//	PREFIX{KEY}:cban            candidate ban record (the ban record's layout)
 //
 // A window record that does not exist yet may be started from the key's
 // record of another period (seed in script.go), when a plan edit changed

@@ -422,15 +422,35 @@ func (l *Limiter) degraded(key string, pl *plan, start time.Time, extra int64) (
 	return l.finish(pl, v, true), nil
 }
 
-// finish turns a verdict into a Decision stated in terms of pl's windows
-// (also for a verdict of the fallback plan, whose windows are the same
-// with smaller limits) and counts it.
+// finish turns a verdict into a Decision (decisionOf) and counts it.
 func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
+	d := decisionOf(pl, v)
+	d.Degraded = degraded
+	pl.outcome[d.Outcome].Inc()
+	pl.countNearLimit(d)
+	if v.newBan {
+		pl.banned.Inc()
+	}
+	if len(pl.candidates) > 0 {
+		pl.candidate[Allowed].Add(float64(v.cAdm))
+		pl.candidate[Limited].Add(float64(v.cLim))
+		pl.candidate[Banned].Add(float64(v.cBan))
+		if v.cNewBan {
+			pl.candidateBanned.Inc()
+		}
+	}
+	return d
+}
+
+// decisionOf states verdict v in terms of pl's windows (also for a
+// verdict of the fallback plan, whose windows are the same with smaller
+// limits).
+func decisionOf(pl *plan, v verdict) Decision {
 	d := Decision{
 		Outcome:    v.outcome,
 		Windows:    make([]WindowState, len(pl.policy.Windows)),
 		RetryAfter: time.Duration(v.retry) * time.Microsecond,
-		Degraded:   degraded,
+		Shadow:     pl.policy.Shadow,
 		Time:       time.UnixMicro(v.now),
 	}
 	for i, w := range pl.policy.Windows {
@@ -440,21 +460,12 @@ func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
 			d.Binding = i
 		}
 	}
-	pl.outcome[d.Outcome].Inc()
-	pl.countNearLimit(d)
-	if v.newBan {
-		pl.banned.Inc()
-	}
 	if len(pl.candidates) > 0 {
 		d.Candidate = make([]WindowState, len(pl.candidates))
 		for i, w := range pl.policy.Candidate {
 			d.Candidate[i] = WindowState{Window: w, Remaining: v.cwin[i].remaining, Reset: time.UnixMicro(v.cwin[i].reset)}
 		}
-		if !v.cThis {
-			d.CandidateOutcome = Limited
-		}
-		pl.candidate[Allowed].Add(float64(v.cAdm))
-		pl.candidate[Limited].Add(float64(v.cLim))
+		d.CandidateOutcome = v.cOutcome
 	}
 	return d
 }
@@ -474,6 +485,12 @@ type Usage struct {
 	Windows []WindowUsage
 	// Candidate is the standing of the policy's candidate windows.
 	Candidate []WindowUsage
+	// CandidateStrikes, CandidateBannedUntil and CandidateOffences are the
+	// candidate ban policy's (Policy.CandidateBan), as Strikes,
+	// BannedUntil and Offences are the enforced one's.
+	CandidateStrikes     int64
+	CandidateBannedUntil time.Time
+	CandidateOffences    int64
 	// Strikes is the number of rejected requests counted toward a ban.
 	Strikes int64
 	// BannedUntil is when the current ban ends; zero when not banned.
@@ -525,10 +542,15 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 	for i, w := range pl.policy.Candidate {
 		u.Candidate = append(u.Candidate, WindowUsage{Window: w, Used: v.cwin[i].used, Remaining: v.cwin[i].remaining, Reset: time.UnixMicro(v.cwin[i].reset)})
 	}
+	u.CandidateStrikes, u.CandidateOffences = v.cStrikes, v.cOffences
+	if v.cBanUntil > 0 {
+		u.CandidateBannedUntil = time.UnixMicro(v.cBanUntil)
+	}
 	return u, nil
 }
 
-// Unban lifts key's ban and forgets its strikes and past offences. Every
+// Unban lifts key's ban and forgets its strikes and past offences, and
+// those its candidate ban policy counted (Policy.CandidateBan). Every
 // replica drops its cached ban at once through pub/sub (and within
 // Options.BanRevalidate if the announcement is lost).
 func (l *Limiter) Unban(ctx context.Context, key string) error {
@@ -542,7 +564,7 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	if err := l.rdb.Del(ctx, banKey(l.opts.Prefix, key)).Err(); err != nil {
+	if err := l.rdb.Del(ctx, banKey(l.opts.Prefix, key), candidateBanKey(l.opts.Prefix, key)).Err(); err != nil {
 		return fmt.Errorf("ratelimit: unban %q: %w", key, err)
 	}
 	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {
@@ -665,8 +687,7 @@ func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 		return nil, err
 	}
 	pl := compile(p, o.Buckets, o.StrikeBuckets)
-	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban, Shadow: p.Shadow,
-		Candidate: append([]Window(nil), p.Candidate...)}
+	pl.given = p.clone()
 	pl.counters = met.forPlan(p.Name, p.Shadow)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -730,7 +751,7 @@ func hashPolicy(seed maphash.Seed, p Policy) uint64 {
 }
 
 func samePolicy(a, b Policy) bool {
-	if a.Name != b.Name || a.Ban != b.Ban || a.Shadow != b.Shadow || len(a.Windows) != len(b.Windows) ||
+	if a.Name != b.Name || a.Ban != b.Ban || a.CandidateBan != b.CandidateBan || a.Shadow != b.Shadow || len(a.Windows) != len(b.Windows) ||
 		!slices.Equal(a.Candidate, b.Candidate) {
 		return false
 	}

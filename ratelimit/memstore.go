@@ -54,7 +54,7 @@ func (m *memStore) unban(key string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if st := sh.keys[key]; st != nil {
-		st.ban = banState{}
+		st.ban, st.cban = banState{}, banState{}
 	}
 }
 

@@ -15,6 +15,7 @@ type metrics struct {
 	shadowDecisions *prometheus.CounterVec
 	shadowBans      *prometheus.CounterVec
 	candidates      *prometheus.CounterVec
+	candidateBans   *prometheus.CounterVec
 	nearLimit       *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
 	redisErrors     prometheus.Counter
@@ -45,8 +46,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"plan"}),
 		candidates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "candidate_decisions_total",
-			Help: "Requests the plans' candidate windows would have admitted (allowed) or limited, by plan; candidates never refuse.",
+			Help: "Requests the plans' candidate windows (and candidate ban policies) would have admitted (allowed), limited or refused as banned, by plan; candidates never refuse.",
 		}, []string{"plan", "outcome"}),
+		candidateBans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "candidate_bans_total",
+			Help: "Temporary bans the plans' candidate ban policies would have issued, by plan; none was enforced.",
+		}, []string{"plan"}),
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "near_limit_total",
 			Help: "Admissions that left some window of the key with less than a tenth of its limit remaining, by plan (plans in shadow mode are not counted).",
@@ -100,6 +105,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.candidates, err = register(reg, m.candidates); err != nil {
 		return nil, err
 	}
+	if m.candidateBans, err = register(reg, m.candidateBans); err != nil {
+		return nil, err
+	}
 	if m.nearLimit, err = register(reg, m.nearLimit); err != nil {
 		return nil, err
 	}
@@ -147,7 +155,9 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error)
 type counters struct {
 	outcome   [3]prometheus.Counter
 	banned    prometheus.Counter
-	candidate [2]prometheus.Counter // allowed, limited
+	candidate [3]prometheus.Counter // by outcome
+	// candidateBanned counts bans the candidate ban policy would issue.
+	candidateBanned prometheus.Counter
 	// nearLimit is nil for a shadow plan: its admissions are not ones.
 	nearLimit prometheus.Counter
 }
@@ -168,9 +178,10 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 	if s := m.shadowBans.WithLabelValues(name); shadow {
 		c.banned = s
 	}
-	for o := Allowed; o <= Limited; o++ {
+	for o := Allowed; o <= Banned; o++ {
 		c.candidate[o] = m.candidates.WithLabelValues(name, o.String())
 	}
+	c.candidateBanned = m.candidateBans.WithLabelValues(name)
 	if !shadow {
 		c.nearLimit = m.nearLimit.WithLabelValues(name)
 	}

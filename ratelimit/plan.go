@@ -52,16 +52,12 @@ type plan struct {
 	// candidates are the policy's candidate windows (Policy.Candidate),
 	// stored as {KEY}:c:NAME and never refusing.
 	candidates []ring
-	ban        bool
-	strikes    ring    // limit is the ban threshold
-	banBase    int64   // µs
-	banMult    float64 // at least 1
-	banMax     int64   // µs, 0: no cap
-	memory     int64   // µs
-	// packed and mult are the plan's script arguments (script.go): its
-	// numbers, 8 bytes each, and its ban multiplier.
-	packed, mult string
-	keys         []string
+	// ban is the policy's ban rule (Policy.Ban) and cban its candidate
+	// windows' (Policy.CandidateBan, stored as {KEY}:cban).
+	ban, cban banRule
+	// packed, mult and cmult are the plan's script arguments (script.go):
+	// its numbers, 8 bytes each, and its ban rules' multipliers.
+	packed, mult, cmult string
 
 	buckets, strikeBuckets int
 
@@ -88,33 +84,61 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	for _, w := range p.Candidate {
 		pl.candidates = append(pl.candidates, newRing(w.Limit, w.Period, CandidateBuckets))
 	}
-	b := p.Ban
-	pl.ban = b.Enabled()
-	if pl.ban {
-		pl.strikes = newRing(b.Threshold, b.StrikeWindow, strikeBuckets)
-		pl.memory = b.Memory.Microseconds()
-		pl.banBase, pl.banMult, pl.banMax = b.Base.Microseconds(), max(b.Multiplier, 1), b.Max.Microseconds()
-	}
+	pl.ban = newBanRule(p.Ban, strikeBuckets)
+	pl.cban = newBanRule(p.CandidateBan, strikeBuckets)
 
 	// Static script arguments; see script.go for their order. The numbers
-	// travel packed, 8 bytes each, with the format that reads them.
-	nums := []int64{int64(len(pl.windows)), 0}
+	// travel packed, 8 bytes each.
+	nums := []int64{int64(len(pl.windows))}
 	for _, r := range pl.windows {
 		nums = append(nums, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS)
 	}
-	mult := "1"
-	if pl.ban {
-		s := pl.strikes
-		nums[1] = s.limit
-		nums = append(nums, s.period, s.gran, s.n, s.unit, s.ttlMS, pl.memory, pl.banBase, pl.banMax)
-		mult = strconv.FormatFloat(pl.banMult, 'g', -1, 64)
-	}
+	nums = pl.ban.appendNums(nums)
 	nums = append(nums, int64(len(pl.candidates)))
 	for _, r := range pl.candidates {
 		nums = append(nums, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS)
 	}
-	pl.packed, pl.mult = packNums(nums), mult
+	nums = pl.cban.appendNums(nums)
+	pl.packed = packNums(nums)
+	pl.mult = strconv.FormatFloat(pl.ban.mult, 'g', -1, 64)
+	pl.cmult = strconv.FormatFloat(pl.cban.mult, 'g', -1, 64)
 	return pl
+}
+
+// banRule is a BanPolicy compiled: its strike window as a ring whose
+// limit is the threshold, and its lengths in µs.
+type banRule struct {
+	on      bool
+	strikes ring
+	base    int64   // µs
+	mult    float64 // at least 1
+	max     int64   // µs, 0: no cap
+	memory  int64   // µs
+}
+
+func newBanRule(b BanPolicy, strikeBuckets int) banRule {
+	if !b.Enabled() {
+		return banRule{mult: 1}
+	}
+	return banRule{
+		on:      true,
+		strikes: newRing(b.Threshold, b.StrikeWindow, strikeBuckets),
+		base:    b.Base.Microseconds(),
+		mult:    max(b.Multiplier, 1),
+		max:     b.Max.Microseconds(),
+		memory:  b.Memory.Microseconds(),
+	}
+}
+
+// appendNums appends the rule's script numbers: its threshold (0: no
+// bans) and, with bans, the strike window's period, bucket width, n,
+// offset unit and TTL, the offence memory, the ban's base and max.
+func (b *banRule) appendNums(nums []int64) []int64 {
+	if !b.on {
+		return append(nums, 0)
+	}
+	s := &b.strikes
+	return append(nums, s.limit, s.period, s.gran, s.n, s.unit, s.ttlMS, b.memory, b.base, b.max)
 }
 
 // touch notes a decision under pl at now.
@@ -124,22 +148,31 @@ func (pl *plan) touch(now time.Time) {
 	}
 }
 
-// banLength returns the length (µs) of the ban for the n-th offence,
+// length returns the length (µs) of the ban for the n-th offence,
 // computed exactly as the script does: Base*Multiplier^(n-1), capped at
 // Max (when set) and at maxBanMicro.
-func (pl *plan) banLength(n int64) int64 {
-	d := float64(pl.banBase)
+func (b *banRule) length(n int64) int64 {
+	d := float64(b.base)
 	limit := float64(maxBanMicro)
-	if pl.banMax > 0 {
-		limit = float64(pl.banMax)
+	if b.max > 0 {
+		limit = float64(b.max)
 	}
-	for i := int64(1); i < n && d < limit && pl.banMult > 1; i++ {
-		d *= pl.banMult
+	for i := int64(1); i < n && d < limit && b.mult > 1; i++ {
+		d *= b.mult
 	}
 	if d > limit {
 		d = limit
 	}
 	return max(int64(math.Floor(d)), 1)
+}
+
+// keyCount is the number of records stateKeys names for a key under pl.
+func (pl *plan) keyCount() int {
+	n := 1 + len(pl.windows) + len(pl.candidates)
+	if pl.cban.on {
+		n++
+	}
+	return n
 }
 
 // packNums packs non-negative integers as 8-byte big-endian ones.

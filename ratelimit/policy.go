@@ -1,13 +1,10 @@
 package ratelimit
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -79,6 +76,13 @@ type Policy struct {
 	// are used. Keys with candidates get no leases: every request of theirs
 	// is evaluated.
 	Candidate []Window
+	// CandidateBan is the ban policy the candidate windows would enforce:
+	// the requests they would limit are its strikes, and a key it would
+	// ban, it would refuse (Banned) until the ban ends, as Ban does for
+	// the enforced windows. It bans nothing: what it would have done goes
+	// to Decision.CandidateOutcome, Usage.CandidateBan and the candidate
+	// metrics. Its record is the key's own; it needs Candidate windows.
+	CandidateBan BanPolicy
 	// Shadow evaluates and records every decision (windows, strikes,
 	// bans) as usual but enforces none: Decision.Shadow is set, the
 	// outcome says what enforcement would have done, and callers serve
@@ -119,19 +123,33 @@ func (p Policy) Validate() error {
 		}
 		cseen[w.Period] = true
 	}
-	b := p.Ban
+	if err := p.Ban.validate("ban"); err != nil {
+		return err
+	}
+	if err := p.CandidateBan.validate("candidate ban"); err != nil {
+		return err
+	}
+	if p.CandidateBan.Enabled() && len(p.Candidate) == 0 {
+		return errors.New("ratelimit: a candidate ban policy needs candidate windows")
+	}
+	return nil
+}
+
+// validate reports ban settings the limiter cannot enforce; what names
+// them in the error.
+func (b BanPolicy) validate(what string) error {
 	if b.Threshold < 0 || b.Base < 0 || b.Max < 0 || b.StrikeWindow < 0 || b.Memory < 0 {
-		return errors.New("ratelimit: ban settings must not be negative")
+		return fmt.Errorf("ratelimit: %s settings must not be negative", what)
 	}
 	if b.Enabled() {
 		if err := checkPeriod(b.StrikeWindow); err != nil {
-			return fmt.Errorf("ratelimit: ban strike window: %w", err)
+			return fmt.Errorf("ratelimit: %s strike window: %w", what, err)
 		}
 		if b.Threshold > MaxLimit {
-			return fmt.Errorf("ratelimit: ban threshold must be at most %d", MaxLimit)
+			return fmt.Errorf("ratelimit: %s threshold must be at most %d", what, MaxLimit)
 		}
 		if b.Max > 0 && b.Max < b.Base {
-			return errors.New("ratelimit: ban max must be at least its base")
+			return fmt.Errorf("ratelimit: %s max must be at least its base", what)
 		}
 	}
 	return nil
@@ -143,6 +161,13 @@ func checkPeriod(d time.Duration) error {
 		return fmt.Errorf("period must be from %s to %s", FormatPeriod(MinPeriod), FormatPeriod(MaxPeriod))
 	}
 	return nil
+}
+
+// clone returns a deep copy of p.
+func (p Policy) clone() Policy {
+	p.Windows = append([]Window(nil), p.Windows...)
+	p.Candidate = append([]Window(nil), p.Candidate...)
+	return p
 }
 
 // Sorted returns a copy of p with windows (and candidate windows) ordered
@@ -158,18 +183,6 @@ func (p Policy) Sorted() Policy {
 		p.Candidate = sorted(p.Candidate)
 	}
 	return p
-}
-
-// Fingerprint identifies the policy's rules; state cached under one
-// fingerprint is not reused under another.
-func (p Policy) Fingerprint() string {
-	var b strings.Builder
-	for _, w := range p.Sorted().Windows {
-		fmt.Fprintf(&b, "%d/%d;", w.Limit, w.Period)
-	}
-	fmt.Fprintf(&b, "ban:%d/%d/%d/%g/%d/%d", p.Ban.Threshold, p.Ban.StrikeWindow, p.Ban.Base, p.Ban.Multiplier, p.Ban.Max, p.Ban.Memory)
-	sum := sha256.Sum256([]byte(b.String()))
-	return hex.EncodeToString(sum[:8])
 }
 
 // FormatPeriod prints a period compactly: 1m, 24h, 1500ms.
@@ -233,8 +246,9 @@ type Decision struct {
 	// request would be admitted (or the ban's remaining time).
 	RetryAfter time.Duration
 	// Candidate holds the policy's candidate windows (Policy.Candidate) as
-	// this request left them, and CandidateOutcome what they would have
-	// decided for it (Allowed or Limited); empty and Allowed without any.
+	// this request left them, and CandidateOutcome what they (with the
+	// candidate ban policy) would have decided for it; empty and Allowed
+	// without any.
 	Candidate        []WindowState
 	CandidateOutcome Outcome
 	// Shadow is true when the policy is in shadow mode: Outcome is what

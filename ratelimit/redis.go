@@ -20,16 +20,24 @@ const (
 // in one slot and one script can touch them (format.go).
 func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
 
+// candidateBanKey returns the Redis key of key's candidate ban record
+// (Policy.CandidateBan).
+func candidateBanKey(prefix, key string) string { return prefix + "{" + key + "}:cban" }
+
 // stateKeys returns the script's KEYS for key under pl: the ban record,
-// the record of each of pl's windows, then of each candidate window.
+// the record of each of pl's windows, then of each candidate window, then
+// the candidate ban record when pl has a candidate ban policy.
 func stateKeys(prefix, key string, pl *plan) []string {
-	keys := make([]string, 1, 1+len(pl.windows)+len(pl.candidates))
+	keys := make([]string, 1, pl.keyCount())
 	keys[0] = banKey(prefix, key)
 	for i := range pl.windows {
 		keys = append(keys, prefix+"{"+key+"}:w:"+pl.windows[i].name)
 	}
 	for i := range pl.candidates {
 		keys = append(keys, prefix+"{"+key+"}:c:"+pl.candidates[i].name)
+	}
+	if pl.cban.on {
+		keys = append(keys, candidateBanKey(prefix, key))
 	}
 	return keys
 }
@@ -91,7 +99,8 @@ const scriptBatch = 64
 // batchCommand returns the KEYS and ARGV of one script call that decides
 // ds in order (script.go): every decision's keys, one after the other;
 // the decisions' numbers, each behind its key count, plan index and
-// number count; and each distinct plan's numbers and ban multiplier, once.
+// number count; and each distinct plan's numbers and ban multipliers,
+// once.
 func batchCommand(ds []decision) ([]string, []any) {
 	nkeys, nbytes := 0, 0
 	for i := range ds {
@@ -114,10 +123,10 @@ func batchCommand(ds []decision) ([]string, []any) {
 		calls = append(calls, d.nums...)
 		keys = append(keys, d.keys...)
 	}
-	args := make([]any, 0, 1+2*len(plans))
+	args := make([]any, 0, 1+3*len(plans))
 	args = append(args, calls)
 	for _, pl := range plans {
-		args = append(args, pl.packed, pl.mult)
+		args = append(args, pl.packed, pl.mult, pl.cmult)
 	}
 	return keys, args
 }
@@ -134,7 +143,7 @@ func batchReplies(reply any, n int) ([]any, error) {
 
 // replyFields is the number of 8-byte integers in the script's reply
 // before the per-window ones (three each, candidate windows last).
-const replyFields = 12
+const replyFields = 17
 
 // decode turns the script's reply (8-byte big-endian integers, see
 // script.go) into a verdict.
@@ -148,19 +157,24 @@ func decode(pl *plan, reply any) (verdict, error) {
 	}
 	at := func(i int) int64 { return int64(binary.BigEndian.Uint64([]byte(s[8*i : 8*i+8]))) }
 	v := verdict{
-		outcome:  Outcome(at(0)),
-		retry:    at(1),
-		now:      at(2),
-		newBan:   at(3) == 1,
-		strikes:  at(4),
-		banUntil: at(5),
-		offences: at(6),
-		granted:  at(7),
-		leaseEnd: at(8),
-		cThis:    at(9) == 1,
-		cAdm:     at(10),
-		cLim:     at(11),
-		win:      make([]winVerdict, len(pl.windows)),
+		outcome:   Outcome(at(0)),
+		retry:     at(1),
+		now:       at(2),
+		newBan:    at(3) == 1,
+		strikes:   at(4),
+		banUntil:  at(5),
+		offences:  at(6),
+		granted:   at(7),
+		leaseEnd:  at(8),
+		cOutcome:  Outcome(at(9)),
+		cAdm:      at(10),
+		cLim:      at(11),
+		cBan:      at(12),
+		cNewBan:   at(13) == 1,
+		cStrikes:  at(14),
+		cBanUntil: at(15),
+		cOffences: at(16),
+		win:       make([]winVerdict, len(pl.windows)),
 	}
 	for i := range v.win {
 		k := replyFields + 3*i

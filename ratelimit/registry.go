@@ -260,7 +260,7 @@ func newSeeding(pl *plan, others []other, young []int64) *seeding {
 	for i, o := range others {
 		r := newRing(max(o.limit, 1), time.Duration(o.period)*time.Microsecond, pl.buckets)
 		s.extra = append(s.extra, r)
-		srcs = append(srcs, source{int64(2 + len(pl.windows) + len(pl.candidates) + i), r})
+		srcs = append(srcs, source{int64(pl.keyCount() + 1 + i), r})
 	}
 	s.nums = append(s.nums, int64(len(srcs)))
 	for _, src := range srcs {

@@ -22,9 +22,10 @@ import (
 //
 // KEYS: each decision's records, one decision after the other: the ban
 // record, the window records in the plan's order, the candidate window
-// records, then the records of other periods it may take its past from
-// or must also fit (seeding, registry.go). All of one decision's records
-// share its key's hash slot; in Redis Cluster a batch holds one slot.
+// records, the candidate ban record (with a candidate ban policy), then
+// the records of other periods it may take its past from or must also
+// fit (seeding, registry.go). All of one decision's records share its
+// key's hash slot; in Redis Cluster a batch holds one slot.
 //
 // ARGV[1]: the decisions, 8-byte big-endian numbers each: how many KEYS
 // it has, its plan (index among the plans below, from 1), how many
@@ -32,13 +33,14 @@ import (
 // lease size wanted, lease room needed, lease life (µs), then, when any
 // follow, per window the admissions made without Redis to record
 // (input.add) and, when a plan edit changed periods, the seeding numbers
-// (seeding.nums). ARGV[2p],
-// ARGV[2p+1]: plan p's numbers packed (window count, ban threshold (0: no
-// bans), per window limit, period, bucket width, n, offset unit (µs) and
-// record TTL (ms); with bans the strike window's period, bucket width, n,
-// offset unit and TTL, the offence memory, the ban's base and max (µs);
+// (seeding.nums). ARGV[3p-1], ARGV[3p], ARGV[3p+1]: plan p's numbers
+// packed, its ban multiplier and its candidate ban multiplier. The
+// numbers: window count, per window limit, period, bucket width, n,
+// offset unit (µs) and record TTL (ms); the ban rule (banRule.appendNums:
+// threshold, 0 for none, then the strike window's period, bucket width,
+// n, offset unit and TTL, the offence memory, the ban's base and max);
 // the candidate window count and per candidate window the same six as a
-// window) and its ban multiplier.
+// window; the candidate ban rule, like the ban rule.
 //
 // Leases: an admission counts want admissions at once (a lease) when every
 // window has at least need (>= want) remaining; they count in the current
@@ -49,12 +51,13 @@ import (
 //
 // Reply: one string per decision, in order. A decision's string is 8-byte
 // big-endian signed integers (decode reads it): outcome, retry, now, new
-// ban, strikes, ban end, offences, admissions granted, lease end, whether
-// the candidate windows admit this request, and how many requests they
-// admitted and limited, then per window used, remaining, reset, then the
-// same per candidate window. Times in µs. A decision that failed (a
-// record of another type, say) is "E" and the error, and does not stop
-// the others.
+// ban, strikes, ban end, offences, admissions granted, lease end; what
+// the candidate windows would have decided for this request (outcome),
+// how many requests they admitted, limited and refused as banned, whether
+// a candidate ban began, the candidate strikes, ban end and offences;
+// then per window used, remaining, reset, then the same per candidate
+// window. Times in µs. A decision that failed (a record of another type,
+// say) is "E" and the error, and does not stop the others.
 const decideLua = `
 -- Globals are table lookups: everything used per decision is a local.
 local byte, char, sub, rep, floor, ceil, format = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil, string.format
@@ -334,6 +337,90 @@ local function standing(i, limit, period, g, n, unit, counted, refused)
   return u, rem, reset_, wait
 end
 
+-- banRead reads ban record bs (false: none) of ban rule R at now: the
+-- ban's end, the offences still remembered, the last offence, and whether
+-- its strike ring is of R's strike window (strikes of another do not
+-- count toward R's).
+local function banRead(bs, R)
+  if not bs or #bs < 37 then return 0, 0, 0, false end
+  local banUntil, offences, offenceAt = get(bs, 2, 8), get(bs, 10, 4), get(bs, 14, 8)
+  if offences > 0 and offenceAt + R.memory <= now then offences = 0 end
+  local sring = get(bs, 22, 8) == R.sp and get(bs, 30, 8) == R.sg and #bs >= 37 + HDR + (R.sn + 1) * SLOT
+  return banUntil, offences, offenceAt, sring
+end
+
+-- strike counts k strikes at now in ban record key (content bs, read by
+-- banRead as banUntil, offences, offenceAt, sring) of ban rule R, when
+-- record: when they cross R's threshold the key is banned (for longer
+-- with each offence still remembered) and the strikes start over; the
+-- record is rewritten with its TTL. It returns whether a ban began (1),
+-- how many of the k counted before it began (the one that began it
+-- included), the strikes counted now, the ban's end (0: not banned) and
+-- the offences remembered. banState.strike (state.go) is the same in Go.
+local function strike(key, bs, R, banUntil, offences, offenceAt, sring, k, record)
+  local sp, sg, sn, su = R.sp, R.sg, R.sn, R.su
+  local newBan, struck, strikes = 0, 0, 0
+  record = record and k > 0
+  if record or sring then
+    if not sring then
+      -- A new strike ring (of this strike window's geometry).
+      bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. rep('\0', HDR) .. rep(EMPTY, sn + 1)
+    end
+    local R0 = 38 + HDR
+    local vh, total, hc, ho = unpack_(RINGFMT, bs, 38)
+    local b = floor(now / sg)
+    if b < vh then b = vh end
+    total = advanced(bs, R0, sn, vh, total, b)
+    if record then
+      local need = R.thr - used(bs, R0, sn, sg, su, sp, vh, hc, ho, total, now, b) + 1
+      if need < 1 then need = 1 end
+      struck = k
+      if k >= need then struck, newBan = need, 1 end
+      if b > vh then
+        local p1, x1, p2, x2 = move(sn, vh, hc, ho, b)
+        if p1 then bs = sub(bs, 1, R0 + p1 - 2) .. x1 .. sub(bs, R0 + p1 - 1 + #x1) end
+        if p2 then bs = sub(bs, 1, R0 + p2 - 2) .. x2 .. sub(bs, R0 + p2 - 1 + #x2) end
+        hc = 0
+      end
+      hc = hc + struck
+      if hc > MAXC then hc = MAXC end
+      total = total + struck
+      if total > MAXC then total = MAXC end
+      local off = ceil((now - b * sg) / su)
+      if off < 0 then off = 0 end
+      if hc > struck and ho > off then off = ho end
+      ho, vh = off, b
+      if newBan == 1 then
+        offences = offences + 1
+        if offences > MAXC then offences = MAXC end
+        offenceAt = now
+        -- The ban's length is banRule.length: base*mult^(offences-1), capped.
+        local d, cap = R.base, 2 ^ 50
+        if R.max > 0 then cap = R.max end
+        local j = 1
+        while j < offences and d < cap and R.mult > 1 do
+          d = d * R.mult
+          j = j + 1
+        end
+        if d > cap then d = cap end
+        d = floor(d)
+        if d < 1 then d = 1 end
+        banUntil = now + d
+        total, hc, ho = 0, 0, 0
+        bs = sub(bs, 1, R0 - 1) .. rep(EMPTY, sn + 1)
+      end
+      bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. pack_(RINGFMT, vh, total, hc, ho) .. sub(bs, R0)
+      local e = banUntil
+      if offenceAt + R.memory > e then e = offenceAt + R.memory end
+      if now + R.sttl * 1000 > e then e = now + R.sttl * 1000 end
+      call('SET', key, bs, 'PX', itoa(ceil((e - now) / 1000) + 1))
+    end
+    strikes = used(bs, R0, sn, sg, su, sp, vh, hc, ho, total, now, b)
+  end
+  if banUntil <= now then banUntil = 0 end
+  return newBan, struck, strikes, banUntil, offences
+end
+
 -- The reply's numbers, reused by every decision.
 local RES = {}
 
@@ -344,7 +431,7 @@ local RES = {}
 -- nil), and returns its reply.
 local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   local V = pl.V
-  local nw, thr = V[1], V[2]
+  local nw = V[1]
 
   -- After a plan changed its periods: where a window the key has no
   -- record of may take its past from (the number of sources, each as
@@ -378,30 +465,19 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   local peek = mode == 1
 
   -- The ban record.
-  local ban = thr > 0
-  local banUntil, offences, offenceAt = 0, 0, 0
-  local bs, sring = false, false
-  local sp, sg, sn, su, sttl, memory, banBase, banMax
-  if ban then
-    local o = 3 + 6 * nw
-    sp, sg, sn, su, sttl, memory, banBase, banMax = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], V[o + 5], V[o + 6], V[o + 7]
+  local R = pl.ban
+  local bs, banUntil, offences, offenceAt, sring
+  if R then
     bs = call('GET', KEYS[base + 1])
-    if bs and #bs >= 37 then
-      banUntil, offences, offenceAt = get(bs, 2, 8), get(bs, 10, 4), get(bs, 14, 8)
-      if offences > 0 and offenceAt + memory <= now then offences = 0 end
-      -- Strikes of another strike window do not count toward this one.
-      sring = get(bs, 22, 8) == sp and get(bs, 30, 8) == sg and #bs >= 37 + HDR + (sn + 1) * SLOT
-    else
-      bs = false
-    end
+    banUntil, offences, offenceAt, sring = banRead(bs, R)
   end
-  local banned = ban and banUntil > now
+  local banned = R and banUntil > now
   local admit = not banned
   local room, lend = -1, now + life
 
   -- Windows.
   for i = 1, nw do
-    local o = 3 + 6 * (i - 1)
+    local o = 2 + 6 * (i - 1)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
     local key = KEYS[base + 1 + i]
     local h = call('GETRANGE', key, '0', '18')
@@ -465,7 +541,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
     local k, t = WADD[i], now
     if admitted then k, t = k + granted, at end
     if k > 0 then
-      local o = 3 + 6 * (i - 1)
+      local o = 2 + 6 * (i - 1)
       record(i, k, t, V[o + 2], V[o + 3], V[o + 4], pl.TTL[i])
     end
   end
@@ -478,10 +554,12 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
 
   -- Candidate windows: evaluated on every request that reaches the script
   -- (this one, and the extra rejections answered locally since the last
-  -- round trip), never refusing one. Each request they would admit, they
-  -- count, as if they were the only windows; the rest they would have
-  -- limited. Records of their own, so that a candidate never touches an
-  -- enforced window's count.
+  -- round trip, in turn), never refusing one. Records of their own, so
+  -- that a candidate never touches an enforced window's count. A key its
+  -- ban policy bans, it would refuse; of the others it admits (and
+  -- counts) as many as fit, as if it were the only windows, and limits
+  -- the rest, each a strike of its ban policy; the strike that begins a
+  -- ban is refused as banned, as are those after it.
   local co = pl.co
   local nc = V[co]
   local cb = nw + ntx
@@ -493,94 +571,64 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
     view(cb + i, key, call('GETRANGE', key, '0', '18'), period, g, n, unit)
     if croom < 0 or limit - WUSED[cb + i] < croom then croom = limit - WUSED[cb + i] end
   end
-  -- cAdm, cLim: requests the candidate windows would admit, would limit;
-  -- cThis: whether they would admit this one (the extras came before it).
-  local cAdm, cLim, cThis = 0, 0, 0
+  local CR = pl.cban
+  local cbkey, cbs, cbUntil, cbOff, cbAt, cbRing
+  if CR then
+    cbkey = KEYS[base + 2 + nw + nc]
+    cbs = call('GET', cbkey)
+    cbUntil, cbOff, cbAt, cbRing = banRead(cbs, CR)
+  end
+  local cOut, cAdm, cLim, cBan = 0, 0, 0, 0
   if nc > 0 and not peek then
     local k = 1 + extra
-    if croom < 0 then croom = 0 end
-    cAdm = k
-    if cAdm > croom then cAdm = croom end
-    cLim = k - cAdm
-    if croom > extra then cThis = 1 end
-    if cAdm > 0 then
-      for i = 1, nc do
-        local o = co + 1 + 6 * (i - 1)
-        record(cb + i, cAdm, now, V[o + 2], V[o + 3], V[o + 4], pl.CTTL[i])
+    if CR and cbUntil > now then
+      cBan, cOut = k, 2
+    else
+      if croom < 0 then croom = 0 end
+      cAdm = k
+      if cAdm > croom then cAdm = croom end
+      cLim = k - cAdm
+      if croom <= extra then cOut = 1 end
+      if cAdm > 0 then
+        for i = 1, nc do
+          local o = co + 1 + 6 * (i - 1)
+          record(cb + i, cAdm, now, V[o + 2], V[o + 3], V[o + 4], pl.CTTL[i])
+        end
       end
+    end
+  end
+  local cNewBan, cStrikes, cBanUntil, cOffences = 0, 0, 0, 0
+  if CR then
+    local struck
+    cNewBan, struck, cStrikes, cBanUntil, cOffences = strike(cbkey, cbs, CR, cbUntil, cbOff, cbAt, cbRing, cLim, not peek and cLim > 0)
+    if cNewBan == 1 then
+      -- (One at a time: miniredis's Lua assigns a list in turn.)
+      cBan = cLim - struck + 1
+      cOut, cLim = 2, struck - 1
     end
   end
 
   -- Strikes: this rejection and those answered locally since the last
   -- round trip (extra), unless the key is banned.
   local newBan, strikes = 0, 0
-  if ban then
+  if R then
     local k = extra
     if not admit and not banned then k = k + 1 end
-    local write = not peek and not banned and k > 0
-    if write or sring then
-      if not sring then
-        -- A new strike ring (of this strike window's geometry).
-        bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. rep('\0', HDR) .. rep(EMPTY, sn + 1)
-      end
-      local R = 38 + HDR
-      local vh, total, hc, ho = unpack_(RINGFMT, bs, 38)
-      local b = floor(now / sg)
-      if b < vh then b = vh end
-      total = advanced(bs, R, sn, vh, total, b)
-      if write then
-        if b > vh then
-          local p1, x1, p2, x2 = move(sn, vh, hc, ho, b)
-          if p1 then bs = sub(bs, 1, R + p1 - 2) .. x1 .. sub(bs, R + p1 - 1 + #x1) end
-          if p2 then bs = sub(bs, 1, R + p2 - 2) .. x2 .. sub(bs, R + p2 - 1 + #x2) end
-          hc = 0
-        end
-        hc = hc + k
-        if hc > MAXC then hc = MAXC end
-        total = total + k
-        if total > MAXC then total = MAXC end
-        local off = ceil((now - b * sg) / su)
-        if off < 0 then off = 0 end
-        if hc > k and ho > off then off = ho end
-        ho, vh = off, b
-        if used(bs, R, sn, sg, su, sp, vh, hc, ho, total, now, b) > thr then
-          offences = offences + 1
-          if offences > MAXC then offences = MAXC end
-          offenceAt = now
-          -- The ban's length is plan.banLength: base*mult^(offences-1), capped.
-          local d, cap = banBase, 2 ^ 50
-          if banMax > 0 then cap = banMax end
-          local j = 1
-          while j < offences and d < cap and pl.mult > 1 do
-            d = d * pl.mult
-            j = j + 1
-          end
-          if d > cap then d = cap end
-          d = floor(d)
-          if d < 1 then d = 1 end
-          banUntil = now + d
-          total, hc, ho = 0, 0, 0
-          bs = sub(bs, 1, R - 1) .. rep(EMPTY, sn + 1)
-          banned, newBan = true, 1
-        end
-        bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. pack_(RINGFMT, vh, total, hc, ho) .. sub(bs, R)
-        local e = banUntil
-        if offenceAt + memory > e then e = offenceAt + memory end
-        if now + sttl * 1000 > e then e = now + sttl * 1000 end
-        call('SET', KEYS[base + 1], bs, 'PX', itoa(ceil((e - now) / 1000) + 1))
-      end
-      strikes = used(bs, R, sn, sg, su, sp, vh, hc, ho, total, now, b)
-    end
-    if banUntil <= now then banUntil = 0 end
+    local struck
+    newBan, struck, strikes, banUntil, offences = strike(KEYS[base + 1], bs, R, banUntil, offences, offenceAt, sring, k, not peek and not banned)
+    if newBan == 1 then banned = true end
+  else
+    banUntil, offences = 0, 0
   end
 
   if not admitted then granted, lend = 0, 0 end
   local rt = 0
   RES[1], RES[2], RES[3], RES[4], RES[5], RES[6] = 0, 0, now, newBan, strikes, banUntil
-  RES[7], RES[8], RES[9], RES[10], RES[11], RES[12] = offences, granted, lend, cThis, cAdm, cLim
-  local m = 12
+  RES[7], RES[8], RES[9], RES[10], RES[11], RES[12] = offences, granted, lend, cOut, cAdm, cLim
+  RES[13], RES[14], RES[15], RES[16], RES[17] = cBan, cNewBan, cStrikes, cBanUntil, cOffences
+  local m = 17
   for i = 1, nw do
-    local o = 3 + 6 * (i - 1)
+    local o = 2 + 6 * (i - 1)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
     local counted = 0
     if admitted then counted = granted end
@@ -613,21 +661,29 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   return pack_(pl.rfmt, unpack(RES, 1, m))
 end
 
--- The batch: plans are decoded once each, on first use.
+-- The batch: plans are decoded once each, on first use: their numbers
+-- (V), where the ban rule, the candidate windows and the candidate ban
+-- rule start in V, the ban rules as tables (nil: no bans), the reply's
+-- format and the records' TTLs as strings.
 local PLANS = {}
+local function banRule(V, o, mult)
+  if V[o] == 0 then return nil, o + 1 end
+  return {thr = V[o], sp = V[o + 1], sg = V[o + 2], sn = V[o + 3], su = V[o + 4], sttl = V[o + 5],
+    memory = V[o + 6], base = V[o + 7], max = V[o + 8], mult = mult}, o + 9
+end
 local function planAt(p)
   local pl = PLANS[p]
   if not pl then
-    local s = ARGV[2 * p]
+    local s = ARGV[3 * p - 1]
     local V = {unpack_('>' .. rep('I8', #s / 8), s, 1)}
     local nw = V[1]
-    local co = 3 + 6 * nw
-    if V[2] > 0 then co = co + 8 end
+    local ban, co = banRule(V, 2 + 6 * nw, tonumber(ARGV[3 * p]))
     local nc = V[co]
+    local cban = banRule(V, co + 1 + 6 * nc, tonumber(ARGV[3 * p + 1]))
     local ttl, cttl = {}, {}
-    for i = 1, nw do ttl[i] = itoa(V[3 + 6 * (i - 1) + 5]) end
+    for i = 1, nw do ttl[i] = itoa(V[2 + 6 * (i - 1) + 5]) end
     for i = 1, nc do cttl[i] = itoa(V[co + 1 + 6 * (i - 1) + 5]) end
-    pl = {V = V, co = co, mult = tonumber(ARGV[2 * p + 1]), rfmt = '>' .. rep('i8', 12 + 3 * (nw + nc)), TTL = ttl, CTTL = cttl}
+    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', 17 + 3 * (nw + nc)), TTL = ttl, CTTL = cttl}
     PLANS[p] = pl
   end
   return pl

@@ -44,7 +44,8 @@ func TestScriptMatchesReference(t *testing.T) {
 	t.Parallel()
 	policies := []Policy{
 		{Name: "small", Windows: []Window{{Limit: 5, Period: time.Second}, {Limit: 12, Period: 5 * time.Second}},
-			Ban: BanPolicy{Threshold: 6, StrikeWindow: 3 * time.Second, Base: 2 * time.Second, Multiplier: 2, Max: 7 * time.Second, Memory: 20 * time.Second}},
+			Ban:       BanPolicy{Threshold: 6, StrikeWindow: 3 * time.Second, Base: 2 * time.Second, Multiplier: 2, Max: 7 * time.Second, Memory: 20 * time.Second},
+			Candidate: []Window{{Limit: 3, Period: time.Second}}, CandidateBan: BanPolicy{Threshold: 4, StrikeWindow: 2 * time.Second, Base: time.Second, Multiplier: 3, Max: 5 * time.Second, Memory: 10 * time.Second}},
 		{Name: "odd", Windows: []Window{{Limit: 30, Period: 1013 * time.Millisecond}}},
 		{Name: "wide", Windows: []Window{{Limit: 70000, Period: 2 * time.Second}, {Limit: 3, Period: 10 * time.Millisecond}},
 			Ban: BanPolicy{Threshold: 1, StrikeWindow: 50 * time.Millisecond, Base: time.Millisecond}},

@@ -161,9 +161,9 @@ func (s *Simulator) reuse(st *keyState, pl *plan) {
 			st.candidates[pl.candidates[i].name] = rs
 		}
 	}
-	if pl.ban {
-		if rs := take(&pl.strikes); rs != nil {
-			st.ban.strikeRing, st.ban.strikes = pl.strikes.name, rs
+	if pl.ban.on {
+		if rs := take(&pl.ban.strikes); rs != nil {
+			st.ban.strikeRing, st.ban.strikes = pl.ban.strikes.name, rs
 		}
 	}
 }
@@ -180,37 +180,7 @@ func (s *Simulator) plan(p Policy) (*plan, error) {
 		return nil, err
 	}
 	pl := compile(p, s.buckets, s.strikeBuckets)
-	pl.given = Policy{Name: p.Name, Windows: append([]Window(nil), p.Windows...), Ban: p.Ban, Shadow: p.Shadow,
-		Candidate: append([]Window(nil), p.Candidate...)}
+	pl.given = p.clone()
 	s.plans[h] = append(s.plans[h], pl)
 	return pl, nil
-}
-
-// decisionOf states verdict v in terms of pl's windows, as Limiter.finish
-// does, without counting it anywhere.
-func decisionOf(pl *plan, v verdict) Decision {
-	d := Decision{
-		Outcome:    v.outcome,
-		Windows:    make([]WindowState, len(pl.policy.Windows)),
-		RetryAfter: time.Duration(v.retry) * time.Microsecond,
-		Shadow:     pl.policy.Shadow,
-		Time:       time.UnixMicro(v.now),
-	}
-	for i, w := range pl.policy.Windows {
-		d.Windows[i] = WindowState{Window: w, Remaining: v.win[i].remaining, Reset: time.UnixMicro(v.win[i].reset)}
-		// Windows are ordered by period, so <= prefers the longer on a tie.
-		if d.Windows[i].Remaining <= d.Windows[d.Binding].Remaining {
-			d.Binding = i
-		}
-	}
-	if len(pl.candidates) > 0 {
-		d.Candidate = make([]WindowState, len(pl.candidates))
-		for i, w := range pl.policy.Candidate {
-			d.Candidate[i] = WindowState{Window: w, Remaining: v.cwin[i].remaining, Reset: time.UnixMicro(v.cwin[i].reset)}
-		}
-		if !v.cThis {
-			d.CandidateOutcome = Limited
-		}
-	}
-	return d
 }

@@ -189,13 +189,54 @@ type banState struct {
 	strikes    *ringState
 }
 
+// strike counts k strikes at now under rule r, when record: when they
+// cross its threshold the key is banned (for longer with each offence
+// still remembered), and the strikes start over. It returns whether a
+// ban began, how many of the k counted before it began (the one that
+// began it included), the strikes counted now and the offences
+// remembered. The script does the same (strike in script.go).
+func (bs *banState) strike(r *banRule, now, k int64, record bool, expires *int64) (newBan bool, struck, strikes, offences int64) {
+	offences = bs.offences
+	if offences > 0 && bs.offenceAt+r.memory <= now {
+		offences = 0
+	}
+	sr := &r.strikes
+	if bs.strikeRing != sr.name || bs.strikes == nil {
+		// Strikes of another strike window do not count toward this one.
+		bs.strikeRing, bs.strikes = sr.name, newRingState(sr)
+	}
+	s := bs.strikes
+	b := s.bucket(sr, now)
+	s.advance(sr, b)
+	if record && k > 0 {
+		c, _ := s.used(sr, now, b)
+		struck = k
+		if need := max(sr.limit-c+1, 1); k >= need {
+			struck, newBan = need, true
+		}
+		s.add(sr, b, now, struck)
+		if newBan {
+			offences = min(offences+1, maxOffences)
+			bs.offenceAt = now
+			bs.until = now + r.length(offences)
+			*s = *newRingState(sr)
+			s.head = b
+		}
+		bs.offences = offences
+		*expires = max(*expires, bs.until, bs.offenceAt+r.memory, now+sr.ttlMS*1000)
+	}
+	strikes, _ = s.used(sr, now, b)
+	return newBan, struck, strikes, offences
+}
+
 // keyState is everything stored for one key: a record per window geometry
 // and the ban record.
 type keyState struct {
 	windows    map[string]*ringState
 	candidates map[string]*ringState // candidate windows, by ring name
 	ban        banState
-	expires    int64 // when all of the state is worthless (µs)
+	cban       banState // the candidate windows' ban record (Policy.CandidateBan)
+	expires    int64    // when all of the state is worthless (µs)
 }
 
 // winVerdict is one window's standing after a decision.
@@ -215,12 +256,16 @@ type verdict struct {
 	granted  int64 // admissions counted: 0 when not admitted, more than 1 for a lease
 	leaseEnd int64 // µs; when granted > 1, the leased admissions may be spent until then
 	win      []winVerdict
-	// Candidate windows: whether they would admit this request, how many
-	// requests they admitted (this one and the extra ones before it) and
-	// would have limited, and each window's standing.
-	cThis      bool
-	cAdm, cLim int64
-	cwin       []winVerdict
+	// Candidate windows: what they (and the candidate ban policy) would
+	// have decided for this request; how many requests they admitted,
+	// would have limited and would have refused as banned (this one and
+	// the extra ones before it); whether a candidate ban began, the
+	// candidate strikes, ban end and offences; each window's standing.
+	cOutcome                       Outcome
+	cAdm, cLim, cBan               int64
+	cNewBan                        bool
+	cStrikes, cBanUntil, cOffences int64
+	cwin                           []winVerdict
 }
 
 // leaseAsk asks a decision to count want admissions at once (a lease)
@@ -268,11 +313,7 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 	peek, extra, ask := in.peek, in.extra, in.lease
 	v := verdict{now: now, win: make([]winVerdict, len(pl.windows))}
 	bs := &st.ban
-	offences := bs.offences
-	if offences > 0 && bs.offenceAt+pl.memory <= now {
-		offences = 0
-	}
-	banned := pl.ban && bs.until > now
+	banned := pl.ban.on && bs.until > now
 
 	rings := make([]*ringState, len(pl.windows))
 	buckets := make([]int64, len(pl.windows))
@@ -325,34 +366,18 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 
 	st.decideCandidates(pl, now, in, &v)
 
-	if pl.ban {
-		r := &pl.strikes
-		if bs.strikeRing != r.name || bs.strikes == nil {
-			// Strikes of another strike window do not count toward this one.
-			bs.strikeRing, bs.strikes = r.name, newRingState(r)
-		}
-		s := bs.strikes
-		b := s.bucket(r, now)
-		s.advance(r, b)
+	if pl.ban.on {
+		// This rejection and those answered locally since the last round
+		// trip (extra) are strikes, unless the key is banned.
 		k := extra
 		if !admit && !banned {
 			k++
 		}
-		if !peek && !banned && k > 0 {
-			s.add(r, b, now, k)
-			if c, _ := s.used(r, now, b); c > r.limit {
-				offences = min(offences+1, maxOffences)
-				bs.offenceAt = now
-				bs.until = now + pl.banLength(offences)
-				*s = *newRingState(r)
-				s.head = b
-				banned, v.newBan = true, true
-			}
-			bs.offences = offences
-			st.expires = max(st.expires, bs.until, bs.offenceAt+pl.memory, now+r.ttlMS*1000)
+		newBan, _, strikes, offences := bs.strike(&pl.ban, now, k, !peek && !banned, &st.expires)
+		if newBan {
+			banned, v.newBan = true, true
 		}
-		v.strikes, _ = s.used(r, now, b)
-		v.offences = offences
+		v.strikes, v.offences = strikes, offences
 		if bs.until > now {
 			v.banUntil = bs.until
 		}
@@ -421,16 +446,38 @@ func (st *keyState) decideCandidates(pl *plan, now int64, in input, v *verdict) 
 		}
 	}
 	room = max(room, 0)
+	// This request and the extras before it reach the candidate in turn:
+	// a key it bans it refuses; of the others it admits as many as fit,
+	// and limits the rest, each a strike of its ban policy; a strike that
+	// begins a ban is refused as banned, as are those after it.
+	cb := &st.cban
 	if !in.peek {
 		k := 1 + in.extra
-		v.cAdm = min(k, room)
-		v.cLim = k - v.cAdm
-		v.cThis = room > in.extra
-		if v.cAdm > 0 {
-			for i := range pl.candidates {
-				rings[i].add(&pl.candidates[i], buckets[i], now, v.cAdm)
-				st.expires = max(st.expires, now+pl.candidates[i].ttlMS*1000)
+		if pl.cban.on && cb.until > now {
+			v.cBan, v.cOutcome = k, Banned
+		} else {
+			v.cAdm = min(k, room)
+			v.cLim = k - v.cAdm
+			if room <= in.extra {
+				v.cOutcome = Limited
 			}
+			if v.cAdm > 0 {
+				for i := range pl.candidates {
+					rings[i].add(&pl.candidates[i], buckets[i], now, v.cAdm)
+					st.expires = max(st.expires, now+pl.candidates[i].ttlMS*1000)
+				}
+			}
+		}
+	}
+	if pl.cban.on {
+		newBan, struck, strikes, offences := cb.strike(&pl.cban, now, v.cLim, !in.peek && v.cLim > 0, &st.expires)
+		if newBan {
+			v.cNewBan, v.cOutcome = true, Banned
+			v.cLim, v.cBan = struck-1, v.cLim-struck+1
+		}
+		v.cStrikes, v.cOffences = strikes, offences
+		if cb.until > now {
+			v.cBanUntil = cb.until
 		}
 	}
 	for i := range pl.candidates {

@@ -510,4 +510,13 @@ func printUsage(w io.Writer, rec apikey.Record, p ratelimit.Policy, u ratelimit.
 	} else {
 		fmt.Fprintf(w, "ban:     until %s (lift it with: petstore limits unban %s)\n", u.BannedUntil.UTC().Format(time.RFC3339), rec.ID)
 	}
+	if b := p.CandidateBan; b.Enabled() {
+		fmt.Fprintf(w, "\ncandidate strikes: %d (banned after more than %d within %s)\ncandidate offences remembered: %d\n",
+			u.CandidateStrikes, b.Threshold, ratelimit.FormatPeriod(b.StrikeWindow), u.CandidateOffences)
+		if u.CandidateBannedUntil.IsZero() {
+			fmt.Fprintln(w, "candidate ban: none")
+		} else {
+			fmt.Fprintf(w, "candidate ban: until %s (measured, not enforced)\n", u.CandidateBannedUntil.UTC().Format(time.RFC3339))
+		}
+	}
 }

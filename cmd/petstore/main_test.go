@@ -352,7 +352,9 @@ func TestProductionPath(t *testing.T) {
   tiny:
     quotas: [{limit: 3, period: 1m}]
     ban: {threshold: 2, within: 1m, duration: 1m, multiplier: 2, max: 10m, memory: 1h}
-    candidate: {quotas: [{limit: 2, period: 1m}]}
+    candidate:
+      quotas: [{limit: 2, period: 1m}]
+      ban: {threshold: 1, within: 1m, duration: 2m}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -415,9 +417,10 @@ func TestProductionPath(t *testing.T) {
 	if !strings.Contains(show, "ban:     until") || !strings.Contains(show, "1m") {
 		t.Fatalf("limits show:\n%s", show)
 	}
-	// The candidate measured the same requests, and would have admitted 2.
-	if !regexp.MustCompile(`2/1m \(candidate\)\s+2\s+0\s`).MatchString(show) {
-		t.Fatalf("limits show without the candidate's usage:\n%s", show)
+	// The candidate measured the same requests, would have admitted 2,
+	// limited the third and banned the key at the fourth.
+	if !regexp.MustCompile(`2/1m \(candidate\)\s+2\s+0\s`).MatchString(show) || !strings.Contains(show, "candidate ban: until") {
+		t.Fatalf("limits show without the candidate's usage and ban:\n%s", show)
 	}
 	// The key itself reads what limits show reads, banned as it is.
 	quota := rateLimit(t, in, key[1])
@@ -432,7 +435,7 @@ func TestProductionPath(t *testing.T) {
 		t.Fatalf("GET /v1/rate_limit says banned until %d, limits show %s", quota.Ban.Until, until)
 	}
 	runOK(t, env, "limits", "unban", id[1])
-	if show := runOK(t, env, "limits", "show", id[1]); !strings.Contains(show, "ban:     none") {
+	if show := runOK(t, env, "limits", "show", id[1]); !strings.Contains(show, "ban:     none") || !strings.Contains(show, "candidate ban: none") {
 		t.Fatalf("after unban:\n%s", show)
 	}
 	if quota := rateLimit(t, in, key[1]); quota.Ban.Banned {

@@ -167,6 +167,9 @@ func writePlansText(w io.Writer, shown []shownPlan) error {
 		candidate := "-"
 		if len(p.Candidate) > 0 {
 			candidate = strings.ReplaceAll(plan.FormatQuotas(p.Candidate), ",", ", ")
+			if p.CandidateBan.Enabled() {
+				candidate += "; ban " + describeBan(p.CandidateBan)
+			}
 		}
 		quotas := strings.ReplaceAll(plan.FormatQuotas(p.Windows), ",", ", ")
 		if p.PerKey {
@@ -199,6 +202,7 @@ type (
 	}
 	yamlCandidate struct {
 		Quotas []yamlQuota `yaml:"quotas,flow"`
+		Ban    any         `yaml:"ban,flow"` // "off" or yamlBan
 	}
 	yamlQuota struct {
 		Limit  int64  `yaml:"limit"`
@@ -219,7 +223,7 @@ func writePlansYAML(w io.Writer, plansFile string, shown []shownPlan) error {
 	for _, p := range shown {
 		yp := yamlPlan{Mode: modeName(p.Plan), PerKey: p.PerKey, Quotas: quotasYAML(p.Windows), Ban: banYAML(p.Ban)}
 		if len(p.Candidate) > 0 {
-			yp.Candidate = &yamlCandidate{Quotas: quotasYAML(p.Candidate)}
+			yp.Candidate = &yamlCandidate{Quotas: quotasYAML(p.Candidate), Ban: banYAML(p.CandidateBan)}
 		}
 		var v any = yp
 		if p.removed() {
@@ -285,9 +289,11 @@ type (
 		Mode     string      `json:"mode"`
 		PerKey   bool        `json:"per_key"`
 		Quotas   []jsonQuota `json:"quotas"`
-		// Candidate holds quotas measured beside Quotas, never enforced.
-		Candidate []jsonQuota `json:"candidate"`
-		Ban       *jsonBan    `json:"ban"` // null: never banned
+		// Candidate holds quotas measured beside Quotas, never enforced,
+		// and CandidateBan the ban policy they would enforce.
+		Candidate    []jsonQuota `json:"candidate"`
+		CandidateBan *jsonBan    `json:"candidate_ban"` // null: none
+		Ban          *jsonBan    `json:"ban"`           // null: never banned
 	}
 	jsonQuota struct {
 		Limit         int64   `json:"limit"`
@@ -321,12 +327,17 @@ func writePlansJSON(w io.Writer, plansFile string, shown []shownPlan) error {
 // planJSON states plan p, which comes from source.
 func planJSON(p plan.Plan, source string) jsonPlan {
 	jp := jsonPlan{Name: p.Name, Source: source, FromFile: source != sourceBuiltIn, Mode: modeName(p), PerKey: p.PerKey,
-		Quotas: quotasJSON(p.Windows), Candidate: quotasJSON(byPeriod(p.Candidate))}
-	if b := p.Ban; b.Enabled() {
-		jp.Ban = &jsonBan{Threshold: b.Threshold, WithinSeconds: b.StrikeWindow.Seconds(), DurationSeconds: b.Base.Seconds(),
-			Multiplier: b.Multiplier, MaxSeconds: b.Max.Seconds(), MemorySeconds: b.Memory.Seconds()}
-	}
+		Quotas: quotasJSON(p.Windows), Candidate: quotasJSON(byPeriod(p.Candidate)), Ban: banJSON(p.Ban), CandidateBan: banJSON(p.CandidateBan)}
 	return jp
+}
+
+// banJSON states ban policy b; nil when it bans nothing.
+func banJSON(b ratelimit.BanPolicy) *jsonBan {
+	if !b.Enabled() {
+		return nil
+	}
+	return &jsonBan{Threshold: b.Threshold, WithinSeconds: b.StrikeWindow.Seconds(), DurationSeconds: b.Base.Seconds(),
+		Multiplier: b.Multiplier, MaxSeconds: b.Max.Seconds(), MemorySeconds: b.Memory.Seconds()}
 }
 
 func quotasJSON(ws []ratelimit.Window) []jsonQuota {

@@ -202,7 +202,9 @@ const shownPlansFile = `plans:
   gold:
     mode: shadow
     quotas: [{limit: 5, period: 10s}, {limit: 100, period: 1h}]
-    candidate: {quotas: [{limit: 80, period: 1h}, {limit: 4, period: 10s}]}
+    candidate:
+      quotas: [{limit: 80, period: 1h}, {limit: 4, period: 10s}]
+      ban: {threshold: 2, within: 10s, duration: 1m, multiplier: 2, max: 10m, memory: 1h}
     ban: {threshold: 7, within: 30s, duration: 2m, multiplier: 3, max: 1h, memory: 7d}
   partner:
     per_key: true
@@ -231,7 +233,7 @@ func TestPlansShowText(t *testing.T) {
 	want := map[string][]string{
 		"enterprise": {"built-in", "enforce", "per key", "-", "more than 500 refused in 1m: 1m, x2 per repeat up to 15m (repeats remembered 24h)"},
 		"free":       {"file over built-in", "enforce", "30/1m", "-", "more than 20 refused in 1m: 1m, x2 per repeat up to 1h (repeats remembered 24h)"},
-		"gold":       {"file", "shadow", "5/10s, 100/1h", "4/10s, 80/1h", "more than 7 refused in 30s: 2m, x3 per repeat up to 1h (repeats remembered 168h)"},
+		"gold":       {"file", "shadow", "5/10s, 100/1h", "4/10s, 80/1h; ban more than 2 refused in 10s: 1m, x2 per repeat up to 10m (repeats remembered 1h)", "more than 7 refused in 30s: 2m, x3 per repeat up to 1h (repeats remembered 168h)"},
 		"loadtest":   {"built-in", "enforce", "60000/1m, 10000000/24h", "-", "more than 20000 refused in 1m: 1m, x2 per repeat up to 1h (repeats remembered 24h)"},
 		"partner":    {"file", "enforce", "per key", "-", "off"},
 		"pro":        {"built-in", "enforce", "300/1m, 10000/24h", "-", "more than 100 refused in 1m: 1m, x2 per repeat up to 1h (repeats remembered 24h)"},
@@ -322,8 +324,9 @@ func TestPlansShowJSON(t *testing.T) {
 		byName[p.Name] = p
 	}
 	wantGold := jsonPlan{Name: "gold", Source: "file", FromFile: true, Mode: "shadow", Quotas: []jsonQuota{{5, "10s", 10}, {100, "1h", 3600}},
-		Candidate: []jsonQuota{{4, "10s", 10}, {80, "1h", 3600}},
-		Ban:       &jsonBan{Threshold: 7, WithinSeconds: 30, DurationSeconds: 120, Multiplier: 3, MaxSeconds: 3600, MemorySeconds: 7 * 86400}}
+		Candidate:    []jsonQuota{{4, "10s", 10}, {80, "1h", 3600}},
+		CandidateBan: &jsonBan{Threshold: 2, WithinSeconds: 10, DurationSeconds: 60, Multiplier: 2, MaxSeconds: 600, MemorySeconds: 3600},
+		Ban:          &jsonBan{Threshold: 7, WithinSeconds: 30, DurationSeconds: 120, Multiplier: 3, MaxSeconds: 3600, MemorySeconds: 7 * 86400}}
 	if !reflect.DeepEqual(byName["gold"], wantGold) {
 		t.Errorf("gold = %+v, want %+v", byName["gold"], wantGold)
 	}

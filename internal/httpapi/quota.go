@@ -21,7 +21,10 @@ type rateLimitBody struct {
 	// Candidate holds the plan's candidate windows: proposed quotas
 	// measured on the key's requests and never enforced.
 	Candidate []rateLimitWindow `json:"candidate,omitempty"`
-	Ban       rateLimitBan      `json:"ban"`
+	// CandidateBan is the ban the plan's candidate ban policy would have
+	// the key under, measured and never enforced; absent without one.
+	CandidateBan *rateLimitBan `json:"candidateBan,omitempty"`
+	Ban          rateLimitBan  `json:"ban"`
 }
 
 // rateLimitWindow is the RateLimitWindow schema: one quota window. Any
@@ -82,20 +85,30 @@ func handleRateLimit(usage UsageReader, now func() time.Time, fail errorWriter) 
 		if !p.Policy.Shadow {
 			setLimitHeaders(h, usageDecision(u, t), t)
 		}
-		body := rateLimitBody{Plan: p.Plan, Mode: "enforce", Windows: rateLimitWindows(u.Windows, t), Ban: rateLimitBan{Strikes: u.Strikes, Offences: u.Offences}}
+		body := rateLimitBody{Plan: p.Plan, Mode: "enforce", Windows: rateLimitWindows(u.Windows, t), Ban: banState(u.Strikes, u.Offences, u.BannedUntil, t)}
 		if p.Policy.Shadow {
 			body.Mode = "shadow"
 		}
 		if len(u.Candidate) > 0 {
 			body.Candidate = rateLimitWindows(u.Candidate, t)
 		}
-		if !u.BannedUntil.IsZero() {
-			body.Ban.Banned = true
-			body.Ban.Until = ceilUnix(u.BannedUntil)
-			body.Ban.RetryAfter = retryAfterSeconds(u.BannedUntil.Sub(t))
+		if p.Policy.CandidateBan.Enabled() {
+			b := banState(u.CandidateStrikes, u.CandidateOffences, u.CandidateBannedUntil, t)
+			body.CandidateBan = &b
 		}
 		writeJSON(w, http.StatusOK, body)
 	}
+}
+
+// banState states a ban's standing at now in the RateLimitBan shape: its
+// strikes, remembered offences and, when banned (until is not zero), when
+// it ends.
+func banState(strikes, offences int64, until, now time.Time) rateLimitBan {
+	b := rateLimitBan{Strikes: strikes, Offences: offences}
+	if !until.IsZero() {
+		b.Banned, b.Until, b.RetryAfter = true, ceilUnix(until), retryAfterSeconds(until.Sub(now))
+	}
+	return b
 }
 
 // rateLimitWindows states windows in the RateLimitWindow shape; a reset

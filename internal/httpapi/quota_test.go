@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +27,10 @@ const quotaPlans = `plans:
     quotas: [{limit: 3, period: 1m}, {limit: 100, period: 1h}]
     ban: {threshold: 2, within: 1m, duration: 5m, multiplier: 2, max: 1h, memory: 24h}
   trial: {mode: shadow, quotas: [{limit: 20, period: 1m}]}
-  growth: {quotas: [{limit: 10, period: 1m}], ban: off, candidate: {quotas: [{limit: 3, period: 1m}]}}
+  growth:
+    quotas: [{limit: 10, period: 1m}]
+    ban: off
+    candidate: {quotas: [{limit: 3, period: 1m}], ban: {threshold: 1, within: 1m, duration: 5m}}
 `
 
 // quotaFixture serves the real router with the real authenticator (static
@@ -198,14 +202,17 @@ func TestRateLimitReportsQuota(t *testing.T) {
 		},
 		{
 			// The candidate measured the same 5 requests and would have
-			// admitted 3 of them; it enforces nothing.
+			// admitted 3 of them, limited the 4th (a strike) and banned
+			// the key at the 5th (a second strike, over its threshold of
+			// one); it enforces nothing.
 			name:  "a plan with a candidate",
 			key:   "candidate",
 			setup: func(t *testing.T, f *quotaFixture) { f.pets(t, "candidate", 5, http.StatusOK) },
 			want: func(f *quotaFixture) rateLimitBody {
 				return rateLimitBody{Plan: "growth", Mode: "enforce",
-					Windows:   []rateLimitWindow{{Period: "1m", Limit: 10, Used: 5, Remaining: 5, Reset: f.unix(time.Minute)}},
-					Candidate: []rateLimitWindow{{Period: "1m", Limit: 3, Used: 3, Remaining: 0, Reset: f.unix(time.Minute)}},
+					Windows:      []rateLimitWindow{{Period: "1m", Limit: 10, Used: 5, Remaining: 5, Reset: f.unix(time.Minute)}},
+					Candidate:    []rateLimitWindow{{Period: "1m", Limit: 3, Used: 3, Remaining: 0, Reset: f.unix(time.Minute)}},
+					CandidateBan: &rateLimitBan{Banned: true, Until: f.unix(5 * time.Minute), RetryAfter: 300, Strikes: 0, Offences: 1},
 				}
 			},
 			fields: func(f *quotaFixture) map[string]string {
@@ -291,7 +298,7 @@ func TestRateLimitReportsQuota(t *testing.T) {
 				tt.setup(t, f)
 			}
 			got, resp := f.quota(t, tt.key)
-			if want := tt.want(f); fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+			if want := tt.want(f); !reflect.DeepEqual(got, want) {
 				t.Errorf("body %s\nwant %+v", resp.body, want)
 			}
 			if got, want := rateLimitFields(resp.Header), tt.fields(f); fmt.Sprint(got) != fmt.Sprint(want) {

@@ -80,12 +80,15 @@ func Load(path string) (*Set, error) {
 //     its keys are always served, without rate-limit headers. For
 //     introducing limits on a plan that had none. Left out, a plan keeps
 //     its mode (built-in plans enforce).
-//   - candidate: {quotas: [...]} proposed quotas, measured beside the
-//     enforced ones on every request and never refusing one: what they
-//     would have admitted and limited goes to
-//     petstore_ratelimit_candidate_decisions_total{plan,outcome}, and
-//     `petstore limits show` reports their usage. Left out, the plan has no
-//     candidate (its records expire within their period).
+//   - candidate: {quotas: [...], ban: ...} proposed quotas, measured beside
+//     the enforced ones on every request and never refusing one, and the
+//     ban policy they would enforce (written as ban above; left out, the
+//     candidate bans nothing): what they would have admitted, limited and
+//     refused as banned goes to
+//     petstore_ratelimit_candidate_decisions_total{plan,outcome}, the bans
+//     they would have issued to petstore_ratelimit_candidate_bans_total,
+//     and `petstore limits show` reports their usage and ban. Left out, the
+//     plan has no candidate (its records expire within their period).
 //   - remove: true drops the plan (only with no other field). Keys on a
 //     removed plan are then rejected.
 //
@@ -121,9 +124,11 @@ type planSpec struct {
 }
 
 // candidateSpec is a plan's candidate: quotas measured on live traffic
-// beside the enforced ones, never refusing a request.
+// beside the enforced ones, never refusing a request, and the ban policy
+// they would enforce.
 type candidateSpec struct {
-	Quotas []Quota `yaml:"quotas"`
+	Quotas []Quota  `yaml:"quotas"`
+	Ban    *banSpec `yaml:"ban"`
 }
 
 // Quota is one {limit, period} entry as written in the plans and keys
@@ -274,9 +279,16 @@ func (f fileSpec) build() (*Set, []problem, error) {
 			q.Quotas = &spec.Candidate.Quotas
 			ws, qproblems := q.quotas(at + ".candidate.quotas")
 			problems = append(problems, qproblems...)
-			p.Candidate = ws
+			p.Candidate, p.CandidateBan = ws, ratelimit.BanPolicy{}
+			if spec.Candidate.Ban != nil {
+				ban, field, err := spec.Candidate.Ban.policy()
+				if err != nil {
+					fail(at+".candidate.ban."+field, "%v", err)
+				}
+				p.CandidateBan = ban
+			}
 		} else {
-			p.Candidate = nil
+			p.Candidate, p.CandidateBan = nil, ratelimit.BanPolicy{}
 		}
 		if len(p.Windows) == 0 && !p.PerKey && !badQuotas {
 			fail(at+".quotas", "plan %q needs at least one quota unless per_key is true", name)

@@ -151,6 +151,19 @@ func TestParseMerges(t *testing.T) {
 				t.Errorf("free has a candidate: %+v", pol.Candidate)
 			}
 		}},
+		{"a candidate with a ban policy", "plans: {pro: {candidate: {quotas: [{limit: 100, period: 1m}], ban: {threshold: 3, within: 10s, duration: 30s}}}, free: {candidate: {quotas: [{limit: 9, period: 1m}], ban: off}}}", func(t *testing.T, s *plan.Set) {
+			pol, err := s.Policy("pro", nil)
+			want := ratelimit.BanPolicy{Threshold: 3, StrikeWindow: 10 * time.Second, Base: 30 * time.Second, Multiplier: 2, Max: time.Hour, Memory: day}
+			if err != nil || pol.CandidateBan != want || pol.Ban.Threshold == 0 || pol.Ban == want {
+				t.Errorf("Policy(pro) = %+v, %v; want candidate ban %+v beside the built-in ban", pol, err, want)
+			}
+			if pol, _ := s.Policy("free", nil); pol.CandidateBan.Enabled() || len(pol.Candidate) != 1 {
+				t.Errorf("free: candidate %v ban %+v, want a candidate that bans nothing", pol.Candidate, pol.CandidateBan)
+			}
+			if pol, _ := s.Policy("business", nil); pol.CandidateBan.Enabled() || pol.Candidate != nil {
+				t.Errorf("business: candidate %v ban %+v, want none", pol.Candidate, pol.CandidateBan)
+			}
+		}},
 		{"names in any case", "plans: {Gold: {quotas: [{limit: 1, period: 1s}]}, PRO: {remove: true}}", func(t *testing.T, s *plan.Set) {
 			if got := s.Names(); !reflect.DeepEqual(got, []string{"business", "enterprise", "free", "gold", "loadtest"}) {
 				t.Errorf("names = %v", got)
@@ -212,7 +225,9 @@ func TestParseErrors(t *testing.T) {
 		{"every problem reported", "plans:\n  free: {quotas: [{limit: 0, period: 1m}]}\n  pro: {quotas: [{limit: 1, period: x}]}\n", []string{"plans.free.quotas[0].limit (line 2)", "plans.pro.quotas[0].period (line 3)"}},
 		{"candidate without quotas", "plans:\n  free:\n    candidate: {}\n", []string{"plans.free.candidate.quotas (line 3): a candidate needs at least one quota"}},
 		{"candidate with a bad quota", "plans:\n  free:\n    candidate:\n      quotas:\n        - {limit: 0, period: 1m}\n        - {limit: 1, period: 1m}\n", []string{"plans.free.candidate.quotas[0].limit (line 5): must be from 1 to 1000000000, got 0", "plans.free.candidate.quotas[1].period (line 6): 1m is also the period of plans.free.candidate.quotas[0]"}},
-		{"candidate with an unknown field", "plans:\n  free:\n    candidate: {quotas: [], ban: off}\n", []string{"plans.free.candidate.ban (line 3): unknown field"}},
+		{"candidate with an unknown field", "plans:\n  free:\n    candidate: {quotas: [{limit: 1, period: 1m}], within: 1m}\n", []string{"plans.free.candidate.within (line 3): unknown field"}},
+		{"candidate ban without a threshold", "plans:\n  free:\n    candidate:\n      quotas: [{limit: 1, period: 1m}]\n      ban: {within: 1m, duration: 1m}\n", []string{"plans.free.candidate.ban.threshold (line 5): required (or write ban: off)"}},
+		{"candidate ban with a bad period", "plans:\n  free:\n    candidate:\n      quotas: [{limit: 1, period: 1m}]\n      ban: {threshold: 2, within: 1y, duration: 1m}\n", []string{"plans.free.candidate.ban.within (line 5)"}},
 		{"remove with a candidate", "plans: {free: {remove: true, candidate: {quotas: [{limit: 1, period: 1m}]}}}", []string{"plans.free.remove (line 1): a removed plan takes no other field"}},
 		{"every decoding problem reported", "plans:\n  free: {quotas: [{limit: a, period: 1m}]}\n  pro: {quotaz: []}\n", []string{"plans.free.quotas[0].limit (line 2)", "plans.pro.quotaz (line 3): unknown field"}},
 		{"two documents", "plans: {}\n---\nplans: {pro: {ban: off}}\n", []string{"plans (line 3): in a second YAML document, which starts on line 2: a plans file holds a single YAML document"}},

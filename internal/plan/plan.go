@@ -44,8 +44,11 @@ type Plan struct {
 	// plan must carry overrides for at least one window.
 	PerKey bool
 	// Candidate holds proposed quotas measured beside Windows on live
-	// traffic, never enforced (ratelimit.Policy.Candidate).
-	Candidate []ratelimit.Window
+	// traffic, never enforced (ratelimit.Policy.Candidate), and
+	// CandidateBan the ban policy they would enforce
+	// (ratelimit.Policy.CandidateBan; zero: none).
+	Candidate    []ratelimit.Window
+	CandidateBan ratelimit.BanPolicy
 	// Shadow evaluates and records the plan's limits, strikes and bans on
 	// every request but enforces none of them: for introducing limits on a
 	// plan that had none (mode: shadow in the plans file).
@@ -262,6 +265,7 @@ func (s *Set) Policy(planName string, overrides []ratelimit.Window) (ratelimit.P
 	pol := ratelimit.Policy{Name: p.Name, Windows: sortedWindows(windows), Ban: p.Ban, Shadow: p.Shadow}
 	if len(p.Candidate) > 0 {
 		pol.Candidate = sortedWindows(slices.Clone(p.Candidate))
+		pol.CandidateBan = p.CandidateBan
 	}
 	if err := pol.Validate(); err != nil {
 		return ratelimit.Policy{}, fmt.Errorf("plan %q: %w", p.Name, err)
