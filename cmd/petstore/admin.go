@@ -222,7 +222,7 @@ func createKeys(ctx context.Context, cfg config.Config, fs *flag.FlagSet, spec k
 	name := plan.Normalize(spec.plan)
 	// The policy check rejects an unknown plan and a per-key plan
 	// (Enterprise) without quotas before anything is stored.
-	if _, err := plans.Policy(name, spec.quotas); err != nil {
+	if _, err := plans.Policy(name, plan.Overrides{Quotas: spec.quotas}); err != nil {
 		return err
 	}
 
@@ -384,7 +384,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 			if err != nil {
 				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
 			}
-			policy, err := plans.Policy(rec.Plan, rec.Overrides)
+			policy, err := plans.Policy(rec.Plan, plan.Overrides{Quotas: rec.Overrides})
 			if err != nil {
 				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
 			}
@@ -403,7 +403,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		if err != nil {
 			return err
 		}
-		policy, err := plans.Policy(rec.Plan, rec.Overrides)
+		policy, err := plans.Policy(rec.Plan, plan.Overrides{Quotas: rec.Overrides})
 		if err != nil {
 			return err
 		}

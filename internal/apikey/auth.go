@@ -135,7 +135,7 @@ func (a *Authenticator) Update(plans *plan.Set, keys *StaticKeys) error {
 	}
 	c := &config{plans: plans, keys: keys, static: make(map[string]resolution, keys.Len())}
 	for _, rec := range keys.Records() {
-		if _, err := plans.Policy(rec.Plan, rec.Overrides); err != nil {
+		if _, err := plans.Policy(rec.Plan, plan.Overrides{Quotas: rec.Overrides}); err != nil {
 			return fmt.Errorf("apikey: static key %s: %w", rec.ID, err)
 		}
 		c.static[rec.Hash] = resolve(rec, plans)
@@ -195,7 +195,7 @@ func resolve(rec Record, plans *plan.Set) resolution {
 	if rec.Revoked() {
 		return resolution{plans: plans, err: fmt.Errorf("%w %s", ErrRevoked, rec.ID)}
 	}
-	pol, err := plans.Policy(rec.Plan, rec.Overrides)
+	pol, err := plans.Policy(rec.Plan, plan.Overrides{Quotas: rec.Overrides})
 	if err != nil {
 		return resolution{plans: plans, err: fmt.Errorf("apikey: key %s: %w", rec.ID, err)}
 	}

@@ -200,7 +200,7 @@ func (e keySpec) record(plans *plan.Set) (rec Record, field string, err error) {
 		}
 		overrides = append(overrides, ratelimit.Window{Limit: int64(q.Limit), Period: d})
 	}
-	if _, err := plans.Policy(e.Plan, overrides); errors.Is(err, plan.ErrUnknownPlan) {
+	if _, err := plans.Policy(e.Plan, plan.Overrides{Quotas: overrides}); errors.Is(err, plan.ErrUnknownPlan) {
 		return Record{}, "plan", fmt.Errorf("unknown plan %q (the plans are %s)", e.Plan, strings.Join(plans.Names(), ", "))
 	} else if err != nil {
 		return Record{}, "quotas", err
