@@ -384,7 +384,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 			if err != nil {
 				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
 			}
-			policy, err := plans.Policy(rec.Plan, plan.Overrides{Quotas: rec.Overrides})
+			policy, err := rec.Policy(plans)
 			if err != nil {
 				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
 			}
@@ -403,7 +403,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		if err != nil {
 			return err
 		}
-		policy, err := plans.Policy(rec.Plan, plan.Overrides{Quotas: rec.Overrides})
+		policy, err := rec.Policy(plans)
 		if err != nil {
 			return err
 		}
