@@ -19,9 +19,9 @@ type Record struct {
 	Plan string
 	// Overrides replace the plan's window of the same period, or add one.
 	Overrides []ratelimit.Window
-	// Candidate replace the plan's candidate window of the same period, or
-	// add one: proposed quotas measured on the key's traffic, never
-	// enforced.
+	// Candidate windows replace the plan's candidate window of the same
+	// period, or add one: proposed quotas measured on the key's traffic,
+	// never enforced.
 	Candidate []ratelimit.Window
 	CreatedAt time.Time
 	// RevokedAt is set once the key is revoked.

@@ -240,9 +240,9 @@ type Overrides struct {
 	// Quotas replace the plan's enforced window of the same period, or add
 	// a window.
 	Quotas []ratelimit.Window
-	// Candidate replace the plan's candidate window of the same period, or
-	// add one, exactly as Quotas do for the enforced windows: a key can
-	// carry a candidate of its own whether or not its plan has one.
+	// Candidate windows replace the plan's candidate window of the same
+	// period, or add one, exactly as Quotas do for the enforced windows: a
+	// key can carry a candidate of its own whether or not its plan has one.
 	Candidate []ratelimit.Window
 }
 
