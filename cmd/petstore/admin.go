@@ -112,7 +112,7 @@ func (q *quotaList) Set(s string) error {
 	return nil
 }
 
-const keysUsage = "create --plan PLAN [--label LABEL] [--quota LIMIT/PERIOD ...] [--count N] [--format text|csv|yaml] | list | revoke KEY-ID"
+const keysUsage = "create --plan PLAN [--label LABEL] [--quota LIMIT/PERIOD ...] [--candidate-quota LIMIT/PERIOD ...] [--count N] [--format text|csv|yaml] | list | revoke KEY-ID"
 
 // maxKeysPerCreate bounds one `keys create --count`: enough for any load
 // test, small enough that a typo cannot fill the key table.
@@ -126,13 +126,14 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 	var (
 		planName, label, format string
 		count                   int
-		quotas                  quotaList
+		quotas, candidate       quotaList
 	)
 	extra := func(fs *flag.FlagSet) {
 		if sub == "create" {
 			fs.StringVar(&planName, "plan", "", "plan of the new key (required)")
 			fs.StringVar(&label, "label", "", "who the key is for, e.g. a customer name")
 			fs.Var(&quotas, "quota", "the key's own quota LIMIT/PERIOD, e.g. 5000/1m (repeatable; replaces the plan's window of that period)")
+			fs.Var(&candidate, "candidate-quota", "a candidate quota LIMIT/PERIOD for the key, measured and never enforced, e.g. 200/1m (repeatable; replaces the plan's candidate window of that period)")
 			fs.IntVar(&count, "count", 1, fmt.Sprintf("how many keys to create (at most %d)", maxKeysPerCreate))
 			fs.StringVar(&format, "format", "text", "output: text, csv (id,key,plan,label) or yaml (entries of a static keys file); with csv or yaml and no database the keys are only generated")
 		}
@@ -142,7 +143,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 		return err
 	}
 	if sub == "create" {
-		return createKeys(ctx, cfg, fs, keySpec{plan: planName, label: label, quotas: quotas, count: count, format: format}, stdout, stderr)
+		return createKeys(ctx, cfg, fs, keySpec{plan: planName, label: label, quotas: quotas, candidate: candidate, count: count, format: format}, stdout, stderr)
 	}
 	pool, err := openDB(ctx, cfg)
 	if err != nil {
@@ -158,17 +159,21 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 			return err
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tPLAN\tQUOTAS\tLABEL\tCREATED\tREVOKED")
+		// QUOTAS and CANDIDATE are the key's own; "plan" means it has
+		// none and goes by its plan's (a plan may have no candidate).
+		fmt.Fprintln(tw, "ID\tPLAN\tQUOTAS\tCANDIDATE\tLABEL\tCREATED\tREVOKED")
+		own := func(ws []ratelimit.Window) string {
+			if len(ws) == 0 {
+				return "plan"
+			}
+			return plan.FormatQuotas(ws)
+		}
 		for _, r := range recs {
 			revoked := "-"
 			if r.RevokedAt != nil {
 				revoked = r.RevokedAt.UTC().Format(time.RFC3339)
 			}
-			q := "plan"
-			if len(r.Overrides) > 0 {
-				q = plan.FormatQuotas(r.Overrides)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Plan, q, r.Label, r.CreatedAt.UTC().Format(time.RFC3339), revoked)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Plan, own(r.Overrides), own(r.Candidate), r.Label, r.CreatedAt.UTC().Format(time.RFC3339), revoked)
 		}
 		return tw.Flush()
 	case "revoke":
@@ -189,7 +194,7 @@ func runKeys(ctx context.Context, args []string, getenv func(string) string, std
 // keySpec is what `keys create` was asked for.
 type keySpec struct {
 	plan, label, format string
-	quotas              []ratelimit.Window
+	quotas, candidate   []ratelimit.Window
 	count               int
 }
 
@@ -220,9 +225,10 @@ func createKeys(ctx context.Context, cfg config.Config, fs *flag.FlagSet, spec k
 		return fmt.Errorf("--plan is required (one of %s)", strings.Join(plans.Names(), ", "))
 	}
 	name := plan.Normalize(spec.plan)
-	// The policy check rejects an unknown plan and a per-key plan
-	// (Enterprise) without quotas before anything is stored.
-	if _, err := plans.Policy(name, spec.quotas); err != nil {
+	// The policy check rejects an unknown plan, a per-key plan
+	// (Enterprise) without quotas and two quotas of one period before
+	// anything is stored.
+	if _, err := plans.Policy(name, plan.Overrides{Quotas: spec.quotas, Candidate: spec.candidate}); err != nil {
 		return err
 	}
 
@@ -248,6 +254,7 @@ func createKeys(ctx context.Context, cfg config.Config, fs *flag.FlagSet, spec k
 			Label:     spec.label,
 			Plan:      name,
 			Overrides: spec.quotas,
+			Candidate: spec.candidate,
 			CreatedAt: time.Now().UTC(),
 		}
 		if store != nil {
@@ -272,10 +279,15 @@ type issuedKey struct {
 
 // keysFileEntry is one entry of a static keys file (see apikey.ParseKeys).
 type keysFileEntry struct {
-	Key    string          `yaml:"key"`
-	Plan   string          `yaml:"plan"`
-	Label  string          `yaml:"label,omitempty"`
-	Quotas []keysFileQuota `yaml:"quotas,omitempty,flow"`
+	Key       string             `yaml:"key"`
+	Plan      string             `yaml:"plan"`
+	Label     string             `yaml:"label,omitempty"`
+	Quotas    []keysFileQuota    `yaml:"quotas,omitempty,flow"`
+	Candidate *keysFileCandidate `yaml:"candidate,omitempty"`
+}
+
+type keysFileCandidate struct {
+	Quotas []keysFileQuota `yaml:"quotas,flow"`
 }
 
 type keysFileQuota struct {
@@ -298,9 +310,9 @@ func writeKeys(w io.Writer, format string, keys []issuedKey) error {
 			Keys []keysFileEntry `yaml:"keys"`
 		}
 		for _, k := range keys {
-			e := keysFileEntry{Key: k.key, Plan: k.rec.Plan, Label: k.rec.Label}
-			for _, q := range k.rec.Overrides {
-				e.Quotas = append(e.Quotas, keysFileQuota{Limit: q.Limit, Period: ratelimit.FormatPeriod(q.Period)})
+			e := keysFileEntry{Key: k.key, Plan: k.rec.Plan, Label: k.rec.Label, Quotas: keysFileQuotas(k.rec.Overrides)}
+			if len(k.rec.Candidate) > 0 {
+				e.Candidate = &keysFileCandidate{Quotas: keysFileQuotas(k.rec.Candidate)}
 			}
 			f.Keys = append(f.Keys, e)
 		}
@@ -320,6 +332,14 @@ func writeKeys(w io.Writer, format string, keys []issuedKey) error {
 		fmt.Fprintln(w, "\nThe key is shown only this once; store it now. Only its SHA-256 is kept.")
 		return nil
 	}
+}
+
+func keysFileQuotas(ws []ratelimit.Window) []keysFileQuota {
+	var out []keysFileQuota
+	for _, w := range ws {
+		out = append(out, keysFileQuota{Limit: w.Limit, Period: ratelimit.FormatPeriod(w.Period)})
+	}
+	return out
 }
 
 const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN"
@@ -384,7 +404,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 			if err != nil {
 				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
 			}
-			policy, err := plans.Policy(rec.Plan, rec.Overrides)
+			policy, err := rec.Policy(plans)
 			if err != nil {
 				return fmt.Errorf("after resetting %d of %d keys: %w", i, len(ids), err)
 			}
@@ -403,7 +423,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		if err != nil {
 			return err
 		}
-		policy, err := plans.Policy(rec.Plan, rec.Overrides)
+		policy, err := rec.Policy(plans)
 		if err != nil {
 			return err
 		}

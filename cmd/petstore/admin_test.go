@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/plan"
 	"github.com/animal-store/petstore/internal/testenv"
+	"github.com/animal-store/petstore/ratelimit"
 )
 
 // TestKeysCreateGenerates covers `keys create --count --format` without a
@@ -57,11 +59,30 @@ func TestKeysCreateGenerates(t *testing.T) {
 		t.Fatalf("per-key quotas in the YAML: %v\n%s", err, out)
 	}
 
+	// A candidate of the key's own goes into its keys-file entry, which
+	// reads back as it was given.
+	out = runOK(t, noEnv, "keys", "create", "--plan", "pro", "--candidate-quota", "5000/1d", "--candidate-quota", "200/1m", "--format", "yaml")
+	if !strings.Contains(out, "candidate:\n      quotas: [{limit: 5000, period: 24h}, {limit: 200, period: 1m}]") {
+		t.Errorf("no candidate in the keys-file entry:\n%s", out)
+	}
+	keys, err = apikey.ParseKeys([]byte(out), plan.Defaults())
+	if err != nil {
+		t.Fatalf("generated YAML with a candidate is not a keys file: %v\n%s", err, out)
+	}
+	want := []ratelimit.Window{{Limit: 5000, Period: 24 * time.Hour}, {Limit: 200, Period: time.Minute}}
+	if recs := keys.Records(); len(recs) != 1 || !slices.Equal(recs[0].Candidate, want) || recs[0].Overrides != nil {
+		t.Errorf("records %+v, want one with candidate %v and no quotas of its own", recs, want)
+	}
+
 	for _, tt := range []struct {
 		args    []string
 		wantErr string
 	}{
 		{[]string{"--plan", "free"}, "needs PostgreSQL"},
+		{[]string{"--plan", "free", "--format", "yaml", "--candidate-quota", "10/1m", "--candidate-quota", "20/60s"}, `plan "free": candidate: two overrides for period 1m`},
+		{[]string{"--plan", "free", "--format", "yaml", "--candidate-quota", "0/1m"}, "limit must be a whole number from 1 to 1000000000"},
+		{[]string{"--plan", "free", "--format", "yaml", "--candidate-quota", "10/367d"}, "must be at most 366d"},
+		{[]string{"--plan", "enterprise", "--format", "yaml", "--candidate-quota", "10/1m"}, "quotas are agreed per key"},
 		{[]string{"--plan", "free", "--format", "xml"}, "--format must be"},
 		{[]string{"--plan", "free", "--format", "csv", "--count", "0"}, "--count must be"},
 		{[]string{"--plan", "free", "--format", "csv", "--count", "100001"}, "--count must be"},

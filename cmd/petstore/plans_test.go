@@ -61,6 +61,9 @@ func TestPlansCheckBadFiles(t *testing.T) {
 			[]string{"plans.gold.burst (line 4): unknown field"}},
 		{"unknown plan referenced by a key", checkedPlans, "keys:\n  - key: " + key + "\n    plan: silver\n",
 			[]string{`keys[0].plan (line 3): unknown plan "silver"`, "gold"}},
+		{"bad candidate quotas on keys", checkedPlans, "keys:\n  - key: " + key + "\n    plan: gold\n    candidate:\n      quotas:\n        - {limit: 0, period: 1m}\n" +
+			"  - sha256: " + strings.Repeat("ab", 32) + "\n    plan: pro\n    candidate: {quotas: [{limit: 5, period: 24h}, {limit: 6, period: 1d}]}\n",
+			[]string{"keys[0].candidate.quotas[0].limit (line 6): must be from 1 to 1000000000, got 0", "keys[1].candidate.quotas[1].period (line 9): 24h is also the period of candidate.quotas[0]"}},
 		{"bad period", "plans:\n  gold:\n    quotas:\n      - {limit: 1, period: 1mo}\n", "",
 			[]string{`plans.gold.quotas[0].period (line 4): period "1mo": want a duration`}},
 		{"limit 0", "plans:\n  gold:\n    quotas:\n      - limit: 0\n        period: 1m\n", "",

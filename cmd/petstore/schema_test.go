@@ -7,7 +7,9 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +82,21 @@ func readyz(t *testing.T, in *instance) (int, map[string]string) {
 	return resp.StatusCode, st
 }
 
+// migrationsDir holds the migrations built into the binary.
+const migrationsDir = "../../internal/postgres/migrations"
+
+// neededVersion is the newest built-in migration's version: the schema
+// version this release needs.
+func neededVersion(t *testing.T) string {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(migrationsDir, "[0-9][0-9][0-9][0-9]_*.sql"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no migrations in %s: %v", migrationsDir, err)
+	}
+	slices.Sort(names)
+	return filepath.Base(names[len(names)-1])[:4]
+}
+
 // metricLine returns the sample line of a metric without labels.
 func metricLine(t *testing.T, in *instance, name string) string {
 	t.Helper()
@@ -102,7 +119,8 @@ func TestServeUnmigratedDatabase(t *testing.T) {
 	if code != 503 || st["check"] != "database" {
 		t.Fatalf("/readyz on an empty database: %d %v", code, st)
 	}
-	for _, want := range []string{"version is none", "needs 0001", "run `petstore migrate`"} {
+	needed := neededVersion(t)
+	for _, want := range []string{"version is none", "needs " + needed, "run `petstore migrate`"} {
 		if !strings.Contains(st["message"], want) {
 			t.Errorf("/readyz message %q lacks %q", st["message"], want)
 		}
@@ -113,7 +131,7 @@ func TestServeUnmigratedDatabase(t *testing.T) {
 	if got := metricLine(t, in, "petstore_db_schema_version"); got != "petstore_db_schema_version 0" {
 		t.Errorf("schema version metric: %q", got)
 	}
-	if got := metricLine(t, in, "petstore_db_schema_version_needed"); got != "petstore_db_schema_version_needed 1" {
+	if got := metricLine(t, in, "petstore_db_schema_version_needed"); got != "petstore_db_schema_version_needed "+strings.TrimLeft(needed, "0") {
 		t.Errorf("needed schema version metric: %q", got)
 	}
 	unknownKey, err := apikey.Generate()
@@ -154,7 +172,7 @@ func TestServeUnmigratedDatabase(t *testing.T) {
 	if !strings.Contains(in.stderr.String(), `"msg":"ready"`) {
 		t.Errorf("no log line when the replica turned ready:\n%s", in.stderr.String())
 	}
-	if got := metricLine(t, in, "petstore_db_schema_version"); got != "petstore_db_schema_version 1" {
+	if got := metricLine(t, in, "petstore_db_schema_version"); got != "petstore_db_schema_version "+strings.TrimLeft(needed, "0") {
 		t.Errorf("schema version metric after migrating: %q", got)
 	}
 	resp, body := do(t, "POST", in.api+"/v1/pets", key, `{"name":"Rex","categoryId":1}`)
@@ -193,7 +211,7 @@ func TestServeNewerSchema(t *testing.T) {
 		recordMigration(t, dbURL, "9001", "9001_add_pet_tags.sql", true)
 
 		in := start(t, env)
-		warning := regexp.MustCompile(`"level":"WARN","msg":"database schema is newer than this release[^\n]*"found":"9001","needed":"0001"[^\n]*9001_add_pet_tags.sql`)
+		warning := regexp.MustCompile(`"level":"WARN","msg":"database schema is newer than this release[^\n]*"found":"9001","needed":"` + neededVersion(t) + `"[^\n]*9001_add_pet_tags.sql`)
 		if !warning.MatchString(in.stderr.String()) {
 			t.Fatalf("no warning naming the newer migration:\n%s", in.stderr.String())
 		}
@@ -252,7 +270,7 @@ func TestMigrateStatus(t *testing.T) {
 	runOK(t, env, "migrate")
 	out = runOK(t, env, "migrate", "--status")
 	if !regexp.MustCompile(`(?m)^applied\s+0001_create_pets_idempotency_api_keys.sql\s+\d{4}-\d\d-\d\dT`).MatchString(out) ||
-		!strings.Contains(out, "version 0001: up to date") || strings.Contains(out, "pending") {
+		!strings.Contains(out, "version "+neededVersion(t)+": up to date") || strings.Contains(out, "pending") {
 		t.Errorf("applied:\n%s", out)
 	}
 }
@@ -283,5 +301,85 @@ func TestServeMigrate(t *testing.T) {
 	}
 	if out := runOK(t, env, "migrate", "--status"); !strings.Contains(out, "up to date") {
 		t.Errorf("migrate --status after serve --migrate:\n%s", out)
+	}
+}
+
+// TestServeSchemaBeforeKeyCandidates is a rollout whose migration has not
+// run yet: the database is as the release before 0002 left it, with a key
+// that release stored. This release needs the candidate column to read
+// keys, so it stays unready, naming the pending migration, and answers
+// that key 503 with Retry-After (never 401, never 500). Once `petstore
+// migrate` runs, it turns ready by itself and serves the key, which the
+// migration gave no candidate of its own.
+func TestServeSchemaBeforeKeyCandidates(t *testing.T) {
+	t.Parallel()
+	dbURL := withSchema(t)
+	const first, second = "0001_create_pets_idempotency_api_keys.sql", "0002_add_api_keys_candidate.sql"
+	sql, err := os.ReadFile(filepath.Join(migrationsDir, first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := apikey.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := apikey.Hash(key)
+	conn, err := pgx.Connect(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	// What `petstore migrate` of the release before 0002 leaves, and a key
+	// that release's `keys create` stored.
+	for _, stmt := range []string{
+		`CREATE TABLE schema_migrations (version text PRIMARY KEY, name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(), additive boolean NOT NULL DEFAULT true)`,
+		string(sql),
+		`INSERT INTO schema_migrations (version, name) VALUES ('0001', '` + first + `')`,
+		`INSERT INTO api_keys (id, hash, label, plan, overrides) VALUES ('` + apikey.IDFromHash(h) + `', '` + h + `', 'old', 'free', '[]')`,
+	} {
+		if _, err := conn.Exec(t.Context(), stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	env := map[string]string{"PETSTORE_DATABASE_URL": dbURL}
+	in := launch(t, env)
+	code, st := readyz(t, in)
+	if code != 503 || st["check"] != "database" {
+		t.Fatalf("/readyz on schema 0001: %d %v", code, st)
+	}
+	for _, want := range []string{"version is 0001", "needs " + neededVersion(t), second, "run `petstore migrate`"} {
+		if !strings.Contains(st["message"], want) {
+			t.Errorf("/readyz message %q lacks %q", st["message"], want)
+		}
+	}
+	resp, body := do(t, "GET", in.api+"/v1/pets", key, "")
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), `"code":"unavailable"`) {
+		t.Fatalf("a stored key before the migration: %d %s, want 503 unavailable with Retry-After", resp.StatusCode, body)
+	}
+	if strings.Contains(in.stderr.String(), `"msg":"internal error"`) {
+		t.Errorf("an internal error was logged:\n%s", in.stderr.String())
+	}
+
+	out, errOut, err := runProcess(t, env, "migrate")
+	if err != nil || !strings.Contains(out, "applied "+second) || strings.Contains(out, "applied "+first) {
+		t.Fatalf("migrate in another process: %v\n%s%s", err, out, errOut)
+	}
+	migrated := time.Now()
+	for {
+		if code, _ := readyz(t, in); code == 200 {
+			break
+		}
+		if time.Since(migrated) > httpapi.DefaultCheckInterval+5*time.Second {
+			t.Fatalf("not ready %v after the migration:\n%s", time.Since(migrated), in.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp, body := do(t, "GET", in.api+"/v1/pets", key, ""); resp.StatusCode != 200 {
+		t.Fatalf("the stored key after the migration: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := do(t, "GET", in.api+"/v1/rate_limit", key, ""); resp.StatusCode != 200 || strings.Contains(string(body), "candidate") {
+		t.Fatalf("GET /v1/rate_limit of a key stored before 0002: %d %s, want no candidate", resp.StatusCode, body)
 	}
 }

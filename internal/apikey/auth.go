@@ -135,7 +135,7 @@ func (a *Authenticator) Update(plans *plan.Set, keys *StaticKeys) error {
 	}
 	c := &config{plans: plans, keys: keys, static: make(map[string]resolution, keys.Len())}
 	for _, rec := range keys.Records() {
-		if _, err := plans.Policy(rec.Plan, rec.Overrides); err != nil {
+		if _, err := rec.Policy(plans); err != nil {
 			return fmt.Errorf("apikey: static key %s: %w", rec.ID, err)
 		}
 		c.static[rec.Hash] = resolve(rec, plans)
@@ -195,7 +195,7 @@ func resolve(rec Record, plans *plan.Set) resolution {
 	if rec.Revoked() {
 		return resolution{plans: plans, err: fmt.Errorf("%w %s", ErrRevoked, rec.ID)}
 	}
-	pol, err := plans.Policy(rec.Plan, rec.Overrides)
+	pol, err := rec.Policy(plans)
 	if err != nil {
 		return resolution{plans: plans, err: fmt.Errorf("apikey: key %s: %w", rec.ID, err)}
 	}
@@ -203,7 +203,9 @@ func resolve(rec Record, plans *plan.Set) resolution {
 }
 
 // result returns the principal with windows of its own, so that no caller
-// can change another request's policy.
+// can change another request's policy. Candidate windows are shared with
+// the resolution (the limiter only reads them): copying them too would
+// cost every request of a key with a candidate an allocation.
 func (r resolution) result() (Principal, error) {
 	if r.err != nil {
 		return Principal{}, r.err

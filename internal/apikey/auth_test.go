@@ -117,25 +117,30 @@ func TestAuthenticate(t *testing.T) {
 	dbKey, dbRevoked := newKey(t), newKey(t)
 	revoked := record(dbRevoked, "free")
 	revoked.RevokedAt = &time.Time{}
-	db := newFakeDB(record(dbKey, "PRO", ratelimit.Window{Limit: 10, Period: time.Second}), revoked,
+	withCandidate := record(dbKey, "PRO", ratelimit.Window{Limit: 10, Period: time.Second})
+	withCandidate.Candidate = []ratelimit.Window{{Limit: 9000, Period: 24 * time.Hour}, {Limit: 200, Period: time.Minute}}
+	db := newFakeDB(withCandidate, revoked,
 		// The static file wins over the database.
 		record(revokedKey, "business"))
 	a := newAuth(t, apikey.Options{Keys: staticKeys(t), Lookup: db})
 
 	tests := []struct {
-		name    string
-		token   string
-		err     error
-		plan    string
-		windows []ratelimit.Window
+		name      string
+		token     string
+		err       error
+		plan      string
+		windows   []ratelimit.Window
+		candidate []ratelimit.Window
 	}{
 		{name: "static key", token: devKey, plan: "free",
 			windows: []ratelimit.Window{{Limit: 60, Period: time.Minute}, {Limit: 1000, Period: 24 * time.Hour}}},
-		{name: "static key with its own quotas", token: acmeKey, plan: "enterprise",
-			windows: []ratelimit.Window{{Limit: 5000, Period: time.Minute}, {Limit: 2000000, Period: 24 * time.Hour}}},
+		{name: "static key with its own quotas and candidate", token: acmeKey, plan: "enterprise",
+			windows:   []ratelimit.Window{{Limit: 5000, Period: time.Minute}, {Limit: 2000000, Period: 24 * time.Hour}},
+			candidate: []ratelimit.Window{{Limit: 4000, Period: time.Minute}}},
 		{name: "static key revoked", token: revokedKey, err: apikey.ErrRevoked},
 		{name: "database key", token: dbKey, plan: "pro",
-			windows: []ratelimit.Window{{Limit: 10, Period: time.Second}, {Limit: 300, Period: time.Minute}, {Limit: 10000, Period: 24 * time.Hour}}},
+			windows:   []ratelimit.Window{{Limit: 10, Period: time.Second}, {Limit: 300, Period: time.Minute}, {Limit: 10000, Period: 24 * time.Hour}},
+			candidate: []ratelimit.Window{{Limit: 200, Period: time.Minute}, {Limit: 9000, Period: 24 * time.Hour}}},
 		{name: "database key revoked", token: dbRevoked, err: apikey.ErrRevoked},
 		{name: "unknown key", token: otherKey, err: apikey.ErrUnknown},
 		{name: "no key", token: "", err: apikey.ErrMissing},
@@ -161,13 +166,63 @@ func TestAuthenticate(t *testing.T) {
 			if want := apikey.IDFromHash(apikey.Hash(tt.token)); p.KeyID != want {
 				t.Errorf("KeyID = %q, want %q", p.KeyID, want)
 			}
-			if p.Plan != tt.plan || p.Policy.Name != tt.plan || !reflect.DeepEqual(p.Policy.Windows, tt.windows) {
-				t.Errorf("principal = %+v, want plan %s with windows %v", p, tt.plan, tt.windows)
+			if p.Plan != tt.plan || p.Policy.Name != tt.plan || !reflect.DeepEqual(p.Policy.Windows, tt.windows) ||
+				!reflect.DeepEqual(p.Policy.Candidate, tt.candidate) {
+				t.Errorf("principal = %+v, want plan %s with windows %v and candidate %v", p, tt.plan, tt.windows, tt.candidate)
 			}
 			if strings.Contains(fmt.Sprintf("%#v", p), tt.token) {
 				t.Errorf("the principal carries the key: %#v", p)
 			}
 		})
+	}
+}
+
+// A key's candidate is merged over its plan's as the plans stand: a plans
+// reload that gives the plan a candidate, or changes it, reaches static and
+// cached keys alike without a new lookup.
+func TestCandidateFollowsThePlans(t *testing.T) {
+	t.Parallel()
+	dbKey := newKey(t)
+	rec := record(dbKey, "pro")
+	rec.Candidate = []ratelimit.Window{{Limit: 100, Period: time.Minute}}
+	db := newFakeDB(rec)
+	keys, err := apikey.ParseKeys([]byte("keys:\n  - {key: "+devKey+", plan: pro, candidate: {quotas: [{limit: 50, period: 1m}]}}\n"), plan.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAuth(t, apikey.Options{Keys: keys, Lookup: db})
+	candidate := func(token string) []ratelimit.Window {
+		t.Helper()
+		p, err := a.Authenticate(context.Background(), token, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Policy.Candidate
+	}
+	minute := func(limit int64) ratelimit.Window { return ratelimit.Window{Limit: limit, Period: time.Minute} }
+	day := func(limit int64) ratelimit.Window { return ratelimit.Window{Limit: limit, Period: 24 * time.Hour} }
+	if got := candidate(devKey); !reflect.DeepEqual(got, []ratelimit.Window{minute(50)}) {
+		t.Errorf("static key, pro without a candidate: %v", got)
+	}
+	if got := candidate(dbKey); !reflect.DeepEqual(got, []ratelimit.Window{minute(100)}) {
+		t.Errorf("database key, pro without a candidate: %v", got)
+	}
+
+	plans, err := plan.Parse([]byte("plans: {pro: {candidate: {quotas: [{limit: 250, period: 1m}, {limit: 8000, period: 24h}]}}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Update(plans, keys); err != nil {
+		t.Fatal(err)
+	}
+	if got := candidate(devKey); !reflect.DeepEqual(got, []ratelimit.Window{minute(50), day(8000)}) {
+		t.Errorf("static key, pro with a candidate: %v", got)
+	}
+	if got := candidate(dbKey); !reflect.DeepEqual(got, []ratelimit.Window{minute(100), day(8000)}) {
+		t.Errorf("database key, pro with a candidate: %v", got)
+	}
+	if n := db.lookups(); n != 1 {
+		t.Errorf("%d lookups, want 1: a plans reload needs none", n)
 	}
 }
 

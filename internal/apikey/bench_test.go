@@ -3,8 +3,10 @@ package apikey_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/animal-store/petstore/internal/apikey"
+	"github.com/animal-store/petstore/ratelimit"
 )
 
 // BenchmarkAuthenticate measures the per-request cost of authentication when
@@ -15,12 +17,20 @@ func BenchmarkAuthenticate(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	db := newFakeDB(record(dbKey, "pro"))
+	candidateKey, err := apikey.Generate()
+	if err != nil {
+		b.Fatal(err)
+	}
+	withCandidate := record(candidateKey, "pro")
+	withCandidate.Candidate = []ratelimit.Window{{Limit: 200, Period: time.Minute}}
+	db := newFakeDB(record(dbKey, "pro"), withCandidate)
 	a, err := apikey.NewAuthenticator(apikey.Options{Keys: staticKeysB(b), Lookup: db})
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, bm := range []struct{ name, key string }{{"static", devKey}, {"cached", dbKey}, {"malformed", devKey[:41] + "x"}} {
+	for _, bm := range []struct{ name, key string }{
+		{"static", devKey}, {"cached", dbKey}, {"cached_with_candidate", candidateKey}, {"malformed", devKey[:41] + "x"},
+	} {
 		b.Run(bm.name, func(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
@@ -31,8 +41,8 @@ func BenchmarkAuthenticate(b *testing.B) {
 			})
 		})
 	}
-	if n := db.lookups(); n != 1 {
-		b.Fatalf("%d database lookups, want 1", n)
+	if n := db.lookups(); n != 2 {
+		b.Fatalf("%d database lookups, want 2", n)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,6 +51,10 @@ func LoadKeys(path string, plans *plan.Set) (*StaticKeys, error) {
 //	    plan: Enterprise
 //	    label: acme
 //	    quotas: [{limit: 5000, period: 1m}, {limit: 2000000, period: 24h}]
+//	  - sha256: 77aa...
+//	    plan: pro
+//	    label: globex
+//	    candidate: {quotas: [{limit: 100, period: 1m}]}
 //	  - sha256: 9b1d...
 //	    plan: pro
 //	    revoked: true
@@ -63,12 +68,20 @@ func LoadKeys(path string, plans *plan.Set) (*StaticKeys, error) {
 //   - quotas (optional): list of {limit, period} as in the plans file, each
 //     replacing the plan's quota of the same period or adding one; required
 //     on a per-key plan such as enterprise;
+//   - candidate (optional): {quotas: [...]}, proposed quotas measured on
+//     the key's traffic beside the enforced ones and never refusing a
+//     request (see the plans file's candidate). Each replaces the plan's
+//     candidate quota of the same period or adds one, as quotas do for the
+//     enforced ones, so a key can have a candidate when its plan has none.
+//     Left out, the key has its plan's candidate, if any;
 //   - revoked (optional): true to refuse the key (401) from now on.
 //
 // Decoding is strict: unknown fields, wrong types, an unknown plan, a
-// malformed key, both or neither of key and sha256, bad quotas and the same
-// key listed twice are errors naming the entry by its index (keys[2]).
-// Errors never quote a key. An empty file holds no keys.
+// malformed key, both or neither of key and sha256, bad quotas (a limit
+// out of range, a bad period, two quotas of one list with one period), a
+// candidate without quotas and the same key listed twice are errors
+// naming the entry by its index and the field (keys[2].candidate.quotas[0].limit)
+// with its line. Errors never quote a key. An empty file holds no keys.
 func ParseKeys(data []byte, plans *plan.Set) (*StaticKeys, error) {
 	var f keysFile
 	if err := yamlerr.DecodeStrict(data, &f, "keys file"); errors.Is(err, yamlerr.ErrEmpty) {
@@ -146,6 +159,7 @@ func (k *StaticKeys) Len() int {
 
 func cloneRecord(r Record) Record {
 	r.Overrides = append([]ratelimit.Window(nil), r.Overrides...)
+	r.Candidate = slices.Clone(r.Candidate)
 	if r.RevokedAt != nil {
 		t := *r.RevokedAt
 		r.RevokedAt = &t
@@ -158,12 +172,19 @@ type keysFile struct {
 }
 
 type keySpec struct {
-	Key     string       `yaml:"key"`
-	SHA256  string       `yaml:"sha256"`
-	Plan    string       `yaml:"plan"`
-	Label   string       `yaml:"label"`
-	Quotas  []plan.Quota `yaml:"quotas"`
-	Revoked bool         `yaml:"revoked"`
+	Key       string         `yaml:"key"`
+	SHA256    string         `yaml:"sha256"`
+	Plan      string         `yaml:"plan"`
+	Label     string         `yaml:"label"`
+	Quotas    []plan.Quota   `yaml:"quotas"`
+	Candidate *candidateSpec `yaml:"candidate"`
+	Revoked   bool           `yaml:"revoked"`
+}
+
+// candidateSpec is a key's candidate: quotas measured on the key's
+// traffic beside its enforced ones, never refusing a request.
+type candidateSpec struct {
+	Quotas []plan.Quota `yaml:"quotas"`
 }
 
 // record checks the entry against plans; on error, field names the field
@@ -189,21 +210,18 @@ func (e keySpec) record(plans *plan.Set) (rec Record, field string, err error) {
 	if e.Plan == "" {
 		return Record{}, "plan", errors.New("required")
 	}
-	overrides := make([]ratelimit.Window, 0, len(e.Quotas))
-	for i, q := range e.Quotas {
-		if q.Limit < 1 || q.Limit > ratelimit.MaxLimit {
-			return Record{}, fmt.Sprintf("quotas[%d].limit", i), fmt.Errorf("must be from 1 to %d, got %d", ratelimit.MaxLimit, q.Limit)
-		}
-		d, err := plan.ParseQuotaPeriod(q.Period)
-		if err != nil {
-			return Record{}, fmt.Sprintf("quotas[%d].period", i), err
-		}
-		overrides = append(overrides, ratelimit.Window{Limit: int64(q.Limit), Period: d})
+	overrides, field, err := windows(e.Quotas, "quotas")
+	if err != nil {
+		return Record{}, field, err
 	}
-	if _, err := plans.Policy(e.Plan, overrides); errors.Is(err, plan.ErrUnknownPlan) {
-		return Record{}, "plan", fmt.Errorf("unknown plan %q (the plans are %s)", e.Plan, strings.Join(plans.Names(), ", "))
-	} else if err != nil {
-		return Record{}, "quotas", err
+	var candidate []ratelimit.Window
+	if e.Candidate != nil {
+		if len(e.Candidate.Quotas) == 0 {
+			return Record{}, "candidate.quotas", errors.New("a candidate needs at least one quota (leave candidate out to drop it)")
+		}
+		if candidate, field, err = windows(e.Candidate.Quotas, "candidate.quotas"); err != nil {
+			return Record{}, field, err
+		}
 	}
 	rec = Record{
 		ID:        IDFromHash(hash),
@@ -211,12 +229,45 @@ func (e keySpec) record(plans *plan.Set) (rec Record, field string, err error) {
 		Label:     e.Label,
 		Plan:      plan.Normalize(e.Plan),
 		Overrides: overrides,
+		Candidate: candidate,
+	}
+	if _, err := rec.Policy(plans); errors.Is(err, plan.ErrUnknownPlan) {
+		return Record{}, "plan", fmt.Errorf("unknown plan %q (the plans are %s)", e.Plan, strings.Join(plans.Names(), ", "))
+	} else if err != nil {
+		// Each quota was checked above, so what remains is the plan's
+		// demand for quotas of the key's own (a per-key plan).
+		return Record{}, "quotas", err
 	}
 	if e.Revoked {
 		// The file does not say when; the zero time stands for "revoked".
 		rec.RevokedAt = &time.Time{}
 	}
 	return rec, "", nil
+}
+
+// windows reads the quotas of an entry's list at field (quotas,
+// candidate.quotas); on error, it names the quota's field at fault
+// (quotas[1].period).
+func windows(qs []plan.Quota, field string) ([]ratelimit.Window, string, error) {
+	ws := make([]ratelimit.Window, 0, len(qs))
+	for i, q := range qs {
+		at := fmt.Sprintf("%s[%d]", field, i)
+		if q.Limit < 1 || q.Limit > ratelimit.MaxLimit {
+			return nil, at + ".limit", fmt.Errorf("must be from 1 to %d, got %d", ratelimit.MaxLimit, q.Limit)
+		}
+		if q.Period == "" {
+			return nil, at + ".period", errors.New("required")
+		}
+		d, err := plan.ParseQuotaPeriod(q.Period)
+		if err != nil {
+			return nil, at + ".period", err
+		}
+		if j := slices.IndexFunc(ws, func(w ratelimit.Window) bool { return w.Period == d }); j >= 0 {
+			return nil, at + ".period", fmt.Errorf("%s is also the period of %s[%d]", ratelimit.FormatPeriod(d), field, j)
+		}
+		ws = append(ws, ratelimit.Window{Limit: int64(q.Limit), Period: d})
+	}
+	return ws, "", nil
 }
 
 // locate rewrites a decoding error so that each problem names the entry it

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,8 +34,13 @@ func TestLoadKeysExample(t *testing.T) {
 		t.Fatal("the key listed by an upper-case sha256 was not found by its hash")
 	}
 	wantOverrides := []ratelimit.Window{{Limit: 5000, Period: time.Minute}, {Limit: 2000000, Period: 24 * time.Hour}}
-	if acme.Plan != "enterprise" || acme.Label != "acme" || !reflect.DeepEqual(acme.Overrides, wantOverrides) {
+	wantCandidate := []ratelimit.Window{{Limit: 4000, Period: time.Minute}}
+	if acme.Plan != "enterprise" || acme.Label != "acme" || !reflect.DeepEqual(acme.Overrides, wantOverrides) ||
+		!reflect.DeepEqual(acme.Candidate, wantCandidate) {
 		t.Errorf("acme record = %+v", acme)
+	}
+	if dev.Candidate != nil {
+		t.Errorf("dev record has a candidate: %v", dev.Candidate)
 	}
 	if r, _ := k.Lookup(apikey.Hash(revokedKey)); !r.Revoked() {
 		t.Errorf("revoked record = %+v", r)
@@ -84,7 +90,20 @@ func TestParseKeysErrors(t *testing.T) {
 		{"quota limit below 1", "keys:\n  - sha256: " + h + "\n    plan: free\n    quotas:\n      - {limit: 0, period: 1m}\n", []string{"keys[0].quotas[0].limit (line 5): must be from 1 to 1000000000, got 0"}},
 		{"quota limit above the maximum", "keys: [{sha256: " + h + ", plan: free, quotas: [{limit: 1000000001, period: 1m}]}]", []string{"keys[0].quotas[0].limit (line 1): must be from 1 to 1000000000"}},
 		{"quota bad period", "keys:\n  - sha256: " + h + "\n    plan: free\n    quotas:\n      - limit: 1\n        period: often\n", []string{"keys[0].quotas[0].period (line 6): period \"often\""}},
-		{"quota periods twice", "keys: [{sha256: " + h + ", plan: free, quotas: [{limit: 1, period: 1m}, {limit: 2, period: 60s}]}]", []string{"keys[0].quotas (line 1): plan \"free\"", "two overrides for period 1m"}},
+		{"quota periods twice", "keys: [{sha256: " + h + ", plan: free, quotas: [{limit: 1, period: 1m}, {limit: 2, period: 60s}]}]", []string{"keys[0].quotas[1].period (line 1): 1m is also the period of quotas[0]"}},
+		{"quota without a period", "keys:\n  - sha256: " + h + "\n    plan: free\n    quotas:\n      - limit: 1\n", []string{"keys[0].quotas[0].period (line 5): required"}},
+		{"candidate limit below 1", candidateFile(h, "{limit: 0, period: 1m}"), []string{"keys[3].candidate.quotas[0].limit (line 12): must be from 1 to 1000000000, got 0"}},
+		{"candidate limit above the maximum", candidateFile(h, "{limit: 1000000001, period: 1m}"), []string{"keys[3].candidate.quotas[0].limit (line 12): must be from 1 to 1000000000, got 1000000001"}},
+		{"candidate bad period", candidateFile(h, "{limit: 1, period: often}"), []string{`keys[3].candidate.quotas[0].period (line 12): period "often": want a duration`}},
+		{"candidate period below 1ms", candidateFile(h, "{limit: 1, period: 500us}"), []string{`keys[3].candidate.quotas[0].period (line 12): period "500us": must be at least 1ms`}},
+		{"candidate period above 366d", candidateFile(h, "{limit: 1, period: 367d}"), []string{`keys[3].candidate.quotas[0].period (line 12): period "367d": must be at most 366d`}},
+		{"candidate without a period", candidateFile(h, "{limit: 1}"), []string{"keys[3].candidate.quotas[0].period (line 12): required"}},
+		{"candidate periods twice", candidateFile(h, "{limit: 1, period: 24h}\n          - {limit: 2, period: 1d}"), []string{"keys[3].candidate.quotas[1].period (line 13): 24h is also the period of candidate.quotas[0]"}},
+		{"candidate without quotas", "keys:\n  - sha256: " + h + "\n    plan: free\n    candidate: {}\n", []string{"keys[0].candidate.quotas (line 4): a candidate needs at least one quota"}},
+		{"candidate with an empty list", "keys:\n  - sha256: " + h + "\n    plan: free\n    candidate:\n      quotas: []\n", []string{"keys[0].candidate.quotas (line 5): a candidate needs at least one quota"}},
+		{"candidate with an unknown field", "keys:\n  - sha256: " + h + "\n    plan: free\n    candidate:\n      quotas: [{limit: 1, period: 1m}]\n      ban: off\n", []string{`keys[0] (line 6): unknown field "ban"`}},
+		{"candidate limit as a fraction", "keys:\n  - sha256: " + h + "\n    plan: free\n    candidate: {quotas: [{limit: 2.5, period: 1m}]}\n", []string{"keys[0] (line 4): want a whole number, got float"}},
+		{"candidate not a mapping", "keys:\n  - sha256: " + h + "\n    plan: free\n    candidate: [{limit: 1, period: 1m}]\n", []string{"keys[0] (line 4): want a mapping, got seq"}},
 		{"unknown field", "keys:\n  - sha256: " + h + "\n    plan: free\n  - sha256: " + apikey.Hash(devKey) + "\n    plan: free\n    expires: 2030-01-01\n", []string{`keys[1] (line 6): unknown field "expires"`}},
 		{"unknown top-level field", "key: []", []string{`line 1: unknown field "key"`}},
 		{"wrong type", "keys:\n  - sha256: " + h + "\n    plan: free\n    revoked: " + devKey + "\n", []string{"keys[0] (line 4): want true or false, got str"}},
@@ -111,6 +130,93 @@ func TestParseKeysErrors(t *testing.T) {
 				if strings.Contains(err.Error(), k) {
 					t.Errorf("the error quotes a key: %v", err)
 				}
+			}
+		})
+	}
+}
+
+// candidateFile is a keys file whose fourth entry, keys[3], has a
+// candidate whose quotas list starts on line 12 with quotas.
+func candidateFile(hash, quotas string) string {
+	return `keys:
+  - {key: ` + devKey + `, plan: free}
+  - {sha256: ` + apikey.Hash(acmeKey) + `, plan: pro}
+  - sha256: ` + apikey.Hash(revokedKey) + `
+    plan: pro
+    revoked: true
+  - sha256: ` + hash + `
+    plan: pro
+    label: globex
+    candidate:
+      quotas:
+          - ` + quotas + `
+`
+}
+
+// A key's candidate is read as its own quotas are: the record keeps the
+// key's list, and its policy has the plan's candidate with the key's over
+// it.
+func TestParseKeysCandidate(t *testing.T) {
+	t.Parallel()
+	plans, err := plan.Parse([]byte(`plans:
+  growth:
+    quotas: [{limit: 300, period: 1m}]
+    candidate: {quotas: [{limit: 200, period: 1m}, {limit: 5000, period: 24h}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name            string
+		entry           string
+		record, policy  []ratelimit.Window
+		quotas, windows []ratelimit.Window
+	}{
+		{name: "the plan's candidate", entry: "plan: growth",
+			policy:  []ratelimit.Window{{Limit: 200, Period: time.Minute}, {Limit: 5000, Period: 24 * time.Hour}},
+			windows: []ratelimit.Window{{Limit: 300, Period: time.Minute}}},
+		{name: "the key's candidate of the same period wins",
+			entry:   "plan: growth\n    candidate: {quotas: [{limit: 150, period: 60s}]}",
+			record:  []ratelimit.Window{{Limit: 150, Period: time.Minute}},
+			policy:  []ratelimit.Window{{Limit: 150, Period: time.Minute}, {Limit: 5000, Period: 24 * time.Hour}},
+			windows: []ratelimit.Window{{Limit: 300, Period: time.Minute}}},
+		{name: "the key's candidate adds a period",
+			entry:   "plan: growth\n    candidate: {quotas: [{limit: 20000, period: 7d}, {limit: 5, period: 1s}]}",
+			record:  []ratelimit.Window{{Limit: 20000, Period: 7 * 24 * time.Hour}, {Limit: 5, Period: time.Second}},
+			policy:  []ratelimit.Window{{Limit: 5, Period: time.Second}, {Limit: 200, Period: time.Minute}, {Limit: 5000, Period: 24 * time.Hour}, {Limit: 20000, Period: 7 * 24 * time.Hour}},
+			windows: []ratelimit.Window{{Limit: 300, Period: time.Minute}}},
+		{name: "a candidate on a plan without one",
+			entry:   "plan: FREE\n    candidate: {quotas: [{limit: 30, period: 1m}]}",
+			record:  []ratelimit.Window{{Limit: 30, Period: time.Minute}},
+			policy:  []ratelimit.Window{{Limit: 30, Period: time.Minute}},
+			windows: []ratelimit.Window{{Limit: 60, Period: time.Minute}, {Limit: 1000, Period: 24 * time.Hour}}},
+		{name: "quotas and a candidate of the same period",
+			entry:   "plan: free\n    quotas: [{limit: 120, period: 1m}]\n    candidate: {quotas: [{limit: 90, period: 1m}]}",
+			record:  []ratelimit.Window{{Limit: 90, Period: time.Minute}},
+			policy:  []ratelimit.Window{{Limit: 90, Period: time.Minute}},
+			quotas:  []ratelimit.Window{{Limit: 120, Period: time.Minute}},
+			windows: []ratelimit.Window{{Limit: 120, Period: time.Minute}, {Limit: 1000, Period: 24 * time.Hour}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			k, err := apikey.ParseKeys([]byte("keys:\n  - key: "+devKey+"\n    "+tt.entry+"\n"), plans)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, ok := k.Lookup(apikey.Hash(devKey))
+			if !ok {
+				t.Fatal("the key is not in the set")
+			}
+			if !slices.Equal(rec.Candidate, tt.record) || !slices.Equal(rec.Overrides, tt.quotas) {
+				t.Errorf("record candidate %v, quotas %v; want %v, %v", rec.Candidate, rec.Overrides, tt.record, tt.quotas)
+			}
+			pol, err := rec.Policy(plans)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(pol.Candidate, tt.policy) || !slices.Equal(pol.Windows, tt.windows) {
+				t.Errorf("policy candidate %v, windows %v; want %v, %v", pol.Candidate, pol.Windows, tt.policy, tt.windows)
 			}
 		})
 	}

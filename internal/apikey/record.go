@@ -3,6 +3,7 @@ package apikey
 import (
 	"time"
 
+	"github.com/animal-store/petstore/internal/plan"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -18,6 +19,10 @@ type Record struct {
 	Plan string
 	// Overrides replace the plan's window of the same period, or add one.
 	Overrides []ratelimit.Window
+	// Candidate windows replace the plan's candidate window of the same
+	// period, or add one: proposed quotas measured on the key's traffic,
+	// never enforced.
+	Candidate []ratelimit.Window
 	CreatedAt time.Time
 	// RevokedAt is set once the key is revoked.
 	RevokedAt *time.Time
@@ -25,3 +30,11 @@ type Record struct {
 
 // Revoked reports whether the key has been revoked.
 func (r Record) Revoked() bool { return r.RevokedAt != nil }
+
+// Policy returns the key's rate-limit policy under plans: its plan's
+// windows and candidate windows with the key's own applied (see
+// plan.Set.Policy). Every caller that holds a record goes through here, so
+// none can leave out part of what the key carries.
+func (r Record) Policy(plans *plan.Set) (ratelimit.Policy, error) {
+	return plans.Policy(r.Plan, plan.Overrides{Quotas: r.Overrides, Candidate: r.Candidate})
+}

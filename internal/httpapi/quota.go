@@ -18,8 +18,9 @@ type rateLimitBody struct {
 	// measured and never enforced.
 	Mode    string            `json:"mode"`
 	Windows []rateLimitWindow `json:"windows"`
-	// Candidate holds the plan's candidate windows: proposed quotas
-	// measured on the key's requests and never enforced.
+	// Candidate holds the key's candidate windows (its plan's, with the
+	// key's own over them): proposed quotas measured on the key's
+	// requests and never enforced.
 	Candidate []rateLimitWindow `json:"candidate,omitempty"`
 	// CandidateBan is the ban the plan's candidate ban policy would have
 	// the key under, measured and never enforced; absent without one.

@@ -48,10 +48,10 @@ func TestLoadExample(t *testing.T) {
 	if d := plan.Defaults(); d.FromFile("free") || d.Removed() != nil {
 		t.Error("the built-in set claims plans from a file")
 	}
-	if _, err := s.Policy("partner", nil); err == nil {
+	if _, err := s.Policy("partner", plan.Overrides{}); err == nil {
 		t.Error("a key on a per-key plan without quotas was accepted")
 	}
-	pol, err := s.Policy("partner", []ratelimit.Window{w(50, time.Second)})
+	pol, err := s.Policy("partner", plan.Overrides{Quotas: []ratelimit.Window{w(50, time.Second)}})
 	if err != nil || !reflect.DeepEqual(pol.Windows, []ratelimit.Window{w(50, time.Second), w(100000, 7*day)}) {
 		t.Errorf("partner policy = %+v, %v", pol, err)
 	}
@@ -126,13 +126,13 @@ func TestParseMerges(t *testing.T) {
 			}
 		}},
 		{"a plan can stop being per key", "plans: {enterprise: {per_key: false, quotas: [{limit: 1, period: 1s}]}}", func(t *testing.T, s *plan.Set) {
-			if _, err := s.Policy("enterprise", nil); err != nil {
+			if _, err := s.Policy("enterprise", plan.Overrides{}); err != nil {
 				t.Errorf("Policy(enterprise) = %v", err)
 			}
 		}},
 		{"a plan in shadow mode", "plans: {pro: {mode: shadow}, gold: {mode: shadow, quotas: [{limit: 1, period: 1s}]}, free: {mode: enforce}}", func(t *testing.T, s *plan.Set) {
 			for name, want := range map[string]bool{"pro": true, "gold": true, "free": false, "business": false} {
-				pol, err := s.Policy(name, nil)
+				pol, err := s.Policy(name, plan.Overrides{})
 				if err != nil || pol.Shadow != want {
 					t.Errorf("Policy(%s) = %+v, %v; want Shadow %v", name, pol, err, want)
 				}
@@ -142,25 +142,25 @@ func TestParseMerges(t *testing.T) {
 			}
 		}},
 		{"a candidate beside the enforced quotas", "plans: {pro: {candidate: {quotas: [{limit: 500, period: 24h}, {limit: 200, period: 1m}]}}}", func(t *testing.T, s *plan.Set) {
-			pol, err := s.Policy("pro", nil)
+			pol, err := s.Policy("pro", plan.Overrides{})
 			want := []ratelimit.Window{{Limit: 200, Period: time.Minute}, {Limit: 500, Period: day}}
 			if err != nil || !reflect.DeepEqual(pol.Candidate, want) || len(pol.Windows) != 2 || pol.Windows[0].Limit != 300 {
 				t.Errorf("Policy(pro) = %+v, %v; want the built-in quotas and candidate %v", pol, err, want)
 			}
-			if pol, _ := s.Policy("free", nil); pol.Candidate != nil {
+			if pol, _ := s.Policy("free", plan.Overrides{}); pol.Candidate != nil {
 				t.Errorf("free has a candidate: %+v", pol.Candidate)
 			}
 		}},
 		{"a candidate with a ban policy", "plans: {pro: {candidate: {quotas: [{limit: 100, period: 1m}], ban: {threshold: 3, within: 10s, duration: 30s}}}, free: {candidate: {quotas: [{limit: 9, period: 1m}], ban: off}}}", func(t *testing.T, s *plan.Set) {
-			pol, err := s.Policy("pro", nil)
+			pol, err := s.Policy("pro", plan.Overrides{})
 			want := ratelimit.BanPolicy{Threshold: 3, StrikeWindow: 10 * time.Second, Base: 30 * time.Second, Multiplier: 2, Max: time.Hour, Memory: day}
 			if err != nil || pol.CandidateBan != want || pol.Ban.Threshold == 0 || pol.Ban == want {
 				t.Errorf("Policy(pro) = %+v, %v; want candidate ban %+v beside the built-in ban", pol, err, want)
 			}
-			if pol, _ := s.Policy("free", nil); pol.CandidateBan.Enabled() || len(pol.Candidate) != 1 {
+			if pol, _ := s.Policy("free", plan.Overrides{}); pol.CandidateBan.Enabled() || len(pol.Candidate) != 1 {
 				t.Errorf("free: candidate %v ban %+v, want a candidate that bans nothing", pol.Candidate, pol.CandidateBan)
 			}
-			if pol, _ := s.Policy("business", nil); pol.CandidateBan.Enabled() || pol.Candidate != nil {
+			if pol, _ := s.Policy("business", plan.Overrides{}); pol.CandidateBan.Enabled() || pol.Candidate != nil {
 				t.Errorf("business: candidate %v ban %+v, want none", pol.Candidate, pol.CandidateBan)
 			}
 		}},

@@ -44,8 +44,9 @@ type Plan struct {
 	// plan must carry overrides for at least one window.
 	PerKey bool
 	// Candidate holds proposed quotas measured beside Windows on live
-	// traffic, never enforced (ratelimit.Policy.Candidate), and
-	// CandidateBan the ban policy they would enforce
+	// traffic, never enforced (ratelimit.Policy.Candidate). A key's own
+	// candidate quotas override them as its quotas override Windows.
+	// CandidateBan is the ban policy they would enforce
 	// (ratelimit.Policy.CandidateBan; zero: none).
 	Candidate    []ratelimit.Window
 	CandidateBan ratelimit.BanPolicy
@@ -189,7 +190,7 @@ func (p Plan) validate() error {
 		return fmt.Errorf("plan %q: no quotas: give at least one, or set per_key", p.Name)
 	}
 	if len(p.Windows) > 0 {
-		if err := (ratelimit.Policy{Name: p.Name, Windows: p.Windows, Ban: p.Ban}).Validate(); err != nil {
+		if err := (ratelimit.Policy{Name: p.Name, Windows: p.Windows, Ban: p.Ban, Candidate: p.Candidate}).Validate(); err != nil {
 			return fmt.Errorf("plan %q: %w", p.Name, err)
 		}
 	}
@@ -237,40 +238,71 @@ func (s *Set) Removed() []string {
 	return out
 }
 
+// Overrides are one key's own limits, merged over its plan's by Policy.
+type Overrides struct {
+	// Quotas replace the plan's enforced window of the same period, or add
+	// a window.
+	Quotas []ratelimit.Window
+	// Candidate windows replace the plan's candidate window of the same
+	// period, or add one, exactly as Quotas do for the enforced windows: a
+	// key can carry a candidate of its own whether or not its plan has one.
+	Candidate []ratelimit.Window
+}
+
 // Policy returns the rate-limit policy for a key on planName with the key's
-// quota overrides: an override replaces the plan's window of the same
-// period, or adds a window. The policy is named after the plan, its windows
-// are ordered by period, and it is valid for the limiter.
-func (s *Set) Policy(planName string, overrides []ratelimit.Window) (ratelimit.Policy, error) {
+// overrides: each of the key's quotas replaces the plan's window of the
+// same period or adds a window, and each of its candidate quotas does the
+// same to the plan's candidate windows. The policy is named after the
+// plan, its windows and candidate windows are ordered by period, and it is
+// valid for the limiter.
+func (s *Set) Policy(planName string, o Overrides) (ratelimit.Policy, error) {
 	p, ok := s.plans[Normalize(planName)]
 	if !ok {
 		return ratelimit.Policy{}, fmt.Errorf("%w %q", ErrUnknownPlan, planName)
 	}
-	if p.PerKey && len(overrides) == 0 {
+	if p.PerKey && len(o.Quotas) == 0 {
 		return ratelimit.Policy{}, fmt.Errorf("plan %q: quotas are agreed per key, and this key has none", p.Name)
 	}
-	windows := slices.Clone(p.Windows)
-	seen := make(map[time.Duration]bool, len(overrides))
-	for _, o := range overrides {
-		if seen[o.Period] {
-			return ratelimit.Policy{}, fmt.Errorf("plan %q: two overrides for period %s", p.Name, ratelimit.FormatPeriod(o.Period))
-		}
-		seen[o.Period] = true
-		if i := slices.IndexFunc(windows, func(w ratelimit.Window) bool { return w.Period == o.Period }); i >= 0 {
-			windows[i] = o
-		} else {
-			windows = append(windows, o)
-		}
+	windows, err := override(p.Windows, o.Quotas)
+	if err != nil {
+		return ratelimit.Policy{}, fmt.Errorf("plan %q: %w", p.Name, err)
 	}
-	pol := ratelimit.Policy{Name: p.Name, Windows: sortedWindows(windows), Ban: p.Ban, Shadow: p.Shadow}
-	if len(p.Candidate) > 0 {
-		pol.Candidate = sortedWindows(slices.Clone(p.Candidate))
-		pol.CandidateBan = p.CandidateBan
+	candidate, err := override(p.Candidate, o.Candidate)
+	if err != nil {
+		return ratelimit.Policy{}, fmt.Errorf("plan %q: candidate: %w", p.Name, err)
+	}
+	pol := ratelimit.Policy{Name: p.Name, Windows: windows, Ban: p.Ban, Shadow: p.Shadow}
+	if len(candidate) > 0 {
+		pol.Candidate, pol.CandidateBan = candidate, p.CandidateBan
 	}
 	if err := pol.Validate(); err != nil {
 		return ratelimit.Policy{}, fmt.Errorf("plan %q: %w", p.Name, err)
 	}
 	return pol, nil
+}
+
+// override returns the windows of a plan (base) with a key's overrides
+// applied: an override replaces base's window of its period or adds one.
+// It is the one place that decides how a key's quotas, enforced or
+// candidate, combine with its plan's, and it keeps what the README
+// promises of that: every override is in the result, every window of base
+// whose period no override names is in it unchanged, nothing else is, and
+// the result is ordered by period. base is never changed.
+func override(base, overrides []ratelimit.Window) ([]ratelimit.Window, error) {
+	out := slices.Clone(base)
+	seen := make(map[time.Duration]bool, len(overrides))
+	for _, o := range overrides {
+		if seen[o.Period] {
+			return nil, fmt.Errorf("two overrides for period %s", ratelimit.FormatPeriod(o.Period))
+		}
+		seen[o.Period] = true
+		if i := slices.IndexFunc(out, func(w ratelimit.Window) bool { return w.Period == o.Period }); i >= 0 {
+			out[i] = o
+		} else {
+			out = append(out, o)
+		}
+	}
+	return sortedWindows(out), nil
 }
 
 func sortedWindows(ws []ratelimit.Window) []ratelimit.Window {

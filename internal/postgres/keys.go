@@ -19,10 +19,10 @@ import (
 var ErrKeyExists = errors.New("postgres: API key already exists")
 
 const (
-	keyColumns = `id, hash, label, plan, overrides, created_at, revoked_at`
+	keyColumns = `id, hash, label, plan, overrides, candidate, created_at, revoked_at`
 
-	sqlInsertKey = `INSERT INTO api_keys (id, hash, label, plan, overrides, created_at)
-VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()))`
+	sqlInsertKey = `INSERT INTO api_keys (id, hash, label, plan, overrides, candidate, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, now()))`
 	sqlListKeys  = `SELECT ` + keyColumns + ` FROM api_keys ORDER BY created_at, id`
 	sqlKeyByHash = `SELECT ` + keyColumns + ` FROM api_keys WHERE hash = $1`
 	// Revoking twice keeps the first revocation time.
@@ -33,30 +33,59 @@ WHERE id = $1 RETURNING ` + keyColumns
 // pgUniqueViolation is the SQLSTATE of a unique constraint violation.
 const pgUniqueViolation = "23505"
 
-// override is how a window override is stored in api_keys.overrides.
+// override is how a window is stored in api_keys.overrides and
+// api_keys.candidate.
 type override struct {
 	Limit  int64  `json:"limit"`
 	Period string `json:"period"`
 }
 
-// CreateKey stores rec. rec.Hash must be the lowercase hex SHA-256 of the
-// key (the table refuses anything else, so a key cannot be stored by
-// mistake). A zero rec.CreatedAt means now. A duplicate id or hash fails
-// with an error wrapping ErrKeyExists.
-func (s *Store) CreateKey(ctx context.Context, rec apikey.Record) error {
-	ovs := make([]override, len(rec.Overrides))
-	for i, w := range rec.Overrides {
+// encodeWindows returns ws as api_keys stores them: a JSON array, empty
+// for none.
+func encodeWindows(ws []ratelimit.Window) ([]byte, error) {
+	ovs := make([]override, len(ws))
+	for i, w := range ws {
 		ovs[i] = override{Limit: w.Limit, Period: ratelimit.FormatPeriod(w.Period)}
 	}
-	overrides, err := json.Marshal(ovs)
+	return json.Marshal(ovs)
+}
+
+// decodeWindows reads what encodeWindows wrote; an empty array is nil.
+func decodeWindows(data []byte) ([]ratelimit.Window, error) {
+	var ovs []override
+	if err := json.Unmarshal(data, &ovs); err != nil {
+		return nil, err
+	}
+	var ws []ratelimit.Window
+	for _, o := range ovs {
+		period, err := time.ParseDuration(o.Period)
+		if err != nil {
+			return nil, err
+		}
+		ws = append(ws, ratelimit.Window{Limit: o.Limit, Period: period})
+	}
+	return ws, nil
+}
+
+// CreateKey stores rec, its overrides and candidate quotas included.
+// rec.Hash must be the lowercase hex SHA-256 of the key (the table refuses
+// anything else, so a key cannot be stored by mistake). A zero
+// rec.CreatedAt means now. A duplicate id or hash fails with an error
+// wrapping ErrKeyExists.
+func (s *Store) CreateKey(ctx context.Context, rec apikey.Record) error {
+	overrides, err := encodeWindows(rec.Overrides)
 	if err != nil {
 		return fmt.Errorf("postgres: create key %s: encode overrides: %w", rec.ID, err)
+	}
+	candidate, err := encodeWindows(rec.Candidate)
+	if err != nil {
+		return fmt.Errorf("postgres: create key %s: encode candidate: %w", rec.ID, err)
 	}
 	var createdAt *time.Time
 	if !rec.CreatedAt.IsZero() {
 		createdAt = &rec.CreatedAt
 	}
-	_, err = s.pool.Exec(ctx, sqlInsertKey, rec.ID, rec.Hash, rec.Label, rec.Plan, overrides, createdAt)
+	_, err = s.pool.Exec(ctx, sqlInsertKey, rec.ID, rec.Hash, rec.Label, rec.Plan, overrides, candidate, createdAt)
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == pgUniqueViolation {
 		return fmt.Errorf("postgres: create key %s: %w", rec.ID, ErrKeyExists)
 	}
@@ -109,23 +138,19 @@ func (s *Store) KeyByHash(ctx context.Context, hash string) (apikey.Record, erro
 
 func scanKey(row pgx.Row) (apikey.Record, error) {
 	var (
-		rec       apikey.Record
-		overrides []byte
-		revokedAt *time.Time
+		rec                  apikey.Record
+		overrides, candidate []byte
+		revokedAt            *time.Time
+		err                  error
 	)
-	if err := row.Scan(&rec.ID, &rec.Hash, &rec.Label, &rec.Plan, &overrides, &rec.CreatedAt, &revokedAt); err != nil {
+	if err := row.Scan(&rec.ID, &rec.Hash, &rec.Label, &rec.Plan, &overrides, &candidate, &rec.CreatedAt, &revokedAt); err != nil {
 		return apikey.Record{}, err
 	}
-	var ovs []override
-	if err := json.Unmarshal(overrides, &ovs); err != nil {
+	if rec.Overrides, err = decodeWindows(overrides); err != nil {
 		return apikey.Record{}, fmt.Errorf("key %s: decode overrides: %w", rec.ID, err)
 	}
-	for _, o := range ovs {
-		period, err := time.ParseDuration(o.Period)
-		if err != nil {
-			return apikey.Record{}, fmt.Errorf("key %s: decode overrides: %w", rec.ID, err)
-		}
-		rec.Overrides = append(rec.Overrides, ratelimit.Window{Limit: o.Limit, Period: period})
+	if rec.Candidate, err = decodeWindows(candidate); err != nil {
+		return apikey.Record{}, fmt.Errorf("key %s: decode candidate: %w", rec.ID, err)
 	}
 	rec.CreatedAt = rec.CreatedAt.UTC()
 	if revokedAt != nil {

@@ -234,7 +234,7 @@ type resolved struct {
 // resolve returns the policy of a key on planName with overrides, as
 // authentication would resolve it under the proposed plans.
 func resolve(plans *plan.Set, planName string, overrides []ratelimit.Window) resolved {
-	pol, err := plans.Policy(planName, overrides)
+	pol, err := plans.Policy(planName, plan.Overrides{Quotas: overrides})
 	switch {
 	case err == nil:
 		return resolved{policy: pol}

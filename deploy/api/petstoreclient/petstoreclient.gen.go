@@ -151,8 +151,9 @@ type RateLimit struct {
 	// Ban The key's temporary ban, and what counts toward the next one.
 	Ban RateLimitBan `json:"ban"`
 
-	// Candidate The plan's candidate windows, when it has any: proposed quotas that the service measures on the
-	// key's requests beside the enforced ones and never enforces. Absent otherwise.
+	// Candidate The key's candidate windows, when it has any (its plan's, with the key's own replacing those of the
+	// same period): proposed quotas that the service measures on the key's requests beside the enforced
+	// ones and never enforces. Absent otherwise.
 	Candidate *[]RateLimitWindow `json:"candidate,omitempty"`
 
 	// Mode `enforce`, or `shadow` when the plan's limits are measured and recorded but never enforced.
