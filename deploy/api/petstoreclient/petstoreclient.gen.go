@@ -156,6 +156,10 @@ type RateLimit struct {
 	// ones and never enforces. Absent otherwise.
 	Candidate *[]RateLimitWindow `json:"candidate,omitempty"`
 
+	// CandidateBan When the plan has a candidate ban policy: the ban it would have the key under, with its strikes and
+	// offences, measured on the key's requests and never enforced. Absent otherwise.
+	CandidateBan *RateLimitBan `json:"candidateBan,omitempty"`
+
 	// Mode `enforce`, or `shadow` when the plan's limits are measured and recorded but never enforced.
 	Mode RateLimitMode `json:"mode"`
 
