@@ -44,8 +44,16 @@ func TestChartConfigRunsService(t *testing.T) {
 	vals := map[string]any{
 		"lifecycle": map[string]any{"drainDelaySeconds": 1, "shutdownGraceSeconds": 5},
 		"config":    map[string]any{"logFormat": "text"},
-		"apiKeys":   map[string]any{"entries": []any{map[string]any{"key": staticKey, "plan": "pro", "label": "acme"}}},
-		"tests":     map[string]any{"rateLimit": map[string]any{"apiKey": "pst_ci0helm0test0key0rate0limit000012RjBW3"}},
+		"apiKeys": map[string]any{"entries": []any{map[string]any{"key": staticKey, "plan": "pro", "label": "acme",
+			"candidate": map[string]any{"quotas": []any{map[string]any{"limit": 100, "period": "1m"}}}}}},
+		// What SREs tuning plans set through the values: a candidate with
+		// its ban policy, and a plan in shadow mode.
+		"plans": map[string]any{
+			"pro": map[string]any{"candidate": map[string]any{"quotas": []any{map[string]any{"limit": 200, "period": "1m"}},
+				"ban": map[string]any{"threshold": 30, "within": "1m", "duration": "5m"}}},
+			"trial": map[string]any{"mode": "shadow", "quotas": []any{map[string]any{"limit": 20, "period": "1m"}}},
+		},
+		"tests": map[string]any{"rateLimit": map[string]any{"apiKey": "pst_ci0helm0test0key0rate0limit000012RjBW3"}},
 	}
 	objs := mustRender(t, vals, renderOptions{})
 	svc := startPod(t, bin, objs)
