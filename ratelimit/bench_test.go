@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -388,23 +389,35 @@ func BenchmarkFloodRejected(b *testing.B) {
 	}
 }
 
-// BenchmarkMemoryPerKey reports MEMORY USAGE of one key's state (both
-// Redis keys, with a ban rule and strikes recorded) for the spec's plans.
+// BenchmarkMemoryPerKey reports MEMORY USAGE of one key's state (every
+// Redis key of it, with a ban rule and strikes recorded) for the spec's
+// plans, and for the business plan with two candidate windows and a
+// candidate ban policy, whose records it also reports apart (what a
+// candidate adds per key, and drops when it is removed).
 func BenchmarkMemoryPerKey(b *testing.B) {
-	for _, p := range benchPlans {
+	withCandidate := withBan(benchPlans[2])
+	withCandidate.Name = "business+candidate"
+	// A candidate minute of one, so that the locally answered rejection
+	// is its strike and every record exists.
+	withCandidate.Candidate = []Window{{Limit: 1, Period: time.Minute}, {Limit: 50_000, Period: 24 * time.Hour}}
+	withCandidate.CandidateBan = benchBan
+	for _, p := range append(slices.Clone(benchPlans), withCandidate) {
 		b.Run(p.Name, func(b *testing.B) {
 			rdb, _ := benchRedis(b)
 			ctx := context.Background()
-			pl := compile(withBan(p), DefaultBuckets, DefaultStrikeBuckets)
-			var total int64
+			if !p.Ban.Enabled() {
+				p = withBan(p)
+			}
+			pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
+			var total, candidate int64
 			for i := range b.N {
 				keys := stateKeys("m:", benchKey(int64(i)), pl)
 				// One admission and one locally answered rejection carried
-				// as a strike: both keys exist.
+				// as a strike: the ban records exist.
 				if _, err := evalDecision(ctx, rdb, keys, pl, input{extra: 1, lease: noLease}); err != nil {
 					b.Fatal(err)
 				}
-				for _, k := range keys {
+				for j, k := range keys {
 					n, err := rdb.MemoryUsage(ctx, k).Result()
 					if err != nil {
 						b.Fatal(err)
@@ -413,9 +426,15 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 						b.Fatalf("%s has no TTL", k)
 					}
 					total += n
+					if j > len(pl.windows) {
+						candidate += n
+					}
 				}
 			}
 			b.ReportMetric(float64(total)/float64(b.N), "bytes/key")
+			if len(pl.candidates) > 0 {
+				b.ReportMetric(float64(candidate)/float64(b.N), "candidate-bytes/key")
+			}
 		})
 	}
 }
