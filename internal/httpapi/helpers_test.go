@@ -204,7 +204,7 @@ func newTestServer(t *testing.T, opts ...serverOption) *testServer {
 		Auth:           testAuth{},
 		Limiter:        ts.limiter,
 		Throttle:       ts.throttle,
-		Logger:         slog.New(slog.NewJSONHandler(ts.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:         slog.New(NewJSONLogHandler(ts.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics:        NewMetrics(ts.registry),
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
 	}

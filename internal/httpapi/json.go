@@ -84,7 +84,7 @@ func appendPet(b []byte, p pet.Pet) []byte {
 	b = append(b, `,"categoryId":`...)
 	b = strconv.AppendInt(b, p.CategoryID, 10)
 	b = append(b, `,"status":`...)
-	b = appendJSONString(b, string(p.Status), marshalEscapes)
+	b = appendJSONString(b, p.Status, marshalEscapes)
 	return append(b, '}')
 }
 
@@ -122,7 +122,7 @@ func newJSONEscapes(marshal bool) *jsonEscapes {
 // Beyond ASCII, both encoders it matches write a byte that is not part of
 // UTF-8 as \ufffd and escape U+2028 and U+2029 (which JavaScript takes for
 // line ends); every other character is written as it is.
-func appendJSONString(b []byte, s string, esc *jsonEscapes) []byte {
+func appendJSONString[S ~string | ~[]byte](b []byte, s S, esc *jsonEscapes) []byte {
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -136,7 +136,8 @@ func appendJSONString(b []byte, s string, esc *jsonEscapes) []byte {
 			i++
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
+		// At most UTFMax bytes are converted, which needs no allocation.
+		r, size := utf8.DecodeRuneInString(string(s[i:min(len(s), i+utf8.UTFMax)]))
 		var e string
 		switch {
 		case r == utf8.RuneError && size == 1:

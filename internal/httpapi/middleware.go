@@ -141,7 +141,8 @@ func (s *server) observe(next http.Handler) http.Handler {
 
 		next.ServeHTTP(&recorder{ResponseWriter: w, info: info}, r)
 
-		elapsed := time.Since(start)
+		now := time.Now()
+		elapsed := now.Sub(start)
 		status := info.status
 		switch {
 		case info.clientGone:
@@ -154,26 +155,20 @@ func (s *server) observe(next http.Handler) http.Handler {
 		s.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 		s.metrics.duration.WithLabelValues(route, method).Observe(elapsed.Seconds())
 
-		attrs := []slog.Attr{
-			slog.String("request_id", info.id),
-			slog.String("method", r.Method),
-			slog.String("route", route),
-			slog.String("path", r.URL.Path),
-			slog.Int("status", status),
-			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
-			slog.Int("bytes", info.bytes),
-			slog.String("client_ip", info.clientIP.String()),
-		}
-		if info.keyID != "" {
-			attrs = append(attrs, slog.String("key_id", info.keyID), slog.String("plan", info.plan))
-		}
-		if info.decision != "" {
-			attrs = append(attrs, slog.String("ratelimit", info.decision))
-			if info.shadow {
-				attrs = append(attrs, slog.Bool("ratelimit_shadow", true))
-			}
-		}
-		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+		s.logRequest(r.Context(), now, &accessLine{
+			requestID: info.id,
+			method:    r.Method,
+			route:     route,
+			path:      r.URL.Path,
+			status:    status,
+			duration:  elapsed,
+			bytes:     info.bytes,
+			clientIP:  info.clientIP,
+			keyID:     info.keyID,
+			plan:      info.plan,
+			decision:  info.decision,
+			shadow:    info.shadow,
+		})
 	})
 }
 

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,9 +14,26 @@ import (
 // TestAccessLog: one line per request, with what an operator and a replay
 // of the log (petstore plans simulate) need: the key, its plan and what
 // the limiter decided, and never the key itself.
+// The fields are the same whether the line is written by JSONLogHandler
+// or through slog by another handler.
 func TestAccessLog(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t)
+	handlers := map[string]func(io.Writer, *slog.HandlerOptions) slog.Handler{
+		"JSONLogHandler":   func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return NewJSONLogHandler(w, o) },
+		"slog.JSONHandler": func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return slog.NewJSONHandler(w, o) },
+	}
+	for name, newHandler := range handlers {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			logs := &logBuffer{}
+			testAccessLog(t, newTestServer(t, func(c *Config) {
+				c.Logger = slog.New(newHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			}), logs)
+		})
+	}
+}
+
+func testAccessLog(t *testing.T, ts *testServer, logs *logBuffer) {
 	ts.do(request{target: "/v1/pets?limit=5", key: keyFree, headers: map[string]string{"X-Request-Id": "req-1"}})
 	ts.do(request{target: "/v1/pets", key: keyUnknown, headers: map[string]string{"X-Request-Id": "req-2"}})
 	ts.do(request{method: "BREW", target: "/coffee", headers: map[string]string{"X-Request-Id": "req-3"}})
@@ -34,7 +53,7 @@ func TestAccessLog(t *testing.T) {
 		"req-5": {"status": float64(200), "key_id": "key_free", "plan": "free", "ratelimit": "banned", "ratelimit_shadow": true},
 	}
 	seen := 0
-	for _, rec := range ts.logs.records(t) {
+	for _, rec := range logs.records(t) {
 		if rec["msg"] != "request" {
 			continue
 		}
@@ -59,10 +78,10 @@ func TestAccessLog(t *testing.T) {
 		}
 	}
 	if seen != len(want) {
-		t.Errorf("%d access log lines, want %d:\n%s", seen, len(want), ts.logs)
+		t.Errorf("%d access log lines, want %d:\n%s", seen, len(want), logs)
 	}
 	// No API key ever reaches the log.
-	if out := ts.logs.String(); strings.Contains(out, keyFree) || strings.Contains(out, keyUnknown) {
+	if out := logs.String(); strings.Contains(out, keyFree) || strings.Contains(out, keyUnknown) {
 		t.Errorf("an API key was logged:\n%s", out)
 	}
 }
