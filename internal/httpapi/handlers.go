@@ -16,7 +16,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/pet"
 )
 
@@ -151,7 +150,7 @@ func handleCreatePet(store PetStore, maxBodyBytes int64, idempotencyTTL time.Dur
 		}
 		var idem *pet.Idempotency
 		if key != "" {
-			p, _ := apikey.FromContext(r.Context())
+			p, _ := principalFrom(r.Context())
 			idem = &pet.Idempotency{Key: p.KeyID + "/" + key, Fingerprint: fingerprint(np), TTL: idempotencyTTL}
 		}
 		created, replayed, err := store.Create(r.Context(), np, idem)

@@ -14,20 +14,27 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/animal-store/petstore/internal/apikey"
 )
 
 // requestInfo is what the middleware learns about a request on its way in
 // and what the handlers report on the way out, for the access log and the
 // metrics, which wrap everything else and so cannot read inner contexts.
+// It is the one value the router adds to a request's context, and it holds
+// the request's other per-request state too, so that a request costs one
+// allocation for all of it.
 type requestInfo struct {
 	id       string
 	clientIP netip.Addr
-	keyID    string
-	// plan is the key's plan; decision is what the limiter decided for
-	// the request (empty when it was not asked), shadow whether that was
-	// under a plan in shadow mode. With the time and key they are what a
-	// replay of the log needs (petstore plans simulate).
-	plan     string
+	// principal is the caller, once authenticate accepted its key
+	// (authenticated); its key id and plan go into the access log.
+	principal     apikey.Principal
+	authenticated bool
+	// decision is what the limiter decided for the request (empty when it
+	// was not asked), shadow whether that was under a plan in shadow mode.
+	// With the time, key and plan they are what a replay of the log needs
+	// (petstore plans simulate).
 	decision string
 	shadow   bool
 	// unmatched marks requests no route answered (404, 405).
@@ -36,6 +43,8 @@ type requestInfo struct {
 	clientGone bool
 	status     int
 	bytes      int
+	// rec is the response writer observe hands down.
+	rec recorder
 }
 
 type requestInfoKey struct{}
@@ -51,6 +60,12 @@ func requestInfoFrom(ctx context.Context) *requestInfo {
 
 // requestIDFrom returns the request id, for log lines.
 func requestIDFrom(ctx context.Context) string { return requestInfoFrom(ctx).id }
+
+// principalFrom returns the caller whose key authenticate accepted, if any.
+func principalFrom(ctx context.Context) (apikey.Principal, bool) {
+	info := requestInfoFrom(ctx)
+	return info.principal, info.authenticated
+}
 
 // maxRequestIDLength bounds an incoming X-Request-Id worth keeping.
 const maxRequestIDLength = 128
@@ -139,7 +154,8 @@ func (s *server) observe(next http.Handler) http.Handler {
 		s.metrics.inFlight.Inc()
 		defer s.metrics.inFlight.Dec()
 
-		next.ServeHTTP(&recorder{ResponseWriter: w, info: info}, r)
+		info.rec = recorder{ResponseWriter: w, info: info}
+		next.ServeHTTP(&info.rec, r)
 
 		now := time.Now()
 		elapsed := now.Sub(start)
@@ -164,8 +180,8 @@ func (s *server) observe(next http.Handler) http.Handler {
 			duration:  elapsed,
 			bytes:     info.bytes,
 			clientIP:  info.clientIP,
-			keyID:     info.keyID,
-			plan:      info.plan,
+			keyID:     info.principal.KeyID,
+			plan:      info.principal.Plan,
 			decision:  info.decision,
 			shadow:    info.shadow,
 		})
