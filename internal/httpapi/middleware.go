@@ -166,7 +166,7 @@ func (s *server) observe(next http.Handler) http.Handler {
 		case status == 0:
 			status = http.StatusOK
 		}
-		route := s.routeLabel(r, info)
+		route := routeLabel(r, info)
 		method := methodLabel(r.Method)
 		s.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 		s.metrics.duration.WithLabelValues(route, method).Observe(elapsed.Seconds())
@@ -190,20 +190,16 @@ func (s *server) observe(next http.Handler) http.Handler {
 
 // routeLabel names the route for metrics and logs: the chi pattern, or
 // "unmatched" when no route answered, which bounds the label's values.
-func (s *server) routeLabel(r *http.Request, info *requestInfo) string {
+// The router chooses the route before any middleware can refuse a request
+// (401, 429, 503), so refusals count against their route too.
+func routeLabel(r *http.Request, info *requestInfo) string {
 	if info.unmatched {
 		return "unmatched"
 	}
-	pattern := chi.RouteContext(r.Context()).RoutePattern()
-	if strings.HasSuffix(pattern, "/*") {
-		// Refused by middleware (401, 429, 503) before the /v1 router chose
-		// a route: look the route up so that refusals count against it.
-		pattern = s.findRoute(r.Method, r)
+	if pattern := chi.RouteContext(r.Context()).RoutePattern(); pattern != "" {
+		return pattern
 	}
-	if pattern == "" {
-		return "unmatched"
-	}
-	return pattern
+	return "unmatched"
 }
 
 // findRoute returns the pattern of the route that serves method at r's

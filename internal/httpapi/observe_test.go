@@ -94,6 +94,7 @@ func TestRequestMetrics(t *testing.T) {
 	ts.get("/v1/pets/"+itoa(p.ID), "")   // 401, refused before the /v1 router routes
 	ts.get("/v1/pets/12345", keyFree)    // 404 from the handler: still the route
 	ts.get("/v1/no/such/thing", keyFree) // unmatched
+	ts.get("/v1", "")                    // refused where no route is: unmatched too
 	ts.do(request{method: http.MethodDelete, target: "/v1/pets", key: keyFree})
 	ts.do(request{method: "X-CUSTOM", target: "/v1/pets", key: keyFree})
 
@@ -106,6 +107,7 @@ func TestRequestMetrics(t *testing.T) {
 		{"/v1/pets/{petId}", "GET", "401", 1},
 		{"/v1/pets/{petId}", "GET", "404", 1},
 		{"unmatched", "GET", "404", 1},
+		{"unmatched", "GET", "401", 1},
 		{"unmatched", "DELETE", "405", 1},
 		{"unmatched", "other", "405", 1},
 	}
@@ -117,7 +119,7 @@ func TestRequestMetrics(t *testing.T) {
 	if got := metricValue(t, ts.metrics.inFlight); got != 0 {
 		t.Errorf("in flight = %v after all requests finished", got)
 	}
-	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues("missing")); got != 1 {
+	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues("missing")); got != 2 {
 		t.Errorf("auth failures{missing} = %v", got)
 	}
 }

@@ -167,6 +167,8 @@ func TestNotFoundAndMethods(t *testing.T) {
 		// Methods chi does not know are refused before /v1 authenticates.
 		{"PROPFIND", "/v1/pets", keyFree, 405, "GET, HEAD, POST", true},
 		{"PROPFIND", "/v1/nowhere", keyFree, 404, "", true},
+		{"PROPFIND", "/v1", keyFree, 404, "", true}, // no resource, so no Allow to offer
+		{http.MethodDelete, "/v1/", keyFree, 404, "", false},
 		{http.MethodPost, "/openapi.yaml", "", 405, "GET, HEAD", true},
 		{http.MethodHead, "/v1/pets", keyFree, 200, "", false},
 		{http.MethodHead, "/v1/pets/" + itoa(p.ID), keyFree, 200, "", false},
