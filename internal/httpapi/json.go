@@ -27,9 +27,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		body = append(body[:0], `{"code":"internal_error","message":"internal error","status":500}`...)
 	}
 	body = append(body, '\n')
+	// Both values in one allocation (Header.Set makes one each), under
+	// names spelled canonically; each with capacity one, so that
+	// appending to either copies it.
+	values := []string{"application/json", strconv.Itoa(len(body))}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h["Content-Type"], h["Content-Length"] = values[0:1:1], values[1:2:2]
 	w.WriteHeader(status)
 	_, _ = w.Write(body) // a Writer never keeps what it is given (io.Writer)
 	if cap(body) <= maxPooledBody {

@@ -45,6 +45,28 @@ type requestInfo struct {
 	bytes      int
 	// rec is the response writer observe hands down.
 	rec recorder
+	// fields hold the values of the header fields that every response
+	// carries (see setField).
+	fields [numFields]string
+}
+
+// The header fields every response carries, by their place in
+// requestInfo.fields.
+const (
+	fieldRequestID = iota
+	fieldContentTypeOptions
+	fieldCacheControl
+	numFields
+)
+
+// setField sets the header field name, which must be spelled canonically,
+// to value, which it keeps in the request's fields[i]: one allocation per
+// request holds them all, where Header.Set allocates for each (and
+// canonicalises the name again). The value is handed out with capacity
+// one, so that appending to it copies; it belongs to this one response.
+func (info *requestInfo) setField(h http.Header, i int, name, value string) {
+	info.fields[i] = value
+	h[name] = info.fields[i : i+1 : i+1]
 }
 
 type requestInfoKey struct{}
@@ -78,8 +100,8 @@ func (s *server) requestID(next http.Handler) http.Handler {
 		if !saneRequestID(id) {
 			id = newRequestID()
 		}
-		w.Header().Set("X-Request-Id", id)
 		info := &requestInfo{id: id}
+		info.setField(w.Header(), fieldRequestID, "X-Request-Id", id)
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
 	})
 }
@@ -255,9 +277,9 @@ func (s *server) recoverPanic(next http.Handler) http.Handler {
 // remaining quota. Only the OpenAPI document overrides that.
 func commonHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Cache-Control", "no-store")
+		info, h := requestInfoFrom(r.Context()), w.Header()
+		info.setField(h, fieldContentTypeOptions, "X-Content-Type-Options", "nosniff")
+		info.setField(h, fieldCacheControl, "Cache-Control", "no-store")
 		next.ServeHTTP(w, r)
 	})
 }
