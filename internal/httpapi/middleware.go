@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 
@@ -190,8 +189,9 @@ func (s *server) observe(next http.Handler) http.Handler {
 		}
 		route := routeLabel(r, info)
 		method := methodLabel(r.Method)
-		s.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
-		s.metrics.duration.WithLabelValues(route, method).Observe(elapsed.Seconds())
+		series := s.metrics.seriesFor(route, method, status)
+		series.requests.Inc()
+		series.duration.Observe(elapsed.Seconds())
 
 		s.logRequest(r.Context(), now, &accessLine{
 			requestID: info.id,

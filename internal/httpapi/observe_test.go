@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,5 +122,39 @@ func TestRequestMetrics(t *testing.T) {
 	}
 	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues("missing")); got != 2 {
 		t.Errorf("auth failures{missing} = %v", got)
+	}
+}
+
+// TestSeriesFor: the cached handles count in the series WithLabelValues
+// names, however many goroutines ask at once.
+func TestSeriesFor(t *testing.T) {
+	t.Parallel()
+	m := NewMetrics(nil)
+	routes := []string{"/v1/pets", "/v1/pets/{petId}", "unmatched"}
+	codes := []int{200, 404, 429}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 10 {
+				for _, route := range routes {
+					for _, code := range codes {
+						s := m.seriesFor(route, "GET", code)
+						s.requests.Inc()
+						s.duration.Observe(0.001)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, route := range routes {
+		for _, code := range codes {
+			if got := metricValue(t, m.requests.WithLabelValues(route, "GET", itoa(int64(code)))); got != 40 {
+				t.Errorf("requests{%s GET %d} = %v, want 40", route, code, got)
+			}
+		}
+	}
+	if n := len(*m.series.Load()); n != len(routes)*len(codes) {
+		t.Errorf("%d cached series, want %d", n, len(routes)*len(codes))
 	}
 }
