@@ -109,8 +109,18 @@ func CheckFormat(token string) error {
 // the key. Keys carry enough randomness that an unsalted fast hash is safe
 // and lets a key be found by its hash.
 func Hash(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:])
+	h := appendHash(make([]byte, 0, hashLen), key)
+	return string(h)
+}
+
+// hashLen is the length of a Hash.
+const hashLen = 2 * sha256.Size
+
+// appendHash appends Hash(key) to dst.
+func appendHash(dst []byte, key string) []byte {
+	var buf [KeyLen]byte // a well-formed key is hashed without allocating
+	sum := sha256.Sum256(append(buf[:0], key...))
+	return hex.AppendEncode(dst, sum[:])
 }
 
 // IDFromHash returns a key's public identifier: "key_" followed by the first
