@@ -91,10 +91,13 @@ func appendPet(b []byte, p pet.Pet) []byte {
 	return append(b, '}')
 }
 
-// jsonEscapes spells each ASCII byte inside a JSON string: "" for the
-// byte itself, otherwise its escape. Two encoders are matched byte for
-// byte, and they differ here only.
-type jsonEscapes [utf8.RuneSelf]string
+// jsonEscapes says how each ASCII byte is written inside a JSON string:
+// as itself when plain, otherwise as spelled. Two encoders are matched
+// byte for byte, and they differ here only.
+type jsonEscapes struct {
+	plain [256]bool // false beyond ASCII too, where characters are looked at whole
+	spell [utf8.RuneSelf]string
+}
 
 var (
 	// marshalEscapes is encoding/json's Marshal: control characters,
@@ -110,14 +113,18 @@ func newJSONEscapes(marshal bool) *jsonEscapes {
 	const hex = "0123456789abcdef"
 	var e jsonEscapes
 	for b := range byte(0x20) {
-		e[b] = `\u00` + string(hex[b>>4]) + string(hex[b&0xf])
+		e.spell[b] = `\u00` + string(hex[b>>4]) + string(hex[b&0xf])
 	}
-	e['"'], e['\\'] = `\"`, `\\`
-	e['\n'], e['\r'], e['\t'] = `\n`, `\r`, `\t`
+	e.spell['"'], e.spell['\\'] = `\"`, `\\`
+	e.spell['\n'], e.spell['\r'], e.spell['\t'] = `\n`, `\r`, `\t`
 	if marshal {
-		e['\b'], e['\f'] = `\b`, `\f`
-		e['<'], e['>'], e['&'] = `\u003c`, `\u003e`, `\u0026`
+		e.spell['\b'], e.spell['\f'] = `\b`, `\f`
+		e.spell['<'], e.spell['>'], e.spell['&'] = `\u003c`, `\u003e`, `\u0026`
 	}
+	for b, spelled := range e.spell {
+		e.plain[b] = spelled == ""
+	}
+	// e.plain[utf8.RuneSelf:] stay false.
 	return &e
 }
 
@@ -130,13 +137,15 @@ func appendJSONString[S ~string | ~[]byte](b []byte, s S, esc *jsonEscapes) []by
 	start := 0
 	for i := 0; i < len(s); {
 		c := s[i]
-		if c < utf8.RuneSelf {
-			if e := esc[c]; e != "" {
-				b = append(b, s[start:i]...)
-				b = append(b, e...)
-				start = i + 1
-			}
+		if esc.plain[c] {
 			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			b = append(b, s[start:i]...)
+			b = append(b, esc.spell[c]...)
+			i++
+			start = i
 			continue
 		}
 		// At most UTFMax bytes are converted, which needs no allocation.
