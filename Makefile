@@ -91,9 +91,12 @@ bench: services
 	for i in 1 2 3 4 5 6; do bin/petstore.test -test.run '^$$' -test.bench ListPetsEndToEnd -test.benchtime 3s; done | tee -a bench.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/memstore/ ./internal/apikey/ ./internal/httpapi/ | tee -a bench.txt
 
-## fuzz: the createPet fuzzer, and the limiter's invariant tests over 2000 generated plans with a random seed
+## fuzz: the createPet fuzzer, the hand-written JSON encoders' fuzzers (pets, the access log line), and the
+## limiter's invariant tests over 2000 generated plans with a random seed
 fuzz: services
 	$(GO) test -run '^$$' -fuzz FuzzCreatePet -fuzztime 60s ./internal/httpapi/
+	$(GO) test -run '^$$' -fuzz FuzzAppendPet -fuzztime 30s ./internal/httpapi/
+	$(GO) test -run '^$$' -fuzz FuzzAccessLine -fuzztime 30s ./internal/httpapi/
 	$(GO) test -count=1 -timeout 60m -run Invariant ./ratelimit/ -args -invariant.cases 2000 -invariant.seed 0
 
 clean:
