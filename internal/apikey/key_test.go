@@ -80,6 +80,20 @@ func TestCheckFormat(t *testing.T) {
 	}
 }
 
+// A key's characters are base62 and nothing else: each of the 256 byte
+// values in a key is refused as a character or else only by the checksum.
+func TestCheckFormatCharacters(t *testing.T) {
+	t.Parallel()
+	for c := range 256 {
+		token := devKey[:10] + string([]byte{byte(c)}) + devKey[11:]
+		err := apikey.CheckFormat(token)
+		outside := err != nil && strings.Contains(err.Error(), "characters outside")
+		if want := strings.IndexByte(base62, byte(c)) < 0; outside != want {
+			t.Errorf("byte %#x: CheckFormat = %v, want refused as a character: %v", c, err, want)
+		}
+	}
+}
+
 // Every single mistyped character is caught by the checksum.
 func TestCheckFormatCatchesEveryTypo(t *testing.T) {
 	t.Parallel()

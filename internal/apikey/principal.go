@@ -1,7 +1,6 @@
 package apikey
 
 import (
-	"context"
 	"errors"
 
 	"github.com/animal-store/petstore/ratelimit"
@@ -31,16 +30,3 @@ var (
 // short by the request's deadline): the key may well be valid, so a client
 // gets 503 and should retry, not 401. Such failures are never cached.
 var ErrUnavailable = errors.New("apikey: key store unavailable")
-
-type principalKey struct{}
-
-// NewContext returns ctx carrying p.
-func NewContext(ctx context.Context, p Principal) context.Context {
-	return context.WithValue(ctx, principalKey{}, p)
-}
-
-// FromContext returns the principal stored in ctx, if any.
-func FromContext(ctx context.Context) (Principal, bool) {
-	p, ok := ctx.Value(principalKey{}).(Principal)
-	return p, ok
-}

@@ -18,7 +18,7 @@ import (
 // proxy that writes only Forwarded must therefore drop any X-Forwarded-For
 // its clients send.
 func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
-	peer, ok := parseHop(r.RemoteAddr)
+	peer, ok := parsePeer(r.RemoteAddr)
 	if !ok || !isTrusted(peer, trusted) {
 		return peer
 	}
@@ -71,6 +71,18 @@ func forwardedHops(h http.Header) []string {
 		}
 	}
 	return hops
+}
+
+// parsePeer reads the socket peer's address, which net/http writes as
+// host:port, as parseHop does. It tries that form first: parseHop tries a
+// bare address first, whose failure on every request costs an error value.
+// No text is both a bare address and an address with a port, so the order
+// changes nothing else.
+func parsePeer(remoteAddr string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(remoteAddr); err == nil {
+		return ap.Addr().Unmap().WithZone(""), true
+	}
+	return parseHop(remoteAddr)
 }
 
 // parseHop reads an address written as 192.0.2.1, 192.0.2.1:80,

@@ -31,14 +31,17 @@ const cursorCheckLen = 4
 // The checksum catches corrupted and truncated cursors. It is not a
 // signature: a client that crafts a cursor only chooses where its own
 // listing resumes, which the API allows anyway.
-func encodeCursor(c cursor) string {
-	b := make([]byte, 0, 1+binary.MaxVarintLen64+len(c.status)+cursorCheckLen)
-	b = append(b, cursorVersion)
+func encodeCursor(c cursor) string { return string(appendCursor(nil, c)) }
+
+// appendCursor appends encodeCursor(c) to dst.
+func appendCursor(dst []byte, c cursor) []byte {
+	var buf [64]byte // room for every status; a longer one only costs an allocation
+	b := append(buf[:0], cursorVersion)
 	b = binary.AppendUvarint(b, uint64(c.after))
 	b = append(b, c.status...)
 	sum := sha256.Sum256(b)
 	b = append(b, sum[:cursorCheckLen]...)
-	return base64.RawURLEncoding.EncodeToString(b)
+	return base64.RawURLEncoding.AppendEncode(dst, b)
 }
 
 // decodeCursor reverses encodeCursor, failing with a *pet.ValidationError

@@ -16,7 +16,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/pet"
 )
 
@@ -109,17 +108,17 @@ func describeFilter(s pet.Status) string {
 
 // nextPageLink is the RFC 8288 link to the page after the pet lastID.
 func nextPageLink(q listQuery, lastID int64) string {
-	var b strings.Builder
-	b.WriteString("</v1/pets?limit=")
-	b.WriteString(strconv.Itoa(q.limit))
+	b := make([]byte, 0, 128) // the link of any valid query fits
+	b = append(b, "</v1/pets?limit="...)
+	b = strconv.AppendInt(b, int64(q.limit), 10)
 	if q.status != "" {
-		b.WriteString("&status=")
-		b.WriteString(url.QueryEscape(string(q.status)))
+		b = append(b, "&status="...)
+		b = append(b, url.QueryEscape(string(q.status))...)
 	}
-	b.WriteString("&cursor=")
-	b.WriteString(encodeCursor(cursor{after: lastID, status: q.status}))
-	b.WriteString(`>; rel="next"`)
-	return b.String()
+	b = append(b, "&cursor="...)
+	b = appendCursor(b, cursor{after: lastID, status: q.status})
+	b = append(b, `>; rel="next"`...)
+	return string(b)
 }
 
 // handleCreatePet answers POST /v1/pets: decode, validate, store (once per
@@ -151,7 +150,7 @@ func handleCreatePet(store PetStore, maxBodyBytes int64, idempotencyTTL time.Dur
 		}
 		var idem *pet.Idempotency
 		if key != "" {
-			p, _ := apikey.FromContext(r.Context())
+			p, _ := principalFrom(r.Context())
 			idem = &pet.Idempotency{Key: p.KeyID + "/" + key, Fingerprint: fingerprint(np), TTL: idempotencyTTL}
 		}
 		created, replayed, err := store.Create(r.Context(), np, idem)

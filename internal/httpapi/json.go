@@ -8,26 +8,166 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/animal-store/petstore/internal/pet"
 )
 
-// writeJSON answers with v encoded as JSON. Only the package's own types
-// are written, which always encode; should one ever fail the client still
-// gets a well-formed 500 rather than half a body.
+// writeJSON answers with v encoded as JSON (as json.Marshal writes it) and
+// a newline. Only the package's own types are written, which always encode;
+// should one ever fail the client still gets a well-formed 500 rather than
+// half a body.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	body, err := json.Marshal(v)
+	buf := bodyBuffers.Get().(*[]byte)
+	body, err := appendJSON((*buf)[:0], v)
 	if err != nil {
 		status = http.StatusInternalServerError
-		body = []byte(`{"code":"internal_error","message":"internal error","status":500}`)
+		body = append(body[:0], `{"code":"internal_error","message":"internal error","status":500}`...)
 	}
+	body = append(body, '\n')
+	// Both values in one allocation (Header.Set makes one each), under
+	// names spelled canonically; each with capacity one, so that
+	// appending to either copies it.
+	values := []string{"application/json", strconv.Itoa(len(body))}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	h["Content-Type"], h["Content-Length"] = values[0:1:1], values[1:2:2]
 	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(body) // a Writer never keeps what it is given (io.Writer)
+	if cap(body) <= maxPooledBody {
+		*buf = body[:0]
+		bodyBuffers.Put(buf)
+	}
+}
+
+// bodyBuffers holds response bodies between requests; a page of 100 pets
+// with long names fits in maxPooledBody, larger ones are left to the GC.
+var bodyBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+const maxPooledBody = 64 << 10
+
+// appendJSON appends v as json.Marshal encodes it. Pets, most of what is
+// written, are encoded without reflection by appendPet.
+func appendJSON(b []byte, v any) ([]byte, error) {
+	switch v := v.(type) {
+	case pet.Pet:
+		return appendPet(b, v), nil
+	case []pet.Pet:
+		return appendPets(b, v), nil
+	}
+	m, err := json.Marshal(v)
+	return append(b, m...), err
+}
+
+// appendPets appends pets as json.Marshal encodes a []pet.Pet.
+func appendPets(b []byte, pets []pet.Pet) []byte {
+	if pets == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, p := range pets {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendPet(b, p)
+	}
+	return append(b, ']')
+}
+
+// appendPet appends p as json.Marshal encodes it: the members in the order
+// of pet.Pet's fields, named by their tags. TestAppendPet and
+// FuzzAppendPet hold the two encodings to the same bytes, so a field added
+// to pet.Pet without being added here fails them.
+func appendPet(b []byte, p pet.Pet) []byte {
+	b = append(b, `{"id":`...)
+	b = strconv.AppendInt(b, p.ID, 10)
+	b = append(b, `,"name":`...)
+	b = appendJSONString(b, p.Name, marshalEscapes)
+	b = append(b, `,"categoryId":`...)
+	b = strconv.AppendInt(b, p.CategoryID, 10)
+	b = append(b, `,"status":`...)
+	b = appendJSONString(b, p.Status, marshalEscapes)
+	return append(b, '}')
+}
+
+// jsonEscapes says how each ASCII byte is written inside a JSON string:
+// as itself when plain, otherwise as spelled. Two encoders are matched
+// byte for byte, and they differ here only.
+type jsonEscapes struct {
+	plain [256]bool // false beyond ASCII too, where characters are looked at whole
+	spell [utf8.RuneSelf]string
+}
+
+var (
+	// marshalEscapes is encoding/json's Marshal: control characters,
+	// quote and backslash escaped (\b \f \n \r \t short), and <, > and &
+	// as \u003c, \u003e and \u0026 so that no body can be read as HTML.
+	marshalEscapes = newJSONEscapes(true)
+	// logEscapes is log/slog's JSON handler: no HTML escaping, and only
+	// \n \r \t short.
+	logEscapes = newJSONEscapes(false)
+)
+
+func newJSONEscapes(marshal bool) *jsonEscapes {
+	const hex = "0123456789abcdef"
+	var e jsonEscapes
+	for b := range byte(0x20) {
+		e.spell[b] = `\u00` + string(hex[b>>4]) + string(hex[b&0xf])
+	}
+	e.spell['"'], e.spell['\\'] = `\"`, `\\`
+	e.spell['\n'], e.spell['\r'], e.spell['\t'] = `\n`, `\r`, `\t`
+	if marshal {
+		e.spell['\b'], e.spell['\f'] = `\b`, `\f`
+		e.spell['<'], e.spell['>'], e.spell['&'] = `\u003c`, `\u003e`, `\u0026`
+	}
+	for b, spelled := range e.spell {
+		e.plain[b] = spelled == ""
+	}
+	// e.plain[utf8.RuneSelf:] stay false.
+	return &e
+}
+
+// appendJSONString appends s as a quoted JSON string, ASCII spelled by esc.
+// Beyond ASCII, both encoders it matches write a byte that is not part of
+// UTF-8 as \ufffd and escape U+2028 and U+2029 (which JavaScript takes for
+// line ends); every other character is written as it is.
+func appendJSONString[S ~string | ~[]byte](b []byte, s S, esc *jsonEscapes) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if esc.plain[c] {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			b = append(b, s[start:i]...)
+			b = append(b, esc.spell[c]...)
+			i++
+			start = i
+			continue
+		}
+		// At most UTFMax bytes are converted, which needs no allocation.
+		r, size := utf8.DecodeRuneInString(string(s[i:min(len(s), i+utf8.UTFMax)]))
+		var e string
+		switch {
+		case r == utf8.RuneError && size == 1:
+			e = `\ufffd`
+		case r == '\u2028':
+			e = `\u2028`
+		case r == '\u2029':
+			e = `\u2029`
+		}
+		if e != "" {
+			b = append(b, s[start:i]...)
+			b = append(b, e...)
+			start = i + size
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }
 
 // decodeJSONObject reads a body that must hold exactly one JSON object and

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -21,7 +20,7 @@ func (s *server) rateLimit(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, ok := apikey.FromContext(r.Context())
+		p, ok := principalFrom(r.Context())
 		if !ok {
 			s.writeError(w, r, errors.New("rate limit: no principal in the request context"))
 			return
@@ -80,7 +79,7 @@ func (s *server) throttleUsage(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, ok := apikey.FromContext(r.Context())
+		p, ok := principalFrom(r.Context())
 		if !ok {
 			s.writeError(w, r, errors.New("usage throttle: no principal in the request context"))
 			return

@@ -2,6 +2,10 @@ package httpapi
 
 import (
 	"errors"
+	"maps"
+	"strconv"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -15,6 +19,54 @@ type Metrics struct {
 	inFlight     prometheus.Gauge
 	storeErrors  *prometheus.CounterVec
 	authFailures *prometheus.CounterVec
+
+	// series caches what seriesFor found (see there); the map is
+	// never changed once published, so reading it takes no lock.
+	series   atomic.Pointer[map[seriesKey]requestSeries]
+	seriesMu sync.Mutex // held to publish a larger map
+}
+
+// seriesKey names a request's series: route, method and status code.
+type seriesKey struct {
+	route, method string
+	code          int
+}
+
+// requestSeries are the series a request is counted in.
+type requestSeries struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// seriesFor returns the series of requests to route with method
+// answered with code. WithLabelValues checks and hashes its label values
+// and takes a read lock on every call; the handles it returns stay valid
+// (the vectors are never reset), so each is looked up once. The labels
+// are bounded (route patterns, standard methods, status codes), and so is
+// the cache.
+func (m *Metrics) seriesFor(route, method string, code int) requestSeries {
+	k := seriesKey{route: route, method: method, code: code}
+	if cache := m.series.Load(); cache != nil {
+		if s, ok := (*cache)[k]; ok {
+			return s
+		}
+	}
+	m.seriesMu.Lock()
+	defer m.seriesMu.Unlock()
+	cache := make(map[seriesKey]requestSeries)
+	if old := m.series.Load(); old != nil {
+		if s, ok := (*old)[k]; ok { // published while this waited
+			return s
+		}
+		cache = maps.Clone(*old)
+	}
+	s := requestSeries{
+		requests: m.requests.WithLabelValues(route, method, strconv.Itoa(code)),
+		duration: m.duration.WithLabelValues(route, method),
+	}
+	cache[k] = s
+	m.series.Store(&cache)
+	return s
 }
 
 // NewMetrics creates the HTTP metrics and registers them with reg (unless

@@ -9,25 +9,31 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/animal-store/petstore/internal/apikey"
 )
 
 // requestInfo is what the middleware learns about a request on its way in
 // and what the handlers report on the way out, for the access log and the
 // metrics, which wrap everything else and so cannot read inner contexts.
+// It is the one value the router adds to a request's context, and it holds
+// the request's other per-request state too, so that a request costs one
+// allocation for all of it.
 type requestInfo struct {
 	id       string
 	clientIP netip.Addr
-	keyID    string
-	// plan is the key's plan; decision is what the limiter decided for
-	// the request (empty when it was not asked), shadow whether that was
-	// under a plan in shadow mode. With the time and key they are what a
-	// replay of the log needs (petstore plans simulate).
-	plan     string
+	// principal is the caller, once authenticate accepted its key
+	// (authenticated); its key id and plan go into the access log.
+	principal     apikey.Principal
+	authenticated bool
+	// decision is what the limiter decided for the request (empty when it
+	// was not asked), shadow whether that was under a plan in shadow mode.
+	// With the time, key and plan they are what a replay of the log needs
+	// (petstore plans simulate).
 	decision string
 	shadow   bool
 	// unmatched marks requests no route answered (404, 405).
@@ -36,6 +42,30 @@ type requestInfo struct {
 	clientGone bool
 	status     int
 	bytes      int
+	// rec is the response writer observe hands down.
+	rec recorder
+	// fields hold the values of the header fields that every response
+	// carries (see setField).
+	fields [numFields]string
+}
+
+// The header fields every response carries, by their place in
+// requestInfo.fields.
+const (
+	fieldRequestID = iota
+	fieldContentTypeOptions
+	fieldCacheControl
+	numFields
+)
+
+// setField sets the header field name, which must be spelled canonically,
+// to value, which it keeps in the request's fields[i]: one allocation per
+// request holds them all, where Header.Set allocates for each (and
+// canonicalises the name again). The value is handed out with capacity
+// one, so that appending to it copies; it belongs to this one response.
+func (info *requestInfo) setField(h http.Header, i int, name, value string) {
+	info.fields[i] = value
+	h[name] = info.fields[i : i+1 : i+1]
 }
 
 type requestInfoKey struct{}
@@ -52,6 +82,12 @@ func requestInfoFrom(ctx context.Context) *requestInfo {
 // requestIDFrom returns the request id, for log lines.
 func requestIDFrom(ctx context.Context) string { return requestInfoFrom(ctx).id }
 
+// principalFrom returns the caller whose key authenticate accepted, if any.
+func principalFrom(ctx context.Context) (apikey.Principal, bool) {
+	info := requestInfoFrom(ctx)
+	return info.principal, info.authenticated
+}
+
 // maxRequestIDLength bounds an incoming X-Request-Id worth keeping.
 const maxRequestIDLength = 128
 
@@ -63,8 +99,8 @@ func (s *server) requestID(next http.Handler) http.Handler {
 		if !saneRequestID(id) {
 			id = newRequestID()
 		}
-		w.Header().Set("X-Request-Id", id)
 		info := &requestInfo{id: id}
+		info.setField(w.Header(), fieldRequestID, "X-Request-Id", id)
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
 	})
 }
@@ -139,9 +175,11 @@ func (s *server) observe(next http.Handler) http.Handler {
 		s.metrics.inFlight.Inc()
 		defer s.metrics.inFlight.Dec()
 
-		next.ServeHTTP(&recorder{ResponseWriter: w, info: info}, r)
+		info.rec = recorder{ResponseWriter: w, info: info}
+		next.ServeHTTP(&info.rec, r)
 
-		elapsed := time.Since(start)
+		now := time.Now()
+		elapsed := now.Sub(start)
 		status := info.status
 		switch {
 		case info.clientGone:
@@ -149,50 +187,41 @@ func (s *server) observe(next http.Handler) http.Handler {
 		case status == 0:
 			status = http.StatusOK
 		}
-		route := s.routeLabel(r, info)
+		route := routeLabel(r, info)
 		method := methodLabel(r.Method)
-		s.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
-		s.metrics.duration.WithLabelValues(route, method).Observe(elapsed.Seconds())
+		series := s.metrics.seriesFor(route, method, status)
+		series.requests.Inc()
+		series.duration.Observe(elapsed.Seconds())
 
-		attrs := []slog.Attr{
-			slog.String("request_id", info.id),
-			slog.String("method", r.Method),
-			slog.String("route", route),
-			slog.String("path", r.URL.Path),
-			slog.Int("status", status),
-			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
-			slog.Int("bytes", info.bytes),
-			slog.String("client_ip", info.clientIP.String()),
-		}
-		if info.keyID != "" {
-			attrs = append(attrs, slog.String("key_id", info.keyID), slog.String("plan", info.plan))
-		}
-		if info.decision != "" {
-			attrs = append(attrs, slog.String("ratelimit", info.decision))
-			if info.shadow {
-				attrs = append(attrs, slog.Bool("ratelimit_shadow", true))
-			}
-		}
-		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+		s.logRequest(r.Context(), now, &accessLine{
+			requestID: info.id,
+			method:    r.Method,
+			route:     route,
+			path:      r.URL.Path,
+			status:    status,
+			duration:  elapsed,
+			bytes:     info.bytes,
+			clientIP:  info.clientIP,
+			keyID:     info.principal.KeyID,
+			plan:      info.principal.Plan,
+			decision:  info.decision,
+			shadow:    info.shadow,
+		})
 	})
 }
 
 // routeLabel names the route for metrics and logs: the chi pattern, or
 // "unmatched" when no route answered, which bounds the label's values.
-func (s *server) routeLabel(r *http.Request, info *requestInfo) string {
+// The router chooses the route before any middleware can refuse a request
+// (401, 429, 503), so refusals count against their route too.
+func routeLabel(r *http.Request, info *requestInfo) string {
 	if info.unmatched {
 		return "unmatched"
 	}
-	pattern := chi.RouteContext(r.Context()).RoutePattern()
-	if strings.HasSuffix(pattern, "/*") {
-		// Refused by middleware (401, 429, 503) before the /v1 router chose
-		// a route: look the route up so that refusals count against it.
-		pattern = s.findRoute(r.Method, r)
+	if pattern := chi.RouteContext(r.Context()).RoutePattern(); pattern != "" {
+		return pattern
 	}
-	if pattern == "" {
-		return "unmatched"
-	}
-	return pattern
+	return "unmatched"
 }
 
 // findRoute returns the pattern of the route that serves method at r's
@@ -248,9 +277,9 @@ func (s *server) recoverPanic(next http.Handler) http.Handler {
 // remaining quota. Only the OpenAPI document overrides that.
 func commonHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Cache-Control", "no-store")
+		info, h := requestInfoFrom(r.Context()), w.Header()
+		info.setField(h, fieldContentTypeOptions, "X-Content-Type-Options", "nosniff")
+		info.setField(h, fieldCacheControl, "Cache-Control", "no-store")
 		next.ServeHTTP(w, r)
 	})
 }

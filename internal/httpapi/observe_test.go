@@ -1,8 +1,11 @@
 package httpapi
 
 import (
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,9 +15,26 @@ import (
 // TestAccessLog: one line per request, with what an operator and a replay
 // of the log (petstore plans simulate) need: the key, its plan and what
 // the limiter decided, and never the key itself.
+// The fields are the same whether the line is written by JSONLogHandler
+// or through slog by another handler.
 func TestAccessLog(t *testing.T) {
 	t.Parallel()
-	ts := newTestServer(t)
+	handlers := map[string]func(io.Writer, *slog.HandlerOptions) slog.Handler{
+		"JSONLogHandler":   func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return NewJSONLogHandler(w, o) },
+		"slog.JSONHandler": func(w io.Writer, o *slog.HandlerOptions) slog.Handler { return slog.NewJSONHandler(w, o) },
+	}
+	for name, newHandler := range handlers {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			logs := &logBuffer{}
+			testAccessLog(t, newTestServer(t, func(c *Config) {
+				c.Logger = slog.New(newHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			}), logs)
+		})
+	}
+}
+
+func testAccessLog(t *testing.T, ts *testServer, logs *logBuffer) {
 	ts.do(request{target: "/v1/pets?limit=5", key: keyFree, headers: map[string]string{"X-Request-Id": "req-1"}})
 	ts.do(request{target: "/v1/pets", key: keyUnknown, headers: map[string]string{"X-Request-Id": "req-2"}})
 	ts.do(request{method: "BREW", target: "/coffee", headers: map[string]string{"X-Request-Id": "req-3"}})
@@ -34,7 +54,7 @@ func TestAccessLog(t *testing.T) {
 		"req-5": {"status": float64(200), "key_id": "key_free", "plan": "free", "ratelimit": "banned", "ratelimit_shadow": true},
 	}
 	seen := 0
-	for _, rec := range ts.logs.records(t) {
+	for _, rec := range logs.records(t) {
 		if rec["msg"] != "request" {
 			continue
 		}
@@ -59,10 +79,10 @@ func TestAccessLog(t *testing.T) {
 		}
 	}
 	if seen != len(want) {
-		t.Errorf("%d access log lines, want %d:\n%s", seen, len(want), ts.logs)
+		t.Errorf("%d access log lines, want %d:\n%s", seen, len(want), logs)
 	}
 	// No API key ever reaches the log.
-	if out := ts.logs.String(); strings.Contains(out, keyFree) || strings.Contains(out, keyUnknown) {
+	if out := logs.String(); strings.Contains(out, keyFree) || strings.Contains(out, keyUnknown) {
 		t.Errorf("an API key was logged:\n%s", out)
 	}
 }
@@ -75,6 +95,7 @@ func TestRequestMetrics(t *testing.T) {
 	ts.get("/v1/pets/"+itoa(p.ID), "")   // 401, refused before the /v1 router routes
 	ts.get("/v1/pets/12345", keyFree)    // 404 from the handler: still the route
 	ts.get("/v1/no/such/thing", keyFree) // unmatched
+	ts.get("/v1", "")                    // refused where no route is: unmatched too
 	ts.do(request{method: http.MethodDelete, target: "/v1/pets", key: keyFree})
 	ts.do(request{method: "X-CUSTOM", target: "/v1/pets", key: keyFree})
 
@@ -87,6 +108,7 @@ func TestRequestMetrics(t *testing.T) {
 		{"/v1/pets/{petId}", "GET", "401", 1},
 		{"/v1/pets/{petId}", "GET", "404", 1},
 		{"unmatched", "GET", "404", 1},
+		{"unmatched", "GET", "401", 1},
 		{"unmatched", "DELETE", "405", 1},
 		{"unmatched", "other", "405", 1},
 	}
@@ -98,7 +120,41 @@ func TestRequestMetrics(t *testing.T) {
 	if got := metricValue(t, ts.metrics.inFlight); got != 0 {
 		t.Errorf("in flight = %v after all requests finished", got)
 	}
-	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues("missing")); got != 1 {
+	if got := metricValue(t, ts.metrics.authFailures.WithLabelValues("missing")); got != 2 {
 		t.Errorf("auth failures{missing} = %v", got)
+	}
+}
+
+// TestSeriesFor: the cached handles count in the series WithLabelValues
+// names, however many goroutines ask at once.
+func TestSeriesFor(t *testing.T) {
+	t.Parallel()
+	m := NewMetrics(nil)
+	routes := []string{"/v1/pets", "/v1/pets/{petId}", "unmatched"}
+	codes := []int{200, 404, 429}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 10 {
+				for _, route := range routes {
+					for _, code := range codes {
+						s := m.seriesFor(route, "GET", code)
+						s.requests.Inc()
+						s.duration.Observe(0.001)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, route := range routes {
+		for _, code := range codes {
+			if got := metricValue(t, m.requests.WithLabelValues(route, "GET", itoa(int64(code)))); got != 40 {
+				t.Errorf("requests{%s GET %d} = %v, want 40", route, code, got)
+			}
+		}
+	}
+	if n := len(*m.series.Load()); n != len(routes)*len(codes) {
+		t.Errorf("%d cached series, want %d", n, len(routes)*len(codes))
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -64,7 +63,7 @@ func handleRateLimit(usage UsageReader, now func() time.Time, fail errorWriter) 
 			fail(w, r, err)
 			return
 		}
-		p, ok := apikey.FromContext(r.Context())
+		p, ok := principalFrom(r.Context())
 		if !ok {
 			fail(w, r, errors.New("rate_limit: no principal in the request context"))
 			return

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -79,6 +80,9 @@ func TestClientAddr(t *testing.T) {
 		{"Forwarded quoted IPv6", "10.0.0.2:80", nil, []string{`for="[2001:db8:cafe::17]:4711"`}, "2001:db8:cafe::17"},
 		{"Forwarded obfuscated", "10.0.0.2:80", nil, []string{`for=_hidden, for=10.1.1.1`}, "10.1.1.1"},
 		{"X-Forwarded-For wins over Forwarded", "10.0.0.2:80", []string{"198.51.100.1"}, []string{"for=192.0.2.99"}, "198.51.100.1"},
+		{"peer without port", "203.0.113.7", nil, nil, "203.0.113.7"},
+		{"IPv6 peer with zone", "[fe80::1%eth0]:80", nil, nil, "fe80::1"},
+		{"IPv6 peer without port", "2001:db8::7", nil, nil, "2001:db8::7"},
 	}
 	for _, tt := range tests {
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
@@ -87,6 +91,31 @@ func TestClientAddr(t *testing.T) {
 		r.Header["Forwarded"] = tt.forwarded
 		if got := clientAddr(r, trusted); got.String() != tt.want {
 			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestParsePeer: reading host:port first finds what parseHop finds, for
+// any text made of the characters of addresses.
+func TestParsePeer(t *testing.T) {
+	t.Parallel()
+	texts := []string{"", ":", "[]", "[]:80", "1.2.3.4", "1.2.3.4:80", "1.2.3.4:", ":80", "[1.2.3.4]:80",
+		"::1", "::1:80", "[::1]:80", "[::1]", "[::1]:", "::ffff:1.2.3.4", "[::ffff:1.2.3.4]:0", "fe80::1%eth0",
+		"[fe80::1%eth0]:65535", "[fe80::1%eth0]:65536", "1.2.3.4:99999", "01.2.3.4:80"}
+	const alphabet = "0123456789af:.[]%"
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		b := make([]byte, rng.IntN(24))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		texts = append(texts, string(b))
+	}
+	for _, s := range texts {
+		got, gotOK := parsePeer(s)
+		want, wantOK := parseHop(s)
+		if got != want || gotOK != wantOK {
+			t.Errorf("parsePeer(%q) = %v, %v; parseHop: %v, %v", s, got, gotOK, want, wantOK)
 		}
 	}
 }
@@ -138,6 +167,8 @@ func TestNotFoundAndMethods(t *testing.T) {
 		// Methods chi does not know are refused before /v1 authenticates.
 		{"PROPFIND", "/v1/pets", keyFree, 405, "GET, HEAD, POST", true},
 		{"PROPFIND", "/v1/nowhere", keyFree, 404, "", true},
+		{"PROPFIND", "/v1", keyFree, 404, "", true}, // no resource, so no Allow to offer
+		{http.MethodDelete, "/v1/", keyFree, 404, "", false},
 		{http.MethodPost, "/openapi.yaml", "", 405, "GET, HEAD", true},
 		{http.MethodHead, "/v1/pets", keyFree, 200, "", false},
 		{http.MethodHead, "/v1/pets/" + itoa(p.ID), keyFree, 200, "", false},

@@ -1,6 +1,9 @@
 package httpapi
 
 import (
+	"net/http"
+	"strings"
+
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 )
@@ -25,32 +28,66 @@ func (s *server) routes() *chi.Mux {
 
 	// Outside /v1 nobody authenticates: every request is charged to the
 	// per-IP throttle. So are methods chi does not know (PROPFIND), which
-	// it refuses here for any path, /v1 included.
-	r.NotFound(s.throttleByIP(s.handleNotFound()).ServeHTTP)
-	r.MethodNotAllowed(s.throttleByIP(s.handleMethodNotAllowed()).ServeHTTP)
+	// it refuses for any path, /v1 included.
 	r.With(s.throttleByIP).Get("/openapi.yaml", s.handleOpenAPIYAML())
 	r.With(s.throttleByIP).Get("/openapi.json", s.handleOpenAPIJSON())
 	r.With(s.throttleByIP).Get("/docs", s.handleDocs())
 	r.With(s.throttleByIP).Get("/docs/{file}", s.handleDocsFile())
 
-	r.Route("/v1", func(r chi.Router) {
-		r.Use(s.deprecateGetPet, s.authenticate)
-		// Set here so that unknown paths and methods under /v1 are answered
-		// after authentication and limiting, not charged to the IP throttle.
-		r.NotFound(s.rateLimit(s.handleNotFound()).ServeHTTP)
-		r.MethodNotAllowed(s.rateLimit(s.handleMethodNotAllowed()).ServeHTTP)
+	// /v1: authenticate, then limit. Its routes are spelled out in full on
+	// this router rather than mounted as a sub-router, so that a request is
+	// routed once.
+	v1 := r.With(s.deprecateGetPet, s.authenticate)
+	v1.With(s.rateLimit).Get("/v1/pets", handleListPets(s.store, s.writeError))
+	v1.With(s.rateLimit).Post("/v1/pets", handleCreatePet(s.store, s.maxBodyBytes, s.idempotencyTTL, s.writeError))
+	v1.With(s.rateLimit).Get(getPetPattern, handleGetPet(s.store, s.writeError))
+	// Reading the quota spends none of it: the operation has a per-key
+	// throttle of its own instead of the key's limits.
+	if s.usage != nil {
+		v1.With(s.throttleUsage).Get("/v1/rate_limit", handleRateLimit(s.usage, s.now, s.writeError))
+	}
 
-		r.Group(func(r chi.Router) {
-			r.Use(s.rateLimit)
-			r.Get("/pets", handleListPets(s.store, s.writeError))
-			r.Post("/pets", handleCreatePet(s.store, s.maxBodyBytes, s.idempotencyTTL, s.writeError))
-			r.Get("/pets/{petId}", handleGetPet(s.store, s.writeError))
-		})
-		// Reading the quota spends none of it: the operation has a per-key
-		// throttle of its own instead of the key's limits.
-		if s.usage != nil {
-			r.With(s.throttleUsage).Get("/rate_limit", handleRateLimit(s.usage, s.now, s.writeError))
+	// Unknown paths and methods under /v1 are answered after
+	// authentication and limiting, not charged to the IP throttle; those
+	// of a method chi does not know never reach /v1.
+	notFound := s.throttleByIP(s.handleNotFound())
+	v1NotFound := s.deprecateGetPet(s.authenticate(s.rateLimit(s.handleNotFound())))
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		if underV1(req) {
+			v1NotFound.ServeHTTP(w, req)
+			return
 		}
+		notFound.ServeHTTP(w, req)
+	})
+	methodNotAllowed := s.throttleByIP(s.handleMethodNotAllowed())
+	v1MethodNotAllowed := s.deprecateGetPet(s.authenticate(s.rateLimit(s.handleMethodNotAllowed())))
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		if underV1(req) && routableMethod(req.Method) {
+			v1MethodNotAllowed.ServeHTTP(w, req)
+			return
+		}
+		methodNotAllowed.ServeHTTP(w, req)
 	})
 	return r
+}
+
+// underV1 reports whether r's path is /v1 or below it, as chi routes it
+// (the escaped path when there is one).
+func underV1(r *http.Request) bool {
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	return path == "/v1" || strings.HasPrefix(path, "/v1/")
+}
+
+// routableMethod reports whether chi routes requests of method m: chi
+// refuses any other method before it looks at the path.
+func routableMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return true
+	}
+	return false
 }

@@ -85,7 +85,8 @@ type Config struct {
 	// UsageThrottle limits GET /v1/rate_limit per key, so that asking
 	// cannot flood Redis; nil leaves it unthrottled.
 	UsageThrottle KeyThrottle
-	// Logger receives the access log and errors; nil discards them.
+	// Logger receives the access log and errors; nil discards them. With
+	// a JSONLogHandler the access log costs least.
 	Logger *slog.Logger
 	// Metrics records request metrics; nil records into an unregistered set.
 	Metrics *Metrics
@@ -111,6 +112,7 @@ type server struct {
 	usage          UsageReader
 	usageThrottle  KeyThrottle
 	log            *slog.Logger
+	accessLog      *JSONLogHandler // log's handler, when it takes the access line directly
 	metrics        *Metrics
 	proxies        []netip.Prefix
 	maxBodyBytes   int64
@@ -140,6 +142,9 @@ func NewServer(cfg Config) http.Handler {
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if h, ok := s.log.Handler().(*JSONLogHandler); ok && h.direct {
+		s.accessLog = h
 	}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(nil)
