@@ -23,9 +23,16 @@ type call struct {
 	reply any
 	err   error
 	done  chan struct{}
+	// timer bounds the caller's wait; pooled with the call, so a
+	// decision allocates no timer.
+	timer *time.Timer
 }
 
-var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+var callPool = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &call{done: make(chan struct{}, 1), timer: t}
+}}
 
 // batcher sends concurrent decisions to Redis: each worker takes whatever
 // is queued when it is free (up to max) and sends it in one round trip, so
@@ -63,18 +70,19 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 		callPool.Put(c)
 		return nil, errOverloaded
 	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
+	c.timer.Reset(wait)
 	select {
 	case <-c.done:
+		c.timer.Stop()
 		reply, err := c.reply, c.err
-		*c = call{done: c.done}
+		*c = call{done: c.done, timer: c.timer}
 		callPool.Put(c)
 		return reply, err
-	case <-timer.C:
+	case <-c.timer.C:
 		// The worker still owns c and will signal it later; c is not reused.
 		return nil, errTimeout
 	case <-ctx.Done():
+		c.timer.Stop()
 		return nil, ctx.Err()
 	}
 }

@@ -39,7 +39,8 @@ import (
 // process's CPU per request off and on (getrusage: the server's own
 // work, without wrk's) and their difference (the limiter's cost per
 // decision in the server), Redis's CPU per request (INFO CPU), the Redis
-// script calls per request, and decisions per script call.
+// script calls per request and their time per request (INFO
+// commandstats).
 //
 //	go test -run '^$' -bench ServeWithWrk -benchtime 1x ./cmd/petstore/
 //
@@ -92,13 +93,14 @@ func BenchmarkServeWithWrk(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			limiter, err := ratelimit.New(rdb, ratelimit.Options{})
+			pipelines, _ := strconv.Atoi(os.Getenv("BENCH_PIPELINES"))
+			limiter, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer limiter.Close()
 			script := writeWrkScript(b, dir, keys)
-			log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+			log := slog.New(httpapi.NewJSONLogHandler(io.Discard, nil))
 
 			serve := func(l httpapi.Limiter) (url string, stop func()) {
 				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry())})
@@ -116,6 +118,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				requests          float64
 				elapsed, cpu, rcp time.Duration
 				scripts           int64
+				scriptUsec        float64
 			}
 			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}}
 			b.ResetTimer()
@@ -123,11 +126,14 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				for k := range sides {
 					s := sides[(i+k)%2]
 					url, stop := serve(s.limiter)
-					cpu0, rcpu0, calls0 := processCPU(b), rs.cpu(b), rs.scriptCalls(b)
+					calls0, usec0 := rs.scripts(b)
+					cpu0, rcpu0 := processCPU(b), rs.cpu(b)
 					n, elapsed := runWrk(b, script, url)
 					s.cpu += processCPU(b) - cpu0
 					s.rcp += rs.cpu(b) - rcpu0
-					s.scripts += rs.scriptCalls(b) - calls0
+					calls1, usec1 := rs.scripts(b)
+					s.scripts += calls1 - calls0
+					s.scriptUsec += usec1 - usec0
 					s.requests += n
 					s.elapsed += elapsed
 					stop()
@@ -144,6 +150,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(perReq(on.cpu, on.requests)-perReq(off.cpu, off.requests), "limiter-server-cpu-us/req")
 			b.ReportMetric(perReq(on.rcp, on.requests), "redis-cpu-us/req")
 			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
+			b.ReportMetric(on.scriptUsec/on.requests, "redis-script-us/req")
 		})
 	}
 }
@@ -264,22 +271,31 @@ func (r *privateRedis) cpu(b *testing.B) time.Duration {
 	return time.Duration(total * float64(time.Second))
 }
 
-// scriptCalls returns the script calls the server has run (EVALSHA and
-// EVAL, INFO commandstats).
-func (r *privateRedis) scriptCalls(b *testing.B) int64 {
+// scripts returns the script calls the server has run (EVALSHA and EVAL)
+// and the time they took (µs), from INFO commandstats.
+func (r *privateRedis) scripts(b *testing.B) (calls int64, usec float64) {
 	info, err := r.rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
-	var n int64
 	for _, line := range strings.Split(info, "\r\n") {
-		for _, name := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
-			if rest, ok := strings.CutPrefix(line, name); ok {
-				v, _, _ := strings.Cut(rest, ",")
-				c, _ := strconv.ParseInt(v, 10, 64)
-				n += c
+		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+			rest, ok := strings.CutPrefix(line, name)
+			if !ok {
+				continue
+			}
+			for _, kv := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				switch k {
+				case "calls":
+					c, _ := strconv.ParseInt(v, 10, 64)
+					calls += c
+				case "usec":
+					u, _ := strconv.ParseFloat(v, 64)
+					usec += u
+				}
 			}
 		}
 	}
-	return n
+	return calls, usec
 }

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/animal-store/petstore/ratelimit"
@@ -141,7 +140,8 @@ func (s *server) chargeIP(w http.ResponseWriter, r *http.Request) error {
 // draft-ietf-httpapi-ratelimit-headers spell them. Field names are
 // case-insensitive, but logs, documentation and exact-match tooling read the
 // spelling, and http.Header.Set would send the canonical X-Ratelimit-Limit
-// and Ratelimit-Policy; so these are written with setExact.
+// and Ratelimit-Policy; so setLimitHeaders writes these spellings into the
+// header map itself.
 const (
 	headerLimit     = "X-RateLimit-Limit"
 	headerRemaining = "X-RateLimit-Remaining"
@@ -150,13 +150,10 @@ const (
 	headerRateLimit = "RateLimit"
 )
 
-// setExact sets the field name to value with name spelled as given. It
-// removes the canonical spelling first, so the response never carries the
-// field twice.
-func setExact(h http.Header, name, value string) {
-	h.Del(name)
-	h[name] = []string{value}
-}
+// canonicalLimitNames are the canonical spellings of the rate-limit
+// fields (http.CanonicalHeaderKey), which setLimitHeaders removes so that
+// a response never carries a field twice.
+var canonicalLimitNames = [...]string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit-Policy", "Ratelimit"}
 
 // setLimitHeaders describes a decision in two vocabularies:
 //
@@ -170,7 +167,8 @@ func setExact(h http.Header, name, value string) {
 // A refused request has nothing remaining; a banned key's window resets
 // no earlier than its ban ends. Times are measured on the clock that made
 // the decision (Redis's, for shared decisions) when it says which; now is
-// the fallback.
+// the fallback. The five values are written into one buffer and share one
+// string and one slice: every limited response carries them.
 func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 	if len(d.Windows) == 0 {
 		return
@@ -188,19 +186,50 @@ func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 	}
 	reset = later(reset, now)
 
-	setExact(h, headerLimit, strconv.FormatInt(bound.Limit, 10))
-	setExact(h, headerRemaining, strconv.FormatInt(remaining, 10))
-	setExact(h, headerReset, strconv.FormatInt(ceilUnix(reset), 10))
-
-	var policy strings.Builder
+	var ends [5]int
+	b := make([]byte, 0, 96+24*len(d.Windows))
+	b = strconv.AppendInt(b, bound.Limit, 10)
+	ends[0] = len(b)
+	b = strconv.AppendInt(b, remaining, 10)
+	ends[1] = len(b)
+	b = strconv.AppendInt(b, ceilUnix(reset), 10)
+	ends[2] = len(b)
 	for i, w := range d.Windows {
 		if i > 0 {
-			policy.WriteString(", ")
+			b = append(b, ", "...)
 		}
-		fmt.Fprintf(&policy, "%q;q=%d;w=%d", ratelimit.FormatPeriod(w.Period), w.Limit, max(ceilSeconds(w.Period), 1))
+		b = appendPolicyName(b, w.Period)
+		b = append(b, ";q="...)
+		b = strconv.AppendInt(b, w.Limit, 10)
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, max(ceilSeconds(w.Period), 1), 10)
 	}
-	setExact(h, headerPolicy, policy.String())
-	setExact(h, headerRateLimit, fmt.Sprintf("%q;r=%d;t=%d", ratelimit.FormatPeriod(bound.Period), remaining, ceilSeconds(reset.Sub(now))))
+	ends[3] = len(b)
+	b = appendPolicyName(b, bound.Period)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, remaining, 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, ceilSeconds(reset.Sub(now)), 10)
+	ends[4] = len(b)
+
+	all := string(b)
+	vals := make([]string, 5)
+	from := 0
+	for i, name := range [...]string{headerLimit, headerRemaining, headerReset, headerPolicy, headerRateLimit} {
+		delete(h, canonicalLimitNames[i])
+		vals[i] = all[from:ends[i]]
+		h[name] = vals[i : i+1 : i+1]
+		from = ends[i]
+	}
+}
+
+// appendPolicyName appends a window's name as the rate-limit fields quote
+// it: its period, "1m" or "24h" (FormatPeriod's digits and unit need no
+// escaping).
+func appendPolicyName(b []byte, period time.Duration) []byte {
+	b = append(b, '"')
+	b = append(b, ratelimit.FormatPeriod(period)...)
+	return append(b, '"')
 }
 
 // clearLimitHeaders removes the rate-limit fields, in either spelling.
