@@ -3,8 +3,11 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,11 +51,16 @@ type batcher struct {
 	timeout time.Duration
 	cluster bool
 	observe func(time.Duration, error)
+	log     *slog.Logger
+	// noFunctions is set once Redis is found without Functions (before
+	// Redis 7, or an ACL that refuses FCALL or FUNCTION LOAD): the batches
+	// then go as scripts (EVALSHA).
+	noFunctions atomic.Bool
 }
 
-func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout time.Duration, observe func(time.Duration, error)) *batcher {
+func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout time.Duration, log *slog.Logger, observe func(time.Duration, error)) *batcher {
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, cluster: cluster, observe: observe}
+	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, cluster: cluster, log: log, observe: observe}
 }
 
 // do makes decision d and waits at most wait for its reply: the script's
@@ -111,15 +119,18 @@ func (b *batcher) run(ctx context.Context) {
 	}
 }
 
-// exec sends batch as one pipeline of script calls and answers every
-// call. Calls the server answers with NOSCRIPT (its script cache was
-// flushed) are loaded and sent again with EVAL.
+// exec sends batch as one pipeline of calls of the decision code and
+// answers every call. The code runs as a Function (FCALL) unless Redis has
+// none; a server that has not loaded the Function (a new or restarted
+// server, FUNCTION FLUSH) is given it and asked again, and so is one that
+// does not know the script (NOSCRIPT after SCRIPT FLUSH, a restart or a
+// failover), with EVAL.
 func (b *batcher) exec(ctx context.Context, batch []*call) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	if b.cluster {
-		// One slot per script call. The sort is stable, so one key's
-		// decisions (one slot) keep their order.
+		// One slot per call. The sort is stable, so one key's decisions
+		// (one slot) keep their order.
 		slices.SortStableFunc(batch, func(x, y *call) int { return x.slot - y.slot })
 	}
 	type group struct{ from, to int }
@@ -138,33 +149,22 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	keys := make([][]string, len(groups))
 	args := make([][]any, len(groups))
 	ds := make([]decision, 0, len(batch))
+	functions := !b.noFunctions.Load()
 	for i, g := range groups {
 		ds = ds[:0]
 		for _, c := range batch[g.from:g.to] {
 			ds = append(ds, c.decision)
 		}
 		keys[i], args[i] = batchCommand(ds)
-		cmds[i] = pipe.EvalSha(ctx, b.sc.sha, keys[i], args[i]...)
+		if functions {
+			cmds[i] = pipe.FCall(ctx, b.sc.fn, keys[i], args[i]...)
+		} else {
+			cmds[i] = pipe.EvalSha(ctx, b.sc.sha, keys[i], args[i]...)
+		}
 	}
 	_, err := pipe.Exec(ctx)
-	if err != nil && slices.ContainsFunc(cmds, func(c *redis.Cmd) bool { return isNoScript(c.Err()) }) {
-		// EVAL below carries the source anyway, so a failed load costs
-		// nothing; a successful one spares the next pipelines another
-		// NOSCRIPT.
-		_ = b.rdb.ScriptLoad(ctx, b.sc.src).Err()
-		retry := b.rdb.Pipeline()
-		for i, c := range cmds {
-			if isNoScript(c.Err()) {
-				cmds[i] = retry.Eval(ctx, b.sc.src, keys[i], args[i]...)
-			}
-		}
-		_, _ = retry.Exec(ctx)
-		err = nil
-		for _, c := range cmds {
-			if err = c.Err(); err != nil {
-				break
-			}
-		}
+	if err != nil {
+		err = b.retry(ctx, cmds, keys, args)
 	}
 	b.observe(time.Since(start), err)
 	for i, g := range groups {
@@ -181,6 +181,96 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 			c.done <- struct{}{}
 		}
 	}
+}
+
+// retry sends again the calls of a pipeline that Redis refused for want
+// of the decision code, once it has it, and returns the pipeline's error
+// after: the first call's error, if any.
+func (b *batcher) retry(ctx context.Context, cmds []*redis.Cmd, keys [][]string, args [][]any) error {
+	var missing, unsupported, noscript bool
+	for _, c := range cmds {
+		switch err := c.Err(); {
+		case err == nil:
+		case isNoScript(err):
+			noscript = true
+		case isFunctionMissing(err):
+			missing = true
+		case isFunctionUnsupported(err):
+			unsupported = true
+		}
+	}
+	if missing && !unsupported {
+		if err := b.loadFunction(ctx); err != nil && isFunctionUnsupported(err) {
+			unsupported = true
+		}
+	}
+	if unsupported && b.noFunctions.CompareAndSwap(false, true) {
+		b.log.Info("ratelimit: Redis runs no Functions here; deciding with scripts (EVALSHA)", "reason", firstError(cmds))
+	}
+	if noscript || unsupported {
+		// EVAL below carries the source anyway, so a failed load costs
+		// nothing; a successful one spares the next pipelines another
+		// NOSCRIPT.
+		_ = b.rdb.ScriptLoad(ctx, b.sc.src).Err()
+	}
+	if !missing && !unsupported && !noscript {
+		return firstError(cmds)
+	}
+	pipe := b.rdb.Pipeline()
+	for i, c := range cmds {
+		switch err := c.Err(); {
+		case err == nil:
+		case isFunctionMissing(err) && !unsupported:
+			cmds[i] = pipe.FCall(ctx, b.sc.fn, keys[i], args[i]...)
+		case isNoScript(err) || isFunctionMissing(err) || isFunctionUnsupported(err):
+			cmds[i] = pipe.Eval(ctx, b.sc.src, keys[i], args[i]...)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+	return firstError(cmds)
+}
+
+// loadFunction loads the decision code's library (on every master of a
+// cluster); one that another replica loaded first is no error.
+func (b *batcher) loadFunction(ctx context.Context) error {
+	load := func(ctx context.Context, c redis.Cmdable) error {
+		err := c.FunctionLoad(ctx, b.sc.library).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			err = nil
+		}
+		return err
+	}
+	if cc, ok := b.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	}
+	return load(ctx, b.rdb)
+}
+
+// firstError returns the first error of cmds.
+func firstError(cmds []*redis.Cmd) error {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isFunctionMissing reports whether err says the server has not loaded
+// the Function (a new or restarted server, FUNCTION FLUSH).
+func isFunctionMissing(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Function not found")
+}
+
+// isFunctionUnsupported reports whether err says the server cannot run
+// Functions for this client: a server before Redis 7, or an ACL that
+// refuses FCALL or FUNCTION LOAD.
+func isFunctionUnsupported(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(strings.ToLower(msg), "unknown command")
 }
 
 // keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its

@@ -3,7 +3,10 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +38,11 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 			}
 			if err := rdb.ScriptLoad(context.Background(), decideLua).Err(); err != nil {
 				t.Fatal(err)
+			}
+			if backend == "redis" {
+				if err := (&batcher{rdb: rdb, sc: decisionScript()}).loadFunction(context.Background()); err != nil {
+					t.Fatal(err)
+				}
 			}
 			cmds := &commandCounter{}
 			rdb.AddHook(cmds)
@@ -82,7 +90,8 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 					ds = append(ds, decision{keys: stateKeys(prefix, key, pl), pl: pl, nums: scriptNums(pl, in)})
 				}
 				before := cmds.scripts.Load()
-				b := &batcher{rdb: rdb, sc: newScript(decideLua), timeout: 5 * time.Second, observe: func(time.Duration, error) {}}
+				b := &batcher{rdb: rdb, sc: decisionScript(), timeout: 5 * time.Second, log: discardLogger, observe: func(time.Duration, error) {}}
+				b.noFunctions.Store(backend == "miniredis")
 				calls := make([]*call, len(ds))
 				for i := range ds {
 					calls[i] = &call{decision: ds[i], done: make(chan struct{}, 1)}
@@ -209,5 +218,96 @@ func TestKeySlotMatchesRedis(t *testing.T) {
 		if got := keySlot(k); int64(got) != want {
 			t.Fatalf("keySlot(%q) = %d, CLUSTER KEYSLOT %d", k, got, want)
 		}
+	}
+}
+
+// TestFunctionsLoadedAndFallback: on a Redis with Functions the limiter
+// decides with its library (FCALL), loading it on a new server and again
+// after FUNCTION FLUSH, without a degraded decision or a breaker failure;
+// where Functions are refused (an ACL without FCALL and FUNCTION, or
+// miniredis, which has none) it decides with the script (EVALSHA) and
+// says so once.
+func TestFunctionsLoadedAndFallback(t *testing.T) {
+	t.Parallel()
+	testenv.RedisAddr(t)
+	s := startRedisServer(t)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: s.addr})
+	t.Cleanup(func() { _ = admin.Close() })
+	calls := func(name string) int64 {
+		info, err := admin.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":calls="); ok {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	p := perMinute(100)
+	decide := func(l *Limiter, key string, remaining int64) {
+		t.Helper()
+		d, err := l.Allow(ctx, key, p)
+		if err != nil || d.Degraded || !d.Allowed() || d.Windows[0].Remaining != remaining {
+			t.Fatalf("%s: %+v %v; want a shared admission with %d remaining", key, d, err, remaining)
+		}
+	}
+
+	logs := &testenv.Buffer{}
+	l, err := New(admin, Options{Prefix: randomPrefix(t), Timeout: time.Second, MaxLease: 1, noHeartbeat: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	decide(l, "a", 99)
+	if n := calls("fcall"); n == 0 {
+		t.Fatal("no FCALL on a Redis with Functions")
+	}
+	if err := admin.FunctionFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	decide(l, "a", 98)
+	libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	if err != nil || len(libs) != 1 || len(libs[0].Functions) != 1 || libs[0].Functions[0].Name != decisionScript().fn {
+		t.Fatalf("after FUNCTION FLUSH and a decision: libraries %+v %v; want the decision library again", libs, err)
+	}
+	if l.breaker.isOpen() || l.breaker.failing.Load() || strings.Contains(logs.String(), "no Functions") {
+		t.Fatalf("a missing Function must neither count as a failure nor turn Functions off:\n%s", logs)
+	}
+
+	// A user that may not run or load Functions: scripts, said once.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "scripts-only", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	limited := redis.NewClient(&redis.Options{Addr: s.addr, Username: "scripts-only", Password: "pw"})
+	t.Cleanup(func() { _ = limited.Close() })
+	logs2 := &testenv.Buffer{}
+	l2, err := New(limited, Options{Prefix: randomPrefix(t), Timeout: time.Second, MaxLease: 1, noHeartbeat: true, Logger: slog.New(slog.NewTextHandler(logs2, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	before := calls("evalsha") + calls("eval")
+	decide(l2, "b", 99)
+	decide(l2, "b", 98)
+	if !l2.batch.noFunctions.Load() || calls("evalsha")+calls("eval") < before+2 || strings.Count(logs2.String(), "no Functions") != 1 {
+		t.Fatalf("without Functions: noFunctions %v, scripts %d, logs:\n%s", l2.batch.noFunctions.Load(), calls("evalsha")+calls("eval")-before, logs2)
+	}
+
+	// miniredis has no Functions at all.
+	f := newFixture(t, Options{MaxLease: 1})
+	for i := range 2 {
+		if d := f.allow(t, "c", p); d.Degraded || d.Windows[0].Remaining != int64(99-i) {
+			t.Fatalf("on miniredis: %+v", d)
+		}
+	}
+	if !f.l.batch.noFunctions.Load() {
+		t.Fatal("miniredis: Functions still on")
 	}
 }

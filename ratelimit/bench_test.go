@@ -304,7 +304,7 @@ func BenchmarkScriptCost(b *testing.B) {
 	rdb, _ := benchRedis(b)
 	ctx := context.Background()
 	pl := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets)
-	sc := newScript(decideLua)
+	sc := decisionScript()
 	if err := rdb.ScriptLoad(ctx, sc.src).Err(); err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -47,12 +48,12 @@ func (c *fakeClock) Add(d time.Duration) time.Time {
 }
 
 // commandCounter counts commands sent by a client, and among them the
-// script evaluations (EVALSHA and EVAL) in scripts.
+// calls of the decision code (FCALL, EVALSHA and EVAL) in scripts.
 type commandCounter struct{ n, scripts atomic.Int64 }
 
 func (c *commandCounter) count(cmd redis.Cmder) {
 	c.n.Add(1)
-	if name := cmd.Name(); name == "evalsha" || name == "eval" {
+	if name := cmd.Name(); name == "evalsha" || name == "eval" || name == "fcall" {
 		c.scripts.Add(1)
 	}
 }
@@ -195,6 +196,9 @@ func onRealRedis(t *testing.T, stream uint64, run func(t *testing.T, rdb *redis.
 	}
 }
 
+// discardLogger drops what it is given.
+var discardLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
 // evalDecision makes one decision with the script exactly as the batcher
 // sends it (a batch of one), with EVALSHA or, when the server does not
 // know the script yet, EVAL, and returns the decision's own reply.
@@ -206,10 +210,26 @@ func evalDecision(ctx context.Context, rdb redis.Scripter, keys []string, pl *pl
 	return rs[0], nil
 }
 
+// fcallBatch makes the decisions ds in one call of the decision Function
+// (loading its library first), as the batcher does on a Redis with
+// Functions, and returns their replies.
+func fcallBatch(ctx context.Context, rdb redis.UniversalClient, ds []decision) ([]any, error) {
+	b := &batcher{rdb: rdb, sc: decisionScript()}
+	if err := b.loadFunction(ctx); err != nil {
+		return nil, err
+	}
+	keys, args := batchCommand(ds)
+	reply, err := rdb.FCall(ctx, b.sc.fn, keys, args...).Result()
+	if err != nil {
+		return nil, err
+	}
+	return batchReplies(reply, len(ds))
+}
+
 // evalBatch makes the decisions ds in one script call, as the batcher
-// does, and returns their replies.
+// does where Redis has no Functions, and returns their replies.
 func evalBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, error) {
-	sc := newScript(decideLua)
+	sc := decisionScript()
 	keys, args := batchCommand(ds)
 	reply, err := rdb.EvalSha(ctx, sc.sha, keys, args...).Result()
 	if isNoScript(err) {

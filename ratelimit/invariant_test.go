@@ -243,7 +243,11 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 		ask = leaseAsk{want: want, need: want, life: 1 + d.rng.Int64N(2_000_000)}
 	}
 	pl := d.plans[i]
-	reply, err := evalDecision(context.Background(), d.rdb, d.keys[i], pl, input{lease: ask})
+	replies, err := d.decide([]decision{{keys: d.keys[i], pl: pl, nums: scriptNums(pl, input{lease: ask})}})
+	var reply any
+	if err == nil {
+		reply = replies[0]
+	}
 	if err != nil {
 		t.Fatalf("%s: eval: %v", d.describe(), err)
 	}
@@ -260,6 +264,16 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 	d.last = v.now
 	d.check(i, v)
 	return v
+}
+
+// decide makes the decisions ds in one call: on a real Redis as the
+// Function the limiter calls there (FCALL), on miniredis as the script
+// (EVAL), its fallback.
+func (d *invariantDriver) decide(ds []decision) ([]any, error) {
+	if d.mini == nil {
+		return fcallBatch(context.Background(), d.rdb, ds)
+	}
+	return evalBatch(context.Background(), d.rdb, ds)
 }
 
 // batch decides one request under each plan is[j], asking for wants[j]
@@ -285,7 +299,7 @@ func (d *invariantDriver) batch(is []int, wants []int64) {
 		mine = append(mine, len(ds))
 		ds = append(ds, decision{keys: d.keys[i], pl: d.plans[i], nums: scriptNums(d.plans[i], input{lease: ask})})
 	}
-	replies, err := evalBatch(context.Background(), d.rdb, ds)
+	replies, err := d.decide(ds)
 	if err != nil {
 		t.Fatalf("%s: eval: %v", d.describe(), err)
 	}

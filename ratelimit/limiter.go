@@ -229,7 +229,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	// The breaker hears from the pipelines, which time a round trip from
 	// when it is sent: a decision that waited in the queue is not a Redis
 	// failure.
-	l.batch = newBatcher(client, newScript(decideLua), opts.MaxBatch, opts.Queue, opts.Timeout, func(d time.Duration, err error) {
+	l.batch = newBatcher(client, decisionScript(), opts.MaxBatch, opts.Queue, opts.Timeout, opts.Logger, func(d time.Duration, err error) {
 		met.observeRedis(d, err)
 		if err != nil {
 			l.breaker.failed(err)
@@ -250,14 +250,16 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	}
 	l.goBackground(ctx, l.subscribeLoop)
 
-	// Preload the script without holding up the caller: an unreachable
-	// Redis at start is an outage like any other.
+	// Preload the decision code without holding up the caller: an
+	// unreachable Redis at start is an outage like any other. (A server
+	// without Functions is found out by the first batch.)
 	l.goBackground(ctx, func(ctx context.Context) {
 		lctx, cancel := context.WithTimeout(ctx, max(opts.Timeout, time.Second))
 		defer cancel()
 		if err := client.ScriptLoad(lctx, decideLua).Err(); err != nil && ctx.Err() == nil {
 			l.log.Warn("ratelimit: cannot load the decision script yet", "err", err)
 		}
+		_ = l.batch.loadFunction(lctx)
 	})
 	return l, nil
 }

@@ -358,7 +358,7 @@ func TestScriptReloadAfterFlush(t *testing.T) {
 	if !d.Allowed() || d.Degraded || d.Windows[0].Remaining != 8 {
 		t.Fatalf("after SCRIPT FLUSH: %+v", d)
 	}
-	ok, err := f.rdb.ScriptExists(ctx, newScript(decideLua).sha).Result()
+	ok, err := f.rdb.ScriptExists(ctx, decisionScript().sha).Result()
 	if err != nil || !ok[0] {
 		t.Fatalf("script not loaded again: %v %v", ok, err)
 	}

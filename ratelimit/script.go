@@ -5,20 +5,25 @@ import (
 	"encoding/hex"
 )
 
-// decideLua decides a batch of requests atomically on the Redis server,
+// decideCore decides a batch of requests atomically on the Redis server,
 // in order, at one reading of the server's clock: for each, the same
 // algorithm as keyState.decide (state.go), on the records format.go
-// describes. One call of the script serves every decision of a pipeline
-// flush (of one Redis Cluster slot), so the call's fixed costs (TIME, Lua
-// call setup, command dispatch, decoding each plan's numbers) are paid
-// once per batch, not per decision.
+// describes. One call serves every decision of a pipeline flush (of one
+// Redis Cluster slot), so the call's fixed costs (TIME, Lua call setup,
+// command dispatch, decoding each plan's numbers) are paid once per batch,
+// not per decision. It runs as a Redis Function where the server has
+// them (decideLibrary, FCALL), else as a script (decideLua, EVALSHA).
 //
-// Each decision reads all of its key's records with one MGET (window
-// records whole: the slots a decision needs come with them), writes only
-// the bytes that change (SETRANGE), and refreshes a record's TTL when its
-// head moves; strikes rewrite the small ban record with its TTL. No key is
-// ever left without a TTL. Decisions of one batch for the same key see
-// each other's writes, in the batch's order.
+// Each decision reads the header of each of its windows' records
+// (GETRANGE), then only the slots the decision needs (those that leave
+// the window as its head moves, and the oldest still in it): short
+// strings, which Lua hashes whole (it hashes a long string from 32 of its
+// bytes, and the mostly zero records of different keys would collide in
+// its string table). It writes only the bytes that change (SETRANGE), and
+// refreshes a record's TTL when its head moves; strikes rewrite the small
+// ban record with its TTL. No key is ever left without a TTL. Decisions
+// of one batch for the same key see each other's writes, in the batch's
+// order.
 //
 // KEYS: each decision's records, one decision after the other: the ban
 // record, the window records in the plan's order, the candidate window
@@ -58,11 +63,22 @@ import (
 // then per window used, remaining, reset, then the same per candidate
 // window. Times in µs. A decision that failed (a record of another type,
 // say) is "E" and the error, and does not stop the others.
-const decideLua = `
--- Globals are table lookups: everything used per decision is a local.
-local byte, char, sub, rep, floor, ceil, format = string.byte, string.char, string.sub, string.rep, math.floor, math.ceil, string.format
-local call, KEYS, unpack, pcall, type, tostring = redis.call, KEYS, unpack, pcall, type, tostring
+const decideCore = `
+-- Everything a decision uses is a local of this chunk (globals are table
+-- lookups), bound by init on the first call: a Function library's code
+-- runs at load time without Redis's standard libraries. KEYS and ARGV are
+-- the call's, set by run.
+local byte, char, sub, rep, floor, ceil, format
+local unpack, pcall, type, tostring, tonumber
+local unpack_, pack_
+local call, KEYS, ARGV, now
+local function init()
+  byte, char, sub, rep, format = string.byte, string.char, string.sub, string.rep, string.format
+  floor, ceil = math.floor, math.ceil
+  unpack, pcall, type, tostring, tonumber = _G.unpack, _G.pcall, _G.type, _G.tostring, _G.tonumber
+  call = redis.call
 ` + codecLua + `
+end
 -- Record layout (format.go): a ring is a header of head (8), total (4),
 -- head count (4) and head offset (2) bytes, then n+1 slots of count (4)
 -- and offset (2). A window record is a version byte and a ring; a ban
@@ -212,18 +228,14 @@ local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
   return rec
 end
 
--- One clock reading for the whole batch: its decisions happen at one
--- instant, in order.
-local t = call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
 -- Numbers passed to redis.call go as decimal strings: Lua would format
 -- them as floats ("%.14g"), several times dearer.
 local function itoa(v) return format('%d', v) end
 
 -- Offsets passed to redis.call, as strings: a batch's decisions at one
 -- instant mostly read and write the same slots of their windows, so each
--- offset is formatted once per batch.
+-- offset is formatted once (per call of the script; once for all with a
+-- Function, whose library lives on between calls).
 local OFF = {}
 local function ofs(v)
   local o = OFF[v]
@@ -661,64 +673,96 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   return pack_(pl.rfmt, unpack(RES, 1, m))
 end
 
--- The batch: plans are decoded once each, on first use: their numbers
--- (V), where the ban rule, the candidate windows and the candidate ban
--- rule start in V, the ban rules as tables (nil: no bans), the reply's
--- format and the records' TTLs as strings.
-local PLANS = {}
+-- Plans are decoded once per call (once for all with a Function, up to
+-- a bound): their numbers (V), where the ban rule, the candidate windows
+-- and the candidate ban rule start in V, the ban rules as tables (nil: no
+-- bans), the reply's format and the records' TTLs as strings. PLANS maps
+-- a call's plan indexes, DECODED the plans' packed numbers.
+local DECODED, ndecoded = {}, 0
 local function banRule(V, o, mult)
   if V[o] == 0 then return nil, o + 1 end
   return {thr = V[o], sp = V[o + 1], sg = V[o + 2], sn = V[o + 3], su = V[o + 4], sttl = V[o + 5],
     memory = V[o + 6], base = V[o + 7], max = V[o + 8], mult = mult}, o + 9
 end
-local function planAt(p)
+local function planAt(PLANS, p)
   local pl = PLANS[p]
-  if not pl then
-    local s = ARGV[3 * p - 1]
+  if pl then return pl end
+  local s, mult, cmult = ARGV[3 * p - 1], ARGV[3 * p], ARGV[3 * p + 1]
+  pl = DECODED[s]
+  if not pl or pl.mults ~= mult or pl.cmults ~= cmult then
     local V = {unpack_('>' .. rep('I8', #s / 8), s, 1)}
     local nw = V[1]
-    local ban, co = banRule(V, 2 + 6 * nw, tonumber(ARGV[3 * p]))
+    local ban, co = banRule(V, 2 + 6 * nw, tonumber(mult))
     local nc = V[co]
-    local cban = banRule(V, co + 1 + 6 * nc, tonumber(ARGV[3 * p + 1]))
+    local cban = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
     local ttl, cttl = {}, {}
     for i = 1, nw do ttl[i] = itoa(V[2 + 6 * (i - 1) + 5]) end
     for i = 1, nc do cttl[i] = itoa(V[co + 1 + 6 * (i - 1) + 5]) end
-    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', 17 + 3 * (nw + nc)), TTL = ttl, CTTL = cttl}
-    PLANS[p] = pl
+    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', 17 + 3 * (nw + nc)), TTL = ttl, CTTL = cttl,
+      mults = mult, cmults = cmult}
+    if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
+    DECODED[s], ndecoded = pl, ndecoded + 1
   end
+  PLANS[p] = pl
   return pl
 end
 
-local calls, pos, base = ARGV[1], 1, 0
-local out, ADD = {}, {}
-while pos <= #calls do
-  local nk, p, na, mode, extra, want, need, life
-  nk, p, na, mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8I8I8I8', calls, pos)
-  local pl = planAt(p)
-  local nw = pl.V[1]
-  -- The admissions to add per window are sent only when there are any
-  -- (or seeding numbers follow them).
-  if na > 5 then
-    for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
-  else
-    for i = 1, nw do ADD[i] = 0 end
+-- run decides the batch of a call, at one reading of the server's clock:
+-- its decisions happen at one instant, in order.
+local ADD = {}
+local function run(keys, args)
+  if not byte then init() end
+  KEYS, ARGV = keys, args
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local calls, pos, base = ARGV[1], 1, 0
+  local out, PLANS = {}, {}
+  while pos <= #calls do
+    local nk, p, na, mode, extra, want, need, life
+    nk, p, na, mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8I8I8I8', calls, pos)
+    local pl = planAt(PLANS, p)
+    local nw = pl.V[1]
+    -- The admissions to add per window are sent only when there are any
+    -- (or seeding numbers follow them).
+    if na > 5 then
+      for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
+    else
+      for i = 1, nw do ADD[i] = 0 end
+    end
+    local SEED
+    if na > 5 + nw then
+      SEED = {unpack_('>' .. rep('I8', na - 5 - nw), calls, pos)}
+      pos = SEED[na - 5 - nw + 1]
+      SEED[na - 5 - nw + 1] = nil
+    end
+    local ok, r = pcall(decide, base, pl, mode, extra, want, need, life, ADD, SEED)
+    if not ok then
+      if type(r) == 'table' and r.err then r = r.err end
+      r = 'E' .. tostring(r)
+    end
+    out[#out + 1] = r
+    base = base + nk
   end
-  local SEED
-  if na > 5 + nw then
-    SEED = {unpack_('>' .. rep('I8', na - 5 - nw), calls, pos)}
-    pos = SEED[na - 5 - nw + 1]
-    SEED[na - 5 - nw + 1] = nil
-  end
-  local ok, r = pcall(decide, base, pl, mode, extra, want, need, life, ADD, SEED)
-  if not ok then
-    if type(r) == 'table' and r.err then r = r.err end
-    r = 'E' .. tostring(r)
-  end
-  out[#out + 1] = r
-  base = base + nk
+  return out
 end
-return out
 `
+
+// decideLua is decideCore as a script (EVAL, EVALSHA): KEYS and ARGV are
+// the script's globals.
+const decideLua = decideCore + `
+return run(_G.KEYS, _G.ARGV)
+`
+
+// decideLibrary returns decideCore as a Redis Function library (FUNCTION
+// LOAD, FCALL) named lib, registering the function fn. Its code runs
+// once, at load: every call then finds its helpers (and the plans and
+// offsets it has decoded) ready, where a script re-creates them on every
+// call; that is most of what a call costs when it decides few requests.
+func decideLibrary(lib, fn string) string {
+	return "#!lua name=" + lib + "\n" + decideCore + `
+redis.register_function('` + fn + `', function(keys, args) return run(keys, args) end)
+`
+}
 
 // codecLua binds unpack_ and pack_: big-endian unsigned integers of the
 // given byte widths (">I6I2I3"), read from string s at position p (the
@@ -728,7 +772,6 @@ return out
 // are written in Lua, for the formats used here: '>' then 'I' with a
 // width of 1 to 8. TestCodecMatchesStruct checks that they agree.
 const codecLua = `
-local unpack_, pack_
 local lib = rawget(_G, 'struct')
 if lib then
   unpack_, pack_ = lib.unpack, lib.pack
@@ -761,13 +804,21 @@ else
 end
 `
 
-// script is decideLua with its SHA1 for EVALSHA.
+// script is the decision code in both forms: as a script (decideLua and
+// its SHA1, for EVALSHA) and as a Function library (its source, and the
+// library's and the function's names, for FUNCTION LOAD and FCALL). The
+// names carry a digest of the code, so releases whose code differs load
+// libraries of their own side by side and never replace each other's.
 type script struct {
-	src string
-	sha string
+	src, sha    string
+	library, fn string
 }
 
-func newScript(src string) script {
-	sum := sha1.Sum([]byte(src))
-	return script{src: src, sha: hex.EncodeToString(sum[:])}
+// decisionScript returns the decision code.
+func decisionScript() script {
+	sum := sha1.Sum([]byte(decideLua))
+	sha := hex.EncodeToString(sum[:])
+	core := sha1.Sum([]byte(decideCore))
+	name := "petstore_ratelimit_" + hex.EncodeToString(core[:8])
+	return script{src: decideLua, sha: sha, library: decideLibrary(name, name+"_decide"), fn: name + "_decide"}
 }

@@ -106,7 +106,7 @@ func TestCodecMatchesStruct(t *testing.T) {
 	if fallback == codecLua {
 		t.Fatal("codecLua no longer looks up struct as expected")
 	}
-	src := "local byte, char, floor = string.byte, string.char, math.floor\n" + fallback + `
+	src := "local byte, char, floor = string.byte, string.char, math.floor\nlocal unpack_, pack_\n" + fallback + `
 local vals = {}
 for i = 2, #ARGV do vals[i - 1] = tonumber(ARGV[i]) end
 local a, b = pack_(ARGV[1], unpack(vals)), struct.pack(ARGV[1], unpack(vals))
