@@ -141,50 +141,76 @@ func batchReplies(reply any, n int) ([]any, error) {
 	return rs, nil
 }
 
-// replyFields is the number of 8-byte integers in the script's reply
-// before the per-window ones (three each, candidate windows last).
-const replyFields = 17
+// replyFields is the number of 8-byte integers in the script's reply for
+// a decision under pl (script.go): only what the plan has.
+func (pl *plan) replyFields() int {
+	n := 5 + 2*(len(pl.windows)+len(pl.candidates))
+	if pl.ban.on {
+		n += 4
+	}
+	if len(pl.candidates) > 0 {
+		n += 4
+	}
+	if pl.cban.on {
+		n += 4
+	}
+	return n
+}
 
-// decode turns the script's reply (8-byte big-endian integers, see
-// script.go) into a verdict.
+// decode turns the script's reply for a decision under pl (8-byte
+// big-endian integers, see script.go) into a verdict. A window's remaining
+// is what its limit leaves of used.
 func decode(pl *plan, reply any) (verdict, error) {
 	s, ok := reply.(string)
 	if ok && strings.HasPrefix(s, "E") {
 		return verdict{}, fmt.Errorf("ratelimit: script: %s", s[1:])
 	}
-	if !ok || len(s) != 8*(replyFields+3*(len(pl.windows)+len(pl.candidates))) {
+	if !ok || len(s) != 8*pl.replyFields() {
 		return verdict{}, fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
 	}
-	at := func(i int) int64 { return int64(binary.BigEndian.Uint64([]byte(s[8*i : 8*i+8]))) }
-	v := verdict{
-		outcome:   Outcome(at(0)),
-		retry:     at(1),
-		now:       at(2),
-		newBan:    at(3) == 1,
-		strikes:   at(4),
-		banUntil:  at(5),
-		offences:  at(6),
-		granted:   at(7),
-		leaseEnd:  at(8),
-		cOutcome:  Outcome(at(9)),
-		cAdm:      at(10),
-		cLim:      at(11),
-		cBan:      at(12),
-		cNewBan:   at(13) == 1,
-		cStrikes:  at(14),
-		cBanUntil: at(15),
-		cOffences: at(16),
-		win:       make([]winVerdict, len(pl.windows)),
+	at := 0
+	next := func() int64 {
+		v := int64(binary.BigEndian.Uint64([]byte(s[at : at+8])))
+		at += 8
+		return v
 	}
+	v := verdict{outcome: Outcome(next())}
+	v.retry = next()
+	v.now = next()
+	v.granted = next()
+	v.leaseEnd = next()
+	if pl.ban.on {
+		v.newBan = next() == 1
+		v.strikes = next()
+		v.banUntil = next()
+		v.offences = next()
+	}
+	if len(pl.candidates) > 0 {
+		v.cOutcome = Outcome(next())
+		v.cAdm = next()
+		v.cLim = next()
+		v.cBan = next()
+		if pl.cban.on {
+			v.cNewBan = next() == 1
+			v.cStrikes = next()
+			v.cBanUntil = next()
+			v.cOffences = next()
+		}
+	}
+	window := func(r *ring) winVerdict {
+		w := winVerdict{used: next()}
+		w.remaining = max(r.limit-w.used, 0)
+		w.reset = next()
+		return w
+	}
+	v.win = make([]winVerdict, len(pl.windows))
 	for i := range v.win {
-		k := replyFields + 3*i
-		v.win[i] = winVerdict{used: at(k), remaining: at(k + 1), reset: at(k + 2)}
+		v.win[i] = window(&pl.windows[i])
 	}
 	if len(pl.candidates) > 0 {
 		v.cwin = make([]winVerdict, len(pl.candidates))
 		for i := range v.cwin {
-			k := replyFields + 3*(len(pl.windows)+i)
-			v.cwin[i] = winVerdict{used: at(k), remaining: at(k + 1), reset: at(k + 2)}
+			v.cwin[i] = window(&pl.candidates[i])
 		}
 	}
 	return v, nil

@@ -55,12 +55,13 @@ import (
 // ever grows. Otherwise one admission counts.
 //
 // Reply: one string per decision, in order. A decision's string is 8-byte
-// big-endian signed integers (decode reads it): outcome, retry, now, new
-// ban, strikes, ban end, offences, admissions granted, lease end; what
-// the candidate windows would have decided for this request (outcome),
-// how many requests they admitted, limited and refused as banned, whether
-// a candidate ban began, the candidate strikes, ban end and offences;
-// then per window used, remaining, reset, then the same per candidate
+// big-endian signed integers (decode reads it), only those the plan has:
+// outcome, retry, now, admissions granted, lease end; with a ban rule, new
+// ban, strikes, ban end, offences; with candidate windows, what they would
+// have decided for this request (outcome) and how many requests they
+// admitted, limited and refused as banned, and with a candidate ban rule
+// whether a candidate ban began, the candidate strikes, ban end and
+// offences; then per window used and reset, then the same per candidate
 // window. Times in µs. A decision that failed (a record of another type,
 // say) is "E" and the error, and does not stop the others.
 const decideCore = `
@@ -634,11 +635,22 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   end
 
   if not admitted then granted, lend = 0, 0 end
+  -- The reply carries only what the plan has (decode reads it).
   local rt = 0
-  RES[1], RES[2], RES[3], RES[4], RES[5], RES[6] = 0, 0, now, newBan, strikes, banUntil
-  RES[7], RES[8], RES[9], RES[10], RES[11], RES[12] = offences, granted, lend, cOut, cAdm, cLim
-  RES[13], RES[14], RES[15], RES[16], RES[17] = cBan, cNewBan, cStrikes, cBanUntil, cOffences
-  local m = 17
+  RES[1], RES[2], RES[3], RES[4], RES[5] = 0, 0, now, granted, lend
+  local m = 5
+  if R then
+    RES[6], RES[7], RES[8], RES[9] = newBan, strikes, banUntil, offences
+    m = 9
+  end
+  if nc > 0 then
+    RES[m + 1], RES[m + 2], RES[m + 3], RES[m + 4] = cOut, cAdm, cLim, cBan
+    m = m + 4
+    if CR then
+      RES[m + 1], RES[m + 2], RES[m + 3], RES[m + 4] = cNewBan, cStrikes, cBanUntil, cOffences
+      m = m + 4
+    end
+  end
   for i = 1, nw do
     local o = 2 + 6 * (i - 1)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
@@ -648,21 +660,21 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
     -- as well as for the ban: Retry-After is the true wait.
     local u, rem, reset_, wait = standing(i, limit, period, g, n, unit, counted, not admit)
     if wait > rt then rt = wait end
-    RES[m + 1], RES[m + 2], RES[m + 3] = u, rem, reset_
-    m = m + 3
+    RES[m + 1], RES[m + 2] = u, reset_
+    m = m + 2
   end
   if not admit then
     for j = 1, ntx do
       local tr = TX[j]
-      local _, _, _, wait = standing(nw + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+      local u, rem, reset_, wait = standing(nw + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
       if wait > rt then rt = wait end
     end
   end
   for i = 1, nc do
     local o = co + 1 + 6 * (i - 1)
     local u, rem, reset_ = standing(cb + i, V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], cAdm, false)
-    RES[m + 1], RES[m + 2], RES[m + 3] = u, rem, reset_
-    m = m + 3
+    RES[m + 1], RES[m + 2] = u, reset_
+    m = m + 2
   end
   if banned then
     RES[1], RES[2] = 2, banUntil - now
@@ -698,7 +710,11 @@ local function planAt(PLANS, p)
     local ttl, cttl = {}, {}
     for i = 1, nw do ttl[i] = itoa(V[2 + 6 * (i - 1) + 5]) end
     for i = 1, nc do cttl[i] = itoa(V[co + 1 + 6 * (i - 1) + 5]) end
-    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', 17 + 3 * (nw + nc)), TTL = ttl, CTTL = cttl,
+    local fields = 5 + 2 * (nw + nc)
+    if ban then fields = fields + 4 end
+    if nc > 0 then fields = fields + 4 end
+    if cban then fields = fields + 4 end
+    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), TTL = ttl, CTTL = cttl,
       mults = mult, cmults = cmult}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
