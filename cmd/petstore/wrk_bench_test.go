@@ -38,8 +38,8 @@ import (
 // Reported per workload: requests/s off and on and their ratio, this
 // process's CPU per request off and on (getrusage: the server's own
 // work, without wrk's) and their difference (the limiter's cost per
-// decision in the server), Redis's CPU per request (INFO CPU), the Redis
-// script calls per request and their time per request (INFO
+// decision in the server), Redis's CPU per request (INFO CPU), the calls
+// of the decision code per request and their time per request (INFO
 // commandstats).
 //
 //	go test -run '^$' -bench ServeWithWrk -benchtime 1x ./cmd/petstore/
@@ -271,15 +271,16 @@ func (r *privateRedis) cpu(b *testing.B) time.Duration {
 	return time.Duration(total * float64(time.Second))
 }
 
-// scripts returns the script calls the server has run (EVALSHA and EVAL)
-// and the time they took (µs), from INFO commandstats.
+// scripts returns the calls of the decision code the server has run
+// (FCALL, EVALSHA and EVAL) and the time they took (µs), from INFO
+// commandstats.
 func (r *privateRedis) scripts(b *testing.B) (calls int64, usec float64) {
 	info, err := r.rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\r\n") {
-		for _, name := range []string{"cmdstat_evalsha:", "cmdstat_eval:"} {
+		for _, name := range []string{"cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"} {
 			rest, ok := strings.CutPrefix(line, name)
 			if !ok {
 				continue
