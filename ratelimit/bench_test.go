@@ -291,15 +291,17 @@ func BenchmarkAllowVsRedisRate(b *testing.B) {
 	b.ReportMetric(rOurs/rTheirs, "speedup")
 }
 
-// BenchmarkScriptCost compares the server time of the decision script
-// (two windows and bans) with redis_rate's single GCRA call, by the usec
-// and calls of evalsha in INFO commandstats, on the same Redis in the same
-// run. The two alternate in blocks of scriptCostBlock calls, so that load
-// from elsewhere on the machine weighs on both alike. Each goes over the
-// same 2000 keys, one call at a time, as slow keys (which do not lease)
-// reach Redis: most calls find the key's state written by its previous
-// call, a few create it, and the minute window's head moves on some
-// calls and not on others.
+// BenchmarkScriptCost compares the server time of one decision (two
+// windows and bans), made alone in a call of the decision Function and of
+// the script, with redis_rate's single GCRA call, by the usec and calls of
+// fcall and evalsha in INFO commandstats, on the same Redis in the same
+// run. The three alternate in blocks of scriptCostBlock calls, so that
+// load from elsewhere on the machine weighs on all alike. Each goes over
+// the same 2000 keys (its own records), one call at a time, as slow keys
+// (which do not lease) reach Redis when no other decision shares their
+// call: most calls find the key's state written by its previous call, a
+// few create it, and the minute window's head moves on some calls and not
+// on others.
 func BenchmarkScriptCost(b *testing.B) {
 	rdb, _ := benchRedis(b)
 	ctx := context.Background()
@@ -308,38 +310,55 @@ func BenchmarkScriptCost(b *testing.B) {
 	if err := rdb.ScriptLoad(ctx, sc.src).Err(); err != nil {
 		b.Fatal(err)
 	}
+	if err := (&batcher{rdb: rdb, sc: sc}).loadFunction(ctx); err != nil {
+		b.Fatal(err)
+	}
 	rl := redis_rate.NewLimiter(rdb)
 	lim := redis_rate.PerMinute(1000)
-	ours := func(i int) error {
-		_, err := evalDecision(ctx, rdb, stateKeys("b:", benchKey(int64(i)), pl), pl, input{lease: noLease})
-		return err
+	one := func(prefix string, i int) ([]string, []any) {
+		return batchCommand([]decision{{keys: stateKeys(prefix, benchKey(int64(i)), pl), pl: pl, nums: scriptNums(pl, input{lease: noLease})}})
 	}
-	theirs := func(i int) error {
-		_, err := rl.Allow(ctx, benchKey(int64(i)), lim)
-		return err
+	kinds := []struct {
+		name, cmd string
+		call      func(i int) error
+	}{
+		{"function", "fcall", func(i int) error {
+			keys, args := one("f:", i)
+			return rdb.FCall(ctx, sc.fn, keys, args...).Err()
+		}},
+		{"script", "evalsha", func(i int) error {
+			keys, args := one("s:", i)
+			return rdb.EvalSha(ctx, sc.sha, keys, args...).Err()
+		}},
+		{"gcra", "evalsha", func(i int) error {
+			_, err := rl.Allow(ctx, benchKey(int64(i)), lim)
+			return err
+		}},
 	}
-	var usec [2]float64
-	var calls [2]int64
+	usec := make([]float64, len(kinds))
+	calls := make([]int64, len(kinds))
 	b.ResetTimer()
 	for start := 0; start < b.N; start += scriptCostBlock {
 		end := min(start+scriptCostBlock, b.N)
-		for k, f := range []func(int) error{ours, theirs} {
-			before := commandStats(b, rdb, "evalsha")
+		for k, kind := range kinds {
+			before := commandStats(b, rdb, kind.cmd)
 			for i := start; i < end; i++ {
-				if err := f(i); err != nil {
+				if err := kind.call(i); err != nil {
 					b.Fatal(err)
 				}
 			}
-			after := commandStats(b, rdb, "evalsha")
+			after := commandStats(b, rdb, kind.cmd)
 			calls[k] += after.calls - before.calls
 			usec[k] += after.usec - before.usec
 		}
 	}
 	b.StopTimer()
-	o, t := usec[0]/float64(calls[0]), usec[1]/float64(calls[1])
-	b.ReportMetric(o, "script-usec/call")
-	b.ReportMetric(t, "gcra-usec/call")
-	b.ReportMetric(o/t, "ratio")
+	per := func(k int) float64 { return usec[k] / float64(calls[k]) }
+	b.ReportMetric(per(0), "function-usec/call")
+	b.ReportMetric(per(1), "script-usec/call")
+	b.ReportMetric(per(2), "gcra-usec/call")
+	b.ReportMetric(per(0)/per(2), "function/gcra")
+	b.ReportMetric(per(1)/per(2), "script/gcra")
 }
 
 // scriptCostBlock is how many calls of one kind BenchmarkScriptCost makes
