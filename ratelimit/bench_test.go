@@ -2,11 +2,9 @@ package ratelimit
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,77 +223,6 @@ func BenchmarkAllowBusyKeys(b *testing.B) {
 			}
 		})
 	}
-}
-
-// BenchmarkAllowVsRedisRate runs both limiters on the same Redis in the
-// same run, alternating, with the same concurrency, b.N decisions per
-// round, and reports their throughputs and ratio. Leasing is off: this
-// compares one script call per decision with redis_rate's calls.
-func BenchmarkAllowVsRedisRate(b *testing.B) {
-	const concurrency = 64
-	rdb, _ := benchRedis(b)
-	p := benchPlans[2]
-	l, err := New(rdb, Options{Timeout: time.Second, MaxLease: 1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	rl := redis_rate.NewLimiter(rdb)
-	ctx := context.Background()
-	run := func(round int, decide func(key string) error) time.Duration {
-		var i atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range concurrency {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					n := i.Add(1)
-					if n > int64(b.N) {
-						return
-					}
-					if err := decide(fmt.Sprintf("r%d-%s", round, benchKey(n))); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(start)
-	}
-	ours := func(key string) error {
-		d, err := l.Allow(ctx, key, p)
-		if err == nil && (!d.Allowed() || d.Degraded) {
-			err = fmt.Errorf("decision %+v", d)
-		}
-		return err
-	}
-	theirs := func(key string) error {
-		ok, err := twoWindowRedisRate(ctx, rl, key, p)
-		if err == nil && !ok {
-			err = fmt.Errorf("redis_rate denied %s", key)
-		}
-		return err
-	}
-	var tOurs, tTheirs time.Duration
-	b.ResetTimer()
-	for round := range 4 {
-		if round%2 == 0 {
-			tOurs += run(round, ours)
-			tTheirs += run(round, theirs)
-		} else {
-			tTheirs += run(round, theirs)
-			tOurs += run(round, ours)
-		}
-	}
-	b.StopTimer()
-	rOurs := float64(4*b.N) / tOurs.Seconds()
-	rTheirs := float64(4*b.N) / tTheirs.Seconds()
-	b.ReportMetric(rOurs, "ratelimit-decisions/s")
-	b.ReportMetric(rTheirs, "redis_rate-decisions/s")
-	b.ReportMetric(rOurs/rTheirs, "speedup")
 }
 
 // BenchmarkScriptCost compares the server time of one decision (two
