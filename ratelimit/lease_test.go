@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // leaseLeft returns the admissions left in key's lease.
@@ -54,12 +56,16 @@ func TestLeaseEndsWithItsBucket(t *testing.T) {
 	if leaseAt.IsZero() {
 		t.Fatal("no lease of 3 or more for a key sending 100 requests/s")
 	}
+	leased := testenv.CounterSum(t, f.reg, "petstore_ratelimit_leased_total", map[string]string{"plan": "lease"})
 	end := leaseAt.Add(leaseLife)
 	f.clk.Set(end.Add(-2 * time.Microsecond))
 	before := f.cmds.scripts.Load()
 	d := f.allow(t, "k", p)
 	if !d.Leased || f.cmds.scripts.Load() != before || !d.Time.Equal(f.clk.Now()) {
 		t.Fatalf("2µs before the lease ends: %+v (%d commands), want answered from the lease", d, f.cmds.scripts.Load()-before)
+	}
+	if got := testenv.CounterSum(t, f.reg, "petstore_ratelimit_leased_total", map[string]string{"plan": "lease"}); got != leased+1 {
+		t.Fatalf("leased_total %v after a leased admission, want %v", got, leased+1)
 	}
 	u, err := f.l.Usage(context.Background(), "k", p)
 	if err != nil {

@@ -342,6 +342,7 @@ func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, er
 		d, served, a, wait := l.lease.take(key, pl, start, first)
 		if served {
 			pl.outcome[Allowed].Inc()
+			pl.leased.Inc()
 			pl.countNearLimit(d)
 			return d, nil
 		}

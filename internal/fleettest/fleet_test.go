@@ -212,41 +212,6 @@ func (r *redisServer) answers() bool {
 	return err == nil && strings.HasPrefix(line, "+PONG")
 }
 
-// scriptCalls returns how many scripts Redis has run (EVALSHA and EVAL),
-// from INFO commandstats.
-func (r *redisServer) scriptCalls() int {
-	r.t.Helper()
-	c, err := net.DialTimeout("tcp", r.addr(), time.Second)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("INFO commandstats\r\n")); err != nil {
-		r.t.Fatal(err)
-	}
-	br := bufio.NewReader(c)
-	header, err := br.ReadString('\n')
-	if err != nil || !strings.HasPrefix(header, "$") {
-		r.t.Fatalf("INFO commandstats: %q, %v", header, err)
-	}
-	n, _ := strconv.Atoi(strings.TrimSpace(header[1:]))
-	body := make([]byte, n)
-	if _, err := io.ReadFull(br, body); err != nil {
-		r.t.Fatal(err)
-	}
-	calls := 0
-	for _, line := range strings.Split(string(body), "\r\n") {
-		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
-			if rest, ok := strings.CutPrefix(line, cmd); ok {
-				v, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
-				calls += v
-			}
-		}
-	}
-	return calls
-}
-
 // pause stops Redis for d and returns when it was continued.
 func (r *redisServer) pause(d time.Duration) time.Time {
 	r.t.Helper()
@@ -519,6 +484,22 @@ func (f *fleet) localAdmissions(t *testing.T, plan string) float64 {
 	var sum float64
 	for _, r := range f.replicas {
 		v, err := r.metric(`petstore_ratelimit_local_decisions_total{outcome="allowed",plan="` + plan + `"}`)
+		if err != nil && !errors.Is(err, errNoSample) {
+			t.Fatal(err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// leasedAdmissions sums, over the replicas, the requests on plan that
+// were admitted from a lease, without a round trip
+// (petstore_ratelimit_leased_total).
+func (f *fleet) leasedAdmissions(t *testing.T, plan string) float64 {
+	t.Helper()
+	var sum float64
+	for _, r := range f.replicas {
+		v, err := r.metric(`petstore_ratelimit_leased_total{plan="` + plan + `"}`)
 		if err != nil && !errors.Is(err, errNoSample) {
 			t.Fatal(err)
 		}
