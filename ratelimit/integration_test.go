@@ -305,9 +305,10 @@ func TestIntegrationStallAndRestart(t *testing.T) {
 }
 
 // TestIntegrationCluster runs the limiter on a three-master Redis Cluster
-// built from redis-server processes: every script must touch a single
-// slot (both state keys of a key share its hash tag) and Unban must reach
-// a subscriber on any node.
+// built from redis-server processes: every call must touch a single slot
+// (a key's records share its hash tag, and a batch is split by slot), the
+// Function must reach every master, and Unban must reach a subscriber on
+// any node.
 func TestIntegrationCluster(t *testing.T) {
 	t.Parallel()
 	testenv.RedisAddr(t)
@@ -384,6 +385,14 @@ func TestIntegrationCluster(t *testing.T) {
 		if n, _ := c.DBSize(ctx).Result(); n == 0 {
 			t.Errorf("node %d holds no keys: keys did not spread over the cluster", i)
 		}
+		// Every master was given the decision Function, and ran it.
+		libs, err := c.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+		if err != nil || len(libs) != 1 {
+			t.Errorf("node %d: libraries %v %v, want the decision library", i, libs, err)
+		}
+	}
+	if l.batch.noFunctions.Load() {
+		t.Error("Functions turned off on a Redis 7 cluster")
 	}
 	// A ban, lifted through another limiter on the same cluster.
 	if d, _ := l.Allow(ctx, "key-0", p); d.Outcome != Banned {
