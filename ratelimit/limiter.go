@@ -421,7 +421,7 @@ func (l *Limiter) degraded(key string, pl *plan, start time.Time, extra int64) (
 		return Decision{}, ErrUnavailable
 	}
 	v := l.fb.decide(key, pl, start.UnixMicro(), input{extra: extra, lease: noLease})
-	l.met.local.WithLabelValues(pl.name, v.outcome.String()).Inc()
+	pl.localOutcome[v.outcome].Inc()
 	return l.finish(pl, v, true), nil
 }
 

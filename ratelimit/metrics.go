@@ -170,12 +170,15 @@ type counters struct {
 	nearLimit prometheus.Counter
 	// leased counts admissions granted from a lease.
 	leased prometheus.Counter
+	// local counts decisions made without Redis, by outcome.
+	localOutcome [3]prometheus.Counter
 }
 
 // forPlan resolves the counters of plan name; a shadow plan's decisions
 // and bans are counted apart, so that enforcement's figures stay true.
-// Both sets exist, at zero, for every plan seen: a plan switched between
-// modes continues its series, and dashboards find them from the start.
+// Every series of a plan exists, at zero, from its first decision: a plan
+// switched between modes continues its series, and dashboards and alerts
+// find them before the first outage.
 func (m *metrics) forPlan(name string, shadow bool) counters {
 	var c counters
 	for o := Allowed; o <= Banned; o++ {
@@ -196,6 +199,9 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 		c.nearLimit = m.nearLimit.WithLabelValues(name)
 	}
 	c.leased = m.leased.WithLabelValues(name)
+	for o := Allowed; o <= Banned; o++ {
+		c.localOutcome[o] = m.local.WithLabelValues(name, o.String())
+	}
 	return c
 }
 
