@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,27 +52,7 @@ type cmdStat struct {
 // commandStats returns one command's figures from INFO commandstats.
 func commandStats(b *testing.B, rdb *redis.Client, name string) cmdStat {
 	b.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var st cmdStat
-	for _, line := range strings.Split(info, "\r\n") {
-		rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":")
-		if !ok {
-			continue
-		}
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "calls":
-				st.calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				st.usec, _ = strconv.ParseFloat(v, 64)
-			}
-		}
-	}
-	return st
+	return allCommandStats(b, rdb)[name]
 }
 
 // decisionCalls returns the calls of the decision code Redis has run
