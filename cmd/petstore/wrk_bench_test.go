@@ -119,6 +119,8 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				elapsed, cpu, rcp time.Duration
 				scripts           int64
 				scriptUsec        float64
+				p50, p99          time.Duration // summed over rounds
+				rounds            int
 			}
 			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}}
 			b.ResetTimer()
@@ -128,7 +130,10 @@ func BenchmarkServeWithWrk(b *testing.B) {
 					url, stop := serve(s.limiter)
 					calls0, usec0 := rs.scripts(b)
 					cpu0, rcpu0 := processCPU(b), rs.cpu(b)
-					n, elapsed := runWrk(b, script, url)
+					n, elapsed, p50, p99 := runWrk(b, script, url)
+					s.p50 += p50
+					s.p99 += p99
+					s.rounds++
 					s.cpu += processCPU(b) - cpu0
 					s.rcp += rs.cpu(b) - rcpu0
 					calls1, usec1 := rs.scripts(b)
@@ -151,6 +156,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(perReq(on.rcp, on.requests), "redis-cpu-us/req")
 			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
 			b.ReportMetric(on.scriptUsec/on.requests, "redis-script-us/req")
+			ms := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
+			b.ReportMetric(ms(off.p50, off.rounds), "off-p50-ms")
+			b.ReportMetric(ms(on.p50, on.rounds), "on-p50-ms")
+			b.ReportMetric(ms(off.p99, off.rounds), "off-p99-ms")
+			b.ReportMetric(ms(on.p99, on.rounds), "on-p99-ms")
 		})
 	}
 }
@@ -186,13 +196,16 @@ var (
 	wrkRequests = regexp.MustCompile(`(\d+) requests in ([\d.]+)(\w+)`)
 	wrkNon2xx   = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
 	wrkErrors   = regexp.MustCompile(`Socket errors: .*`)
+	wrkP50      = regexp.MustCompile(`\s50%\s+([\d.]+[mun]?s)`)
+	wrkP99      = regexp.MustCompile(`\s99%\s+([\d.]+[mun]?s)`)
 )
 
 // runWrk runs wrk against url for wrkSeconds and returns the requests it
-// completed and the time they took. Every answer must be 2xx: the
-// workloads stay under their limits.
-func runWrk(b *testing.B, script, url string) (float64, time.Duration) {
-	out, err := exec.Command("wrk", "-t", "2", "-c", "32", "-d", strconv.Itoa(wrkSeconds)+"s", "-s", script, url+"/v1/pets?limit=20").CombinedOutput()
+// completed, the time they took and the median and 99th percentile of
+// their latency. Every answer must be 2xx: the workloads stay under their
+// limits.
+func runWrk(b *testing.B, script, url string) (n float64, d, p50, p99 time.Duration) {
+	out, err := exec.Command("wrk", "--latency", "-t", "2", "-c", "32", "-d", strconv.Itoa(wrkSeconds)+"s", "-s", script, url+"/v1/pets?limit=20").CombinedOutput()
 	if err != nil {
 		b.Fatalf("wrk: %v\n%s", err, out)
 	}
@@ -206,12 +219,24 @@ func runWrk(b *testing.B, script, url string) (float64, time.Duration) {
 	if m == nil {
 		b.Fatalf("wrk: no request count in:\n%s", out)
 	}
-	n, _ := strconv.ParseFloat(string(m[1]), 64)
-	d, err := time.ParseDuration(string(m[2]) + string(m[3]))
+	n, _ = strconv.ParseFloat(string(m[1]), 64)
+	d, err = time.ParseDuration(string(m[2]) + string(m[3]))
 	if err != nil {
 		b.Fatalf("wrk: %v in:\n%s", err, out)
 	}
-	return n, d
+	for _, q := range []struct {
+		re *regexp.Regexp
+		to *time.Duration
+	}{{wrkP50, &p50}, {wrkP99, &p99}} {
+		m := q.re.FindSubmatch(out)
+		if m == nil {
+			b.Fatalf("wrk: no latency distribution in:\n%s", out)
+		}
+		if *q.to, err = time.ParseDuration(string(m[1])); err != nil {
+			b.Fatalf("wrk: %v in:\n%s", err, out)
+		}
+	}
+	return n, d, p50, p99
 }
 
 // processCPU returns this process's user and system CPU time.
