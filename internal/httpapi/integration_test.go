@@ -133,9 +133,9 @@ func TestLimitingWithRedis(t *testing.T) {
 func TestFailClosedWithoutRedis(t *testing.T) {
 	t.Parallel()
 	m := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { _ = client.Close() })
-	ts := newLimitedServer(t, client, ratelimit.Options{FailureMode: ratelimit.FailClosed, Timeout: 100 * time.Millisecond})
+	ts := newLimitedServer(t, client, ratelimit.Options{FailureMode: ratelimit.FailClosed, Timeout: 2 * time.Second})
 	if resp := ts.get("/v1/pets", keyFree); resp.StatusCode != http.StatusOK {
 		t.Fatalf("with Redis: %d %s", resp.StatusCode, resp.body)
 	}
