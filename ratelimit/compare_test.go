@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +32,9 @@ import (
 // own user and system time, from INFO CPU, around each round), Redis
 // command time per decision (INFO commandstats, usec of the commands the
 // clients sent: a script's inner commands count in the script's time),
-// and the client's allocations per decision.
+// the commands a script called per decision and their own time (a part
+// of the script's: the rest is the script's code and its calls'
+// plumbing), and the client's allocations per decision.
 //
 //	PETSTORE_TEST_REDIS_ADDR=127.0.0.1:6379 go test ./ratelimit -run '^$' -bench CompareLimiters -benchtime 100000x
 //
@@ -99,6 +102,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				b.ReportMetric(n/c.elapsed.Seconds(), c.name+"-decisions/s")
 				b.ReportMetric(c.cpu.Seconds()*1e6/n, c.name+"-redis-cpu-us/decision")
 				b.ReportMetric(c.usec/n, c.name+"-redis-cmd-us/decision")
+				b.ReportMetric(float64(c.inner)/n, c.name+"-script-cmds/decision")
+				b.ReportMetric(c.innerUsec/n, c.name+"-script-cmd-us/decision")
 				b.ReportMetric(float64(c.mallocs)/n, c.name+"-allocs/decision")
 			}
 			b.ReportMetric(float64(leased.Load())/float64(rounds*b.N), "petstore-leased/decision")
@@ -119,7 +124,12 @@ type contender struct {
 	cpu      time.Duration // Redis process CPU
 	usec     float64       // Redis command time
 	scripts  int64         // calls of the decision code (FCALL, EVALSHA and EVAL)
-	mallocs  uint64
+	// Commands its scripts call (every command counted but those it sends
+	// and the benchmark's INFO): how many and their own time, which is
+	// part of the script's.
+	inner     int64
+	innerUsec float64
+	mallocs   uint64
 }
 
 // run makes b.N decisions over keys, in turn, from compareCallers
@@ -160,6 +170,12 @@ func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
 	stats1 := allCommandStats(b, rdb)
 	for _, name := range c.commands {
 		c.usec += stats1[name].usec - stats0[name].usec
+	}
+	for name, st := range stats1 {
+		if name != "info" && !slices.Contains(c.commands, name) {
+			c.inner += st.calls - stats0[name].calls
+			c.innerUsec += st.usec - stats0[name].usec
+		}
 	}
 	for _, name := range []string{"fcall", "evalsha", "eval"} {
 		c.scripts += stats1[name].calls - stats0[name].calls
