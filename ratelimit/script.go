@@ -271,6 +271,12 @@ local function view(i, key, h, period, g, n, unit)
     if b - vh > n then
       -- Every bucket it had has slid out.
       total, c = 0, 0
+    elseif total == hc and hc < MAXC then
+      -- Every event is in the head bucket (no count saturated, so every
+      -- other slot holds zero): nothing else can leave, and the head
+      -- bucket's count and offset are in the header. No slot to read: a
+      -- key's first burst in a period, say, lands here.
+      if b - n == vh and (b - n) * g + ho * unit + period <= now then c, from = 0, b - n + 1 end
     else
       local lo, hi = b - n, b - n
       if b > vh then lo = vh - n end
