@@ -372,73 +372,88 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 	}
 }
 
-// BenchmarkSparseKeys measures the decision of a key whose windows hold
-// events of one bucket only (a key's second request in a period, or any
-// request of its first burst): b.N keys each decide once, and again a
-// bucket width of the minute window later, from compareCallers
-// goroutines; the second pass is measured. Each of its decisions finds
-// every event of its minute window's record (whose head then moves) and
-// of its day window's in the head bucket: the records' headers say so,
-// and no slot is read. (A window whose events span several buckets
-// costs one slot read more: BenchmarkCompareLimiters, cold.) Reported:
-// decisions/s, Redis time per decision in the decision code (INFO
-// commandstats) and the commands it called per decision.
+// BenchmarkSparseKeys measures the decisions of keys that come back
+// seldom: b.N keys each decide once, and again a while later, from
+// compareCallers goroutines; the second pass is measured. Two cases:
+//
+//   - one-bucket: a bucket width of the minute window later (a key's
+//     second request in a period, or any of its first burst): every event
+//     of each window is in its head bucket, the records' headers say so,
+//     and no slot is read. (A window whose events span several buckets
+//     costs a slot read more: BenchmarkCompareLimiters, cold.)
+//   - expired: a period and then some later (a key that calls less often
+//     than once a period), here of a one-second window beside the day:
+//     the record of that window expired two buckets after its last event
+//     slid out, and is written anew, whole, in one SET.
+//
+// Reported: decisions/s, Redis time per decision in the decision code
+// (INFO commandstats) and the commands it called per decision.
 //
 //	PETSTORE_TEST_REDIS_ADDR=127.0.0.1:6379 go test ./ratelimit -run '^$' -bench SparseKeys -benchtime 40000x
 func BenchmarkSparseKeys(b *testing.B) {
 	testenv.RedisAddr(b)
-	s := startRedisServer(b)
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr, PoolSize: 2 * compareCallers})
-	b.Cleanup(func() { _ = rdb.Close() })
-	l, err := New(rdb, Options{Timeout: time.Second, noHeartbeat: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	p := benchPlans[2]
-	keys := make([]string, b.N)
-	for i := range keys {
-		keys[i] = "sparse-" + strconv.Itoa(i)
-	}
-	pass := func() time.Duration {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range compareCallers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := next.Add(1) - 1; i < int64(len(keys)); i = next.Add(1) - 1 {
-					d, err := l.Allow(context.Background(), keys[i], p)
-					if err != nil || d.Degraded || !d.Allowed() {
-						b.Errorf("%+v %v", d, err)
-						return
-					}
+	for _, c := range []struct {
+		name  string
+		p     Policy
+		pause time.Duration
+	}{
+		{"one-bucket", benchPlans[2], time.Minute/DefaultBuckets + 10*time.Millisecond},
+		{"expired", Policy{Name: "second", Windows: []Window{{Limit: 1000, Period: time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, time.Second + 3*time.Second/DefaultBuckets + 10*time.Millisecond},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := startRedisServer(b)
+			rdb := redis.NewClient(&redis.Options{Addr: s.addr, PoolSize: 2 * compareCallers})
+			b.Cleanup(func() { _ = rdb.Close() })
+			l, err := New(rdb, Options{Timeout: time.Second, noHeartbeat: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			keys := make([]string, b.N)
+			for i := range keys {
+				keys[i] = "sparse-" + strconv.Itoa(i)
+			}
+			pass := func() time.Duration {
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				start := time.Now()
+				for range compareCallers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := next.Add(1) - 1; i < int64(len(keys)); i = next.Add(1) - 1 {
+							d, err := l.Allow(context.Background(), keys[i], c.p)
+							if err != nil || d.Degraded || !d.Allowed() {
+								b.Errorf("%+v %v", d, err)
+								return
+							}
+						}
+					}()
 				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(start)
+				wg.Wait()
+				return time.Since(start)
+			}
+			pass()
+			time.Sleep(c.pause)
+			stats0 := allCommandStats(b, rdb)
+			b.ResetTimer()
+			elapsed := pass()
+			b.StopTimer()
+			stats1 := allCommandStats(b, rdb)
+			n := float64(b.N)
+			var code, inner float64
+			for name, st := range stats1 {
+				switch name {
+				case "info":
+				case "fcall", "evalsha", "eval":
+					code += st.usec - stats0[name].usec
+				default:
+					inner += float64(st.calls - stats0[name].calls)
+				}
+			}
+			b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
+			b.ReportMetric(code/n, "redis-code-us/decision")
+			b.ReportMetric(inner/n, "script-cmds/decision")
+		})
 	}
-	pass()
-	time.Sleep(time.Minute/DefaultBuckets + 10*time.Millisecond)
-	stats0 := allCommandStats(b, rdb)
-	b.ResetTimer()
-	elapsed := pass()
-	b.StopTimer()
-	stats1 := allCommandStats(b, rdb)
-	n := float64(b.N)
-	var code, inner float64
-	for name, st := range stats1 {
-		switch name {
-		case "info":
-		case "fcall", "evalsha", "eval":
-			code += st.usec - stats0[name].usec
-		default:
-			inner += float64(st.calls - stats0[name].calls)
-		}
-	}
-	b.ReportMetric(n/elapsed.Seconds(), "decisions/s")
-	b.ReportMetric(code/n, "redis-code-us/decision")
-	b.ReportMetric(inner/n, "script-cmds/decision")
 }
