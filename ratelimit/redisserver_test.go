@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"os/exec"
 	"strconv"
 	"syscall"
@@ -23,16 +22,6 @@ func randomPrefix(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return "test:" + hex.EncodeToString(b) + ":"
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // redisServer is a redis-server process owned by one test.
@@ -55,7 +44,7 @@ func startRedisServer(t testing.TB, args ...string) *redisServer {
 		}
 		t.Skipf("redis-server not installed: %v", err)
 	}
-	s := &redisServer{port: freePort(t), dir: t.TempDir(), args: args}
+	s := &redisServer{port: testenv.FreePort(t), dir: t.TempDir(), args: args}
 	s.addr = "127.0.0.1:" + strconv.Itoa(s.port)
 	s.start(t)
 	t.Cleanup(s.stop)

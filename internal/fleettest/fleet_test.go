@@ -80,17 +80,6 @@ func goBuild(out, dir, pkg string) error {
 	return nil
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // proc is one child process the test owns.
 type proc struct {
 	name string
@@ -175,7 +164,7 @@ type redisServer struct {
 
 func startRedis(t testing.TB, dir string) *redisServer {
 	t.Helper()
-	r := &redisServer{t: t, dir: dir, port: freePort(t)}
+	r := &redisServer{t: t, dir: dir, port: testenv.FreePort(t)}
 	r.start()
 	return r
 }
@@ -325,7 +314,7 @@ func newFleet(t testing.TB, o fleetOptions) *fleet {
 	f.writeFile("plans.yaml", o.plans)
 	f.writeKeys()
 	for i := range o.replicas {
-		r := &replica{name: fmt.Sprintf("r%d", i+1), bin: petstoreBin, apiPort: freePort(t), ops: freePort(t), fleet: f, plansFile: filepath.Join(dir, "plans.yaml")}
+		r := &replica{name: fmt.Sprintf("r%d", i+1), bin: petstoreBin, apiPort: testenv.FreePort(t), ops: testenv.FreePort(t), fleet: f, plansFile: filepath.Join(dir, "plans.yaml")}
 		if b := o.binaries[i]; b != "" {
 			r.bin = b
 		}
@@ -583,7 +572,7 @@ type haproxy struct {
 
 func startHAProxy(t testing.TB, dir string, replicas []*replica) *haproxy {
 	t.Helper()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	h := &haproxy{url: fmt.Sprintf("http://127.0.0.1:%d", port), socket: filepath.Join(dir, "haproxy.sock")}
 	var servers strings.Builder
 	for _, r := range replicas {

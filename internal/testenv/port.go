@@ -1,0 +1,53 @@
+package testenv
+
+import (
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// process the test starts to listen on. It is taken below the kernel's
+// ephemeral range (net.ipv4.ip_local_port_range), from which Linux picks
+// the local ports of outgoing connections and of listeners on port 0: a
+// port from that range, free when checked, can be taken by any new
+// connection before the child binds it (seen as "address already in use"
+// while a fleet test's load generator opened connections). Below the
+// range only an explicit bind can take it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	lo := ephemeralLow()
+	if lo > 12000 {
+		for range 200 {
+			port := 10000 + rand.IntN(lo-10000)
+			if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+				ln.Close()
+				return port
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow returns the lowest port of the kernel's ephemeral range
+// (0 when unknown).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	lo, _ := strconv.Atoi(f[0])
+	return lo
+}
