@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -414,24 +413,14 @@ func BenchmarkSparseKeys(b *testing.B) {
 				keys[i] = "sparse-" + strconv.Itoa(i)
 			}
 			pass := func() time.Duration {
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				start := time.Now()
-				for range compareCallers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := next.Add(1) - 1; i < int64(len(keys)); i = next.Add(1) - 1 {
-							d, err := l.Allow(context.Background(), keys[i], c.p)
-							if err != nil || d.Degraded || !d.Allowed() {
-								b.Errorf("%+v %v", d, err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				return time.Since(start)
+				return inParallel(int64(len(keys)), func(i int64) bool {
+					d, err := l.Allow(context.Background(), keys[i], c.p)
+					if err != nil || d.Degraded || !d.Allowed() {
+						b.Errorf("%+v %v", d, err)
+						return false
+					}
+					return true
+				})
 			}
 			pass()
 			time.Sleep(c.pause)

@@ -115,6 +115,28 @@ func BenchmarkCompareLimiters(b *testing.B) {
 // compareCallers is the number of goroutines deciding at once.
 const compareCallers = 64
 
+// inParallel calls do(i) for every i in [0, n) from compareCallers
+// goroutines, each taking the next i, and returns how long they took. A
+// goroutine stops at the first false do returns.
+func inParallel(n int64, do func(i int64) bool) time.Duration {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range compareCallers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < n; i = next.Add(1) - 1 {
+				if !do(i) {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
 // contender is one limiter of BenchmarkCompareLimiters with its totals.
 type contender struct {
 	name     string
@@ -139,31 +161,19 @@ func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
 	cpu0, stats0 := redisCPU(b, rdb), allCommandStats(b, rdb)
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
-	var next, denied atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range compareCallers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				ok, err := c.allow(ctx, keys[i%int64(len(keys))])
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if !ok {
-					denied.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	c.elapsed += time.Since(start)
+	var denied atomic.Int64
+	elapsed := inParallel(int64(b.N), func(i int64) bool {
+		ok, err := c.allow(ctx, keys[i%int64(len(keys))])
+		if err != nil {
+			b.Error(err)
+			return false
+		}
+		if !ok {
+			denied.Add(1)
+		}
+		return true
+	})
+	c.elapsed += elapsed
 	runtime.ReadMemStats(&ms1)
 	c.mallocs += ms1.Mallocs - ms0.Mallocs
 	c.cpu += redisCPU(b, rdb) - cpu0
