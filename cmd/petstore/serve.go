@@ -157,6 +157,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		Replicas:    cfg.Replicas,
 		TripAfter:   cfg.TripAfter,
 		MaxLease:    cfg.MaxLease,
+		Pipelines:   cfg.Pipelines,
 		Registerer:  reg,
 		Logger:      log,
 	}

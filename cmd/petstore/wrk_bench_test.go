@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,6 +47,9 @@ import (
 //
 // Each round runs wrk for wrkSeconds; -benchtime Nx runs N pairs of
 // rounds per workload. It needs wrk (Debian's package) and redis-server.
+// BENCH_PIPELINES sets Options.Pipelines; BENCH_REDIS_DELAY (say 100us)
+// puts the limiter's Redis that far away in each direction, through a
+// proxy in this process (whose CPU then counts in the server's).
 func BenchmarkServeWithWrk(b *testing.B) {
 	testenv.RedisAddr(b)
 	for _, tool := range []string{"wrk", "redis-server"} {
@@ -64,8 +68,13 @@ func BenchmarkServeWithWrk(b *testing.B) {
 		b.Run(wl.name, func(b *testing.B) {
 			dir := b.TempDir()
 			rs := startPrivateRedis(b, dir)
-			rdb := redis.NewClient(&redis.Options{Addr: rs.addr, ContextTimeoutEnabled: true, PoolSize: 32})
+			addr := rs.addr
+			if d, err := time.ParseDuration(os.Getenv("BENCH_REDIS_DELAY")); err == nil && d > 0 {
+				addr = startDelayProxy(b, rs.addr, d)
+			}
+			rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: 32})
 			defer rdb.Close()
+			rtt := medianPing(b, rdb)
 			plans, err := plan.Parse([]byte("plans:\n  bench:\n    quotas: [" + wl.plan + "]\n    ban: off\n"))
 			if err != nil {
 				b.Fatal(err)
@@ -147,6 +156,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.StopTimer()
 			off, on := sides[0], sides[1]
 			perReq := func(d time.Duration, n float64) float64 { return float64(d.Microseconds()) / n }
+			b.ReportMetric(rtt.Seconds()*1000, "redis-rtt-ms")
 			b.ReportMetric(off.requests/off.elapsed.Seconds(), "off-req/s")
 			b.ReportMetric(on.requests/on.elapsed.Seconds(), "on-req/s")
 			b.ReportMetric((on.requests/on.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "on/off")
@@ -237,6 +247,21 @@ func runWrk(b *testing.B, script, url string) (n float64, d, p50, p99 time.Durat
 		}
 	}
 	return n, d, p50, p99
+}
+
+// medianPing returns the median of 200 PING round trips on rdb, one at a
+// time: the limiter's distance from Redis, with BENCH_REDIS_DELAY.
+func medianPing(b *testing.B, rdb *redis.Client) time.Duration {
+	rtts := make([]time.Duration, 200)
+	for i := range rtts {
+		start := time.Now()
+		if err := rdb.Ping(context.Background()).Err(); err != nil {
+			b.Fatal(err)
+		}
+		rtts[i] = time.Since(start)
+	}
+	slices.Sort(rtts)
+	return rtts[len(rtts)/2]
 }
 
 // processCPU returns this process's user and system CPU time.

@@ -32,6 +32,7 @@ type Config struct {
 	Replicas         int
 	TripAfter        time.Duration
 	MaxLease         int
+	Pipelines        int
 	AuthFailureLimit ratelimit.Window
 
 	PlansFile      string
@@ -79,6 +80,7 @@ func Default() Config {
 		Replicas:         1,
 		TripAfter:        time.Second,
 		MaxLease:         64,
+		Pipelines:        4,
 		AuthFailureLimit: ratelimit.Window{Limit: 30, Period: time.Minute},
 		KeyCacheTTL:      30 * time.Second,
 		ReloadInterval:   5 * time.Second,
@@ -113,7 +115,7 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("ops-addr", "PETSTORE_OPS_ADDR", "operations listen address (/healthz, /readyz, /metrics)", false, stringValue{&cfg.OpsAddr})
 	s.add("store", "PETSTORE_STORE", "pet storage: memory or postgres", false, choiceValue{&cfg.Store, []string{"memory", "postgres"}})
 	s.add("database-url", "PETSTORE_DATABASE_URL", "PostgreSQL URL (pets with --store=postgres; API keys managed by 'petstore keys')", true, stringValue{&cfg.DatabaseURL})
-	s.add("db-max-conns", "PETSTORE_DB_MAX_CONNS", "maximum PostgreSQL connections per replica", false, intValue{&cfg.DBMaxConns, 1})
+	s.add("db-max-conns", "PETSTORE_DB_MAX_CONNS", "maximum PostgreSQL connections per replica", false, intValue{p: &cfg.DBMaxConns, min: 1})
 	s.add("migrate", "PETSTORE_MIGRATE", "serve: apply the PostgreSQL migrations (under the migration lock) before listening; for development and single-instance installs", false, boolValue{&cfg.Migrate})
 	s.add("redis-url", "PETSTORE_REDIS_URL", "Redis URL, redis:// or rediss:// (empty with no --redis-addrs: limits are kept in this process only)", true, stringValue{&cfg.Redis.URL})
 	s.add("redis-mode", "PETSTORE_REDIS_MODE", "Redis topology: single, sentinel or cluster", false, choiceValue{&cfg.Redis.Mode, []string{"single", "sentinel", "cluster"}})
@@ -123,9 +125,10 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("redis-password", "PETSTORE_REDIS_PASSWORD", "Redis password (overrides one in the URL)", true, stringValue{&cfg.Redis.Password})
 	s.add("redis-timeout", "PETSTORE_REDIS_TIMEOUT", "deadline of every Redis call made on a request's behalf", false, durationValue{&cfg.Redis.Timeout, time.Millisecond})
 	s.add("ratelimit-failure-mode", "PETSTORE_RATELIMIT_FAILURE_MODE", "when Redis is unreachable: open (limit locally per replica) or closed (answer 503)", false, choiceValue{&cfg.FailureMode, []string{"open", "closed"}})
-	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "replicas assumed until the live count announced through Redis is known; without Redis each replica allows its share of every limit", false, intValue{&cfg.Replicas, 1})
+	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "replicas assumed until the live count announced through Redis is known; without Redis each replica allows its share of every limit", false, intValue{p: &cfg.Replicas, min: 1})
 	s.add("ratelimit-trip-after", "PETSTORE_RATELIMIT_TRIP_AFTER", "how long Redis round trips must keep failing (at least 3, no success between) before a replica stops asking Redis; until then only the requests whose own round trip failed are decided locally", false, durationValue{&cfg.TripAfter, time.Millisecond})
-	s.add("ratelimit-max-lease", "PETSTORE_RATELIMIT_MAX_LEASE", "most admissions a replica reserves at once for a busy key (1: every request asks Redis)", false, intValue{&cfg.MaxLease, 1})
+	s.add("ratelimit-max-lease", "PETSTORE_RATELIMIT_MAX_LEASE", "most admissions a replica reserves at once for a busy key (1: every request asks Redis)", false, intValue{p: &cfg.MaxLease, min: 1})
+	s.add("ratelimit-pipelines", "PETSTORE_RATELIMIT_PIPELINES", "Redis round trips of decisions a replica keeps in flight at once, each carrying what queued meanwhile; more when Redis is far (lower latency), fewer when it is near (larger batches, less Redis CPU)", false, intValue{p: &cfg.Pipelines, min: 1, max: 64})
 	s.add("auth-failure-limit", "PETSTORE_AUTH_FAILURE_LIMIT", "per-client-IP limit on requests without a valid key, as COUNT/PERIOD", false, windowValue{&cfg.AuthFailureLimit})
 	s.add("plans-file", "PETSTORE_PLANS_FILE", "YAML plans file (empty: built-in Free, Pro, Business, Enterprise, LoadTest); reloaded on change", false, stringValue{&cfg.PlansFile})
 	s.add("keys-file", "PETSTORE_KEYS_FILE", "YAML static API keys file; reloaded on change", false, stringValue{&cfg.KeysFile})

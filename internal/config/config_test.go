@@ -38,14 +38,15 @@ func TestDefaults(t *testing.T) {
 func TestEnvironmentAndFlags(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{
-		"PETSTORE_ADDR":               ":1234",
-		"PETSTORE_STORE":              "Postgres",
-		"PETSTORE_DATABASE_URL":       "postgres://u:secret@db/x",
-		"PETSTORE_REDIS_ADDRS":        "a:1, b:2",
-		"PETSTORE_REDIS_MODE":         "cluster",
-		"PETSTORE_REDIS_TIMEOUT":      "20ms",
-		"PETSTORE_TRUSTED_PROXIES":    "10.0.0.0/8, 192.168.1.7",
-		"PETSTORE_AUTH_FAILURE_LIMIT": "5/10s",
+		"PETSTORE_ADDR":                ":1234",
+		"PETSTORE_STORE":               "Postgres",
+		"PETSTORE_DATABASE_URL":        "postgres://u:secret@db/x",
+		"PETSTORE_REDIS_ADDRS":         "a:1, b:2",
+		"PETSTORE_REDIS_MODE":          "cluster",
+		"PETSTORE_REDIS_TIMEOUT":       "20ms",
+		"PETSTORE_TRUSTED_PROXIES":     "10.0.0.0/8, 192.168.1.7",
+		"PETSTORE_AUTH_FAILURE_LIMIT":  "5/10s",
+		"PETSTORE_RATELIMIT_PIPELINES": "8",
 	}
 	cfg, s, err := parse(t, []string{"--addr", ":4321"}, env)
 	if err != nil {
@@ -66,6 +67,9 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	}
 	if cfg.AuthFailureLimit != (ratelimit.Window{Limit: 5, Period: 10 * time.Second}) {
 		t.Errorf("auth failure limit: %v", cfg.AuthFailureLimit)
+	}
+	if cfg.Pipelines != 8 {
+		t.Errorf("ratelimit pipelines: %d", cfg.Pipelines)
 	}
 	red := s.Redacted()
 	if strings.Contains(red["database-url"], "secret") || !strings.Contains(red["database-url"], "db") {
@@ -107,6 +111,8 @@ func TestBadValuesNameTheSetting(t *testing.T) {
 		{"bad cidr env", nil, map[string]string{"PETSTORE_TRUSTED_PROXIES": "10.0.0.0/99"}, "PETSTORE_TRUSTED_PROXIES"},
 		{"bad window env", nil, map[string]string{"PETSTORE_AUTH_FAILURE_LIMIT": "lots"}, "PETSTORE_AUTH_FAILURE_LIMIT"},
 		{"bad int flag", []string{"--ratelimit-replicas", "0"}, nil, "ratelimit-replicas"},
+		{"too many pipelines", []string{"--ratelimit-pipelines", "65"}, nil, "ratelimit-pipelines"},
+		{"no pipeline", nil, map[string]string{"PETSTORE_RATELIMIT_PIPELINES": "0"}, "PETSTORE_RATELIMIT_PIPELINES"},
 		{"too small body", []string{"--max-body-bytes", "1"}, nil, "max-body-bytes"},
 		{"bad bool env", nil, map[string]string{"PETSTORE_MIGRATE": "sometimes"}, "PETSTORE_MIGRATE"},
 		{"bad pprof env", nil, map[string]string{"PETSTORE_PPROF": "maybe"}, "PETSTORE_PPROF"},

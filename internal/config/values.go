@@ -69,6 +69,7 @@ func (v choiceValue) Set(s string) error {
 type intValue struct {
 	p   *int
 	min int
+	max int // 0: none
 }
 
 func (v intValue) String() string {
@@ -85,6 +86,9 @@ func (v intValue) Set(s string) error {
 	}
 	if n < v.min {
 		return fmt.Errorf("%d: must be at least %d", n, v.min)
+	}
+	if v.max > 0 && n > v.max {
+		return fmt.Errorf("%d: must be at most %d", n, v.max)
 	}
 	*v.p = n
 	return nil
