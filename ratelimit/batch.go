@@ -26,6 +26,8 @@ type call struct {
 	reply any
 	err   error
 	done  chan struct{}
+	// queued is when the decision joined the queue.
+	queued time.Time
 	// timer bounds the caller's wait; pooled with the call, so a
 	// decision allocates no timer.
 	timer *time.Timer
@@ -51,16 +53,18 @@ type batcher struct {
 	timeout time.Duration
 	cluster bool
 	observe func(time.Duration, error)
-	log     *slog.Logger
+	// waited hears how long each decision of a pipeline waited for it.
+	waited func(time.Duration)
+	log    *slog.Logger
 	// noFunctions is set once Redis is found without Functions (before
 	// Redis 7, or an ACL that refuses FCALL or FUNCTION LOAD): the batches
 	// then go as scripts (EVALSHA).
 	noFunctions atomic.Bool
 }
 
-func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout time.Duration, log *slog.Logger, observe func(time.Duration, error)) *batcher {
+func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, cluster: cluster, log: log, observe: observe}
+	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, cluster: cluster, log: log, observe: observe, waited: waited}
 }
 
 // do makes decision d and waits at most wait for its reply: the script's
@@ -71,6 +75,7 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 	if b.cluster {
 		c.slot = keySlot(d.keys[0])
 	}
+	c.queued = time.Now()
 	select {
 	case b.queue <- c:
 	default:
@@ -144,6 +149,9 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		from = to
 	}
 	start := time.Now()
+	for _, c := range batch {
+		b.waited(start.Sub(c.queued))
+	}
 	pipe := b.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(groups))
 	keys := make([][]string, len(groups))

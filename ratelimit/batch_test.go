@@ -7,9 +7,12 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/testenv"
@@ -90,7 +93,7 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 					ds = append(ds, decision{keys: stateKeys(prefix, key, pl), pl: pl, nums: scriptNums(pl, in)})
 				}
 				before := cmds.scripts.Load()
-				b := &batcher{rdb: rdb, sc: decisionScript(), timeout: 5 * time.Second, log: discardLogger, observe: func(time.Duration, error) {}}
+				b := &batcher{rdb: rdb, sc: decisionScript(), timeout: 5 * time.Second, log: discardLogger, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
 				b.noFunctions.Store(backend == "miniredis")
 				calls := make([]*call, len(ds))
 				for i := range ds {
@@ -310,4 +313,79 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 	if !f.l.batch.noFunctions.Load() {
 		t.Fatal("miniredis: Functions still on")
 	}
+}
+
+// TestQueueWaitMeasured checks that petstore_ratelimit_queue_wait_seconds
+// observes every decision with the time it waited for a pipeline: with
+// one pipeline, stuck on a Redis that never answers, the decisions made
+// meanwhile wait until its call times out.
+func TestQueueWaitMeasured(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
+	defer rdb.Close()
+	reg := prometheus.NewRegistry()
+	const timeout = 300 * time.Millisecond
+	l, err := New(rdb, Options{Timeout: timeout, Pipelines: 1, Registerer: reg, noHeartbeat: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var wg sync.WaitGroup
+	allow := func(key string) {
+		defer wg.Done()
+		if d, err := l.Allow(context.Background(), key, perMinute(5)); err != nil || !d.Degraded {
+			t.Errorf("%s: %+v %v", key, d, err)
+		}
+	}
+	wg.Add(1)
+	go allow("first")
+	time.Sleep(50 * time.Millisecond) // the first call is in flight
+	for i := range 3 {
+		wg.Add(1)
+		go allow(fmt.Sprint("queued", i))
+	}
+	wg.Wait()
+	// The queued decisions are sent once the first call times out; their
+	// callers have had their degraded answers by then.
+	var h *dto.Histogram
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		h = gatherHistogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
+		if h.GetSampleCount() >= 4 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if h.GetSampleCount() != 4 {
+		t.Fatalf("observed %d waits, want 4", h.GetSampleCount())
+	}
+	var short uint64
+	for _, b := range h.GetBucket() {
+		if b.GetUpperBound() >= 0.1 {
+			short = b.GetCumulativeCount()
+			break
+		}
+	}
+	// The first waited for nothing, the others for the rest of its call
+	// (about 250 ms): generous bounds for a loaded machine.
+	if short != 1 {
+		t.Errorf("%d waits under 0.1 s (bucket), want 1: %v", short, h)
+	}
+	if h.GetSampleSum() < 3*0.15 {
+		t.Errorf("waits sum to %.3f s, want the three queued ones at least 0.15 s each", h.GetSampleSum())
+	}
+}
+
+// gatherHistogram returns the histogram name holds in reg.
+func gatherHistogram(t *testing.T, reg *prometheus.Registry, name string) *dto.Histogram {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram()
+		}
+	}
+	t.Fatalf("no histogram %s", name)
+	return nil
 }

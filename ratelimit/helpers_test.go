@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -239,4 +240,32 @@ func evalBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, e
 		return nil, err
 	}
 	return batchReplies(reply, len(ds))
+}
+
+// silentServer listens on a loopback port, accepts connections and never
+// reads or answers (a Redis that hangs), until the test ends; it returns
+// its address.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // read nothing, answer nothing
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -236,7 +236,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		} else {
 			l.breaker.succeeded()
 		}
-	})
+	}, func(d time.Duration) { met.queueWait.Observe(d.Seconds()) })
 	for range opts.Pipelines {
 		l.goBackground(ctx, l.batch.run)
 	}

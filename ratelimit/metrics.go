@@ -19,6 +19,7 @@ type metrics struct {
 	nearLimit       *prometheus.CounterVec
 	leased          *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
+	queueWait       prometheus.Histogram
 	redisErrors     prometheus.Counter
 	fallbackActive  prometheus.Gauge
 	fallbackSeconds prometheus.Counter
@@ -64,6 +65,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		redisDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "redis_duration_seconds",
 			Help:    "Duration of rate-limit round trips to Redis (one pipeline of decisions).",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14),
+		}),
+		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "queue_wait_seconds",
+			Help:    "How long decisions waited for a pipeline to send them to Redis (queued to sent): well above zero, every pipeline was busy (see --ratelimit-pipelines).",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14),
 		}),
 		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -120,6 +126,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.redisDuration, err = register(reg, m.redisDuration); err != nil {
+		return nil, err
+	}
+	if m.queueWait, err = register(reg, m.queueWait); err != nil {
 		return nil, err
 	}
 	if m.redisErrors, err = register(reg, m.redisErrors); err != nil {
