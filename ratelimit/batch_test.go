@@ -349,7 +349,7 @@ func TestQueueWaitMeasured(t *testing.T) {
 	// callers have had their degraded answers by then.
 	var h *dto.Histogram
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		h = gatherHistogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
+		h = testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
 		if h.GetSampleCount() >= 4 || time.Now().After(deadline) {
 			break
 		}
@@ -372,20 +372,4 @@ func TestQueueWaitMeasured(t *testing.T) {
 	if h.GetSampleSum() < 3*0.15 {
 		t.Errorf("waits sum to %.3f s, want the three queued ones at least 0.15 s each", h.GetSampleSum())
 	}
-}
-
-// gatherHistogram returns the histogram name holds in reg.
-func gatherHistogram(t *testing.T, reg *prometheus.Registry, name string) *dto.Histogram {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetHistogram()
-		}
-	}
-	t.Fatalf("no histogram %s", name)
-	return nil
 }

@@ -45,3 +45,20 @@ func CounterSum(tb testing.TB, g prometheus.Gatherer, name string, labels map[st
 	}
 	return sum
 }
+
+// Histogram gathers g and returns the histogram of family name, which must
+// have exactly one series.
+func Histogram(tb testing.TB, g prometheus.Gatherer, name string) *dto.Histogram {
+	tb.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram()
+		}
+	}
+	tb.Fatalf("no histogram %s with one series", name)
+	return nil
+}
