@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,14 +112,17 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			script := writeWrkScript(b, dir, keys)
 			log := slog.New(httpapi.NewJSONLogHandler(io.Discard, nil))
 
-			serve := func(l httpapi.Limiter) (url string, stop func()) {
+			// Each side's connections run under a profile label (side=on or
+			// off; connection goroutines inherit it from Serve's), so that
+			// -test.cpuprofile can be split: go tool pprof -tagfocus side=on.
+			serve := func(name string, l httpapi.Limiter) (url string, stop func()) {
 				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry())})
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				if err != nil {
 					b.Fatal(err)
 				}
 				srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-				go func() { _ = srv.Serve(ln) }()
+				go pprof.Do(context.Background(), pprof.Labels("side", name), func(context.Context) { _ = srv.Serve(ln) })
 				return "http://" + ln.Addr().String(), func() { _ = srv.Close() }
 			}
 			type side struct {
@@ -136,7 +140,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			for i := range b.N {
 				for k := range sides {
 					s := sides[(i+k)%2]
-					url, stop := serve(s.limiter)
+					url, stop := serve(s.name, s.limiter)
 					calls0, usec0 := rs.scripts(b)
 					cpu0, rcpu0 := processCPU(b), rs.cpu(b)
 					n, elapsed, p50, p99 := runWrk(b, script, url)
