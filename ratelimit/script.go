@@ -16,10 +16,10 @@ import (
 //
 // Each decision reads the header of each of its windows' records
 // (GETRANGE), then only the slots the decision needs (those that leave
-// the window as its head moves, and the oldest still in it): short
-// strings, which Lua hashes whole (it hashes a long string from 32 of its
-// bytes, and the mostly zero records of different keys would collide in
-// its string table). It writes only the bytes that change (SETRANGE), and
+// the window as its head moves, and the oldest still in it): every string
+// that reaches Lua costs in proportion to its length (Redis's Lua hashes
+// every byte of a string it makes), so the code reads, builds and compares
+// as few bytes as it can. It writes only the bytes that change (SETRANGE), and
 // refreshes a record's TTL when its head moves; strikes rewrite the small
 // ban record with its TTL. No key is ever left without a TTL. Decisions
 // of one batch for the same key see each other's writes, in the batch's
@@ -69,12 +69,12 @@ const decideCore = `
 -- lookups), bound by init on the first call: a Function library's code
 -- runs at load time without Redis's standard libraries. KEYS and ARGV are
 -- the call's, set by run.
-local byte, char, sub, rep, floor, ceil, format
+local byte, char, sub, rep, find, floor, ceil, format
 local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
 local function init()
-  byte, char, sub, rep, format = string.byte, string.char, string.sub, string.rep, string.format
+  byte, char, sub, rep, find, format = string.byte, string.char, string.sub, string.rep, string.find, string.format
   floor, ceil = math.floor, math.ceil
   unpack, pcall, type, tostring, tonumber = _G.unpack, _G.pcall, _G.type, _G.tostring, _G.tonumber
   call = redis.call
@@ -112,6 +112,45 @@ local function lastAt(s, R, n, g, unit, vh, ho, j)
   return j * g + get(s, R + (j % (n + 1)) * SLOT + 4, 2) * unit
 end
 
+-- Strings of zeros by length, made once: comparing a run of slots with
+-- one tells an empty run without decoding it, and writing one clears a
+-- run without building it. (A Function keeps them between calls; Lua
+-- interns strings, so an equal string read from Redis is the same string,
+-- and compares in one step.) Lengths are whole slots; at most 256 are
+-- kept.
+local ZEROS, nzeros = {}, 0
+local function zeros(k)
+  local z = ZEROS[k]
+  if not z then
+    if nzeros >= 256 then ZEROS, nzeros = {}, 0 end
+    z = rep(EMPTY, k / SLOT)
+    ZEROS[k], nzeros = z, nzeros + 1
+  end
+  return z
+end
+
+-- counts returns the sum of the counts of slots i0 .. i1 (i0 <= i1) of a
+-- ring whose slot 0 is at position R of s. Runs of 8 slots that are all
+-- zero (most of a cold key's) are skipped whole; the others are decoded
+-- slot by slot.
+local RUN = 8 * SLOT
+local function counts(s, R, i0, i1)
+  local sum, p, last = 0, R + i0 * SLOT, R + (i1 + 1) * SLOT
+  if last - p <= 2 * SLOT then
+    for q = p, last - 1, SLOT do sum = sum + unpack_('>I4', s, q) end
+    return sum
+  end
+  while p < last do
+    local q = p + RUN
+    if q > last then q = last end
+    if sub(s, p, q - 1) ~= zeros(q - p) then
+      for r = p, q - 1, SLOT do sum = sum + unpack_('>I4', s, r) end
+    end
+    p = q
+  end
+  return sum
+end
+
 -- untl is when bucket j (last event at l) stops counting.
 local function untl(j, l, period, n, g)
   local t = l + period
@@ -140,24 +179,42 @@ local function used(s, R, n, g, unit, period, vh, hc, ho, total, now, b)
   return total, j0
 end
 
--- move returns (position, bytes) for the slot writes needed when the head
--- moves from vh to b: the old head bucket's count and offset (when it
--- stays in the ring) and zeros over the stale slots of the buckets
--- skipped. These slots are consecutive: one write, two when the ring
--- wraps. Positions are 1-based within the ring's slots.
+-- move sets MV[1..2m] to the m (position, bytes) slot writes needed when
+-- the head moves from vh to b, and returns m: the old head bucket's count
+-- and offset (when it stays in the ring) and zeros over the stale slots
+-- of the buckets skipped. These slots are consecutive: one write, two when
+-- the ring wraps; a long run of zeros (a head that moved far) is written
+-- apart from the old head's slot, from the zero strings above, so that
+-- no long string is built. Positions are 1-based within the ring's slots.
+local MV = {}
 local function move(n, vh, hc, ho, b)
-  local lo, x = b - n, ''
+  local lo, x, m = b - n, '', 0
   if vh >= lo then
     lo = vh
     x = pack_('>I4I2', hc, ho)
   end
   local k = b - lo
-  if k <= 0 then return end
-  x = x .. rep('\0', k * SLOT - #x)
-  local i = lo % (n + 1)
-  if i + k <= n + 1 then return 1 + i * SLOT, x end
+  if k <= 0 then return 0 end
+  if k > 8 and #x > 0 then
+    MV[1], MV[2], m = 1 + (lo % (n + 1)) * SLOT, x, 1
+    lo, k, x = lo + 1, k - 1, ''
+  end
+  local i, len = lo % (n + 1), k * SLOT
+  -- The bytes from slot i to the ring's end.
   local first = (n + 1 - i) * SLOT
-  return 1 + i * SLOT, sub(x, 1, first), 1, sub(x, first + 1)
+  local x1, x2
+  if #x == 0 then
+    if len > first then x1, x2 = zeros(first), zeros(len - first) else x1 = zeros(len) end
+  else
+    x = x .. zeros(len - #x)
+    x1 = x
+    -- (One at a time: miniredis's Lua assigns a list in turn.)
+    if len > first then x1, x2 = sub(x, 1, first), sub(x, first + 1) end
+  end
+  MV[2 * m + 1], MV[2 * m + 2] = 1 + i * SLOT, x1
+  if not x2 then return m + 1 end
+  MV[2 * m + 3], MV[2 * m + 4] = 1, x2
+  return m + 2
 end
 
 -- scan returns, walking from bucket from to b, when enough buckets have
@@ -284,8 +341,15 @@ local function view(i, key, h, period, g, n, unit)
       if si + k > n + 1 then si, k = 0, n + 1 end
       local s = call('GETRANGE', key, ofs(1 + HDR + si * SLOT), ofs(HDR + (si + k) * SLOT))
       local R = 1 - si * SLOT
-      for j = vh - n, b - n - 1 do
-        total = total - (unpack_('>I4', s, R + (j % (n + 1)) * SLOT))
+      -- The buckets vh-n .. b-n-1 leave: at most n+1 slots, in one run of
+      -- the ring or two when it wraps.
+      if b > vh then
+        local i0, i1 = (vh - n) % (n + 1), (b - n - 1) % (n + 1)
+        if i0 <= i1 then
+          total = total - counts(s, R, i0, i1)
+        else
+          total = total - counts(s, R, i0, n) - counts(s, R, 0, i1)
+        end
       end
       if total < 0 then total = 0 end
       c = total
@@ -309,9 +373,7 @@ local function record(i, k, t, g, n, unit, ttl)
   local key, b, vh, hc, ho = WKEY[i], WB[i], WVH[i], WHC[i], WHO[i]
   if b > vh then
     if not WFRESH[i] then
-      local p1, x1, p2, x2 = move(n, vh, hc, ho, b)
-      if p1 then call('SETRANGE', key, ofs(HDR + p1), x1) end
-      if p2 then call('SETRANGE', key, ofs(HDR + p2), x2) end
+      for q = 1, 2 * move(n, vh, hc, ho, b), 2 do call('SETRANGE', key, ofs(HDR + MV[q]), MV[q + 1]) end
     end
     hc, ho = 0, 0
   end
@@ -396,9 +458,9 @@ local function strike(key, bs, R, banUntil, offences, offenceAt, sring, k, recor
       struck = k
       if k >= need then struck, newBan = need, 1 end
       if b > vh then
-        local p1, x1, p2, x2 = move(sn, vh, hc, ho, b)
-        if p1 then bs = sub(bs, 1, R0 + p1 - 2) .. x1 .. sub(bs, R0 + p1 - 1 + #x1) end
-        if p2 then bs = sub(bs, 1, R0 + p2 - 2) .. x2 .. sub(bs, R0 + p2 - 1 + #x2) end
+        for q = 1, 2 * move(sn, vh, hc, ho, b), 2 do
+          bs = sub(bs, 1, R0 + MV[q] - 2) .. MV[q + 1] .. sub(bs, R0 + MV[q] - 1 + #MV[q + 1])
+        end
         hc = 0
       end
       hc = hc + struck
