@@ -69,12 +69,12 @@ const decideCore = `
 -- lookups), bound by init on the first call: a Function library's code
 -- runs at load time without Redis's standard libraries. KEYS and ARGV are
 -- the call's, set by run.
-local byte, char, sub, rep, find, floor, ceil, format
+local byte, char, sub, rep, floor, ceil, format
 local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
 local function init()
-  byte, char, sub, rep, find, format = string.byte, string.char, string.sub, string.rep, string.find, string.format
+  byte, char, sub, rep, format = string.byte, string.char, string.sub, string.rep, string.format
   floor, ceil = math.floor, math.ceil
   unpack, pcall, type, tostring, tonumber = _G.unpack, _G.pcall, _G.type, _G.tostring, _G.tonumber
   call = redis.call
