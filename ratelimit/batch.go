@@ -60,11 +60,27 @@ type batcher struct {
 	// Redis 7, or an ACL that refuses FCALL or FUNCTION LOAD): the batches
 	// then go as scripts (EVALSHA).
 	noFunctions atomic.Bool
+
+	// hold is how long the oldest queued decision may wait for the calls
+	// in flight to end before another pipeline carries it (0: none; see
+	// run). front is held by the one worker gathering the next batch;
+	// inflight counts the pipelines sent and not yet answered, and ended
+	// is closed (and replaced) whenever one is answered.
+	hold     time.Duration
+	front    sync.Mutex
+	inflight atomic.Int32
+	ended    atomic.Pointer[chan struct{}]
 }
 
-func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
+func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout, hold time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
 	_, cluster := rdb.(*redis.ClusterClient)
-	return &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, cluster: cluster, log: log, observe: observe, waited: waited}
+	if hold < 0 {
+		hold = 0
+	}
+	b := &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, hold: hold, cluster: cluster, log: log, observe: observe, waited: waited}
+	ch := make(chan struct{})
+	b.ended.Store(&ch)
+	return b
 }
 
 // do makes decision d and waits at most wait for its reply: the script's
@@ -101,14 +117,36 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 }
 
 // run is one worker; it returns when ctx is done.
+//
+// With a hold, one worker at a time (the one holding front) gathers the
+// next batch, and while other pipelines are in flight it sends it only
+// once they have all been answered, or once its oldest decision has
+// waited hold. Near Redis a call is answered within the hold: the
+// decisions that arrive meanwhile go together in the next call, one call
+// in flight and the next one filling, instead of being split over every
+// free pipeline (more calls, and Redis paying each call's fixed cost more
+// often). Far from Redis the calls start a hold apart, up to the number
+// of pipelines in flight, and a decision waits at most hold more.
 func (b *batcher) run(ctx context.Context) {
 	batch := make([]*call, 0, b.max)
+	var timer *time.Timer
+	if b.hold > 0 {
+		timer = time.NewTimer(time.Hour)
+		timer.Stop()
+		b.front.Lock()
+	}
 	for {
 		select {
 		case <-ctx.Done():
+			if b.hold > 0 {
+				b.front.Unlock()
+			}
 			return
 		case c := <-b.queue:
 			batch = append(batch[:0], c)
+		}
+		if b.hold > 0 {
+			b.waitInflight(ctx, batch[0].queued.Add(b.hold), timer)
 		}
 	fill:
 		for len(batch) < b.max {
@@ -119,8 +157,43 @@ func (b *batcher) run(ctx context.Context) {
 				break fill
 			}
 		}
+		b.inflight.Add(1)
+		if b.hold > 0 {
+			b.front.Unlock()
+		}
 		b.exec(ctx, batch)
 		clear(batch)
+		b.inflight.Add(-1)
+		ch := make(chan struct{})
+		close(*b.ended.Swap(&ch))
+		if b.hold > 0 {
+			b.front.Lock()
+		}
+	}
+}
+
+// waitInflight returns when no pipeline is in flight, at deadline, or
+// when ctx is done, whichever comes first.
+func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *time.Timer) {
+	for {
+		ended := b.ended.Load()
+		if b.inflight.Load() == 0 {
+			return
+		}
+		d := time.Until(deadline)
+		if d <= 0 {
+			return
+		}
+		timer.Reset(d)
+		select {
+		case <-*ended:
+			timer.Stop()
+		case <-timer.C:
+			return
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		}
 	}
 }
 

@@ -373,3 +373,93 @@ func TestQueueWaitMeasured(t *testing.T) {
 		t.Errorf("waits sum to %.3f s, want the three queued ones at least 0.15 s each", h.GetSampleSum())
 	}
 }
+
+// TestPipelineHoldGathersBehindACallInFlight: while a call is in flight,
+// the decisions that queue behind it wait (at most PipelineHold) and then
+// go together in one call, where every free pipeline would otherwise
+// send its own. Here the first call never returns (a silent Redis):
+// three decisions queued behind it are sent together once the oldest has
+// waited the hold, not at once and not after the stuck call.
+func TestPipelineHoldGathersBehindACallInFlight(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
+	defer rdb.Close()
+	reg := prometheus.NewRegistry()
+	const timeout, hold = 600 * time.Millisecond, 150 * time.Millisecond
+	l, err := New(rdb, Options{Timeout: timeout, Pipelines: 4, PipelineHold: hold, Registerer: reg, noHeartbeat: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var wg sync.WaitGroup
+	allow := func(key string) {
+		defer wg.Done()
+		if d, err := l.Allow(context.Background(), key, perMinute(5)); err != nil || !d.Degraded {
+			t.Errorf("%s: %+v %v", key, d, err)
+		}
+	}
+	wg.Add(1)
+	go allow("first")
+	time.Sleep(30 * time.Millisecond) // the first call is in flight
+	for i := range 3 {
+		wg.Add(1)
+		go allow(fmt.Sprint("queued", i))
+	}
+	wg.Wait()
+	var waits, calls *dto.Histogram
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		waits = testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
+		calls = testenv.Histogram(t, reg, "petstore_ratelimit_redis_duration_seconds")
+		if (waits.GetSampleCount() >= 4 && calls.GetSampleCount() >= 2) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if waits.GetSampleCount() != 4 {
+		t.Fatalf("observed %d waits, want 4", waits.GetSampleCount())
+	}
+	// Two calls: the stuck one, and one for the three queued behind it.
+	time.Sleep(100 * time.Millisecond)
+	if n := testenv.Histogram(t, reg, "petstore_ratelimit_redis_duration_seconds").GetSampleCount(); n != 2 {
+		t.Errorf("%d calls, want 2: the three queued decisions should have gone together", n)
+	}
+	// The three waited about the hold (the oldest the whole hold, the
+	// others a little less), never the stuck call's whole timeout:
+	// generous bounds for a loaded machine.
+	if sum := waits.GetSampleSum(); sum < 3*0.08 || sum > 3*0.45 {
+		t.Errorf("waits sum to %.3f s, want the three queued ones near the %v hold each", sum, hold)
+	}
+}
+
+// TestPipelineHoldReleasedWhenCallsEnd: a hold far longer than the
+// decision timeout costs nothing when Redis answers, because a held batch
+// goes as soon as the calls in flight are answered. Concurrent callers on
+// a real Redis all get shared answers, well inside the timeout.
+func TestPipelineHoldReleasedWhenCallsEnd(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	defer rdb.Close()
+	l, err := New(rdb, Options{Prefix: randomPrefix(t), Timeout: 5 * time.Second, Pipelines: 4, PipelineHold: time.Hour, noHeartbeat: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 40 {
+				d, err := l.Allow(context.Background(), fmt.Sprintf("k%d-%d", g, i), perMinute(5))
+				if err != nil || d.Degraded || !d.Allowed() {
+					t.Errorf("caller %d, decision %d: %+v %v", g, i, d, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if e := time.Since(start); e > 4*time.Second {
+		t.Errorf("640 decisions took %v", e)
+	}
+}

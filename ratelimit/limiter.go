@@ -74,6 +74,12 @@ type Options struct {
 	MaxBatch int
 	// Pipelines is the number of pipelines in flight at once (default 4).
 	Pipelines int
+	// PipelineHold is how long a decision may wait for the pipelines in
+	// flight to be answered before another one carries it (default
+	// 200µs; negative: none, every free pipeline sends at once). Near
+	// Redis the calls are answered within it, and decisions gather into
+	// fewer, larger calls; far from Redis, calls start this far apart.
+	PipelineHold time.Duration
 	// Queue caps the decisions waiting for a pipeline (default 8192).
 	Queue int
 	// ProbeInterval is how often an unreachable Redis is retried (default 100ms).
@@ -130,6 +136,9 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.MaxBatch, 256)
 	def(&o.Pipelines, 4)
 	def(&o.Queue, 8192)
+	if o.PipelineHold == 0 {
+		o.PipelineHold = 200 * time.Microsecond
+	}
 	defd(&o.ProbeInterval, 100*time.Millisecond)
 	defd(&o.TripAfter, time.Second)
 	if o.CacheSize == 0 {
@@ -229,7 +238,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	// The breaker hears from the pipelines, which time a round trip from
 	// when it is sent: a decision that waited in the queue is not a Redis
 	// failure.
-	l.batch = newBatcher(client, decisionScript(), opts.MaxBatch, opts.Queue, opts.Timeout, opts.Logger, func(d time.Duration, err error) {
+	l.batch = newBatcher(client, decisionScript(), opts.MaxBatch, opts.Queue, opts.Timeout, opts.PipelineHold, opts.Logger, func(d time.Duration, err error) {
 		met.observeRedis(d, err)
 		if err != nil {
 			l.breaker.failed(err)

@@ -48,7 +48,8 @@ import (
 //
 // Each round runs wrk for wrkSeconds; -benchtime Nx runs N pairs of
 // rounds per workload. It needs wrk (Debian's package) and redis-server.
-// BENCH_PIPELINES sets Options.Pipelines; BENCH_REDIS_DELAY (say 100us)
+// BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
+// 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
 // puts the limiter's Redis that far away in each direction, through a
 // proxy in this process (whose CPU then counts in the server's).
 func BenchmarkServeWithWrk(b *testing.B) {
@@ -104,7 +105,8 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				}
 			}
 			pipelines, _ := strconv.Atoi(os.Getenv("BENCH_PIPELINES"))
-			limiter, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines})
+			hold, _ := time.ParseDuration(os.Getenv("BENCH_PIPELINE_HOLD"))
+			limiter, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold})
 			if err != nil {
 				b.Fatal(err)
 			}
