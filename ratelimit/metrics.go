@@ -69,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "queue_wait_seconds",
-			Help:    "How long decisions waited for a pipeline to send them to Redis (queued to sent): well above zero, every pipeline was busy (see --ratelimit-pipelines).",
+			Help:    "How long decisions waited for a pipeline to send them to Redis (queued to sent; up to 200µs of it gathering behind a call in flight): far above that, every pipeline was busy (see --ratelimit-pipelines).",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 14),
 		}),
 		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
