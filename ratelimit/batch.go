@@ -70,6 +70,9 @@ type batcher struct {
 	front    sync.Mutex
 	inflight atomic.Int32
 	ended    atomic.Pointer[chan struct{}]
+	// full is signalled when a script call's worth of decisions is
+	// queued: a held batch then goes at once.
+	full chan struct{}
 }
 
 func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout, hold time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
@@ -77,7 +80,7 @@ func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout, h
 	if hold < 0 {
 		hold = 0
 	}
-	b := &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, hold: hold, cluster: cluster, log: log, observe: observe, waited: waited}
+	b := &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, hold: hold, full: make(chan struct{}, 1), cluster: cluster, log: log, observe: observe, waited: waited}
 	ch := make(chan struct{})
 	b.ended.Store(&ch)
 	return b
@@ -98,6 +101,12 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 		c.decision = decision{}
 		callPool.Put(c)
 		return nil, errOverloaded
+	}
+	if b.hold > 0 && len(b.queue) >= scriptBatch-1 {
+		select {
+		case b.full <- struct{}{}:
+		default:
+		}
 	}
 	c.timer.Reset(wait)
 	select {
@@ -120,8 +129,9 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 //
 // With a hold, one worker at a time (the one holding front) gathers the
 // next batch, and while other pipelines are in flight it sends it only
-// once they have all been answered, or once its oldest decision has
-// waited hold. Near Redis a call is answered within the hold: the
+// once they have all been answered, once its oldest decision has waited
+// hold, or once a whole script call's worth of decisions is queued (a
+// busy Redis then always has the next call waiting). Near Redis a call is answered within the hold: the
 // decisions that arrive meanwhile go together in the next call, one call
 // in flight and the next one filling, instead of being split over every
 // free pipeline (more calls, and Redis paying each call's fixed cost more
@@ -172,12 +182,13 @@ func (b *batcher) run(ctx context.Context) {
 	}
 }
 
-// waitInflight returns when no pipeline is in flight, at deadline, or
-// when ctx is done, whichever comes first.
+// waitInflight returns when no pipeline is in flight, when a script
+// call's worth of decisions is queued (the one already taken included),
+// at deadline, or when ctx is done, whichever comes first.
 func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *time.Timer) {
 	for {
 		ended := b.ended.Load()
-		if b.inflight.Load() == 0 {
+		if b.inflight.Load() == 0 || len(b.queue) >= scriptBatch-1 {
 			return
 		}
 		d := time.Until(deadline)
@@ -187,6 +198,8 @@ func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *t
 		timer.Reset(d)
 		select {
 		case <-*ended:
+			timer.Stop()
+		case <-b.full:
 			timer.Stop()
 		case <-timer.C:
 			return

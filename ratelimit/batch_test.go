@@ -463,3 +463,52 @@ func TestPipelineHoldReleasedWhenCallsEnd(t *testing.T) {
 		t.Errorf("640 decisions took %v", e)
 	}
 }
+
+// TestPipelineHoldEndsWhenACallIsQueued: a held batch does not wait for
+// the calls in flight once a whole script call's worth of decisions is
+// queued, so a busy Redis always has the next call waiting. Here the
+// call in flight never returns and the hold is an hour: a call's worth
+// of decisions queued behind it still goes at once, together.
+func TestPipelineHoldEndsWhenACallIsQueued(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, PoolSize: 8})
+	defer rdb.Close()
+	reg := prometheus.NewRegistry()
+	const timeout = 2 * time.Second
+	l, err := New(rdb, Options{Timeout: timeout, Pipelines: 4, PipelineHold: time.Hour, Registerer: reg, noHeartbeat: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var wg sync.WaitGroup
+	allow := func(key string) {
+		defer wg.Done()
+		if d, err := l.Allow(context.Background(), key, perMinute(5)); err != nil || !d.Degraded {
+			t.Errorf("%s: %+v %v", key, d, err)
+		}
+	}
+	wg.Add(1)
+	go allow("first")
+	time.Sleep(30 * time.Millisecond) // the first call is in flight
+	const queued = scriptBatch
+	for i := range queued {
+		wg.Add(1)
+		go allow(fmt.Sprint("queued", i))
+	}
+	wg.Wait()
+	var waits *dto.Histogram
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		waits = testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
+		if waits.GetSampleCount() >= queued+1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if waits.GetSampleCount() != queued+1 {
+		t.Fatalf("observed %d waits, want %d", waits.GetSampleCount(), queued+1)
+	}
+	// Released by the hold, they would wait an hour; by the call in
+	// flight, its whole timeout. Generous bound for a loaded machine.
+	if mean := waits.GetSampleSum() / queued; mean > timeout.Seconds()/4 {
+		t.Errorf("queued decisions waited %.3f s on average, want well under the %v a stuck call takes", mean, timeout)
+	}
+}
