@@ -131,12 +131,13 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 // next batch, and while other pipelines are in flight it sends it only
 // once they have all been answered, once its oldest decision has waited
 // hold, or once a whole script call's worth of decisions is queued (a
-// busy Redis then always has the next call waiting). Near Redis a call is answered within the hold: the
-// decisions that arrive meanwhile go together in the next call, one call
-// in flight and the next one filling, instead of being split over every
-// free pipeline (more calls, and Redis paying each call's fixed cost more
-// often). Far from Redis the calls start a hold apart, up to the number
-// of pipelines in flight, and a decision waits at most hold more.
+// busy Redis then always has the next call waiting). Near Redis a call
+// is answered within the hold: the decisions that arrive meanwhile go
+// together in the next call, one call in flight and the next one
+// filling, instead of being split over every free pipeline (more calls,
+// and Redis paying each call's fixed cost more often). Far from Redis the
+// calls start a hold apart, up to the number of pipelines in flight, and
+// a decision waits at most hold more.
 func (b *batcher) run(ctx context.Context) {
 	batch := make([]*call, 0, b.max)
 	var timer *time.Timer
@@ -174,9 +175,9 @@ func (b *batcher) run(ctx context.Context) {
 		b.exec(ctx, batch)
 		clear(batch)
 		b.inflight.Add(-1)
-		ch := make(chan struct{})
-		close(*b.ended.Swap(&ch))
 		if b.hold > 0 {
+			ch := make(chan struct{})
+			close(*b.ended.Swap(&ch))
 			b.front.Lock()
 		}
 	}
