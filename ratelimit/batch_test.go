@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/testenv"
@@ -315,17 +314,18 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 	}
 }
 
-// TestQueueWaitMeasured checks that petstore_ratelimit_queue_wait_seconds
-// observes every decision with the time it waited for a pipeline: with
-// one pipeline, stuck on a Redis that never answers, the decisions made
-// meanwhile wait until its call times out.
-func TestQueueWaitMeasured(t *testing.T) {
-	t.Parallel()
+// behindAStuckCall makes, under opts, one decision whose call never
+// returns (Redis is silent) and, after settle, queued decisions behind
+// it, each answered degraded. It returns the limiter's metrics once
+// every decision has been sent (its queue wait observed) and the limiter
+// has been closed, so that every call has ended and been observed too.
+func behindAStuckCall(t *testing.T, opts Options, settle time.Duration, queued int) *prometheus.Registry {
+	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
 	defer rdb.Close()
 	reg := prometheus.NewRegistry()
-	const timeout = 300 * time.Millisecond
-	l, err := New(rdb, Options{Timeout: timeout, Pipelines: 1, Registerer: reg, noHeartbeat: true})
+	opts.Registerer, opts.noHeartbeat = reg, true
+	l, err := New(rdb, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,24 +339,34 @@ func TestQueueWaitMeasured(t *testing.T) {
 	}
 	wg.Add(1)
 	go allow("first")
-	time.Sleep(50 * time.Millisecond) // the first call is in flight
-	for i := range 3 {
+	time.Sleep(settle) // the first call is in flight
+	for i := range queued {
 		wg.Add(1)
 		go allow(fmt.Sprint("queued", i))
 	}
 	wg.Wait()
-	// The queued decisions are sent once the first call times out; their
-	// callers have had their degraded answers by then.
-	var h *dto.Histogram
+	// Callers have had their degraded answers before the decisions behind
+	// the stuck call are sent.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		h = testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
-		if h.GetSampleCount() >= 4 || time.Now().After(deadline) {
+		n := testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds").GetSampleCount()
+		if n == uint64(queued+1) {
 			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("observed %d waits, want %d", n, queued+1)
+		}
 	}
-	if h.GetSampleCount() != 4 {
-		t.Fatalf("observed %d waits, want 4", h.GetSampleCount())
-	}
+	return reg
+}
+
+// TestQueueWaitMeasured checks that petstore_ratelimit_queue_wait_seconds
+// observes every decision with the time it waited for a pipeline: with
+// one pipeline, stuck on a Redis that never answers, the decisions made
+// meanwhile wait until its call times out.
+func TestQueueWaitMeasured(t *testing.T) {
+	t.Parallel()
+	reg := behindAStuckCall(t, Options{Timeout: 300 * time.Millisecond, Pipelines: 1}, 50*time.Millisecond, 3)
+	h := testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
 	var short uint64
 	for _, b := range h.GetBucket() {
 		if b.GetUpperBound() >= 0.1 {
@@ -382,50 +392,16 @@ func TestQueueWaitMeasured(t *testing.T) {
 // waited the hold, not at once and not after the stuck call.
 func TestPipelineHoldGathersBehindACallInFlight(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
-	defer rdb.Close()
-	reg := prometheus.NewRegistry()
-	const timeout, hold = 600 * time.Millisecond, 150 * time.Millisecond
-	l, err := New(rdb, Options{Timeout: timeout, Pipelines: 4, PipelineHold: hold, Registerer: reg, noHeartbeat: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	var wg sync.WaitGroup
-	allow := func(key string) {
-		defer wg.Done()
-		if d, err := l.Allow(context.Background(), key, perMinute(5)); err != nil || !d.Degraded {
-			t.Errorf("%s: %+v %v", key, d, err)
-		}
-	}
-	wg.Add(1)
-	go allow("first")
-	time.Sleep(30 * time.Millisecond) // the first call is in flight
-	for i := range 3 {
-		wg.Add(1)
-		go allow(fmt.Sprint("queued", i))
-	}
-	wg.Wait()
-	var waits, calls *dto.Histogram
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		waits = testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
-		calls = testenv.Histogram(t, reg, "petstore_ratelimit_redis_duration_seconds")
-		if (waits.GetSampleCount() >= 4 && calls.GetSampleCount() >= 2) || time.Now().After(deadline) {
-			break
-		}
-	}
-	if waits.GetSampleCount() != 4 {
-		t.Fatalf("observed %d waits, want 4", waits.GetSampleCount())
-	}
+	const hold = 150 * time.Millisecond
+	reg := behindAStuckCall(t, Options{Timeout: 600 * time.Millisecond, Pipelines: 4, PipelineHold: hold}, 30*time.Millisecond, 3)
 	// Two calls: the stuck one, and one for the three queued behind it.
-	time.Sleep(100 * time.Millisecond)
 	if n := testenv.Histogram(t, reg, "petstore_ratelimit_redis_duration_seconds").GetSampleCount(); n != 2 {
 		t.Errorf("%d calls, want 2: the three queued decisions should have gone together", n)
 	}
 	// The three waited about the hold (the oldest the whole hold, the
 	// others a little less), never the stuck call's whole timeout:
 	// generous bounds for a loaded machine.
-	if sum := waits.GetSampleSum(); sum < 3*0.08 || sum > 3*0.45 {
+	if sum := testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds").GetSampleSum(); sum < 3*0.08 || sum > 3*0.45 {
 		t.Errorf("waits sum to %.3f s, want the three queued ones near the %v hold each", sum, hold)
 	}
 }
@@ -471,44 +447,11 @@ func TestPipelineHoldReleasedWhenCallsEnd(t *testing.T) {
 // of decisions queued behind it still goes at once, together.
 func TestPipelineHoldEndsWhenACallIsQueued(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, PoolSize: 8})
-	defer rdb.Close()
-	reg := prometheus.NewRegistry()
 	const timeout = 2 * time.Second
-	l, err := New(rdb, Options{Timeout: timeout, Pipelines: 4, PipelineHold: time.Hour, Registerer: reg, noHeartbeat: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	var wg sync.WaitGroup
-	allow := func(key string) {
-		defer wg.Done()
-		if d, err := l.Allow(context.Background(), key, perMinute(5)); err != nil || !d.Degraded {
-			t.Errorf("%s: %+v %v", key, d, err)
-		}
-	}
-	wg.Add(1)
-	go allow("first")
-	time.Sleep(30 * time.Millisecond) // the first call is in flight
-	const queued = scriptBatch
-	for i := range queued {
-		wg.Add(1)
-		go allow(fmt.Sprint("queued", i))
-	}
-	wg.Wait()
-	var waits *dto.Histogram
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		waits = testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds")
-		if waits.GetSampleCount() >= queued+1 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if waits.GetSampleCount() != queued+1 {
-		t.Fatalf("observed %d waits, want %d", waits.GetSampleCount(), queued+1)
-	}
+	reg := behindAStuckCall(t, Options{Timeout: timeout, Pipelines: 4, PipelineHold: time.Hour}, 30*time.Millisecond, scriptBatch)
 	// Released by the hold, they would wait an hour; by the call in
 	// flight, its whole timeout. Generous bound for a loaded machine.
-	if mean := waits.GetSampleSum() / queued; mean > timeout.Seconds()/4 {
+	if mean := testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds").GetSampleSum() / scriptBatch; mean > timeout.Seconds()/4 {
 		t.Errorf("queued decisions waited %.3f s on average, want well under the %v a stuck call takes", mean, timeout)
 	}
 }
