@@ -160,11 +160,18 @@ local function untl(j, l, period, n, g)
   return t
 end
 
--- advanced returns the total once the head moves from vh to b.
+-- advanced returns the total once the head moves from vh to b: the
+-- buckets vh-n .. b-n-1 leave, at most n slots, in one run of the ring or
+-- two when it wraps. A window's (view) and a strike ring's (strike).
 local function advanced(s, R, n, vh, total, b)
   if b <= vh or total <= 0 then return total end
   if b - vh > n then return 0 end
-  for j = vh - n, b - n - 1 do total = total - get(s, R + (j % (n + 1)) * SLOT, 4) end
+  local i0, i1 = (vh - n) % (n + 1), (b - n - 1) % (n + 1)
+  if i0 <= i1 then
+    total = total - counts(s, R, i0, i1)
+  else
+    total = total - counts(s, R, i0, n) - counts(s, R, 0, i1)
+  end
   if total < 0 then total = 0 end
   return total
 end
@@ -341,17 +348,7 @@ local function view(i, key, h, period, g, n, unit)
       if si + k > n + 1 then si, k = 0, n + 1 end
       local s = call('GETRANGE', key, ofs(1 + HDR + si * SLOT), ofs(HDR + (si + k) * SLOT))
       local R = 1 - si * SLOT
-      -- The buckets vh-n .. b-n-1 leave: at most n+1 slots, in one run of
-      -- the ring or two when it wraps.
-      if b > vh then
-        local i0, i1 = (vh - n) % (n + 1), (b - n - 1) % (n + 1)
-        if i0 <= i1 then
-          total = total - counts(s, R, i0, i1)
-        else
-          total = total - counts(s, R, i0, n) - counts(s, R, 0, i1)
-        end
-      end
-      if total < 0 then total = 0 end
+      total = advanced(s, R, n, vh, total, b)
       c = total
       -- The oldest bucket leaves as soon as its last event is a full
       -- period old.
