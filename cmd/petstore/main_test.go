@@ -531,3 +531,18 @@ func TestServePprof(t *testing.T) {
 		t.Fatalf("CPU profile: %d %.200q", resp.StatusCode, body)
 	}
 }
+
+// The flag's 0 means no hold; the limiter's Options take 0 as the default
+// hold and a negative value as none.
+func TestPipelineHoldFlagMeaning(t *testing.T) {
+	for _, tt := range []struct{ flag, opt time.Duration }{
+		{0, -1},
+		{time.Microsecond, time.Microsecond},
+		{200 * time.Microsecond, 200 * time.Microsecond},
+		{10 * time.Millisecond, 10 * time.Millisecond},
+	} {
+		if got := pipelineHold(tt.flag); got != tt.opt {
+			t.Errorf("pipelineHold(%s) = %s, want %s", tt.flag, got, tt.opt)
+		}
+	}
+}

@@ -152,14 +152,15 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	rlOpts := ratelimit.Options{
-		Timeout:     cfg.Redis.Timeout,
-		FailureMode: mode,
-		Replicas:    cfg.Replicas,
-		TripAfter:   cfg.TripAfter,
-		MaxLease:    cfg.MaxLease,
-		Pipelines:   cfg.Pipelines,
-		Registerer:  reg,
-		Logger:      log,
+		Timeout:      cfg.Redis.Timeout,
+		FailureMode:  mode,
+		Replicas:     cfg.Replicas,
+		TripAfter:    cfg.TripAfter,
+		MaxLease:     cfg.MaxLease,
+		Pipelines:    cfg.Pipelines,
+		PipelineHold: pipelineHold(cfg.PipelineHold),
+		Registerer:   reg,
+		Logger:       log,
 	}
 	limiter, err := ratelimit.New(rdb, rlOpts)
 	if err != nil {
@@ -328,4 +329,13 @@ Try it:
 The API's documentation: %s/docs
 
 `, key, key, base, key, base, base)
+}
+
+// pipelineHold turns --ratelimit-pipeline-hold (0: none) into
+// ratelimit.Options.PipelineHold (0: the default, negative: none).
+func pipelineHold(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

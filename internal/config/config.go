@@ -28,11 +28,14 @@ type Config struct {
 
 	Redis Redis
 
-	FailureMode      string
-	Replicas         int
-	TripAfter        time.Duration
-	MaxLease         int
-	Pipelines        int
+	FailureMode string
+	Replicas    int
+	TripAfter   time.Duration
+	MaxLease    int
+	Pipelines   int
+	// PipelineHold is ratelimit.Options.PipelineHold, except that 0 means
+	// no hold.
+	PipelineHold     time.Duration
 	AuthFailureLimit ratelimit.Window
 
 	PlansFile      string
@@ -81,6 +84,7 @@ func Default() Config {
 		TripAfter:        time.Second,
 		MaxLease:         64,
 		Pipelines:        4,
+		PipelineHold:     200 * time.Microsecond,
 		AuthFailureLimit: ratelimit.Window{Limit: 30, Period: time.Minute},
 		KeyCacheTTL:      30 * time.Second,
 		ReloadInterval:   5 * time.Second,
@@ -123,21 +127,22 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("redis-master-name", "PETSTORE_REDIS_MASTER_NAME", "Sentinel master name (sentinel mode)", false, stringValue{&cfg.Redis.MasterName})
 	s.add("redis-username", "PETSTORE_REDIS_USERNAME", "Redis ACL user name", false, stringValue{&cfg.Redis.Username})
 	s.add("redis-password", "PETSTORE_REDIS_PASSWORD", "Redis password (overrides one in the URL)", true, stringValue{&cfg.Redis.Password})
-	s.add("redis-timeout", "PETSTORE_REDIS_TIMEOUT", "deadline of every Redis call made on a request's behalf", false, durationValue{&cfg.Redis.Timeout, time.Millisecond})
+	s.add("redis-timeout", "PETSTORE_REDIS_TIMEOUT", "deadline of every Redis call made on a request's behalf", false, durationValue{p: &cfg.Redis.Timeout, min: time.Millisecond})
 	s.add("ratelimit-failure-mode", "PETSTORE_RATELIMIT_FAILURE_MODE", "when Redis is unreachable: open (limit locally per replica) or closed (answer 503)", false, choiceValue{&cfg.FailureMode, []string{"open", "closed"}})
 	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "replicas assumed until the live count announced through Redis is known; without Redis each replica allows its share of every limit", false, intValue{p: &cfg.Replicas, min: 1})
-	s.add("ratelimit-trip-after", "PETSTORE_RATELIMIT_TRIP_AFTER", "how long Redis round trips must keep failing (at least 3, no success between) before a replica stops asking Redis; until then only the requests whose own round trip failed are decided locally", false, durationValue{&cfg.TripAfter, time.Millisecond})
+	s.add("ratelimit-trip-after", "PETSTORE_RATELIMIT_TRIP_AFTER", "how long Redis round trips must keep failing (at least 3, no success between) before a replica stops asking Redis; until then only the requests whose own round trip failed are decided locally", false, durationValue{p: &cfg.TripAfter, min: time.Millisecond})
 	s.add("ratelimit-max-lease", "PETSTORE_RATELIMIT_MAX_LEASE", "most admissions a replica reserves at once for a busy key (1: every request asks Redis)", false, intValue{p: &cfg.MaxLease, min: 1})
-	s.add("ratelimit-pipelines", "PETSTORE_RATELIMIT_PIPELINES", "Redis round trips of decisions a replica keeps in flight at once, each carrying what queued meanwhile (a batch gathers behind the calls in flight for up to 200µs); more when Redis is far (lower latency)", false, intValue{p: &cfg.Pipelines, min: 1, max: 64})
+	s.add("ratelimit-pipelines", "PETSTORE_RATELIMIT_PIPELINES", "Redis round trips of decisions a replica keeps in flight at once, each carrying what queued meanwhile (a batch gathers behind the calls in flight for up to --ratelimit-pipeline-hold); more when Redis is far (lower latency)", false, intValue{p: &cfg.Pipelines, min: 1, max: 64})
+	s.add("ratelimit-pipeline-hold", "PETSTORE_RATELIMIT_PIPELINE_HOLD", "longest a decision waits for the round trips in flight to be answered before a free pipeline sends it: near Redis, decisions gather into fewer, larger calls (less CPU in Redis and here); 0 sends at once (0-10ms)", false, durationValue{p: &cfg.PipelineHold, min: 0, max: 10 * time.Millisecond})
 	s.add("auth-failure-limit", "PETSTORE_AUTH_FAILURE_LIMIT", "per-client-IP limit on requests without a valid key, as COUNT/PERIOD", false, windowValue{&cfg.AuthFailureLimit})
 	s.add("plans-file", "PETSTORE_PLANS_FILE", "YAML plans file (empty: built-in Free, Pro, Business, Enterprise, LoadTest); reloaded on change", false, stringValue{&cfg.PlansFile})
 	s.add("keys-file", "PETSTORE_KEYS_FILE", "YAML static API keys file; reloaded on change", false, stringValue{&cfg.KeysFile})
-	s.add("key-cache-ttl", "PETSTORE_KEY_CACHE_TTL", "how long a database key lookup is cached; a revocation takes effect within it (0: no cache)", false, durationValue{&cfg.KeyCacheTTL, 0})
-	s.add("reload-interval", "PETSTORE_RELOAD_INTERVAL", "how often the plans and keys files are checked for changes", false, durationValue{&cfg.ReloadInterval, 100 * time.Millisecond})
+	s.add("key-cache-ttl", "PETSTORE_KEY_CACHE_TTL", "how long a database key lookup is cached; a revocation takes effect within it (0: no cache)", false, durationValue{p: &cfg.KeyCacheTTL, min: 0})
+	s.add("reload-interval", "PETSTORE_RELOAD_INTERVAL", "how often the plans and keys files are checked for changes", false, durationValue{p: &cfg.ReloadInterval, min: 100 * time.Millisecond})
 	s.add("trusted-proxies", "PETSTORE_TRUSTED_PROXIES", "comma-separated CIDRs whose X-Forwarded-For/Forwarded headers are believed", false, prefixListValue{&cfg.TrustedProxies})
 	s.add("max-body-bytes", "PETSTORE_MAX_BODY_BYTES", "largest accepted request body; larger ones get 413", false, int64Value{&cfg.MaxBodyBytes, 2})
-	s.add("shutdown-grace", "PETSTORE_SHUTDOWN_GRACE", "time in-flight requests get to finish after draining", false, durationValue{&cfg.ShutdownGrace, 0})
-	s.add("drain-delay", "PETSTORE_DRAIN_DELAY", "time between readiness turning false and the listener closing, so load balancers stop sending", false, durationValue{&cfg.DrainDelay, 0})
+	s.add("shutdown-grace", "PETSTORE_SHUTDOWN_GRACE", "time in-flight requests get to finish after draining", false, durationValue{p: &cfg.ShutdownGrace, min: 0})
+	s.add("drain-delay", "PETSTORE_DRAIN_DELAY", "time between readiness turning false and the listener closing, so load balancers stop sending", false, durationValue{p: &cfg.DrainDelay, min: 0})
 	s.add("log-level", "PETSTORE_LOG_LEVEL", "debug, info, warn or error", false, choiceValue{&cfg.LogLevel, []string{"debug", "info", "warn", "error"}})
 	s.add("log-format", "PETSTORE_LOG_FORMAT", "json or text", false, choiceValue{&cfg.LogFormat, []string{"json", "text"}})
 	s.add("pprof", "PETSTORE_PPROF", "serve the Go runtime's profiles (net/http/pprof) under /debug/pprof/ on the ops port, never on the public port", false, boolValue{&cfg.Pprof})

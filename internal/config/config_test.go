@@ -38,15 +38,16 @@ func TestDefaults(t *testing.T) {
 func TestEnvironmentAndFlags(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{
-		"PETSTORE_ADDR":                ":1234",
-		"PETSTORE_STORE":               "Postgres",
-		"PETSTORE_DATABASE_URL":        "postgres://u:secret@db/x",
-		"PETSTORE_REDIS_ADDRS":         "a:1, b:2",
-		"PETSTORE_REDIS_MODE":          "cluster",
-		"PETSTORE_REDIS_TIMEOUT":       "20ms",
-		"PETSTORE_TRUSTED_PROXIES":     "10.0.0.0/8, 192.168.1.7",
-		"PETSTORE_AUTH_FAILURE_LIMIT":  "5/10s",
-		"PETSTORE_RATELIMIT_PIPELINES": "8",
+		"PETSTORE_ADDR":                    ":1234",
+		"PETSTORE_STORE":                   "Postgres",
+		"PETSTORE_DATABASE_URL":            "postgres://u:secret@db/x",
+		"PETSTORE_REDIS_ADDRS":             "a:1, b:2",
+		"PETSTORE_REDIS_MODE":              "cluster",
+		"PETSTORE_REDIS_TIMEOUT":           "20ms",
+		"PETSTORE_TRUSTED_PROXIES":         "10.0.0.0/8, 192.168.1.7",
+		"PETSTORE_AUTH_FAILURE_LIMIT":      "5/10s",
+		"PETSTORE_RATELIMIT_PIPELINES":     "8",
+		"PETSTORE_RATELIMIT_PIPELINE_HOLD": "1ms",
 	}
 	cfg, s, err := parse(t, []string{"--addr", ":4321"}, env)
 	if err != nil {
@@ -68,8 +69,8 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	if cfg.AuthFailureLimit != (ratelimit.Window{Limit: 5, Period: 10 * time.Second}) {
 		t.Errorf("auth failure limit: %v", cfg.AuthFailureLimit)
 	}
-	if cfg.Pipelines != 8 {
-		t.Errorf("ratelimit pipelines: %d", cfg.Pipelines)
+	if cfg.Pipelines != 8 || cfg.PipelineHold != time.Millisecond {
+		t.Errorf("ratelimit pipelines: %d, hold %s", cfg.Pipelines, cfg.PipelineHold)
 	}
 	red := s.Redacted()
 	if strings.Contains(red["database-url"], "secret") || !strings.Contains(red["database-url"], "db") {
@@ -113,6 +114,8 @@ func TestBadValuesNameTheSetting(t *testing.T) {
 		{"bad int flag", []string{"--ratelimit-replicas", "0"}, nil, "ratelimit-replicas"},
 		{"too many pipelines", []string{"--ratelimit-pipelines", "65"}, nil, "ratelimit-pipelines"},
 		{"no pipeline", nil, map[string]string{"PETSTORE_RATELIMIT_PIPELINES": "0"}, "PETSTORE_RATELIMIT_PIPELINES"},
+		{"hold too long", []string{"--ratelimit-pipeline-hold", "11ms"}, nil, "ratelimit-pipeline-hold"},
+		{"negative hold", nil, map[string]string{"PETSTORE_RATELIMIT_PIPELINE_HOLD": "-1us"}, "PETSTORE_RATELIMIT_PIPELINE_HOLD"},
 		{"too small body", []string{"--max-body-bytes", "1"}, nil, "max-body-bytes"},
 		{"bad bool env", nil, map[string]string{"PETSTORE_MIGRATE": "sometimes"}, "PETSTORE_MIGRATE"},
 		{"bad pprof env", nil, map[string]string{"PETSTORE_PPROF": "maybe"}, "PETSTORE_PPROF"},
@@ -183,5 +186,16 @@ func TestNewRedisClient(t *testing.T) {
 	}
 	if c, err := (Redis{}).NewRedisClient(); c != nil || err != nil {
 		t.Error("no redis configured must give nil, nil")
+	}
+}
+
+func TestPipelineHoldZeroIsAccepted(t *testing.T) {
+	t.Parallel()
+	if d := Default().PipelineHold; d != 200*time.Microsecond {
+		t.Errorf("default hold %s, want 200µs", d)
+	}
+	cfg, _, err := parse(t, []string{"--ratelimit-pipeline-hold", "0"}, nil)
+	if err != nil || cfg.PipelineHold != 0 {
+		t.Fatalf("hold 0: %s, %v", cfg.PipelineHold, err)
 	}
 }

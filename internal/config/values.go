@@ -121,6 +121,7 @@ func (v int64Value) Set(s string) error {
 type durationValue struct {
 	p   *time.Duration
 	min time.Duration
+	max time.Duration // 0: no upper bound
 }
 
 func (v durationValue) String() string {
@@ -137,6 +138,9 @@ func (v durationValue) Set(s string) error {
 	}
 	if d < v.min {
 		return fmt.Errorf("%s: must be at least %s", d, v.min)
+	}
+	if v.max > 0 && d > v.max {
+		return fmt.Errorf("%s: must be at most %s", d, v.max)
 	}
 	*v.p = d
 	return nil
