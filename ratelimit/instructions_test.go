@@ -26,9 +26,11 @@ import (
 //	go test ./ratelimit -run '^$' -bench RedisInstructions -benchtime 1x
 //
 // The decisions are the business plan's (a minute and a day, no bans)
-// for 2,000 keys, 8 to a call, in a pass a minute bucket (300 ms) after
-// the key's previous one, so that every decision moves its minute
-// window's head: the cold-key workload's decision. Cases:
+// for 1,000 keys, 8 to a call, each a pass and a pause (a few minute
+// buckets of 300 ms) after the key's previous one, so that every decision
+// moves its minute window's head: the cold-key workload's decision.
+// Counts vary by a few percent from run to run with how far the heads
+// move. Cases:
 //
 //   - fresh: each key's first decision (records created whole).
 //   - head-moved: the cold decision; 7 commands (GETRANGE the two
@@ -40,6 +42,13 @@ import (
 //   - floor-7-commands: the head-moved decision's seven commands on the
 //     same records from Lua with no decision logic (same keys, arguments
 //     and reply size): what any Lua code pays for this record format.
+//   - flat-logic-sketch: the seven commands and the arithmetic a
+//     head-moved decision of this plan needs (headers, leaving slots,
+//     the oldest slot, the limits, the writes, the reply), written flat
+//     for this plan alone: what a decision path specialized to plans
+//     without bans, candidates, leases or seeding might cost. Not a
+//     limiter (it assumes the head moved, skips the rare cases) and
+//     never used as one; a yardstick for such a path.
 //   - floor-4-commands: one header read and write and one slot read and
 //     write a decision: the commands of a format keeping a key's window
 //     headers together and refreshing TTLs rarely.
@@ -66,7 +75,8 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	business := compile(benchPlans[2], DefaultBuckets, DefaultStrikeBuckets)
 	banPlan := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets)
 
-	const keys = 2000
+	const keys = 1000
+	const pause = 300 * time.Millisecond
 	cases := []struct {
 		name string
 		pl   *plan
@@ -79,6 +89,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-alone", business, 1, 2, ""},
 		{"head-moved-banplan", banPlan, 8, 2, ""},
 		{"floor-7-commands", business, 8, 2, "floor_7"},
+		{"flat-logic-sketch", business, 8, 2, "flat_sketch"},
 		{"floor-4-commands", business, 8, 2, "floor_4"},
 		{"floor-no-commands", business, 8, 2, "floor_0"},
 	}
@@ -87,10 +98,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 			var total int64
 			for it := range b.N {
 				prefix := fmt.Sprintf("petstore:rl:i%d.%d:", ci, it)
-				pass := func(fn string, measured bool) {
-					if measured {
-						cg.control(b, "-i", "on")
-					}
+				pass := func(fn string) {
 					for k := 0; k < keys; k += c.per {
 						ds := make([]decision, 0, c.per)
 						for j := k; j < k+c.per && j < keys; j++ {
@@ -101,19 +109,25 @@ func BenchmarkRedisInstructions(b *testing.B) {
 							b.Fatal(err)
 						}
 					}
-					if measured {
-						cg.control(b, "-i", "off")
-					}
 				}
+				// Every pass runs instrumented, at the same (slow) pace, so
+				// that each key's decisions are the same time apart: a
+				// pass plus the pause, a few minute buckets. What the warm
+				// passes ran is dumped and dropped.
+				cg.control(b, "-i", "on")
 				for range c.warm {
-					pass(sc.fn, false)
-					time.Sleep(400 * time.Millisecond)
+					pass(sc.fn)
+					time.Sleep(pause)
+				}
+				if c.warm > 0 {
+					cg.dump(b)
 				}
 				fn := c.fn
 				if fn == "" {
 					fn = sc.fn
 				}
-				pass(fn, true)
+				pass(fn)
+				cg.control(b, "-i", "off")
 				total += cg.dump(b)
 			}
 			b.ReportMetric(float64(total)/float64(b.N*keys), "instr/decision")
@@ -205,7 +219,7 @@ func (cg *callgrindRedis) dump(b *testing.B) int64 {
 }
 
 // floorLibrary holds the reference calls of BenchmarkRedisInstructions:
-// the commands of a decision with no decision logic. They take the
+// the commands of a decision with no decision logic, and the flat sketch. They take the
 // decision code's KEYS and ARGV (a decision's keys are its ban record, its
 // minute and its day record) and reply 72 bytes a decision, as the
 // decision code does for this plan.
@@ -231,6 +245,52 @@ redis.register_function('floor_7', function(keys, args)
     local h2 = call('GETRANGE', kd, '0', '18')
     call('SETRANGE', kd, '1', sub(h2, 2))
     out[#out + 1] = REPLY
+  end
+  return out
+end)
+local OFF = {}
+local function ofs(v) local o = OFF[v]; if not o then o = string.format('%d', v); OFF[v] = o end; return o end
+local ZEROS = {}
+redis.register_function('flat_sketch', function(keys, args)
+  local call, u, p, rep = redis.call, struct.unpack, struct.pack, string.rep
+  local t = call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local calls, pos = args[1], 1
+  local V = {u('>' .. rep('I8', #args[2] / 8), args[2], 1)}
+  local l1, P1, g1, n1, u1, ttl1 = V[2], V[3], V[4], V[5], V[6], tostring(V[7])
+  local l2, P2, g2, n2, u2 = V[8], V[9], V[10], V[11], V[12]
+  local out = {}
+  for d = 1, #keys, 3 do
+    local nk, pl, na, mode, extra, want, need, life
+    nk, pl, na, mode, extra, want, need, life, pos = u('>I8I8I8I8I8I8I8I8', calls, pos)
+    local km, kd = keys[d + 1], keys[d + 2]
+    local h = call('GETRANGE', km, '0', '18')
+    local vh, total, hc, ho = u('>I8I4I4I2', h, 2)
+    local b = (now - now % g1) / g1
+    local lo = vh - n1
+    local si, k = lo % (n1 + 1), b - n1 - lo + 1
+    if si + k > n1 + 1 then si, k = 0, n1 + 1 end
+    local s = call('GETRANGE', km, ofs(19 + si * 6), ofs(18 + (si + k) * 6))
+    for q = 1, (k - 1) * 6, 6 do total = total - u('>I4', s, q) end
+    local c0, o0 = u('>I4I2', s, (k - 1) * 6 + 1)
+    local used1 = total
+    if c0 > 0 and (b - n1) * g1 + o0 * u1 + P1 <= now then used1 = total - c0 end
+    local admit = used1 < l1
+    local z = ZEROS[k]
+    if not z then z = rep('\0', (b - vh - 1) * 6); ZEROS[k] = z end
+    call('SETRANGE', km, ofs(18 + (vh % (n1 + 1)) * 6), p('>I4I2', hc, ho) .. z)
+    local dd = now - b * g1
+    local off = (dd + u1 - 1 - (dd + u1 - 1) % u1) / u1
+    call('SETRANGE', km, '1', p('>I8I4I4I2', b, total + 1, 1, off))
+    call('PEXPIRE', km, ttl1)
+    local h2 = call('GETRANGE', kd, '0', '18')
+    local vh2, total2, hc2, ho2 = u('>I8I4I4I2', h2, 2)
+    local used2 = total2
+    admit = admit and used2 < l2
+    local d2 = now - vh2 * g2
+    local off2 = (d2 + u2 - 1 - (d2 + u2 - 1) % u2) / u2
+    call('SETRANGE', kd, '1', p('>I8I4I4I2', vh2, total2 + 1, hc2 + 1, off2))
+    out[#out + 1] = p('>i8i8i8i8i8i8i8i8i8', 0, 0, now, 1, 0, used1 + 1, b * g1 + P1, used2 + 1, vh2 * g2 + P2)
   end
   return out
 end)
