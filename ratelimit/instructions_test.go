@@ -81,7 +81,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		name string
 		pl   *plan
 		per  int
-		warm int    // uninstrumented passes before the measured one
+		warm int    // passes before the measured one (counted, then dropped)
 		fn   string // "" for the decision code
 	}{
 		{"fresh", business, 8, 0, ""},
@@ -278,7 +278,7 @@ redis.register_function('flat_sketch', function(keys, args)
     local admit = used1 < l1
     local z = ZEROS[k]
     if not z then z = rep('\0', (b - vh - 1) * 6); ZEROS[k] = z end
-    call('SETRANGE', km, ofs(18 + (vh % (n1 + 1)) * 6), p('>I4I2', hc, ho) .. z)
+    call('SETRANGE', km, ofs(19 + (vh % (n1 + 1)) * 6), p('>I4I2', hc, ho) .. z)
     local dd = now - b * g1
     local off = (dd + u1 - 1 - (dd + u1 - 1) % u1) / u1
     call('SETRANGE', km, '1', p('>I8I4I4I2', b, total + 1, 1, off))
