@@ -219,10 +219,10 @@ func (cg *callgrindRedis) dump(b *testing.B) int64 {
 }
 
 // floorLibrary holds the reference calls of BenchmarkRedisInstructions:
-// the commands of a decision with no decision logic, and the flat sketch. They take the
-// decision code's KEYS and ARGV (a decision's keys are its ban record, its
-// minute and its day record) and reply 72 bytes a decision, as the
-// decision code does for this plan.
+// the commands of a decision with no decision logic, and the flat sketch.
+// They take the decision code's KEYS and ARGV (a decision's keys are its
+// ban record, its minute and its day record) and reply 72 bytes a
+// decision, as the decision code does for this plan.
 const floorLibrary = "#!lua name=petstore_ratelimit_floor\n" + `
 local REPLY = '` + "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" + `'
 redis.register_function('floor_0', function(keys, args)
