@@ -25,6 +25,10 @@ import (
 //
 //	go test ./ratelimit -run '^$' -bench RedisInstructions -benchtime 1x
 //
+// With BENCH_CALLGRIND_DIR set, the dumps stay there: callgrind_annotate
+// on one of them tells which of the server's functions ran the
+// instructions (the Lua interpreter, its garbage collector, commands).
+//
 // The decisions are the business plan's (a minute and a day, no bans)
 // for 1,000 keys, 8 to a call, each a pass and a pause (a few minute
 // buckets of 300 ms) after the key's previous one, so that every decision
@@ -149,6 +153,11 @@ type callgrindRedis struct {
 func startCallgrindRedis(b *testing.B) *callgrindRedis {
 	b.Helper()
 	dir := b.TempDir()
+	// BENCH_CALLGRIND_DIR keeps the dumps, one per measured pass and one
+	// per warm-up (callgrind.out.N, in order), for callgrind_annotate.
+	if d := os.Getenv("BENCH_CALLGRIND_DIR"); d != "" {
+		dir = d
+	}
 	port := testenv.FreePort(b)
 	cg := &callgrindRedis{out: filepath.Join(dir, "callgrind.out")}
 	// hz 1: the server's timer work (every 1/hz s) would count beside
