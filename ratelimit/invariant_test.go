@@ -197,6 +197,7 @@ type invariantDriver struct {
 	rng      *rand.Rand
 	rdb      *redis.Client
 	mini     *miniredis.Miniredis // nil: real Redis, real time
+	lib      *pathLibrary         // on real Redis, the Function that decides
 	keys     [][]string
 	plans    []*plan
 	policies []Policy
@@ -270,6 +271,9 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 // Function the limiter calls there (FCALL), on miniredis as the script
 // (EVAL), its fallback.
 func (d *invariantDriver) decide(ds []decision) ([]any, error) {
+	if d.lib != nil {
+		return d.lib.decide(context.Background(), ds)
+	}
 	if d.mini == nil {
 		return fcallBatch(context.Background(), d.rdb, ds)
 	}
@@ -510,6 +514,9 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 2)
 	cases := max(*invariantCases/4, 6)
+	// The decision code as a library of its own, which counts the
+	// decisions each of its paths makes: both must be checked here.
+	lib := loadPathLibrary(t, rdb)
 	var (
 		mu       sync.Mutex
 		total    [3]int
@@ -527,6 +534,7 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 3))
 			d := newInvariantDriver(t, rng, rdb, nil, policies)
+			d.lib = lib
 			plan := 0
 			for range 120 {
 				plan = d.step(plan)
@@ -549,7 +557,12 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 		})
 	}
 	t.Cleanup(func() {
-		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After", total[0], total[1], total[2], honoured)
+		fast, general := lib.paths(t)
+		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After; %d by the fast path, %d by decide",
+			total[0], total[1], total[2], honoured, fast, general)
+		if fast == 0 || general == 0 {
+			t.Errorf("the generated traffic left a path unchecked: fast %d, decide %d", fast, general)
+		}
 	})
 }
 

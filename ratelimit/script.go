@@ -14,6 +14,16 @@ import (
 // not per decision. It runs as a Redis Function where the server has
 // them (decideLibrary, FCALL), else as a script (decideLua, EVALSHA).
 //
+// Two paths make the same decisions. decide serves every plan and every
+// request. fast serves the common case, a cold or busy key of a plan of
+// one or two windows with no ban rule and no candidate windows, asked
+// only to decide, and admitted: the same reads, arithmetic and writes,
+// without what the rest would cost it (about a fifth of a cold
+// decision's Redis instructions, BENCHMARKS.md). Where decide would
+// refuse, fast hands the request to decide before writing anything.
+// TestFastPathDecidesAsDecide checks that both leave the same replies
+// and bytes; the invariant tests check the windows' promise on both.
+//
 // Each decision reads the header of each of its windows' records
 // (GETRANGE), then only the slots the decision needs (those that leave
 // the window as its head moves, and the oldest still in it): every string
@@ -319,12 +329,14 @@ end
 -- and the admissions made elsewhere being added.
 local WKEY, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 
--- view sets window i's working values from record key (header h already
--- read: '' when none) at now, reading the slots that advanced and used
--- need: those leaving the ring as the head moves, and the oldest still in
--- it. The same as advanced and used above, written out for the common
--- case.
-local function view(i, key, h, period, g, n, unit)
+-- window reads window record key (header h already read: '' when none)
+-- at now: whether it is new, its head, total, head count and offset as
+-- read, the current bucket, the events counted now and the first bucket
+-- counted. It reads the slots that advanced and used need: those leaving
+-- the ring as the head moves, and the oldest still in it. The same as
+-- advanced and used above, written out for the common case. Both
+-- decision paths (decide, fast) see a window through it.
+local function window(key, h, period, g, n, unit)
   local fresh = #h < 1 + HDR
   local vh, total, hc, ho = 0, 0, 0, 0
   if not fresh then vh, total, hc, ho = unpack_(RINGFMT, h, 2) end
@@ -345,10 +357,19 @@ local function view(i, key, h, period, g, n, unit)
       local lo, hi = b - n, b - n
       if b > vh then lo = vh - n end
       local si, k = lo % (n + 1), hi - lo + 1
-      if si + k > n + 1 then si, k = 0, n + 1 end
-      local s = call('GETRANGE', key, ofs(1 + HDR + si * SLOT), ofs(HDR + (si + k) * SLOT))
-      local R = 1 - si * SLOT
-      total = advanced(s, R, n, vh, total, b)
+      local s, R
+      if si + k > n + 1 then
+        -- The run wraps: read the whole ring.
+        s, R = call('GETRANGE', key, ofs(1 + HDR), ofs(HDR + (n + 1) * SLOT)), 1
+        total = advanced(s, R, n, vh, total, b)
+      else
+        -- The k - 1 slots leaving, then the oldest (advanced, in short).
+        s, R = call('GETRANGE', key, ofs(1 + HDR + si * SLOT), ofs(HDR + (si + k) * SLOT)), 1 - si * SLOT
+        if k > 1 then
+          total = total - counts(s, 1, 0, k - 2)
+          if total < 0 then total = 0 end
+        end
+      end
       c = total
       -- The oldest bucket leaves as soon as its last event is a full
       -- period old.
@@ -360,16 +381,31 @@ local function view(i, key, h, period, g, n, unit)
       end
     end
   end
+  return fresh, vh, total, hc, ho, b, c, from
+end
+
+-- view sets window i's working values (window) from record key.
+local function view(i, key, h, period, g, n, unit)
+  local fresh, vh, total, hc, ho, b, c, from = window(key, h, period, g, n, unit)
   WKEY[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, fresh, vh, total, hc, ho, b, c, from, 0
 end
 
--- record counts k events at time t in the current bucket of window i:
--- one header write (and the slots the head leaves behind when it moves,
--- with a TTL refresh), or the whole record when it is new.
-local function record(i, k, t, g, n, unit, ttl)
-  local key, b, vh, hc, ho = WKEY[i], WB[i], WVH[i], WHC[i], WHO[i]
+-- write counts k events at time t in the current bucket b of window
+-- record key (new or not, with head vh, total, head count hc and offset
+-- ho as read): one header write (and the slots the head leaves behind
+-- when it moves, with a TTL refresh), or the whole record when it is new.
+-- It returns the record's total, head count and head offset after.
+local function write(key, fresh, vh, total, hc, ho, b, k, t, g, n, unit, ttl)
   if b > vh then
-    if not WFRESH[i] then
+    if fresh then
+      -- Written whole below.
+    elseif b - vh <= 8 and b - vh <= n and vh % (n + 1) + b - vh <= n + 1 then
+      -- The common move, a few buckets with no wrap: the old head's slot
+      -- and zeros over the skipped ones, in one write (move, in short).
+      local x = pack_('>I4I2', hc, ho)
+      if b - vh > 1 then x = x .. zeros((b - vh - 1) * SLOT) end
+      call('SETRANGE', key, ofs(1 + HDR + (vh % (n + 1)) * SLOT), x)
+    else
       for q = 1, 2 * move(n, vh, hc, ho, b), 2 do call('SETRANGE', key, ofs(HDR + MV[q]), MV[q + 1]) end
     end
     hc, ho = 0, 0
@@ -378,15 +414,31 @@ local function record(i, k, t, g, n, unit, ttl)
   local d, off = t - b * g, 0
   if d > 0 then off = (d + unit - 1 - (d + unit - 1) % unit) / unit end
   if hc > 0 and ho > off then off = ho end
-  local hdr = pack_(RINGFMT, b, WTOT[i] + k, hc + k, off)
-  if WFRESH[i] then
+  local hdr = pack_(RINGFMT, b, total + k, hc + k, off)
+  if fresh then
     call('SET', key, char(VERSION) .. hdr .. rep(EMPTY, n + 1), 'PX', ttl)
   else
     call('SETRANGE', key, '1', hdr)
     if b > vh then call('PEXPIRE', key, ttl) end
   end
-  -- The record now has this head; a rejection scans it below.
-  WFRESH[i], WVH[i], WHC[i], WHO[i], WTOT[i] = false, b, hc + k, off, WTOT[i] + k
+  return total + k, hc + k, off
+end
+
+-- record counts k events at time t in the current bucket of window i
+-- (write). The record then has this head; a rejection scans it below.
+local function record(i, k, t, g, n, unit, ttl)
+  local b = WB[i]
+  WTOT[i], WHC[i], WHO[i] = write(WKEY[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], b, k, t, g, n, unit, ttl)
+  WFRESH[i], WVH[i] = false, b
+end
+
+-- resetAt is when the head bucket b of a window stops counting, its last
+-- event at offset ho: untl, for the bucket that holds the newest event.
+local function resetAt(b, ho, period, g, n, unit)
+  local r = b * g + ho * unit + period
+  if r < (b + n) * g then r = (b + n) * g end
+  if r > (b + n + 1) * g then r = (b + n + 1) * g end
+  return r
 end
 
 -- standing returns window i's used, remaining and reset after the
@@ -396,11 +448,7 @@ local function standing(i, limit, period, g, n, unit, counted, refused)
   local u, reset_, wait = WUSED[i], now, 0
   if counted > 0 then
     u = u + counted
-    -- untl of the head bucket, whose last event is the newest.
-    local b = WB[i]
-    reset_ = b * g + WHO[i] * unit + period
-    if reset_ < (b + n) * g then reset_ = (b + n) * g end
-    if reset_ > (b + n + 1) * g then reset_ = (b + n + 1) * g end
+    reset_ = resetAt(WB[i], WHO[i], period, g, n, unit)
   elseif u > 0 then
     -- A rejection or a peek scans the window: read it whole.
     local s = call('GET', WKEY[i])
@@ -750,6 +798,43 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   return pack_(pl.rfmt, unpack(RES, 1, m))
 end
 
+-- fast decides, as decide does, one request of the common plan: one or
+-- two windows, no ban rule, no candidate windows, asked to decide, with
+-- no admissions to add and nothing to seed. It makes the same reads,
+-- arithmetic and writes as decide, with its working values in locals and
+-- its reply packed at once. Where decide would refuse (a full window), it
+-- returns nil having written nothing (its reads change nothing), and
+-- decide decides.
+local function fast(base, pl, want, need, life)
+  local V = pl.V
+  local l1, p1, g1, n1, u1 = V[2], V[3], V[4], V[5], V[6]
+  local k1 = KEYS[base + 2]
+  local f1, vh1, t1, hc1, ho1, b1, c1 = window(k1, call('GETRANGE', k1, '0', '18'), p1, g1, n1, u1)
+  if c1 >= l1 then return nil end
+  local room, lend = l1 - c1, now + life
+  if (b1 + 1) * g1 < lend then lend = (b1 + 1) * g1 end
+  local k2, l2, p2, g2, n2, u2, f2, vh2, t2, hc2, ho2, b2, c2
+  if V[1] == 2 then
+    l2, p2, g2, n2, u2 = V[8], V[9], V[10], V[11], V[12]
+    k2 = KEYS[base + 3]
+    f2, vh2, t2, hc2, ho2, b2, c2 = window(k2, call('GETRANGE', k2, '0', '18'), p2, g2, n2, u2)
+    if c2 >= l2 then return nil end
+    if l2 - c2 < room then room = l2 - c2 end
+    if (b2 + 1) * g2 < lend then lend = (b2 + 1) * g2 end
+  end
+  local granted, at = 1, now
+  if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
+  local _, _, o1 = write(k1, f1, vh1, t1, hc1, ho1, b1, granted, at, g1, n1, u1, pl.TTL[1])
+  local r1 = resetAt(b1, o1, p1, g1, n1, u1)
+  if not k2 then return pack_(pl.rfmt, 0, 0, now, granted, lend, c1 + granted, r1) end
+  local _, _, o2 = write(k2, f2, vh2, t2, hc2, ho2, b2, granted, at, g2, n2, u2, pl.TTL[2])
+  return pack_(pl.rfmt, 0, 0, now, granted, lend, c1 + granted, r1, c2 + granted, resetAt(b2, o2, p2, g2, n2, u2))
+end
+
+-- PATHS counts the decisions each path made (fast, then decide) since the
+-- code loaded: tests read them to know which path their decisions took.
+local PATHS = {0, 0}
+
 -- Plans are decoded once per call (once for all with a Function, up to
 -- a bound): their numbers (V), where the ban rule, the candidate windows
 -- and the candidate ban rule start in V, the ban rules as tables (nil: no
@@ -780,7 +865,7 @@ local function planAt(PLANS, p)
     if nc > 0 then fields = fields + 4 end
     if cban then fields = fields + 4 end
     pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), TTL = ttl, CTTL = cttl,
-      mults = mult, cmults = cmult}
+      mults = mult, cmults = cmult, fast = not ban and not cban and nc == 0 and (nw == 1 or nw == 2)}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
   end
@@ -788,43 +873,71 @@ local function planAt(PLANS, p)
   return pl
 end
 
--- run decides the batch of a call, at one reading of the server's clock:
--- its decisions happen at one instant, in order.
+-- The call being decided: its decisions (ARGV[1]), where the next one's
+-- numbers start, the KEYS index before its records, the replies so far
+-- and the plans met (planAt).
+local CALLS, POS, BASE, OUT, PLANS
 local ADD = {}
+
+-- batch makes the call's decisions from POS on, in order, each by fast
+-- where it may (a plan fast serves, asked only to decide), else by
+-- decide. It moves POS and BASE past a decision before making it, so that
+-- when one fails (an error, which run catches), the batch goes on after
+-- it.
+local function batch()
+  local calls, out = CALLS, OUT
+  while POS <= #calls do
+    local nk, p, na, mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8I8I8I8', calls, POS)
+    local base = BASE
+    POS, BASE = pos + 8 * (na - 5), base + nk
+    local pl = planAt(PLANS, p)
+    local r
+    if pl.fast and mode == 0 and na == 5 then r = fast(base, pl, want, need, life) end
+    if r then
+      PATHS[1] = PATHS[1] + 1
+    else
+      PATHS[2] = PATHS[2] + 1
+      local nw = pl.V[1]
+      -- The admissions to add per window are sent only when there are
+      -- any (or seeding numbers follow them).
+      if na > 5 then
+        for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
+      else
+        for i = 1, nw do ADD[i] = 0 end
+      end
+      local SEED
+      if na > 5 + nw then
+        SEED = {unpack_('>' .. rep('I8', na - 5 - nw), calls, pos)}
+        SEED[na - 5 - nw + 1] = nil
+      end
+      r = decide(base, pl, mode, extra, want, need, life, ADD, SEED)
+    end
+    out[#out + 1] = r
+  end
+end
+
+-- run decides the batch of a call, at one reading of the server's clock:
+-- its decisions happen at one instant, in order. A decision that fails
+-- replies "E" and the error; the others are made as if it were not
+-- there. (One pcall for the batch, not one per decision: a decision that
+-- fails is rare, and a pcall's setup is not free.)
 local function run(keys, args)
   if not byte then init() end
   KEYS, ARGV = keys, args
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local calls, pos, base = ARGV[1], 1, 0
-  local out, PLANS = {}, {}
-  while pos <= #calls do
-    local nk, p, na, mode, extra, want, need, life
-    nk, p, na, mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8I8I8I8', calls, pos)
-    local pl = planAt(PLANS, p)
-    local nw = pl.V[1]
-    -- The admissions to add per window are sent only when there are any
-    -- (or seeding numbers follow them).
-    if na > 5 then
-      for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
-    else
-      for i = 1, nw do ADD[i] = 0 end
-    end
-    local SEED
-    if na > 5 + nw then
-      SEED = {unpack_('>' .. rep('I8', na - 5 - nw), calls, pos)}
-      pos = SEED[na - 5 - nw + 1]
-      SEED[na - 5 - nw + 1] = nil
-    end
-    local ok, r = pcall(decide, base, pl, mode, extra, want, need, life, ADD, SEED)
-    if not ok then
-      if type(r) == 'table' and r.err then r = r.err end
-      r = 'E' .. tostring(r)
-    end
-    out[#out + 1] = r
-    base = base + nk
+  CALLS, POS, BASE, OUT, PLANS = ARGV[1], 1, 0, {}, {}
+  while true do
+    local from = POS
+    local ok, err = pcall(batch)
+    if ok then break end
+    -- A failure before a decision's numbers were read is the call's own
+    -- (malformed numbers): it ends the call.
+    if POS == from then error(err) end
+    if type(err) == 'table' and err.err then err = err.err end
+    OUT[#OUT + 1] = 'E' .. tostring(err)
   end
-  return out
+  return OUT
 end
 `
 

@@ -1,0 +1,302 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// takesFastPath reports whether the decision code decides a request
+// under pl, asked in, by its fast path (script.go: fast) rather than by
+// decide: a plan of one or two windows with no ban rule and no candidate
+// windows, asked only to decide, with nothing to add or seed, and
+// admitted. TestFastPathTaken checks this against the code's own counts.
+func takesFastPath(pl *plan, in input, admitted bool) bool {
+	return admitted && !pl.ban.on && !pl.cban.on && len(pl.candidates) == 0 &&
+		(len(pl.windows) == 1 || len(pl.windows) == 2) &&
+		!in.peek && in.seed == nil && !slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 })
+}
+
+// generalOnlyCore is the decision code with its fast path switched off:
+// every decision by decide.
+func generalOnlyCore(t testing.TB) string {
+	t.Helper()
+	const on = "fast = not ban and not cban"
+	if strings.Count(decideCore, on) != 1 {
+		t.Fatalf("the decision code no longer says %q once: update generalOnlyCore", on)
+	}
+	return strings.Replace(decideCore, on, "fast = false and not ban and not cban", 1)
+}
+
+// pathLibrary is the decision code loaded as a Function library of its
+// own (a name unique to the test), beside a function that reports how
+// many decisions each of its paths made: fast, then decide.
+type pathLibrary struct {
+	rdb     *redis.Client
+	fn, cnt string
+}
+
+func loadPathLibrary(t testing.TB, rdb *redis.Client) *pathLibrary {
+	t.Helper()
+	lib := "petstore_ratelimit_paths_" + strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(randomPrefix(t), "test:"), ":"), ":", "")
+	p := &pathLibrary{rdb: rdb, fn: lib + "_decide", cnt: lib + "_paths"}
+	src := decideLibrary(lib, p.fn) +
+		"redis.register_function{function_name='" + p.cnt + "', callback=function() return PATHS end, flags={'no-writes'}}\n"
+	ctx := context.Background()
+	if err := rdb.FunctionLoad(ctx, src).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.FunctionDelete(context.Background(), lib).Err() })
+	return p
+}
+
+func (p *pathLibrary) decide(ctx context.Context, ds []decision) ([]any, error) {
+	keys, args := batchCommand(ds)
+	reply, err := p.rdb.FCall(ctx, p.fn, keys, args...).Result()
+	if err != nil {
+		return nil, err
+	}
+	return batchReplies(reply, len(ds))
+}
+
+// paths returns how many decisions the fast path and decide have made
+// since the library loaded.
+func (p *pathLibrary) paths(t testing.TB) (fast, general int64) {
+	t.Helper()
+	v, err := p.rdb.FCallRO(context.Background(), p.cnt, nil).Int64Slice()
+	if err != nil || len(v) != 2 {
+		t.Fatalf("paths: %v %v", v, err)
+	}
+	return v[0], v[1]
+}
+
+// fastCase is generated traffic for one key: the plans replicas decide
+// it under (most of them plans the fast path serves) and, per step, the
+// clock's advance and a batch of requests.
+type fastCase struct {
+	plans []*plan
+}
+
+func genFastCase(rng *rand.Rand, maxPeriod time.Duration) fastCase {
+	policies := genPolicies(rng, maxPeriod)
+	noBan := rng.IntN(4) != 0
+	var c fastCase
+	for _, p := range policies {
+		if noBan {
+			p.Ban = BanPolicy{}
+		}
+		// Most plans of one or two windows.
+		if len(p.Windows) > 2 && rng.IntN(4) != 0 {
+			p.Windows = p.Windows[:1+rng.IntN(2)]
+		}
+		c.plans = append(c.plans, compile(p, DefaultBuckets, DefaultStrikeBuckets))
+	}
+	return c
+}
+
+// request draws one request under plan pl: mostly a plain decision,
+// sometimes a lease, a peek, admissions to add, or extra strikes.
+func genFastInput(rng *rand.Rand, pl *plan) input {
+	in := input{lease: noLease}
+	switch r := rng.IntN(20); {
+	case r < 3:
+		want := 2 + rng.Int64N(min(pl.windows[0].limit, 1<<20))
+		need := want
+		if rng.IntN(2) == 0 {
+			need = want * 2
+		}
+		in.lease = leaseAsk{want: want, need: need, life: 1 + rng.Int64N(2_000_000)}
+	case r < 5:
+		in.peek = true
+	case r < 7:
+		in.add = make([]int64, len(pl.windows))
+		for i := range in.add {
+			in.add[i] = rng.Int64N(3)
+		}
+	case r < 8:
+		in.extra = 1 + rng.Int64N(3)
+	}
+	return in
+}
+
+// genAdvance draws how far the clock moves before the next batch: not at
+// all, within a bucket, about a bucket, up to a period, or a period or
+// more, of one of the plan's windows.
+func genAdvance(rng *rand.Rand, pl *plan) int64 {
+	w := pl.windows[rng.IntN(len(pl.windows))]
+	switch rng.IntN(6) {
+	case 0:
+		return 0
+	case 1:
+		return rng.Int64N(w.gran)
+	case 2:
+		return w.gran - 1 + rng.Int64N(3)
+	case 3:
+		return rng.Int64N(w.period)
+	case 4:
+		return w.period
+	default:
+		return w.period + rng.Int64N(3*w.period)
+	}
+}
+
+// TestFastPathDecidesAsDecide checks that the fast path is a shortcut and
+// not a second algorithm: over generated plans (around the limits' byte
+// widths, periods from the shortest to the longest) and traffic (bursts
+// to the limit and past it, leases, peeks, adds, plan changes between
+// replicas, batches), the decision code and the same code with its fast
+// path switched off give the same reply to every request and leave the
+// same bytes and TTLs in every record, at the same miniredis clock. A
+// supplement: the windows' promise itself is checked on both paths by
+// the invariant tests.
+func TestFastPathDecidesAsDecide(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	fastSrc, generalSrc := decideLua, generalOnlyCore(t)+"\nreturn run(_G.KEYS, _G.ARGV)\n"
+	rng := invariantRNG(t, 7)
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+	var fastTaken, decisions int
+	for c := range max(*invariantCases, 40) {
+		fc := genFastCase(rng, MaxPeriod)
+		key := fmt.Sprint("k", c)
+		for range 120 {
+			i := rng.IntN(len(fc.plans))
+			now += genAdvance(rng, fc.plans[i])
+			m.SetTime(time.UnixMicro(now))
+			var ds [2][]decision
+			var ins []input
+			for range 1 + rng.IntN(3) {
+				if rng.IntN(4) == 0 {
+					i = rng.IntN(len(fc.plans))
+				}
+				// Most requests plain: bursts reach the limits.
+				in := input{lease: noLease}
+				if rng.IntN(3) == 0 {
+					in = genFastInput(rng, fc.plans[i])
+				}
+				for side, prefix := range [2]string{"a:", "b:"} {
+					ds[side] = append(ds[side], decision{keys: stateKeys(prefix, key, fc.plans[i]), pl: fc.plans[i], nums: scriptNums(fc.plans[i], in)})
+				}
+				ins = append(ins, in)
+			}
+			var replies [2][]any
+			for side, src := range [2]string{fastSrc, generalSrc} {
+				keys, args := batchCommand(ds[side])
+				reply, err := rdb.Eval(ctx, src, keys, args...).Result()
+				if err != nil {
+					t.Fatalf("case %d: %v", c, err)
+				}
+				if replies[side], err = batchReplies(reply, len(ds[side])); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for j := range replies[0] {
+				if replies[0][j] != replies[1][j] {
+					t.Fatalf("case %d, %s, request %d %+v at %d: with the fast path %q, without %q",
+						c, ds[0][j].pl.given.Windows, j, ins[j], now, replies[0][j], replies[1][j])
+				}
+				v, err := decode(ds[0][j].pl, replies[0][j])
+				if err != nil {
+					t.Fatal(err)
+				}
+				decisions++
+				if takesFastPath(ds[0][j].pl, ins[j], v.outcome == Allowed) {
+					fastTaken++
+				}
+			}
+			for _, k := range m.Keys() {
+				b, ok := strings.CutPrefix(k, "a:")
+				if !ok {
+					continue
+				}
+				va, _ := m.Get(k)
+				vb, err := m.Get("b:" + b)
+				if err != nil || va != vb || m.TTL(k) != m.TTL("b:"+b) {
+					t.Fatalf("case %d at %d: record %s differs: with the fast path %x (TTL %v), without %x (TTL %v)",
+						c, now, b, va, m.TTL(k), vb, m.TTL("b:"+b))
+				}
+			}
+		}
+	}
+	t.Logf("%d decisions, %d of them by the fast path", decisions, fastTaken)
+	if fastTaken < decisions/10 || fastTaken > decisions*9/10 {
+		t.Fatalf("the generated traffic took the fast path %d times in %d decisions: both paths should be well exercised", fastTaken, decisions)
+	}
+}
+
+// TestFastPathTaken checks, on a real Redis, which path the decision code
+// takes for each of generated requests (its own counts, read after each
+// batch), against takesFastPath: the fast path serves exactly the
+// admissions of the plans it covers, and hands the rest (refusals, peeks,
+// adds, bans, candidate windows, three or more windows) to decide.
+func TestFastPathTaken(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lib := loadPathLibrary(t, rdb)
+	ctx := context.Background()
+	rng := invariantRNG(t, 8)
+	prefix := randomPrefix(t)
+	withCandidate := compile(Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}},
+		Candidate: []Window{{Limit: 3, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	var fastSeen, generalSeen int64
+	for c := range 30 {
+		// Short periods, so that real time moves buckets and windows.
+		fc := genFastCase(rng, 50*time.Millisecond)
+		if c%5 == 0 {
+			fc.plans = append(fc.plans, withCandidate)
+		}
+		key := fmt.Sprint("k", c)
+		for range 60 {
+			var ds []decision
+			var ins []input
+			for range 1 + rng.IntN(3) {
+				pl := fc.plans[rng.IntN(len(fc.plans))]
+				in := input{lease: noLease}
+				if rng.IntN(3) == 0 {
+					in = genFastInput(rng, pl)
+				}
+				ds = append(ds, decision{keys: stateKeys(prefix, key, pl), pl: pl, nums: scriptNums(pl, in)})
+				ins = append(ins, in)
+			}
+			f0, g0 := lib.paths(t)
+			replies, err := lib.decide(ctx, ds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want int64
+			for j, r := range replies {
+				v, err := decode(ds[j].pl, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if takesFastPath(ds[j].pl, ins[j], v.outcome == Allowed) {
+					want++
+				}
+			}
+			f1, g1 := lib.paths(t)
+			if f1-f0 != want || (f1-f0)+(g1-g0) != int64(len(ds)) {
+				t.Fatalf("case %d: %d requests (%+v), %d for the fast path: it made %d, decide %d", c, len(ds), ins, want, f1-f0, g1-g0)
+			}
+			fastSeen, generalSeen = fastSeen+f1-f0, generalSeen+g1-g0
+			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+		}
+	}
+	t.Logf("fast path %d decisions, decide %d", fastSeen, generalSeen)
+	if fastSeen == 0 || generalSeen == 0 {
+		t.Fatalf("one path never ran: fast %d, decide %d", fastSeen, generalSeen)
+	}
+}
