@@ -84,11 +84,11 @@ cluster-down:
 loadtest:
 	@bash deploy/local/cluster.sh loadtest $(LOADTEST_FLAGS)
 
-## bench: the benchmarks whose figures the README quotes (installs wrk for the end-to-end one, valgrind to count Redis's instructions)
+## bench: the benchmarks whose figures the README quotes (installs wrk for the end-to-end one, valgrind to count Redis's instructions, lua5.1 for the decision code's line profile)
 bench:
 	@bash .ci/services bench
-	$(GO) test -run '^$$' -bench . -skip RedisInstructions -benchtime=40000x -count=1 ./ratelimit/ | tee bench.txt
-	$(GO) test -run '^$$' -bench RedisInstructions -benchtime=1x -count=1 ./ratelimit/ | tee -a bench.txt
+	$(GO) test -run '^$$' -bench . -skip 'RedisInstructions|LuaLineProfile' -benchtime=40000x -count=1 ./ratelimit/ | tee bench.txt
+	$(GO) test -run '^$$' -bench 'RedisInstructions|LuaLineProfile' -benchtime=1x -count=1 ./ratelimit/ | tee -a bench.txt
 	$(GO) test -c -o bin/petstore.test ./cmd/petstore/
 	bin/petstore.test -test.run '^$$' -test.bench ServeWithWrk -test.benchtime 2x | tee -a bench.txt
 	bin/petstore.test -test.run '^$$' -test.bench Simulate -test.benchtime 5x -test.count 3 | tee -a bench.txt
