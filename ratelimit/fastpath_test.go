@@ -47,7 +47,9 @@ type pathLibrary struct {
 
 func loadPathLibrary(t testing.TB, rdb *redis.Client) *pathLibrary {
 	t.Helper()
-	lib := "petstore_ratelimit_paths_" + strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(randomPrefix(t), "test:"), ":"), ":", "")
+	// randomPrefix is "test:HEX:"; a library name takes letters, digits
+	// and underscores.
+	lib := "petstore_ratelimit_paths_" + strings.Trim(strings.TrimPrefix(randomPrefix(t), "test:"), ":")
 	p := &pathLibrary{rdb: rdb, fn: lib + "_decide", cnt: lib + "_paths"}
 	src := decideLibrary(lib, p.fn) +
 		"redis.register_function{function_name='" + p.cnt + "', callback=function() return PATHS end, flags={'no-writes'}}\n"
@@ -79,31 +81,26 @@ func (p *pathLibrary) paths(t testing.TB) (fast, general int64) {
 	return v[0], v[1]
 }
 
-// fastCase is generated traffic for one key: the plans replicas decide
-// it under (most of them plans the fast path serves) and, per step, the
-// clock's advance and a batch of requests.
-type fastCase struct {
-	plans []*plan
-}
-
-func genFastCase(rng *rand.Rand, maxPeriod time.Duration) fastCase {
+// genFastPlans draws the plans replicas decide one key under
+// (genPolicies), most of them plans the fast path serves: without ban
+// rules three times in four, and of one or two windows.
+func genFastPlans(rng *rand.Rand, maxPeriod time.Duration) []*plan {
 	policies := genPolicies(rng, maxPeriod)
 	noBan := rng.IntN(4) != 0
-	var c fastCase
+	var plans []*plan
 	for _, p := range policies {
 		if noBan {
 			p.Ban = BanPolicy{}
 		}
-		// Most plans of one or two windows.
 		if len(p.Windows) > 2 && rng.IntN(4) != 0 {
 			p.Windows = p.Windows[:1+rng.IntN(2)]
 		}
-		c.plans = append(c.plans, compile(p, DefaultBuckets, DefaultStrikeBuckets))
+		plans = append(plans, compile(p, DefaultBuckets, DefaultStrikeBuckets))
 	}
-	return c
+	return plans
 }
 
-// request draws one request under plan pl: mostly a plain decision,
+// genFastInput draws one request under plan pl: mostly a plain decision,
 // sometimes a lease, a peek, admissions to add, or extra strikes.
 func genFastInput(rng *rand.Rand, pl *plan) input {
 	in := input{lease: noLease}
@@ -170,25 +167,25 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
 	var fastTaken, decisions int
 	for c := range max(*invariantCases, 40) {
-		fc := genFastCase(rng, MaxPeriod)
+		plans := genFastPlans(rng, MaxPeriod)
 		key := fmt.Sprint("k", c)
 		for range 120 {
-			i := rng.IntN(len(fc.plans))
-			now += genAdvance(rng, fc.plans[i])
+			i := rng.IntN(len(plans))
+			now += genAdvance(rng, plans[i])
 			m.SetTime(time.UnixMicro(now))
 			var ds [2][]decision
 			var ins []input
 			for range 1 + rng.IntN(3) {
 				if rng.IntN(4) == 0 {
-					i = rng.IntN(len(fc.plans))
+					i = rng.IntN(len(plans))
 				}
 				// Most requests plain: bursts reach the limits.
 				in := input{lease: noLease}
 				if rng.IntN(3) == 0 {
-					in = genFastInput(rng, fc.plans[i])
+					in = genFastInput(rng, plans[i])
 				}
 				for side, prefix := range [2]string{"a:", "b:"} {
-					ds[side] = append(ds[side], decision{keys: stateKeys(prefix, key, fc.plans[i]), pl: fc.plans[i], nums: scriptNums(fc.plans[i], in)})
+					ds[side] = append(ds[side], decision{keys: stateKeys(prefix, key, plans[i]), pl: plans[i], nums: scriptNums(plans[i], in)})
 				}
 				ins = append(ins, in)
 			}
@@ -255,16 +252,16 @@ func TestFastPathTaken(t *testing.T) {
 	var fastSeen, generalSeen int64
 	for c := range 30 {
 		// Short periods, so that real time moves buckets and windows.
-		fc := genFastCase(rng, 50*time.Millisecond)
+		plans := genFastPlans(rng, 50*time.Millisecond)
 		if c%5 == 0 {
-			fc.plans = append(fc.plans, withCandidate)
+			plans = append(plans, withCandidate)
 		}
 		key := fmt.Sprint("k", c)
 		for range 60 {
 			var ds []decision
 			var ins []input
 			for range 1 + rng.IntN(3) {
-				pl := fc.plans[rng.IntN(len(fc.plans))]
+				pl := plans[rng.IntN(len(plans))]
 				in := input{lease: noLease}
 				if rng.IntN(3) == 0 {
 					in = genFastInput(rng, pl)
