@@ -241,25 +241,21 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	}
 	pipe := b.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(groups))
-	keys := make([][]string, len(groups))
-	args := make([][]any, len(groups))
 	ds := make([]decision, 0, len(batch))
-	functions := !b.noFunctions.Load()
+	command, name := "fcall", b.sc.fn
+	if b.noFunctions.Load() {
+		command, name = "evalsha", b.sc.sha
+	}
 	for i, g := range groups {
 		ds = ds[:0]
 		for _, c := range batch[g.from:g.to] {
 			ds = append(ds, c.decision)
 		}
-		keys[i], args[i] = batchCommand(ds)
-		if functions {
-			cmds[i] = pipe.FCall(ctx, b.sc.fn, keys[i], args[i]...)
-		} else {
-			cmds[i] = pipe.EvalSha(ctx, b.sc.sha, keys[i], args[i]...)
-		}
+		cmds[i] = pipe.Do(ctx, batchCall(command, name, ds)...)
 	}
 	_, err := pipe.Exec(ctx)
 	if err != nil {
-		err = b.retry(ctx, cmds, keys, args)
+		err = b.retry(ctx, cmds)
 	}
 	b.observe(time.Since(start), err)
 	for i, g := range groups {
@@ -278,10 +274,10 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	}
 }
 
-// retry sends again the calls of a pipeline that Redis refused for want
-// of the decision code, once it has it, and returns the pipeline's error
-// after: the first call's error, if any.
-func (b *batcher) retry(ctx context.Context, cmds []*redis.Cmd, keys [][]string, args [][]any) error {
+// retry sends again the calls of a pipeline (batchCall) that Redis
+// refused for want of the decision code, once it has it, and returns the
+// pipeline's error after: the first call's error, if any.
+func (b *batcher) retry(ctx context.Context, cmds []*redis.Cmd) error {
 	var missing, unsupported, noscript bool
 	for _, c := range cmds {
 		switch err := c.Err(); {
@@ -311,14 +307,19 @@ func (b *batcher) retry(ctx context.Context, cmds []*redis.Cmd, keys [][]string,
 	if !missing && !unsupported && !noscript {
 		return firstError(cmds)
 	}
+	// The same call under another command and name: its key count, keys
+	// and arguments as they were.
+	again := func(command, name string, c *redis.Cmd) []any {
+		return append([]any{command, name}, c.Args()[2:]...)
+	}
 	pipe := b.rdb.Pipeline()
 	for i, c := range cmds {
 		switch err := c.Err(); {
 		case err == nil:
 		case isFunctionMissing(err) && !unsupported:
-			cmds[i] = pipe.FCall(ctx, b.sc.fn, keys[i], args[i]...)
+			cmds[i] = pipe.Do(ctx, again("fcall", b.sc.fn, c)...)
 		case isNoScript(err) || isFunctionMissing(err) || isFunctionUnsupported(err):
-			cmds[i] = pipe.Eval(ctx, b.sc.src, keys[i], args[i]...)
+			cmds[i] = pipe.Do(ctx, again("eval", b.sc.src, c)...)
 		}
 	}
 	_, _ = pipe.Exec(ctx)

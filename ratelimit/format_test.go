@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"encoding/binary"
+	"slices"
 	"testing"
 	"time"
 
@@ -43,6 +44,34 @@ func TestConfigurationBounds(t *testing.T) {
 	}
 	if err := ok(w, BanPolicy{Threshold: MaxLimit, StrikeWindow: MaxPeriod, Base: time.Second}); err != nil {
 		t.Errorf("ban at its maxima refused: %v", err)
+	}
+}
+
+// TestRecordNames: the records' names are format.go's, in the script's
+// KEYS order, for every kind of record a plan can have (replicas of every
+// release must name a key's records alike).
+func TestRecordNames(t *testing.T) {
+	t.Parallel()
+	cban := BanPolicy{Threshold: 1, StrikeWindow: time.Minute, Base: time.Minute, Multiplier: 2, Memory: time.Hour}
+	for _, c := range []struct {
+		p    Policy
+		want []string
+	}{
+		{Policy{Name: "one", Windows: []Window{{Limit: 5, Period: time.Second}}},
+			[]string{"pre:{k-1}:ban", "pre:{k-1}:w:1000000:5000"}},
+		{Policy{Name: "spec", Windows: []Window{{Limit: 1000, Period: 24 * time.Hour}, {Limit: 60, Period: time.Minute}}},
+			[]string{"pre:{k-1}:ban", "pre:{k-1}:w:60000000:300000", "pre:{k-1}:w:86400000000:432000000"}},
+		{Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}}, Candidate: []Window{{Limit: 2, Period: time.Minute}, {Limit: 9, Period: time.Hour}}, CandidateBan: cban},
+			[]string{"pre:{k-1}:ban", "pre:{k-1}:w:60000000:300000", "pre:{k-1}:c:60000000:3000000", "pre:{k-1}:c:3600000000:180000000", "pre:{k-1}:cban"}},
+	} {
+		pl := compile(c.p, DefaultBuckets, DefaultStrikeBuckets)
+		got := stateKeys("pre:", "k-1", pl)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: records named %q, want %q", c.p.Name, got, c.want)
+		}
+		if len(got) != pl.keyCount() || got[0] != banKey("pre:", "k-1") || c.p.CandidateBan.Enabled() && got[len(got)-1] != candidateBanKey("pre:", "k-1") {
+			t.Errorf("%s: %q disagrees with keyCount, banKey or candidateBanKey", c.p.Name, got)
+		}
 	}
 }
 

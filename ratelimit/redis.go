@@ -26,18 +26,44 @@ func candidateBanKey(prefix, key string) string { return prefix + "{" + key + "}
 
 // stateKeys returns the script's KEYS for key under pl: the ban record,
 // the record of each of pl's windows, then of each candidate window, then
-// the candidate ban record when pl has a candidate ban policy.
+// the candidate ban record when pl has a candidate ban policy. (The names
+// banKey and candidateBanKey give, cut from one string: a decision
+// allocates its keys' bytes once.)
 func stateKeys(prefix, key string, pl *plan) []string {
-	keys := make([]string, 1, pl.keyCount())
-	keys[0] = banKey(prefix, key)
+	size := pl.keyCount()*(len(prefix)+len(key)+2) + len(":ban")
 	for i := range pl.windows {
-		keys = append(keys, prefix+"{"+key+"}:w:"+pl.windows[i].name)
+		size += len(":w:") + len(pl.windows[i].name)
 	}
 	for i := range pl.candidates {
-		keys = append(keys, prefix+"{"+key+"}:c:"+pl.candidates[i].name)
+		size += len(":c:") + len(pl.candidates[i].name)
 	}
 	if pl.cban.on {
-		keys = append(keys, candidateBanKey(prefix, key))
+		size += len(":cban")
+	}
+	var all strings.Builder
+	all.Grow(size)
+	keys := make([]string, 0, pl.keyCount())
+	// A Builder never changes the bytes it has written: each name stays
+	// what it was when cut.
+	name := func(kind, suffix string) {
+		from := all.Len()
+		all.WriteString(prefix)
+		all.WriteByte('{')
+		all.WriteString(key)
+		all.WriteByte('}')
+		all.WriteString(kind)
+		all.WriteString(suffix)
+		keys = append(keys, all.String()[from:])
+	}
+	name(":ban", "")
+	for i := range pl.windows {
+		name(":w:", pl.windows[i].name)
+	}
+	for i := range pl.candidates {
+		name(":c:", pl.candidates[i].name)
+	}
+	if pl.cban.on {
+		name(":cban", "")
 	}
 	return keys
 }
@@ -102,14 +128,43 @@ const scriptBatch = 64
 // number count; and each distinct plan's numbers and ban multipliers,
 // once.
 func batchCommand(ds []decision) ([]string, []any) {
-	nkeys, nbytes := 0, 0
+	var keys []string
+	for i := range ds {
+		keys = append(keys, ds[i].keys...)
+	}
+	return keys, appendBatchArgs(nil, ds)
+}
+
+// batchCall returns the whole command of one script call that decides
+// ds (batchCommand): command and name (FCALL and the function, or EVALSHA
+// and the script's SHA1), the key count, the keys, the arguments. Each key
+// goes as a pointer into its decision's own keys, which go-redis writes as
+// the string it points to: no key is copied or boxed on its way.
+func batchCall(command, name string, ds []decision) []any {
+	nkeys := 0
 	for i := range ds {
 		nkeys += len(ds[i].keys)
+	}
+	// (Room for the arguments of one plan, as a batch mostly has.)
+	cmd := make([]any, 0, 3+nkeys+4)
+	cmd = append(cmd, command, name, nkeys)
+	for i := range ds {
+		for j := range ds[i].keys {
+			cmd = append(cmd, &ds[i].keys[j])
+		}
+	}
+	return appendBatchArgs(cmd, ds)
+}
+
+// appendBatchArgs appends to args the ARGV of the script call that
+// decides ds (batchCommand).
+func appendBatchArgs(args []any, ds []decision) []any {
+	nbytes := 0
+	for i := range ds {
 		nbytes += 24 + len(ds[i].nums)
 	}
-	keys := make([]string, 0, nkeys)
 	calls := make([]byte, 0, nbytes)
-	var plans []*plan
+	plans := make([]*plan, 0, 4)
 	for i := range ds {
 		d := &ds[i]
 		p := slices.Index(plans, d.pl)
@@ -121,14 +176,12 @@ func batchCommand(ds []decision) ([]string, []any) {
 		calls = binary.BigEndian.AppendUint64(calls, uint64(p+1))
 		calls = binary.BigEndian.AppendUint64(calls, uint64(len(d.nums)/8))
 		calls = append(calls, d.nums...)
-		keys = append(keys, d.keys...)
 	}
-	args := make([]any, 0, 1+3*len(plans))
 	args = append(args, calls)
 	for _, pl := range plans {
 		args = append(args, pl.packed, pl.mult, pl.cmult)
 	}
-	return keys, args
+	return args
 }
 
 // batchReplies returns the replies of a script call that decided n
