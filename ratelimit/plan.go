@@ -58,6 +58,8 @@ type plan struct {
 	// packed, mult and cmult are the plan's script arguments (script.go):
 	// its numbers, 8 bytes each, and its ban rules' multipliers.
 	packed, mult, cmult string
+	// argv is the three as a call's arguments, boxed once.
+	argv [3]any
 
 	buckets, strikeBuckets int
 
@@ -102,6 +104,7 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	pl.packed = packNums(nums)
 	pl.mult = strconv.FormatFloat(pl.ban.mult, 'g', -1, 64)
 	pl.cmult = strconv.FormatFloat(pl.cban.mult, 'g', -1, 64)
+	pl.argv = [3]any{pl.packed, pl.mult, pl.cmult}
 	return pl
 }
 

@@ -179,7 +179,7 @@ func appendBatchArgs(args []any, ds []decision) []any {
 	}
 	args = append(args, calls)
 	for _, pl := range plans {
-		args = append(args, pl.packed, pl.mult, pl.cmult)
+		args = append(args, pl.argv[:]...)
 	}
 	return args
 }
