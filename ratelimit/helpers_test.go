@@ -269,3 +269,13 @@ func silentServer(t *testing.T) string {
 	}()
 	return ln.Addr().String()
 }
+
+// batchCommand returns the KEYS and ARGV of the script call batchCall
+// makes, for calls made through go-redis's FCall and Eval.
+func batchCommand(ds []decision) ([]string, []any) {
+	var keys []string
+	for i := range ds {
+		keys = append(keys, ds[i].keys...)
+	}
+	return keys, appendBatchArgs(nil, ds)
+}

@@ -122,22 +122,10 @@ type decision struct {
 // several calls.
 const scriptBatch = 64
 
-// batchCommand returns the KEYS and ARGV of one script call that decides
-// ds in order (script.go): every decision's keys, one after the other;
-// the decisions' numbers, each behind its key count, plan index and
-// number count; and each distinct plan's numbers and ban multipliers,
-// once.
-func batchCommand(ds []decision) ([]string, []any) {
-	var keys []string
-	for i := range ds {
-		keys = append(keys, ds[i].keys...)
-	}
-	return keys, appendBatchArgs(nil, ds)
-}
-
 // batchCall returns the whole command of one script call that decides
-// ds (batchCommand): command and name (FCALL and the function, or EVALSHA
-// and the script's SHA1), the key count, the keys, the arguments. Each key
+// ds in order (script.go): command and name (FCALL and the function, or
+// EVALSHA and the script's SHA1), the key count, every decision's keys,
+// one after the other, then the arguments (appendBatchArgs). Each key
 // goes as a pointer into its decision's own keys, which go-redis writes as
 // the string it points to: no key is copied or boxed on its way.
 func batchCall(command, name string, ds []decision) []any {
@@ -157,7 +145,9 @@ func batchCall(command, name string, ds []decision) []any {
 }
 
 // appendBatchArgs appends to args the ARGV of the script call that
-// decides ds (batchCommand).
+// decides ds: the decisions' numbers, each behind its key count, plan
+// index and number count; and each distinct plan's numbers and ban
+// multipliers, once.
 func appendBatchArgs(args []any, ds []decision) []any {
 	nbytes := 0
 	for i := range ds {
