@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -132,6 +133,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				limiter           httpapi.Limiter
 				requests          float64
 				elapsed, cpu, rcp time.Duration
+				gc                float64 // the collector's CPU seconds (runtime/metrics)
 				scripts           int64
 				scriptUsec        float64
 				p50, p99          time.Duration // summed over rounds
@@ -144,12 +146,13 @@ func BenchmarkServeWithWrk(b *testing.B) {
 					s := sides[(i+k)%2]
 					url, stop := serve(s.name, s.limiter)
 					calls0, usec0 := rs.scripts(b)
-					cpu0, rcpu0 := processCPU(b), rs.cpu(b)
+					cpu0, rcpu0, gc0 := processCPU(b), rs.cpu(b), gcCPU()
 					n, elapsed, p50, p99 := runWrk(b, script, url)
 					s.p50 += p50
 					s.p99 += p99
 					s.rounds++
 					s.cpu += processCPU(b) - cpu0
+					s.gc += gcCPU() - gc0
 					s.rcp += rs.cpu(b) - rcpu0
 					calls1, usec1 := rs.scripts(b)
 					s.scripts += calls1 - calls0
@@ -169,6 +172,8 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(perReq(off.cpu, off.requests), "off-server-cpu-us/req")
 			b.ReportMetric(perReq(on.cpu, on.requests), "on-server-cpu-us/req")
 			b.ReportMetric(perReq(on.cpu, on.requests)-perReq(off.cpu, off.requests), "limiter-server-cpu-us/req")
+			b.ReportMetric(off.gc*1e6/off.requests, "off-gc-cpu-us/req")
+			b.ReportMetric(on.gc*1e6/on.requests, "on-gc-cpu-us/req")
 			b.ReportMetric(perReq(on.rcp, on.requests), "redis-cpu-us/req")
 			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
 			b.ReportMetric(on.scriptUsec/on.requests, "redis-script-us/req")
@@ -277,6 +282,15 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// gcCPU returns the CPU seconds the collector has spent so far, as the
+// runtime estimates them: the share of a side's server CPU that GOGC and
+// GOMEMLIMIT act on.
+func gcCPU() float64 {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	return s[0].Value.Float64()
 }
 
 // privateRedis is a redis-server this benchmark starts and stops.
