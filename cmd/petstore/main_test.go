@@ -199,7 +199,7 @@ func TestServeDefaults(t *testing.T) {
 	}
 
 	resp, body = do(t, "GET", in.ops+"/metrics", "", "")
-	for _, name := range []string{"petstore_http_requests_total", "petstore_build_info", "petstore_ratelimit_decisions_total", "go_goroutines"} {
+	for _, name := range []string{"petstore_http_requests_total", "petstore_build_info", "petstore_ratelimit_decisions_total", "go_goroutines", "go_gc_gomemlimit_bytes", "go_gc_gogc_percent"} {
 		if !strings.Contains(string(body), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}

@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,6 +72,13 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	log := newLogger(cfg, stderr)
 	log.Info("starting petstore", "version", version, "settings", set.Redacted())
+	switch limit, source := memoryLimit(getenv, os.DirFS("/")); {
+	case limit > 0:
+		debug.SetMemoryLimit(limit)
+		log.Info("go memory limit set", "bytes", limit, "from", source, "share", memoryLimitShare)
+	case source != "":
+		log.Info("go memory limit set", "bytes", debug.SetMemoryLimit(-1), "from", source)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
