@@ -30,6 +30,8 @@ var agreedEnv = map[string]bool{
 	"PETSTORE_PLANS_FILE": true, "PETSTORE_KEYS_FILE": true, "PETSTORE_KEY_CACHE_TTL": true, "PETSTORE_RELOAD_INTERVAL": true,
 	"PETSTORE_TRUSTED_PROXIES": true, "PETSTORE_AUTH_FAILURE_LIMIT": true, "PETSTORE_MAX_BODY_BYTES": true,
 	"PETSTORE_SHUTDOWN_GRACE": true, "PETSTORE_DRAIN_DELAY": true, "PETSTORE_LOG_LEVEL": true, "PETSTORE_LOG_FORMAT": true,
+	// The Go runtime's own: the collector's pace and soft memory limit.
+	"GOGC": true, "GOMEMLIMIT": true,
 }
 
 // secretEnv must come from a Secret, never from a literal value.
