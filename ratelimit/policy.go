@@ -187,19 +187,22 @@ func (p Policy) Sorted() Policy {
 
 // FormatPeriod prints a period compactly: 1m, 24h, 1500ms.
 func FormatPeriod(d time.Duration) string {
+	return string(AppendPeriod(make([]byte, 0, 8), d))
+}
+
+// AppendPeriod appends FormatPeriod(d) to b. Whole hours stay hours, so
+// "24h" reads as in the plans file.
+func AppendPeriod(b []byte, d time.Duration) []byte {
+	unit, name := time.Millisecond, "ms"
 	switch {
-	case d%(24*time.Hour) == 0 && d >= 24*time.Hour:
-		// Keep hours so "24h" reads as in the plans file.
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
 	case d%time.Hour == 0:
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+		unit, name = time.Hour, "h"
 	case d%time.Minute == 0:
-		return strconv.FormatInt(int64(d/time.Minute), 10) + "m"
+		unit, name = time.Minute, "m"
 	case d%time.Second == 0:
-		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
-	default:
-		return strconv.FormatInt(int64(d/time.Millisecond), 10) + "ms"
+		unit, name = time.Second, "s"
 	}
+	return append(strconv.AppendInt(b, int64(d/unit), 10), name...)
 }
 
 // Outcome is what the limiter decided.

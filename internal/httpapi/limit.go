@@ -186,8 +186,11 @@ func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 	}
 	reset = later(reset, now)
 
+	// Built in a buffer on the stack (two windows take about 80 bytes),
+	// then copied once into the string that every value cuts.
 	var ends [5]int
-	b := make([]byte, 0, 96+24*len(d.Windows))
+	var buf [192]byte
+	b := buf[:0]
 	b = strconv.AppendInt(b, bound.Limit, 10)
 	ends[0] = len(b)
 	b = strconv.AppendInt(b, remaining, 10)
@@ -228,7 +231,7 @@ func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
 // escaping).
 func appendPolicyName(b []byte, period time.Duration) []byte {
 	b = append(b, '"')
-	b = append(b, ratelimit.FormatPeriod(period)...)
+	b = ratelimit.AppendPeriod(b, period)
 	return append(b, '"')
 }
 
