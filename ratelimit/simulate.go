@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"fmt"
 	"hash/maphash"
 	"time"
 )
@@ -78,8 +79,12 @@ func NewSimulator(opts Options) *Simulator {
 // previous request's time, if later), Decision.Shadow is p.Shadow: under a
 // shadow policy the outcome is what enforcement would have decided, and
 // refusals are not counted, exactly as the limiter does. It returns an
-// error only for an invalid policy.
+// error only for an invalid policy or a time before the Unix epoch (the
+// shared store's clock never reads one).
 func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, error) {
+	if at.UnixMicro() < 0 {
+		return SimDecision{}, fmt.Errorf("ratelimit: simulated time %s is before the Unix epoch", at.UTC().Format(time.RFC3339Nano))
+	}
 	k := s.lastKey
 	if k == nil || s.lastName != key {
 		if k = s.keys[key]; k == nil {

@@ -2,7 +2,9 @@ package ratelimit
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,7 +116,7 @@ func TestSimulatorWindowsInvariant(t *testing.T) {
 		}
 		s := NewSimulator(Options{})
 		var log admissionLog
-		now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+		now := genStart(rng)
 		pi := 0
 		for range 300 {
 			if rng.IntN(8) == 0 {
@@ -162,6 +164,33 @@ func TestSimulatorWindowsInvariant(t *testing.T) {
 	}
 }
 
+// genStart returns when a generated case begins (µs): in a third of the
+// cases within MaxPeriod of the Unix epoch, where the oldest buckets an
+// interval can touch lie before zero (a replayed log may begin there),
+// otherwise in 2031.
+func genStart(rng *rand.Rand) int64 {
+	if rng.IntN(3) == 0 {
+		return rng.Int64N(MaxPeriod.Microseconds())
+	}
+	return time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+}
+
+// TestSimulatorRejectsTimesBeforeTheEpoch: a time the shared store's
+// clock never reads is an error, not a decision (nor a panic).
+func TestSimulatorRejectsTimesBeforeTheEpoch(t *testing.T) {
+	t.Parallel()
+	s := NewSimulator(Options{})
+	p := Policy{Name: "p", Windows: []Window{{Limit: 5, Period: time.Minute}, {Limit: 100, Period: MaxPeriod}}}
+	for _, at := range []time.Time{time.UnixMicro(-1), {}, time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC)} {
+		if d, err := s.Decide("k", p, at); err == nil || !strings.Contains(err.Error(), "before the Unix epoch") {
+			t.Fatalf("at %s: %+v, %v; want an error", at, d, err)
+		}
+	}
+	if d := simDecide(t, s, "k", p, time.UnixMicro(0)); d.Outcome != Allowed || d.Windows[0].Remaining != 4 || d.Windows[1].Remaining != 99 {
+		t.Fatalf("at the epoch: %+v", d)
+	}
+}
+
 // TestSimulatorMatchesScript: over generated plans and traffic, the
 // Simulator decides every request as the decision script does on
 // miniredis at the same time (outcome, Retry-After, what each window has
@@ -186,7 +215,7 @@ func TestSimulatorMatchesScript(t *testing.T) {
 		}
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
 			d := newInvariantDriver(t, rng, rdb, m, []Policy{p})
-			d.now = time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+			d.now = genStart(rng)
 			s := NewSimulator(Options{})
 			w := d.plans[0].windows
 			for i := range 150 {

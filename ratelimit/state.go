@@ -34,7 +34,7 @@ func (s *ringState) advance(r *ring, b int64) {
 			s.total = 0
 		} else {
 			for j := s.head - r.n; j <= b-r.n-1; j++ {
-				i := j % (r.n + 1)
+				i := r.slot(j)
 				if c := s.count[i]; c > 0 {
 					s.total = max(s.total-c, 0)
 					s.count[i] = 0
@@ -47,7 +47,7 @@ func (s *ringState) advance(r *ring, b int64) {
 
 // last returns the (rounded up) time of bucket j's last event.
 func (s *ringState) last(r *ring, j int64) int64 {
-	return j*r.gran + s.off[j%(r.n+1)]*r.unit
+	return j*r.gran + s.off[r.slot(j)]*r.unit
 }
 
 // until returns when bucket j stops counting: when the head has moved
@@ -63,7 +63,7 @@ func until(r *ring, j, last int64) int64 {
 // last event is a full period old: used never undercounts an interval.
 func (s *ringState) used(r *ring, now, b int64) (int64, int64) {
 	j0 := b - r.n
-	if c0 := s.count[j0%(r.n+1)]; c0 > 0 && s.last(r, j0)+r.period <= now {
+	if c0 := s.count[r.slot(j0)]; c0 > 0 && s.last(r, j0)+r.period <= now {
 		return s.total - c0, j0 + 1
 	}
 	return s.total, j0
@@ -74,7 +74,7 @@ func (s *ringState) used(r *ring, now, b int64) (int64, int64) {
 func (s *ringState) retry(r *ring, from, b, excess int64) int64 {
 	var acc int64
 	for j := from; j <= b; j++ {
-		if c := s.count[j%(r.n+1)]; c > 0 {
+		if c := s.count[r.slot(j)]; c > 0 {
 			acc += c
 			if acc >= excess {
 				return until(r, j, s.last(r, j))
@@ -90,7 +90,7 @@ func (s *ringState) reset(r *ring, from, b, used, now int64) int64 {
 		return now
 	}
 	for j := b; j >= from; j-- {
-		if s.count[j%(r.n+1)] > 0 {
+		if s.count[r.slot(j)] > 0 {
 			return until(r, j, s.last(r, j))
 		}
 	}
@@ -102,7 +102,7 @@ func (s *ringState) reset(r *ring, from, b, used, now int64) int64 {
 // admissions in the same bucket must not move back. Counts saturate at
 // maxCount as the stored ones do; only strikes can get there.
 func (s *ringState) add(r *ring, b, at, k int64) {
-	i := b % (r.n + 1)
+	i := r.slot(b)
 	off := ceilDiv(max(at-b*r.gran, 0), r.unit)
 	if s.count[i] > 0 {
 		off = max(off, s.off[i])
@@ -113,6 +113,18 @@ func (s *ringState) add(r *ring, b, at, k int64) {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// slot returns the slot of bucket j in the ring, as the script's
+// j % (n + 1): within a period of the Unix epoch the oldest buckets an
+// interval can touch are before zero, and Go's remainder takes the sign
+// of j.
+func (r *ring) slot(j int64) int64 {
+	i := j % (r.n + 1)
+	if i < 0 {
+		i += r.n + 1
+	}
+	return i
+}
 
 // seedFrom fills s, a new and empty ring for window r whose head is to be
 // b, from src, the key's ring of another period: each bucket of src whose
@@ -131,7 +143,7 @@ func (s *ringState) seedFrom(r *ring, b int64, src *ringState, now int64) {
 		return
 	}
 	for j := src.head - sr.n; j <= src.head; j++ {
-		c := src.count[j%(sr.n+1)]
+		c := src.count[sr.slot(j)]
 		if c <= 0 {
 			continue
 		}
@@ -140,7 +152,7 @@ func (s *ringState) seedFrom(r *ring, b int64, src *ringState, now int64) {
 			continue
 		}
 		bj := min(max(t/r.gran, b-r.n), b)
-		i := bj % (r.n + 1)
+		i := r.slot(bj)
 		off := min(ceilDiv(max(t-bj*r.gran, 0), r.unit), maxOffset)
 		if s.count[i] == 0 || off > s.off[i] {
 			s.off[i] = off

@@ -367,6 +367,27 @@ func TestPlansSimulateUnmatchedAndMalformed(t *testing.T) {
 	}
 }
 
+// TestPlansSimulateAtTheEpoch: a log that begins at the Unix epoch is
+// replayed (its day window's oldest buckets lie before zero); a line of a
+// request that began before it is malformed, not a crash.
+func TestPlansSimulateAtTheEpoch(t *testing.T) {
+	t.Parallel()
+	var reqs []logged
+	for i := range 70 {
+		reqs = append(reqs, logged{at: time.Unix(0, 0).Add(time.Duration(i) * 100 * time.Millisecond), key: "key_a", plan: "free", outcome: "allowed"})
+	}
+	log := accessLog(t, reqs)
+	log = append(log, "{\"time\":\"1970-01-01T00:00:00.010Z\",\"msg\":\"request\",\"duration_ms\":20,\"key_id\":\"key_a\",\"plan\":\"free\",\"ratelimit\":\"allowed\"}\n"...)
+	rep := simulateJSON(t, "--access-log", writeFile(t, "access.log", log))
+	if want := (accesslog.Counts{Lines: 71, Replayable: 70, Malformed: 1}); rep.Lines != want {
+		t.Errorf("lines %+v, want %+v", rep.Lines, want)
+	}
+	// The built-in free plan: 60 a minute.
+	if free := planOf(t, rep, "free"); free.Proposed != (jsonProposed{Allowed: 60, Limited: 10, KeysLimited: 1}) {
+		t.Errorf("free, 70 requests in 7 s: proposed %+v, want 60 allowed", free.Proposed)
+	}
+}
+
 func TestPlansSimulateUsage(t *testing.T) {
 	t.Parallel()
 	logFile := writeFile(t, "access.log", accessLog(t, knownTraffic()))

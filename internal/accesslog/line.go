@@ -172,6 +172,11 @@ func (p *parser) classify() Kind {
 		return Malformed
 	}
 	p.at = end - d
+	if p.at < 0 {
+		// The request began before the Unix epoch: no limiter decided it
+		// (the shared store's clock never reads such a time).
+		return Malformed
+	}
 	return Replayable
 }
 

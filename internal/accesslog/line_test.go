@@ -68,6 +68,9 @@ func reference(line []byte) (Entry, Kind) {
 		return Entry{}, Malformed
 	}
 	e.At, e.KeyID, e.Plan, e.Shadow = t.UnixMicro()-d, key, plan, shadow
+	if e.At < 0 {
+		return Entry{}, Malformed // began before the Unix epoch
+	}
 	return e, Replayable
 }
 
@@ -118,7 +121,13 @@ var trickyLines = []string{
 	`{}`,
 	``,
 	" \t\r",
+	// At the Unix epoch: a request may begin there, not before.
+	`{"time":"1970-01-01T00:00:00.012Z","msg":"request","duration_ms":12,"key_id":"k","plan":"p","ratelimit":"allowed"}`,
+	`{"time":"1970-01-01T01:00:00+01:00","msg":"request","duration_ms":0,"key_id":"k","plan":"p","ratelimit":"allowed"}`,
 	// Malformed.
+	`{"time":"1970-01-01T00:00:00.012Z","msg":"request","duration_ms":12.001,"key_id":"k","plan":"p","ratelimit":"allowed"}`,
+	`{"time":"1969-12-31T23:59:59.999999Z","msg":"request","duration_ms":0,"key_id":"k","plan":"p","ratelimit":"allowed"}`,
+	`{"time":"0001-01-01T00:00:00Z","msg":"request","duration_ms":0,"key_id":"k","plan":"p","ratelimit":"allowed"}`,
 	`not json`,
 	`time=2026-11-24T14:38:22Z level=INFO msg=request ratelimit=allowed`,
 	`[{"msg":"request"}]`,
