@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 // fallback decides for a key without Redis (fail-open): for a request
@@ -25,6 +26,14 @@ type fallback struct {
 	shards      [memShards]fallbackShard
 	maxPerShard int
 	live        func() int64 // live replica count
+
+	// pendingKeys counts the kept entries with pending admissions. It is
+	// raised before an entry's pending count leaves zero and lowered after
+	// it returns to zero (or the entry is dropped), both under the entry's
+	// shard lock, so it is never lower than the number of such entries:
+	// read as zero, there is nothing to add, and takePending, on every
+	// round trip, skips its lock and lookup. Outside an outage it is zero.
+	pendingKeys atomic.Int64
 }
 
 type fallbackShard struct {
@@ -100,6 +109,9 @@ func (f *fallback) remember(key string, pl *plan, start int64, v verdict) {
 // has slid out of it: after a long outage a minute window gets the last
 // minute's admissions, a day window all of them.
 func (f *fallback) takePending(key string, pl *plan, now int64) ([]int64, int64) {
+	if f.pendingKeys.Load() == 0 {
+		return nil, 0
+	}
 	sh := f.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -126,6 +138,7 @@ func (f *fallback) takePending(key string, pl *plan, now int64) ([]int64, int64)
 	}
 	p := e.pending
 	e.pending = 0
+	f.pendingKeys.Add(-1)
 	return adds, p
 }
 
@@ -138,6 +151,9 @@ func (f *fallback) restorePending(key string, n int64) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.keys[key]; e != nil {
+		if e.pending == 0 {
+			f.pendingKeys.Add(1)
+		}
 		e.pending += n
 	}
 }
@@ -150,11 +166,11 @@ func (f *fallback) decide(key string, pl *plan, now int64, in input) verdict {
 	sh := f.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e := sh.keys[key]
+	e, kept := sh.keys[key]
 	if e == nil {
 		e = &fallbackEntry{}
 		if len(sh.keys) < f.maxPerShard && !in.peek {
-			sh.keys[key] = e
+			sh.keys[key], kept = e, true
 		}
 	}
 	if e.state == nil || e.seeded != e.at {
@@ -164,6 +180,9 @@ func (f *fallback) decide(key string, pl *plan, now int64, in input) verdict {
 	v := e.state.decide(lp, now, in)
 	if !in.peek {
 		if v.outcome == Allowed {
+			if e.pending == 0 && kept {
+				f.pendingKeys.Add(1)
+			}
 			e.pending++
 		}
 		e.expires = max(e.expires, e.state.expires)
@@ -208,7 +227,7 @@ func (f *fallback) sweep(now int64) {
 		sh.mu.Lock()
 		for k, e := range sh.keys {
 			if e.expires <= now {
-				delete(sh.keys, k)
+				f.drop(sh, k, e)
 			}
 		}
 		sh.mu.Unlock()
@@ -219,8 +238,18 @@ func (f *fallback) sweep(now int64) {
 func (f *fallback) forget(key string) {
 	sh := f.shard(key)
 	sh.mu.Lock()
-	delete(sh.keys, key)
+	if e := sh.keys[key]; e != nil {
+		f.drop(sh, key, e)
+	}
 	sh.mu.Unlock()
+}
+
+// drop deletes key's entry e from sh, whose lock the caller holds.
+func (f *fallback) drop(sh *fallbackShard, key string, e *fallbackEntry) {
+	delete(sh.keys, key)
+	if e.pending > 0 {
+		f.pendingKeys.Add(-1)
+	}
 }
 
 // unban drops the ban the replica knew of for key.

@@ -1,0 +1,177 @@
+package ratelimit
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// countPending locks every shard of f and returns its pending-keys count
+// and the number of kept entries with pending admissions, read together.
+func countPending(f *fallback) (counted int64, entries int64) {
+	for i := range f.shards {
+		f.shards[i].mu.Lock()
+	}
+	defer func() {
+		for i := range f.shards {
+			f.shards[i].mu.Unlock()
+		}
+	}()
+	for i := range f.shards {
+		for _, e := range f.shards[i].keys {
+			if e.pending > 0 {
+				entries++
+			}
+		}
+	}
+	return f.pendingKeys.Load(), entries
+}
+
+// TestFallbackPendingCountNeverLow: takePending skips its lookup while the
+// count of keys with pending admissions reads zero, so that count must
+// never read lower than the entries it stands for, or local admissions
+// would not reach the shared windows and the degraded-mode bound would
+// break. Goroutines decide, take, give back, forget and sweep keys at
+// random, over a table small enough that some keys are not kept, while a
+// checker locks every shard and compares the count with the entries. Keys
+// of their own are decided by producers and handed to a consumer, whose
+// takePending must then return every admission made since its last take.
+func TestFallbackPendingCountNeverLow(t *testing.T) {
+	t.Parallel()
+	f := newFallback(2*memShards, func() int64 { return 1 })
+	pl := compile(Policy{Name: "p", Windows: []Window{{Limit: 1_000_000_000, Period: time.Minute}, {Limit: 1_000_000_000, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	// The owned keys' plan keeps them past every sweep below.
+	long := compile(Policy{Name: "long", Windows: []Window{{Limit: 1_000_000_000, Period: time.Minute}, {Limit: 1_000_000_000, Period: MaxPeriod}}}, DefaultBuckets, DefaultStrikeBuckets)
+	var clock atomic.Int64
+	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro())
+	now := func() int64 { return clock.Add(1) }
+
+	const producers, owned, rounds = 3, 8, 400
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var checks atomic.Int64
+
+	// The checker: the count and the entries, under every shard lock.
+	var checker sync.WaitGroup
+	checker.Add(1)
+	go func() {
+		defer checker.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if c, e := countPending(f); c != e {
+				t.Errorf("pending-keys count %d with %d entries pending", c, e)
+				return
+			}
+			checks.Add(1)
+		}
+	}()
+
+	// Random traffic on shared keys: every operation that moves pending.
+	for g := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 7))
+			var taken []int64
+			for range 20 * rounds {
+				key := fmt.Sprintf("shared-%d", r.IntN(200))
+				switch op := r.IntN(10); {
+				case op < 5:
+					f.decide(key, pl, now(), input{lease: noLease})
+				case op < 7:
+					if _, p := f.takePending(key, pl, now()); p > 0 {
+						taken = append(taken, p)
+					}
+				case op < 8 && len(taken) > 0:
+					f.restorePending(key, taken[len(taken)-1])
+					taken = taken[:len(taken)-1]
+				case op < 9:
+					f.forget(key)
+				default:
+					f.sweep(now() + r.Int64N(2*time.Hour.Microseconds()))
+				}
+			}
+		}()
+	}
+
+	// Producers and a consumer: a take that follows a decision sees it.
+	type handed struct {
+		key  string
+		made int64         // admissions kept since the key's last take
+		done chan struct{} // closed once taken: the key is its producer's again
+	}
+	queue := make(chan handed, producers)
+	for p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(p), 11))
+			for range rounds {
+				key := fmt.Sprintf("owned-%d-%d", p, r.IntN(owned))
+				n := 1 + r.Int64N(3)
+				for range n {
+					if v := f.decide(key, long, now(), input{lease: noLease}); v.outcome != Allowed {
+						t.Errorf("%s: outcome %v under a limit of a billion", key, v.outcome)
+						return
+					}
+				}
+				sh := f.shard(key)
+				sh.mu.Lock()
+				e := sh.keys[key]
+				made := int64(0)
+				if e != nil {
+					made = e.pending
+				}
+				sh.mu.Unlock()
+				done := make(chan struct{})
+				queue <- handed{key: key, made: made, done: done}
+				<-done
+			}
+		}()
+	}
+	var consumer sync.WaitGroup
+	consumer.Add(1)
+	takes := 0
+	go func() {
+		defer consumer.Done()
+		for h := range queue {
+			if _, p := f.takePending(h.key, long, now()); p != h.made {
+				t.Errorf("%s: take returned %d admissions, %d were pending", h.key, p, h.made)
+			}
+			takes++
+			close(h.done)
+		}
+	}()
+	wg.Wait()
+	close(queue)
+	consumer.Wait()
+	close(stop)
+	checker.Wait()
+	if c, e := countPending(f); c != e {
+		t.Fatalf("after the run: pending-keys count %d with %d entries pending", c, e)
+	}
+	// Taking every key leaves nothing pending, and the count at zero.
+	for i := range f.shards {
+		sh := &f.shards[i]
+		sh.mu.Lock()
+		var keys []string
+		for k := range sh.keys {
+			keys = append(keys, k)
+		}
+		sh.mu.Unlock()
+		for _, k := range keys {
+			f.takePending(k, pl, now())
+		}
+	}
+	if c, e := countPending(f); c != 0 || e != 0 {
+		t.Fatalf("after taking every key: count %d, %d entries pending", c, e)
+	}
+	t.Logf("%d takes of handed keys, %d checks under every lock", takes, checks.Load())
+}
