@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"math"
@@ -332,6 +333,7 @@ func (d *invariantDriver) check(i int, v verdict) {
 	x := v.now
 	d.stats[v.outcome]++
 	d.seq++
+	d.checkRecordsOutlive(i)
 	if v.outcome == Allowed {
 		if r := d.refused[i]; r.ok && x < r.at+r.retry {
 			t.Fatalf("%s\nplan %d admitted at %d, before the Retry-After of its refusal at %d (%d µs)", d.describe(), i, x, r.at, r.retry)
@@ -371,6 +373,45 @@ func (d *invariantDriver) check(i int, v verdict) {
 		t.Fatalf("%s\nplan %d limited at %d with Retry-After %d µs, more than a bucket (%d) past the exact window's %d", d.describe(), i, x, v.retry, slack, ideal)
 	}
 	d.refused[i] = refusal{at: x, retry: v.retry, ok: true, seq: d.seq}
+}
+
+// checkRecordsOutlive fails unless every window record of plan i (its
+// windows and candidate windows) lives at least until its newest events
+// stop counting: a period after the end of its head bucket, (head+1)·g +
+// period. A record that expired sooner would take admissions that still
+// count with it. The head is read from the record, the expiry with
+// PEXPIRETIME (ms since the epoch).
+func (d *invariantDriver) checkRecordsOutlive(i int) {
+	t := d.t
+	t.Helper()
+	pl := d.plans[i]
+	rings := slices.Concat(pl.windows, pl.candidates)
+	ctx := context.Background()
+	pipe := d.rdb.Pipeline()
+	heads := make([]*redis.StringCmd, len(rings))
+	exps := make([]*redis.DurationCmd, len(rings))
+	for j := range rings {
+		heads[j] = pipe.GetRange(ctx, d.keys[i][1+j], 1, 8)
+		exps[j] = pipe.PExpireTime(ctx, d.keys[i][1+j])
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatalf("reading the records: %v", err)
+	}
+	for j, r := range rings {
+		h := heads[j].Val()
+		if len(h) < 8 {
+			continue // never written (refused since created, or not yet)
+		}
+		head := int64(binary.BigEndian.Uint64([]byte(h)))
+		exp := exps[j].Val()
+		if exp < 0 {
+			t.Fatalf("%s\nrecord %s has no expiry (%v)", d.describe(), d.keys[i][1+j], exp)
+		}
+		if need := (head+1)*r.gran + r.period; exp.Milliseconds()*1000 < need {
+			t.Fatalf("%s\nrecord %s (head bucket %d of %d µs, period %d µs) expires at %d ms, before its newest events stop counting at %d µs",
+				d.describe(), d.keys[i][1+j], head, r.gran, r.period, exp.Milliseconds(), need)
+		}
+	}
 }
 
 // step draws the next request: which plan, when, and how many admissions.
