@@ -379,8 +379,9 @@ func (d *invariantDriver) check(i int, v verdict) {
 // windows and candidate windows) lives at least until its newest events
 // stop counting: a period after the end of its head bucket, (head+1)·g +
 // period. A record that expired sooner would take admissions that still
-// count with it. The head is read from the record, the expiry with
-// PEXPIRETIME (ms since the epoch).
+// count with it. So for its ban record: the ban's end, the last offence's
+// memory, its newest strikes. Heads and times are read from the records,
+// the expiry with PEXPIRETIME (ms since the epoch).
 func (d *invariantDriver) checkRecordsOutlive(i int) {
 	t := d.t
 	t.Helper()
@@ -394,8 +395,34 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 		heads[j] = pipe.GetRange(ctx, d.keys[i][1+j], 1, 8)
 		exps[j] = pipe.PExpireTime(ctx, d.keys[i][1+j])
 	}
+	var ban *redis.StringCmd
+	var banExp *redis.DurationCmd
+	if pl.ban.on {
+		// Version, ban end, offences, last offence, strike period and
+		// bucket width, then the strike ring's head and total.
+		ban, banExp = pipe.GetRange(ctx, d.keys[i][0], 0, 48), pipe.PExpireTime(ctx, d.keys[i][0])
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatalf("reading the records: %v", err)
+	}
+	if ban != nil && len(ban.Val()) >= 49 {
+		b := []byte(ban.Val())
+		// The ban record outlives the ban, the memory of its last
+		// offence and its newest strikes.
+		be := binary.BigEndian
+		until, offences, offenceAt := int64(be.Uint64(b[1:])), be.Uint32(b[9:]), int64(be.Uint64(b[13:]))
+		sp, sg, head, total := int64(be.Uint64(b[21:])), int64(be.Uint64(b[29:])), int64(be.Uint64(b[37:])), be.Uint32(b[45:])
+		need := until
+		if offences > 0 {
+			need = max(need, offenceAt+pl.ban.memory)
+		}
+		if total > 0 {
+			need = max(need, (head+1)*sg+sp)
+		}
+		if exp := banExp.Val(); exp < 0 || exp.Milliseconds()*1000 < need {
+			t.Fatalf("%s\nban record %s (ban until %d, %d offences, the last at %d, strike head %d of %d µs, period %d µs, %d strikes) expires at %v, before %d µs",
+				d.describe(), d.keys[i][0], until, offences, offenceAt, head, sg, sp, total, exp, need)
+		}
 	}
 	for j, r := range rings {
 		h := heads[j].Val()
