@@ -419,7 +419,7 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 		if total > 0 {
 			need = max(need, (head+1)*sg+sp)
 		}
-		if exp := banExp.Val(); exp < 0 || exp.Milliseconds()*1000 < need {
+		if exp := banExp.Val(); (exp != -2 || d.mini != nil) && (exp < 0 || exp.Milliseconds()*1000 < need) {
 			t.Fatalf("%s\nban record %s (ban until %d, %d offences, the last at %d, strike head %d of %d µs, period %d µs, %d strikes) expires at %v, before %d µs",
 				d.describe(), d.keys[i][0], until, offences, offenceAt, head, sg, sp, total, exp, need)
 		}
@@ -431,6 +431,9 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 		}
 		head := int64(binary.BigEndian.Uint64([]byte(h)))
 		exp := exps[j].Val()
+		if exp == -2 && d.mini == nil {
+			continue // expired between the two reads (real time moves; miniredis's clock does not)
+		}
 		if exp < 0 {
 			t.Fatalf("%s\nrecord %s has no expiry (%v)", d.describe(), d.keys[i][1+j], exp)
 		}
