@@ -37,6 +37,39 @@ func FreePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// FreeClusterPort returns a port for a Redis Cluster node, which also
+// listens on its cluster bus port, port+10000: both were free a moment
+// ago, and both lie below the ephemeral range when the range allows it
+// (a bus port inside it can be taken by an outgoing connection first, and
+// the node then exits at start).
+func FreeClusterPort(t testing.TB) int {
+	t.Helper()
+	free := func(port int) bool {
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+		return true
+	}
+	lo := ephemeralLow()
+	if lo > 22000 {
+		for range 200 {
+			port := 10000 + rand.IntN(lo-20000)
+			if free(port) && free(port+10000) {
+				return port
+			}
+		}
+	}
+	for range 200 {
+		if port := FreePort(t); port+10000 <= 65535 && free(port+10000) {
+			return port
+		}
+	}
+	t.Fatal("no free pair of ports for a Redis Cluster node")
+	return 0
+}
+
 // ephemeralLow returns the lowest port of the kernel's ephemeral range
 // (0 when unknown).
 func ephemeralLow() int {
