@@ -71,9 +71,10 @@ func startRedisServer(t testing.TB, args ...string) *redisServer {
 		}
 		t.Skipf("redis-server not installed: %v", err)
 	}
-	s := &redisServer{dir: t.TempDir(), args: args}
+	s := &redisServer{args: args}
 	t.Cleanup(s.stop)
 	for attempt := 1; ; attempt++ {
+		s.dir = t.TempDir() // nothing a failed start wrote (a cluster's nodes.conf)
 		if slices.Contains(args, "--cluster-enabled") {
 			s.port = testenv.FreeClusterPort(t)
 		} else {
