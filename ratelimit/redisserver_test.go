@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -35,27 +33,8 @@ type redisServer struct {
 	dir    string
 	args   []string
 	cmd    *exec.Cmd
-	out    *lockedBuffer // the process's output, for a failure's message
-	exited chan struct{} // closed when the process has exited
-}
-
-// lockedBuffer is a bytes.Buffer that a process's output may be written
-// to while a test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	out    *testenv.Buffer // the process's output, for a failure's message
+	exited chan struct{}   // closed when the process has exited
 }
 
 // startRedisServer starts a private redis-server on a free port. Tests
@@ -104,7 +83,7 @@ func (s *redisServer) start(t testing.TB) {
 // it fails at once when the process exits, with what it printed.
 func (s *redisServer) tryStart() error {
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.dir}, s.args...)
-	s.out = &lockedBuffer{}
+	s.out = &testenv.Buffer{}
 	cmd := exec.Command("redis-server", args...)
 	cmd.Stdout, cmd.Stderr = s.out, s.out
 	if err := cmd.Start(); err != nil {
