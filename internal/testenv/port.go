@@ -22,9 +22,7 @@ func FreePort(t testing.TB) int {
 	lo := ephemeralLow()
 	if lo > 12000 {
 		for range 200 {
-			port := 10000 + rand.IntN(lo-10000)
-			if ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
-				ln.Close()
+			if port := 10000 + rand.IntN(lo-10000); portFree(port) {
 				return port
 			}
 		}
@@ -44,30 +42,32 @@ func FreePort(t testing.TB) int {
 // the node then exits at start).
 func FreeClusterPort(t testing.TB) int {
 	t.Helper()
-	free := func(port int) bool {
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err != nil {
-			return false
-		}
-		ln.Close()
-		return true
-	}
 	lo := ephemeralLow()
 	if lo > 22000 {
 		for range 200 {
 			port := 10000 + rand.IntN(lo-20000)
-			if free(port) && free(port+10000) {
+			if portFree(port) && portFree(port+10000) {
 				return port
 			}
 		}
 	}
 	for range 200 {
-		if port := FreePort(t); port+10000 <= 65535 && free(port+10000) {
+		if port := FreePort(t); port+10000 <= 65535 && portFree(port+10000) {
 			return port
 		}
 	}
 	t.Fatal("no free pair of ports for a Redis Cluster node")
 	return 0
+}
+
+// portFree reports whether a loopback listener can take port now.
+func portFree(port int) bool {
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
 }
 
 // ephemeralLow returns the lowest port of the kernel's ephemeral range
