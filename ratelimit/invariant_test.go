@@ -381,7 +381,10 @@ func (d *invariantDriver) check(i int, v verdict) {
 // period. A record that expired sooner would take admissions that still
 // count with it. So for its ban record: the ban's end, the last offence's
 // memory, its newest strikes. Heads and times are read from the records,
-// the expiry with PEXPIRETIME (ms since the epoch).
+// the expiry with PEXPIRETIME (ms since the epoch). Every record also
+// has the layout format.go gives it, which releases that read it share:
+// its version byte, and a window record's length (its slots are read at
+// fixed positions).
 func (d *invariantDriver) checkRecordsOutlive(i int) {
 	t := d.t
 	t.Helper()
@@ -391,9 +394,11 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 	pipe := d.rdb.Pipeline()
 	heads := make([]*redis.StringCmd, len(rings))
 	exps := make([]*redis.DurationCmd, len(rings))
+	lens := make([]*redis.IntCmd, len(rings))
 	for j := range rings {
-		heads[j] = pipe.GetRange(ctx, d.keys[i][1+j], 1, 8)
+		heads[j] = pipe.GetRange(ctx, d.keys[i][1+j], 0, 8)
 		exps[j] = pipe.PExpireTime(ctx, d.keys[i][1+j])
+		lens[j] = pipe.StrLen(ctx, d.keys[i][1+j])
 	}
 	var ban *redis.StringCmd
 	var banExp *redis.DurationCmd
@@ -407,6 +412,9 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 	}
 	if ban != nil && len(ban.Val()) >= 49 {
 		b := []byte(ban.Val())
+		if b[0] != formatVersion {
+			t.Fatalf("%s\nban record %s has version %d, not %d", d.describe(), d.keys[i][0], b[0], formatVersion)
+		}
 		// The ban record outlives the ban, the memory of its last
 		// offence and its newest strikes.
 		be := binary.BigEndian
@@ -426,10 +434,13 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 	}
 	for j, r := range rings {
 		h := heads[j].Val()
-		if len(h) < 8 {
+		if len(h) < 9 {
 			continue // never written (refused since created, or not yet)
 		}
-		head := int64(binary.BigEndian.Uint64([]byte(h)))
+		if want := 1 + ringSize(r.n); h[0] != formatVersion || lens[j].Val() != want {
+			t.Fatalf("%s\nrecord %s has version %d and %d bytes, not %d and %d", d.describe(), d.keys[i][1+j], h[0], lens[j].Val(), formatVersion, want)
+		}
+		head := int64(binary.BigEndian.Uint64([]byte(h[1:])))
 		exp := exps[j].Val()
 		if exp == -2 && d.mini == nil {
 			continue // expired between the two reads (real time moves; miniredis's clock does not)
