@@ -37,6 +37,10 @@ import (
 // move. Cases:
 //
 //   - fresh: each key's first decision (records created whole).
+//   - expired: a key that calls less often than once a period, here of
+//     a one-second window beside the day: that window's record expired
+//     since the key's previous decision and is created anew; the day's
+//     is read and written as a cold key's (BenchmarkSparseKeys, expired).
 //   - head-moved: the cold decision; 7 commands (GETRANGE the two
 //     headers and the slots leaving the minute window, SETRANGE the slot
 //     the old head leaves and both headers, PEXPIRE the minute record).
@@ -78,24 +82,26 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	}
 	business := compile(benchPlans[2], DefaultBuckets, DefaultStrikeBuckets)
 	banPlan := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets)
+	second := compile(Policy{Name: "second", Windows: []Window{{Limit: 1000, Period: time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 
 	const keys = 1000
-	const pause = 300 * time.Millisecond
 	cases := []struct {
-		name string
-		pl   *plan
-		per  int
-		warm int    // passes before the measured one (counted, then dropped)
-		fn   string // "" for the decision code
+		name  string
+		pl    *plan
+		per   int
+		warm  int           // passes before the measured one (counted, then dropped)
+		fn    string        // "" for the decision code
+		pause time.Duration // after each warm pass
 	}{
-		{"fresh", business, 8, 0, ""},
-		{"head-moved", business, 8, 2, ""},
-		{"head-moved-alone", business, 1, 2, ""},
-		{"head-moved-banplan", banPlan, 8, 2, ""},
-		{"floor-7-commands", business, 8, 2, "floor_7"},
-		{"flat-logic-sketch", business, 8, 2, "flat_sketch"},
-		{"floor-4-commands", business, 8, 2, "floor_4"},
-		{"floor-no-commands", business, 8, 2, "floor_0"},
+		{"fresh", business, 8, 0, "", 0},
+		{"expired", second, 8, 1, "", time.Second + 3*time.Second/DefaultBuckets + 10*time.Millisecond},
+		{"head-moved", business, 8, 2, "", 300 * time.Millisecond},
+		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond},
+		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond},
+		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond},
+		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond},
+		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond},
+		{"floor-no-commands", business, 8, 2, "floor_0", 300 * time.Millisecond},
 	}
 	for ci, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -121,7 +127,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 				cg.control(b, "-i", "on")
 				for range c.warm {
 					pass(sc.fn)
-					time.Sleep(pause)
+					time.Sleep(c.pause)
 				}
 				if c.warm > 0 {
 					cg.dump(b)

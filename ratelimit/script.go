@@ -139,6 +139,20 @@ local function zeros(k)
   return z
 end
 
+-- Empty window records by slot count, made once, as zeros are: a new
+-- record is written as one of these and then its header, so that no new
+-- record's 1.2 KB is built, and hashed, in Lua. At most 256 are kept.
+local BLANK, nblank = {}, 0
+local function blank(n)
+  local z = BLANK[n]
+  if not z then
+    if nblank >= 256 then BLANK, nblank = {}, 0 end
+    z = char(VERSION) .. rep('\0', HDR) .. rep(EMPTY, n + 1)
+    BLANK[n], nblank = z, nblank + 1
+  end
+  return z
+end
+
 -- counts returns the sum of the counts of slots i0 .. i1 (i0 <= i1) of a
 -- ring whose slot 0 is at position R of s. Runs of 8 slots that are all
 -- zero (most of a cold key's) are skipped whole; the others are decoded
@@ -416,7 +430,8 @@ local function write(key, fresh, vh, total, hc, ho, b, k, t, g, n, unit, ttl)
   if hc > 0 and ho > off then off = ho end
   local hdr = pack_(RINGFMT, b, total + k, hc + k, off)
   if fresh then
-    call('SET', key, char(VERSION) .. hdr .. rep(EMPTY, n + 1), 'PX', ttl)
+    call('SET', key, blank(n), 'PX', ttl)
+    call('SETRANGE', key, '1', hdr)
   else
     call('SETRANGE', key, '1', hdr)
     if b > vh then call('PEXPIRE', key, ttl) end
