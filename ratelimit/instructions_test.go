@@ -41,6 +41,10 @@ import (
 //     a one-second window beside the day: that window's record expired
 //     since the key's previous decision and is created anew; the day's
 //     is read and written as a cold key's (BenchmarkSparseKeys, expired).
+//   - returning: a key that calls about every half period, here of a
+//     ten-second window beside the day: the head moves over a hundred
+//     mostly empty buckets, which leave the window and are read and
+//     summed (BenchmarkSparseKeys, returning).
 //   - head-moved: the cold decision; 7 commands (GETRANGE the two
 //     headers and the slots leaving the minute window, SETRANGE the slot
 //     the old head leaves and both headers, PEXPIRE the minute record).
@@ -83,6 +87,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	business := compile(benchPlans[2], DefaultBuckets, DefaultStrikeBuckets)
 	banPlan := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets)
 	second := compile(Policy{Name: "second", Windows: []Window{{Limit: 1000, Period: time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	ten := compile(Policy{Name: "ten", Windows: []Window{{Limit: 1000, Period: 10 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 
 	const keys = 1000
 	cases := []struct {
@@ -95,6 +100,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	}{
 		{"fresh", business, 8, 0, "", 0},
 		{"expired", second, 8, 1, "", time.Second + 3*time.Second/DefaultBuckets + 10*time.Millisecond},
+		{"returning", ten, 8, 2, "", 5 * time.Second},
 		{"head-moved", business, 8, 2, "", 300 * time.Millisecond},
 		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond},
 		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond},

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"reflect"
 	"strconv"
@@ -241,4 +242,73 @@ func randomRequest(rng *rand.Rand, maxLife int) (mode, extra int64, add []int64,
 		ask = leaseAsk{want: w, need: w * int64(1+rng.IntN(3)), life: int64(1 + rng.IntN(maxLife))}
 	}
 	return mode, extra, add, ask
+}
+
+// TestCountsSumsSlots checks the script's counts directly: for any run of
+// a ring's slots it returns the sum of their counts, whatever bytes the
+// ring holds. It skips runs it finds zero without decoding them, so the
+// rings generated are mostly zero, with counts and offsets whose bytes
+// put runs of zeros anywhere inside a slot (a count of 256 or 1<<24, an
+// offset of zero), dense rings, and rings behind a prefix of other
+// bytes, as the script reads them (a record's header, a run of slots cut
+// out of the ring). On miniredis (the codec in Lua) and on Redis
+// (struct).
+func TestCountsSumsSlots(t *testing.T) {
+	t.Parallel()
+	src := decideCore + `
+init()
+local A = _G.ARGV
+return tostring(counts(A[1], tonumber(A[2]), tonumber(A[3]), tonumber(A[4])))`
+	_, mini := newMini(t, time.Unix(1_700_000_000, 0))
+	real := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = real.Close() })
+	rng := rand.New(rand.NewPCG(7, 8))
+	counts := []uint32{1, 2, 255, 256, 257, 65535, 65536, 1 << 24, maxCount}
+	for c := range 600 {
+		n := 1 + rng.IntN(240)
+		density := []int{0, 1, 3, 20, 100}[rng.IntN(5)]
+		prefix := make([]byte, rng.IntN(3*slotBytes+1))
+		for i := range prefix {
+			prefix[i] = byte(rng.IntN(256))
+		}
+		ring := make([]byte, (n+1)*slotBytes)
+		for i := 0; i <= n; i++ {
+			if rng.IntN(100) >= density {
+				continue
+			}
+			var v uint32
+			if rng.IntN(2) == 0 {
+				v = counts[rng.IntN(len(counts))]
+			} else {
+				v = rng.Uint32()
+			}
+			off := uint16(0)
+			if rng.IntN(2) == 0 {
+				off = uint16(rng.IntN(1 << 16))
+			}
+			binary.BigEndian.PutUint32(ring[i*slotBytes:], v)
+			binary.BigEndian.PutUint16(ring[i*slotBytes+countBytes:], off)
+		}
+		i0 := rng.IntN(n + 1)
+		i1 := i0 + rng.IntN(n+1-i0)
+		var want uint64
+		for i := i0; i <= i1; i++ {
+			want += uint64(binary.BigEndian.Uint32(ring[i*slotBytes:]))
+		}
+		s := string(prefix) + string(ring)
+		R := len(prefix) + 1
+		for _, rdb := range []*redis.Client{mini, real} {
+			if rdb == real && c%4 != 0 {
+				continue
+			}
+			got, err := rdb.Eval(context.Background(), src, nil, s, R, i0, i1).Text()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != strconv.FormatUint(want, 10) {
+				t.Fatalf("case %d (n %d, density %d%%, prefix %d bytes): counts of slots %d..%d = %s, want %d\nring %x",
+					c, n, density, len(prefix), i0, i1, got, want, ring)
+			}
+		}
+	}
 }
