@@ -41,6 +41,11 @@ import (
 //     a one-second window beside the day: that window's record expired
 //     since the key's previous decision and is created anew; the day's
 //     is read and written as a cold key's (BenchmarkSparseKeys, expired).
+//   - long-lived: the cold decision of a key active for longer than a
+//     bucket of its longest window, here an hour (18-second buckets)
+//     beside the minute: that window's head stays, but its events span
+//     two buckets, so its oldest slot is read too (a day window does
+//     the same once a key has been active for 7.2 minutes), 8 commands.
 //   - returning: a key that calls about every half period, here of a
 //     ten-second window beside the day: the head moves over a hundred
 //     mostly empty buckets, which leave the window and are read and
@@ -88,6 +93,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	banPlan := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets)
 	second := compile(Policy{Name: "second", Windows: []Window{{Limit: 1000, Period: time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	ten := compile(Policy{Name: "ten", Windows: []Window{{Limit: 1000, Period: 10 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	hour := compile(Policy{Name: "hour", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 
 	const keys = 1000
 	cases := []struct {
@@ -97,17 +103,23 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		warm  int           // passes before the measured one (counted, then dropped)
 		fn    string        // "" for the decision code
 		pause time.Duration // after each warm pass
+		// align, when set, starts each warm pass half a second into a
+		// bucket of this width, the first in the next bucket, each later
+		// one in the bucket after the previous one's; the pause then
+		// follows the last warm pass only.
+		align time.Duration
 	}{
-		{"fresh", business, 8, 0, "", 0},
-		{"expired", second, 8, 1, "", time.Second + 3*time.Second/DefaultBuckets + 10*time.Millisecond},
-		{"returning", ten, 8, 2, "", 5 * time.Second},
-		{"head-moved", business, 8, 2, "", 300 * time.Millisecond},
-		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond},
-		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond},
-		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond},
-		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond},
-		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond},
-		{"floor-no-commands", business, 8, 2, "floor_0", 300 * time.Millisecond},
+		{"fresh", business, 8, 0, "", 0, 0},
+		{"expired", second, 8, 1, "", time.Second + 3*time.Second/DefaultBuckets + 10*time.Millisecond, 0},
+		{"long-lived", hour, 8, 2, "", 300 * time.Millisecond, time.Hour / DefaultBuckets},
+		{"returning", ten, 8, 2, "", 5 * time.Second, 0},
+		{"head-moved", business, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond, 0},
+		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond, 0},
+		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond, 0},
+		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond, 0},
+		{"floor-no-commands", business, 8, 2, "floor_0", 300 * time.Millisecond, 0},
 	}
 	for ci, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -131,9 +143,15 @@ func BenchmarkRedisInstructions(b *testing.B) {
 				// pass plus the pause, a few minute buckets. What the warm
 				// passes ran is dumped and dropped.
 				cg.control(b, "-i", "on")
-				for range c.warm {
+				for w := range c.warm {
+					if c.align > 0 {
+						g := c.align.Microseconds()
+						time.Sleep(time.Until(time.UnixMicro((time.Now().UnixMicro()/g+1)*g + 500_000)))
+					}
 					pass(sc.fn)
-					time.Sleep(c.pause)
+					if c.align == 0 || w == c.warm-1 {
+						time.Sleep(c.pause)
+					}
 				}
 				if c.warm > 0 {
 					cg.dump(b)
