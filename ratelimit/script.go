@@ -79,12 +79,12 @@ const decideCore = `
 -- lookups), bound by init on the first call: a Function library's code
 -- runs at load time without Redis's standard libraries. KEYS and ARGV are
 -- the call's, set by run.
-local byte, char, sub, rep, find, floor, ceil, format
+local byte, char, sub, rep, floor, ceil, format
 local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
 local function init()
-  byte, char, sub, rep, find, format = string.byte, string.char, string.sub, string.rep, string.find, string.format
+  byte, char, sub, rep, format = string.byte, string.char, string.sub, string.rep, string.format
   floor, ceil = math.floor, math.ceil
   unpack, pcall, type, tostring, tonumber = _G.unpack, _G.pcall, _G.type, _G.tostring, _G.tonumber
   call = redis.call
@@ -154,13 +154,9 @@ local function blank(n)
 end
 
 -- counts returns the sum of the counts of slots i0 .. i1 (i0 <= i1) of a
--- ring whose slot 0 is at position R of s. Runs of up to 8 slots that are
--- all zero (most of a cold key's) are skipped whole; the others are
--- decoded slot by slot. A run is found zero by a plain find of a run of
--- zeros from its start, which makes no string (a substring would be
--- allocated and hashed, and collected); where the find lands past the
--- start, the slots before the zeros it found are decoded, and the
--- search goes on after them.
+-- ring whose slot 0 is at position R of s. Runs of 8 slots that are all
+-- zero (most of a cold key's) are skipped whole; the others are decoded
+-- slot by slot.
 local RUN = 8 * SLOT
 local function counts(s, R, i0, i1)
   local sum, p, last = 0, R + i0 * SLOT, R + (i1 + 1) * SLOT
@@ -169,25 +165,12 @@ local function counts(s, R, i0, i1)
     return sum
   end
   while p < last do
-    local k = last - p
-    if k > RUN then k = RUN end
-    local f = find(s, zeros(k), p, true)
-    if f == p then
-      p = p + k
-    else
-      -- Decode the slots before f (all of them when no zeros follow
-      -- before last), and the slot f falls inside, whose bytes before f
-      -- may count; at least one slot.
-      local stop = last
-      if f and f < last then
-        stop = f
-        local into = (f - R) % SLOT
-        if into > 0 then stop = f - into + SLOT end
-        if stop <= p then stop = p + SLOT end
-      end
-      for r = p, stop - 1, SLOT do sum = sum + unpack_('>I4', s, r) end
-      p = stop
+    local q = p + RUN
+    if q > last then q = last end
+    if sub(s, p, q - 1) ~= zeros(q - p) then
+      for r = p, q - 1, SLOT do sum = sum + unpack_('>I4', s, r) end
     end
+    p = q
   end
   return sum
 end

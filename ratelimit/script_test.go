@@ -260,8 +260,8 @@ init()
 local A = _G.ARGV
 return tostring(counts(A[1], tonumber(A[2]), tonumber(A[3]), tonumber(A[4])))`
 	_, mini := newMini(t, time.Unix(1_700_000_000, 0))
-	real := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = real.Close() })
+	onRedis := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = onRedis.Close() })
 	rng := rand.New(rand.NewPCG(7, 8))
 	counts := []uint32{1, 2, 255, 256, 257, 65535, 65536, 1 << 24, maxCount}
 	for c := range 600 {
@@ -297,8 +297,8 @@ return tostring(counts(A[1], tonumber(A[2]), tonumber(A[3]), tonumber(A[4])))`
 		}
 		s := string(prefix) + string(ring)
 		R := len(prefix) + 1
-		for _, rdb := range []*redis.Client{mini, real} {
-			if rdb == real && c%4 != 0 {
+		for _, rdb := range []*redis.Client{mini, onRedis} {
+			if rdb == onRedis && c%4 != 0 {
 				continue
 			}
 			got, err := rdb.Eval(context.Background(), src, nil, s, R, i0, i1).Text()
