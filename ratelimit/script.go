@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"strings"
 )
 
 // decideCore decides a batch of requests atomically on the Redis server,
@@ -74,7 +75,7 @@ import (
 // offences; then per window used and reset, then the same per candidate
 // window. Times in µs. A decision that failed (a record of another type,
 // say) is "E" and the error, and does not stop the others.
-const decideCore = `
+var decideCore = expandLua(`
 -- Everything a decision uses is a local of this chunk (globals are table
 -- lookups), bound by init on the first call: a Function library's code
 -- runs at load time without Redis's standard libraries. KEYS and ARGV are
@@ -83,11 +84,23 @@ local byte, char, sub, rep, floor, ceil, format
 local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
+-- Offsets passed to redis.call, as strings: OFF[v] is v's (its table's
+-- __index makes it on first use). A batch's decisions at one instant
+-- mostly read and write the same slots of their windows, so each offset
+-- is formatted once (per call of the script; once for all with a
+-- Function, whose library lives on between calls), and found by one table
+-- read.
+local OFF
 local function init()
   byte, char, sub, rep, format = string.byte, string.char, string.sub, string.rep, string.format
   floor, ceil = math.floor, math.ceil
   unpack, pcall, type, tostring, tonumber = _G.unpack, _G.pcall, _G.type, _G.tostring, _G.tonumber
   call = redis.call
+  OFF = setmetatable({}, {__index = function(t, v)
+    local o = format('%d', v)
+    t[v] = o
+    return o
+  end})
 ` + codecLua + `
 end
 -- Record layout (format.go): a ring is a header of head (8), total (4),
@@ -321,20 +334,6 @@ end
 -- them as floats ("%.14g"), several times dearer.
 local function itoa(v) return format('%d', v) end
 
--- Offsets passed to redis.call, as strings: a batch's decisions at one
--- instant mostly read and write the same slots of their windows, so each
--- offset is formatted once (per call of the script; once for all with a
--- Function, whose library lives on between calls).
-local OFF = {}
-local function ofs(v)
-  local o = OFF[v]
-  if not o then
-    o = itoa(v)
-    OFF[v] = o
-  end
-  return o
-end
-
 -- Window working values, by index (windows 1..nw, then transition
 -- windows, then candidate windows), in arrays reused by every decision of
 -- the batch, so that a decision allocates almost nothing: the record's
@@ -349,52 +348,11 @@ local WKEY, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}
 -- counted. It reads the slots that advanced and used need: those leaving
 -- the ring as the head moves, and the oldest still in it. The same as
 -- advanced and used above, written out for the common case. Both
--- decision paths (decide, fast) see a window through it.
+-- decision paths see a window through its code (windowLua): decide by
+-- this function, fast with the code written out in it.
 local function window(key, h, period, g, n, unit)
-  local fresh = #h < 1 + HDR
-  local vh, total, hc, ho = 0, 0, 0, 0
-  if not fresh then vh, total, hc, ho = unpack_(RINGFMT, h, 2) end
-  local b = (now - now % g) / g
-  if b < vh then b = vh end
-  local c, from = total, b - n
-  if total > 0 then
-    if b - vh > n then
-      -- Every bucket it had has slid out.
-      total, c = 0, 0
-    elseif total == hc and hc < MAXC then
-      -- Every event is in the head bucket (no count saturated, so every
-      -- other slot holds zero): nothing else can leave, and the head
-      -- bucket's count and offset are in the header. No slot to read: a
-      -- key's first burst in a period, say, lands here.
-      if b - n == vh and (b - n) * g + ho * unit + period <= now then c, from = 0, b - n + 1 end
-    else
-      local lo, hi = b - n, b - n
-      if b > vh then lo = vh - n end
-      local si, k = lo % (n + 1), hi - lo + 1
-      local s, R
-      if si + k > n + 1 then
-        -- The run wraps: read the whole ring.
-        s, R = call('GETRANGE', key, ofs(1 + HDR), ofs(HDR + (n + 1) * SLOT)), 1
-        total = advanced(s, R, n, vh, total, b)
-      else
-        -- The k - 1 slots leaving, then the oldest (advanced, in short).
-        s, R = call('GETRANGE', key, ofs(1 + HDR + si * SLOT), ofs(HDR + (si + k) * SLOT)), 1 - si * SLOT
-        if k > 1 then
-          total = total - counts(s, 1, 0, k - 2)
-          if total < 0 then total = 0 end
-        end
-      end
-      c = total
-      -- The oldest bucket leaves as soon as its last event is a full
-      -- period old.
-      local j0 = b - n
-      if total > 0 and j0 <= vh then
-        local c0, l0 = hc, ho
-        if j0 < vh then c0, l0 = unpack_('>I4I2', s, R + (j0 % (n + 1)) * SLOT) end
-        if c0 > 0 and j0 * g + l0 * unit + period <= now then c, from = total - c0, j0 + 1 end
-      end
-    end
-  end
+  local fresh, vh, total, hc, ho, b, c, from
+  --@window()
   return fresh, vh, total, hc, ho, b, c, from
 end
 
@@ -404,39 +362,16 @@ local function view(i, key, h, period, g, n, unit)
   WKEY[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, fresh, vh, total, hc, ho, b, c, from, 0
 end
 
--- write counts k events at time t in the current bucket b of window
--- record key (new or not, with head vh, total, head count hc and offset
--- ho as read): one header write (and the slots the head leaves behind
--- when it moves, with a TTL refresh), or the whole record when it is new.
--- It returns the record's total, head count and head offset after.
-local function write(key, fresh, vh, total, hc, ho, b, k, t, g, n, unit, ttl)
-  if b > vh then
-    if fresh then
-      -- Written whole below.
-    elseif b - vh <= 8 and b - vh <= n and vh % (n + 1) + b - vh <= n + 1 then
-      -- The common move, a few buckets with no wrap: the old head's slot
-      -- and zeros over the skipped ones, in one write (move, in short).
-      local x = pack_('>I4I2', hc, ho)
-      if b - vh > 1 then x = x .. zeros((b - vh - 1) * SLOT) end
-      call('SETRANGE', key, ofs(1 + HDR + (vh % (n + 1)) * SLOT), x)
-    else
-      for q = 1, 2 * move(n, vh, hc, ho, b), 2 do call('SETRANGE', key, ofs(HDR + MV[q]), MV[q + 1]) end
-    end
-    hc, ho = 0, 0
-  end
-  -- The offset of t in its bucket, in units, rounded up.
-  local d, off = t - b * g, 0
-  if d > 0 then off = (d + unit - 1 - (d + unit - 1) % unit) / unit end
-  if hc > 0 and ho > off then off = ho end
-  local hdr = pack_(RINGFMT, b, total + k, hc + k, off)
-  if fresh then
-    call('SET', key, blank(n), 'PX', ttl)
-    call('SETRANGE', key, '1', hdr)
-  else
-    call('SETRANGE', key, '1', hdr)
-    if b > vh then call('PEXPIRE', key, ttl) end
-  end
-  return total + k, hc + k, off
+-- write counts count events at time at in the current bucket b of
+-- window record key (new or not, with head vh, total, head count hc and
+-- offset ho as read): one header write (and the slots the head leaves
+-- behind when it moves, with a TTL refresh), or the whole record when it
+-- is new. It returns the record's total, head count and head offset
+-- after. Its code (writeLua) is also written out in fast.
+local function write(key, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
+  local off
+  --@write()
+  return total + count, hc + count, off
 end
 
 -- record counts k events at time t in the current bucket of window i
@@ -448,12 +383,12 @@ local function record(i, k, t, g, n, unit, ttl)
 end
 
 -- resetAt is when the head bucket b of a window stops counting, its last
--- event at offset ho: untl, for the bucket that holds the newest event.
-local function resetAt(b, ho, period, g, n, unit)
-  local r = b * g + ho * unit + period
-  if r < (b + n) * g then r = (b + n) * g end
-  if r > (b + n + 1) * g then r = (b + n + 1) * g end
-  return r
+-- event at offset off: untl, for the bucket that holds the newest event.
+-- Its code (resetLua) is also written out in fast.
+local function resetAt(b, off, period, g, n, unit)
+  local reset
+  --@reset()
+  return reset
 end
 
 -- standing returns window i's used, remaining and reset after the
@@ -816,34 +751,42 @@ end
 -- fast decides, as decide does, one request of the common plan: one or
 -- two windows, no ban rule, no candidate windows, asked to decide, with
 -- no admissions to add and nothing to seed. It makes the same reads,
--- arithmetic and writes as decide, with its working values in locals and
+-- arithmetic and writes as decide, with its working values in locals, the
+-- code of window and write written out in it for each window (a Lua call
+-- and its arguments and results cost about a tenth of a decision), and
 -- its reply packed at once. Where decide would refuse (a full window), it
 -- returns nil having written nothing (its reads change nothing), and
 -- decide decides.
 local function fast(base, pl, want, need, life)
   local V = pl.V
-  local l1, p1, g1, n1, u1 = V[2], V[3], V[4], V[5], V[6]
-  local k1 = KEYS[base + 2]
-  local f1, vh1, t1, hc1, ho1, b1, c1 = window(k1, call('GETRANGE', k1, '0', '18'), p1, g1, n1, u1)
+  local two = V[1] == 2
+  local l1, period1, g1, n1, unit1, key1 = V[2], V[3], V[4], V[5], V[6], KEYS[base + 2]
+  local h1 = call('GETRANGE', key1, '0', '18')
+  local fresh1, vh1, total1, hc1, ho1, b1, c1, from1
+  --@window(1)
   if c1 >= l1 then return nil end
   local room, lend = l1 - c1, now + life
   if (b1 + 1) * g1 < lend then lend = (b1 + 1) * g1 end
-  local k2, l2, p2, g2, n2, u2, f2, vh2, t2, hc2, ho2, b2, c2
-  if V[1] == 2 then
-    l2, p2, g2, n2, u2 = V[8], V[9], V[10], V[11], V[12]
-    k2 = KEYS[base + 3]
-    f2, vh2, t2, hc2, ho2, b2, c2 = window(k2, call('GETRANGE', k2, '0', '18'), p2, g2, n2, u2)
+  local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2
+  if two then
+    l2, period2, g2, n2, unit2, key2 = V[8], V[9], V[10], V[11], V[12], KEYS[base + 3]
+    h2 = call('GETRANGE', key2, '0', '18')
+    --@window(2)
     if c2 >= l2 then return nil end
     if l2 - c2 < room then room = l2 - c2 end
     if (b2 + 1) * g2 < lend then lend = (b2 + 1) * g2 end
   end
-  local granted, at = 1, now
-  if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
-  local _, _, o1 = write(k1, f1, vh1, t1, hc1, ho1, b1, granted, at, g1, n1, u1, pl.TTL[1])
-  local r1 = resetAt(b1, o1, p1, g1, n1, u1)
-  if not k2 then return pack_(pl.rfmt, 0, 0, now, granted, lend, c1 + granted, r1) end
-  local _, _, o2 = write(k2, f2, vh2, t2, hc2, ho2, b2, granted, at, g2, n2, u2, pl.TTL[2])
-  return pack_(pl.rfmt, 0, 0, now, granted, lend, c1 + granted, r1, c2 + granted, resetAt(b2, o2, p2, g2, n2, u2))
+  local count, at = 1, now
+  if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
+  local ttl1, off1 = pl.TTL[1]
+  --@write(1)
+  local reset1, reset2
+  --@reset(1)
+  if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
+  local ttl2, off2 = pl.TTL[2]
+  --@write(2)
+  --@reset(2)
+  return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2)
 end
 
 -- PATHS counts the decisions each path made (fast, then decide) since the
@@ -954,11 +897,130 @@ local function run(keys, args)
   end
   return OUT
 end
+`)
+
+// The code of window and write (in decideCore), written once here and
+// put in twice: as the bodies of the functions decide calls, and written
+// out in fast for each of its windows, where the calls would cost about a
+// tenth of a decision (BENCHMARKS.md). "$" stands for the window's suffix
+// in fast ("1", "2"; "" in the functions): its inputs key$, h$, period$,
+// g$, n$, unit$ (window) and key$, fresh$, vh$, total$, hc$, ho$, b$,
+// g$, n$, unit$, ttl$, count, at (write); its outputs, declared before,
+// fresh$, vh$, total$, hc$, ho$, b$, c$, from$ (window) and off$ (write;
+// hc$ and ho$ are then the head's before the events, 0 when it moved).
+// expandLua puts them where the code says --@window(suffix) or
+// --@write(suffix).
+const windowLua = `do
+  fresh$ = #h$ < 1 + HDR
+  if fresh$ then vh$, total$, hc$, ho$ = 0, 0, 0, 0 else vh$, total$, hc$, ho$ = unpack_(RINGFMT, h$, 2) end
+  b$ = (now - now % g$) / g$
+  if b$ < vh$ then b$ = vh$ end
+  c$, from$ = total$, b$ - n$
+  if total$ > 0 then
+    if b$ - vh$ > n$ then
+      -- Every bucket it had has slid out.
+      total$, c$ = 0, 0
+    elseif total$ == hc$ and hc$ < MAXC then
+      -- Every event is in the head bucket (no count saturated, so every
+      -- other slot holds zero): nothing else can leave, and the head
+      -- bucket's count and offset are in the header. No slot to read: a
+      -- key's first burst in a period, say, lands here.
+      if b$ - n$ == vh$ and (b$ - n$) * g$ + ho$ * unit$ + period$ <= now then c$, from$ = 0, b$ - n$ + 1 end
+    else
+      local lo, hi = b$ - n$, b$ - n$
+      if b$ > vh$ then lo = vh$ - n$ end
+      local si, k = lo % (n$ + 1), hi - lo + 1
+      local s, R
+      if si + k > n$ + 1 then
+        -- The run wraps: read the whole ring.
+        s, R = call('GETRANGE', key$, OFF[1 + HDR], OFF[HDR + (n$ + 1) * SLOT]), 1
+        total$ = advanced(s, R, n$, vh$, total$, b$)
+      else
+        -- The k - 1 slots leaving, then the oldest (advanced, in short).
+        s, R = call('GETRANGE', key$, OFF[1 + HDR + si * SLOT], OFF[HDR + (si + k) * SLOT]), 1 - si * SLOT
+        if k > 1 then
+          total$ = total$ - counts(s, 1, 0, k - 2)
+          if total$ < 0 then total$ = 0 end
+        end
+      end
+      c$ = total$
+      -- The oldest bucket leaves as soon as its last event is a full
+      -- period old.
+      local j0 = b$ - n$
+      if total$ > 0 and j0 <= vh$ then
+        local c0, l0 = hc$, ho$
+        if j0 < vh$ then c0, l0 = unpack_('>I4I2', s, R + (j0 % (n$ + 1)) * SLOT) end
+        if c0 > 0 and j0 * g$ + l0 * unit$ + period$ <= now then c$, from$ = total$ - c0, j0 + 1 end
+      end
+    end
+  end
+end
 `
+
+const writeLua = `do
+  if b$ > vh$ then
+    if fresh$ then
+      -- Written whole below.
+    elseif b$ - vh$ <= 8 and b$ - vh$ <= n$ and vh$ % (n$ + 1) + b$ - vh$ <= n$ + 1 then
+      -- The common move, a few buckets with no wrap: the old head's slot
+      -- and zeros over the skipped ones, in one write (move, in short).
+      local x = pack_('>I4I2', hc$, ho$)
+      if b$ - vh$ > 1 then x = x .. zeros((b$ - vh$ - 1) * SLOT) end
+      call('SETRANGE', key$, OFF[1 + HDR + (vh$ % (n$ + 1)) * SLOT], x)
+    else
+      for q = 1, 2 * move(n$, vh$, hc$, ho$, b$), 2 do call('SETRANGE', key$, OFF[HDR + MV[q]], MV[q + 1]) end
+    end
+    hc$, ho$ = 0, 0
+  end
+  -- The offset of at in its bucket, in units, rounded up.
+  local d = at - b$ * g$
+  off$ = 0
+  if d > 0 then off$ = (d + unit$ - 1 - (d + unit$ - 1) % unit$) / unit$ end
+  if hc$ > 0 and ho$ > off$ then off$ = ho$ end
+  local hdr = pack_(RINGFMT, b$, total$ + count, hc$ + count, off$)
+  if fresh$ then
+    call('SET', key$, blank(n$), 'PX', ttl$)
+    call('SETRANGE', key$, '1', hdr)
+  else
+    call('SETRANGE', key$, '1', hdr)
+    if b$ > vh$ then call('PEXPIRE', key$, ttl$) end
+  end
+end
+`
+
+const resetLua = `reset$ = b$ * g$ + off$ * unit$ + period$
+if reset$ < (b$ + n$) * g$ then reset$ = (b$ + n$) * g$ end
+if reset$ > (b$ + n$ + 1) * g$ then reset$ = (b$ + n$ + 1) * g$ end
+`
+
+// expandLua returns src with windowLua, writeLua and resetLua put where
+// it says --@window(suffix), --@write(suffix) and --@reset(suffix) on a
+// line of its own.
+func expandLua(src string) string {
+	var b strings.Builder
+	for line := range strings.Lines(src) {
+		t := strings.TrimSpace(line)
+		body := ""
+		switch {
+		case strings.HasPrefix(t, "--@window(") && strings.HasSuffix(t, ")"):
+			body = windowLua
+		case strings.HasPrefix(t, "--@write(") && strings.HasSuffix(t, ")"):
+			body = writeLua
+		case strings.HasPrefix(t, "--@reset(") && strings.HasSuffix(t, ")"):
+			body = resetLua
+		default:
+			b.WriteString(line)
+			continue
+		}
+		sfx := t[strings.Index(t, "(")+1 : len(t)-1]
+		b.WriteString(strings.ReplaceAll(body, "$", sfx))
+	}
+	return b.String()
+}
 
 // decideLua is decideCore as a script (EVAL, EVALSHA): KEYS and ARGV are
 // the script's globals.
-const decideLua = decideCore + `
+var decideLua = decideCore + `
 return run(_G.KEYS, _G.ARGV)
 `
 
