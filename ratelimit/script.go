@@ -995,25 +995,27 @@ if reset$ > (b$ + n$ + 1) * g$ then reset$ = (b$ + n$ + 1) * g$ end
 
 // expandLua returns src with windowLua, writeLua and resetLua put where
 // it says --@window(suffix), --@write(suffix) and --@reset(suffix) on a
-// line of its own.
+// line of its own. src is this package's own constant: a marker it does
+// not know, or a "$" left over, is a mistake in this file, and panics
+// when the package loads, so that no test runs code with a part missing.
 func expandLua(src string) string {
+	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua}
 	var b strings.Builder
 	for line := range strings.Lines(src) {
 		t := strings.TrimSpace(line)
-		body := ""
-		switch {
-		case strings.HasPrefix(t, "--@window(") && strings.HasSuffix(t, ")"):
-			body = windowLua
-		case strings.HasPrefix(t, "--@write(") && strings.HasSuffix(t, ")"):
-			body = writeLua
-		case strings.HasPrefix(t, "--@reset(") && strings.HasSuffix(t, ")"):
-			body = resetLua
-		default:
+		if !strings.HasPrefix(t, "--@") {
 			b.WriteString(line)
 			continue
 		}
-		sfx := t[strings.Index(t, "(")+1 : len(t)-1]
-		b.WriteString(strings.ReplaceAll(body, "$", sfx))
+		name, sfx, ok := strings.Cut(strings.TrimPrefix(t, "--@"), "(")
+		body, known := bodies[name]
+		if !ok || !known || !strings.HasSuffix(sfx, ")") {
+			panic("ratelimit: unknown marker in the decision code: " + t)
+		}
+		b.WriteString(strings.ReplaceAll(body, "$", strings.TrimSuffix(sfx, ")")))
+	}
+	if strings.Contains(b.String(), "$") {
+		panic("ratelimit: a \"$\" left in the decision code")
 	}
 	return b.String()
 }

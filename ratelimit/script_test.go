@@ -312,3 +312,32 @@ return tostring(counts(A[1], tonumber(A[2]), tonumber(A[3]), tonumber(A[4])))`
 		}
 	}
 }
+
+// TestExpandLua checks that the decision code's shared bodies are put in
+// with each place's suffix, that fast has both windows' code written out,
+// and that a marker expandLua does not know stops it.
+func TestExpandLua(t *testing.T) {
+	if got, want := expandLua("a\n  --@reset(7)\nb\n"), "a\n"+strings.ReplaceAll(resetLua, "$", "7")+"b\n"; got != want {
+		t.Errorf("expandLua = %q, want %q", got, want)
+	}
+	if strings.Contains(decideCore, "--@") {
+		t.Error("the decision code still holds a marker")
+	}
+	fast := decideCore[strings.Index(decideCore, "local function fast("):]
+	fast = fast[:strings.Index(fast, "\n-- PATHS counts")]
+	for _, part := range []string{"fresh1 = #h1", "fresh2 = #h2", "off1 = 0", "off2 = 0", "reset1 = b1 * g1", "reset2 = b2 * g2"} {
+		if !strings.Contains(fast, part) {
+			t.Errorf("fast does not hold %q", part)
+		}
+	}
+	for _, bad := range []string{"--@windows(1)\n", "--@write(1\n", "--@reset\n"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("expandLua(%q) did not panic", bad)
+				}
+			}()
+			expandLua(bad)
+		}()
+	}
+}
