@@ -17,8 +17,9 @@ import (
 //
 // Two paths make the same decisions. decide serves every plan and every
 // request. fast serves the common case, a cold or busy key of a plan of
-// one or two windows with no ban rule and no candidate windows, asked
-// only to decide, and admitted: the same reads, arithmetic and writes,
+// one or two windows, with or without a ban rule, and no candidate
+// windows, asked only to decide (with no strikes to count), not banned,
+// and admitted: the same reads, arithmetic and writes,
 // without what the rest would cost it (about a fifth of a cold
 // decision's Redis instructions, BENCHMARKS.md). Where decide would
 // refuse, fast hands the request to decide before writing anything.
@@ -749,17 +750,24 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
 end
 
 -- fast decides, as decide does, one request of the common plan: one or
--- two windows, no ban rule, no candidate windows, asked to decide, with
--- no admissions to add and nothing to seed. It makes the same reads,
--- arithmetic and writes as decide, with its working values in locals, the
--- code of window and write written out in it for each window (a Lua call
--- and its arguments and results cost about a tenth of a decision), and
--- its reply packed at once. Where decide would refuse (a full window), it
--- returns nil having written nothing (its reads change nothing), and
--- decide decides.
+-- two windows, a ban rule or none, no candidate windows, asked to decide,
+-- with no strikes to count, no admissions to add and nothing to seed. It
+-- makes the same reads, arithmetic and writes as decide, with its working
+-- values in locals, the code of window and write written out in it for
+-- each window (a Lua call and its arguments and results cost about a
+-- tenth of a decision), and its reply packed at once. Where decide would
+-- refuse (a banned key, a full window), it returns nil having written
+-- nothing (its reads change nothing), and decide decides.
 local function fast(base, pl, want, need, life)
   local V = pl.V
   local two = V[1] == 2
+  -- The ban record, read first as decide reads it (most keys have none).
+  local R, bs, banUntil, offences, offenceAt, sring = pl.ban
+  if R then
+    bs = call('GET', KEYS[base + 1])
+    banUntil, offences, offenceAt, sring = banRead(bs, R)
+    if banUntil > now then return nil end
+  end
   local l1, period1, g1, n1, unit1, key1 = V[2], V[3], V[4], V[5], V[6], KEYS[base + 2]
   local h1 = call('GETRANGE', key1, '0', '18')
   local fresh1, vh1, total1, hc1, ho1, b1, c1, from1
@@ -782,11 +790,21 @@ local function fast(base, pl, want, need, life)
   --@write(1)
   local reset1, reset2
   --@reset(1)
-  if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
-  local ttl2, off2 = pl.TTL[2]
-  --@write(2)
-  --@reset(2)
-  return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2)
+  if two then
+    local ttl2, off2 = pl.TTL[2]
+    --@write(2)
+    --@reset(2)
+  end
+  if not R then
+    if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
+    return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2)
+  end
+  -- Admitted with no strikes to count: what decide's strike reports then
+  -- (the strikes the ring still counts, the offences remembered), with
+  -- nothing written.
+  local _, _, strikes, bu, off = strike(KEYS[base + 1], bs, R, banUntil, offences, offenceAt, sring, 0, false)
+  if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1) end
+  return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2)
 end
 
 -- PATHS counts the decisions each path made (fast, then decide) since the
@@ -823,7 +841,7 @@ local function planAt(PLANS, p)
     if nc > 0 then fields = fields + 4 end
     if cban then fields = fields + 4 end
     pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), TTL = ttl, CTTL = cttl,
-      mults = mult, cmults = cmult, fast = not ban and not cban and nc == 0 and (nw == 1 or nw == 2)}
+      mults = mult, cmults = cmult, fast = not cban and nc == 0 and (nw == 1 or nw == 2)}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
   end
@@ -850,7 +868,7 @@ local function batch()
     POS, BASE = pos + 8 * (na - 5), base + nk
     local pl = planAt(PLANS, p)
     local r
-    if pl.fast and mode == 0 and na == 5 then r = fast(base, pl, want, need, life) end
+    if pl.fast and mode == 0 and na == 5 and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life) end
     if r then
       PATHS[1] = PATHS[1] + 1
     else
