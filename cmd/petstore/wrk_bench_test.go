@@ -35,8 +35,9 @@ import (
 // BenchmarkServeWithWrk serves GET /v1/pets from this process, over real
 // TCP, to wrk (another process, 2 threads, 32 connections), with the
 // rate limiter off and on (a private redis-server), in interleaved
-// rounds, for two workloads: 16 busy keys, and 5,000 cold keys each well
-// under its limits (no lease forms). The whole stack runs as in
+// rounds, for three workloads: 16 busy keys, 5,000 cold keys each well
+// under its limits (no lease forms), and the same cold keys under a plan
+// with the standard ban rule, as every built-in plan has (cold-ban). The whole stack runs as in
 // production: access log (JSON, discarded), metrics, authentication.
 // Reported per workload: requests/s off and on and their ratio, this
 // process's CPU per request off and on (getrusage: the server's own
@@ -66,9 +67,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 		name string
 		keys int
 		plan string
+		ban  string // the plan's ban setting: "off", or "" for the standard rule every built-in plan has
 	}{
-		{"busy", 16, "{limit: 100000, period: 1m}, {limit: 10000000, period: 24h}"},
-		{"cold", 5000, "{limit: 1000, period: 1m}, {limit: 100000, period: 24h}"},
+		{"busy", 16, "{limit: 100000, period: 1m}, {limit: 10000000, period: 24h}", "off"},
+		{"cold", 5000, "{limit: 1000, period: 1m}, {limit: 100000, period: 24h}", "off"},
+		{"cold-ban", 5000, "{limit: 1000, period: 1m}, {limit: 100000, period: 24h}", ""},
 	} {
 		b.Run(wl.name, func(b *testing.B) {
 			dir := b.TempDir()
@@ -80,7 +83,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: 32})
 			defer rdb.Close()
 			rtt := medianPing(b, rdb)
-			plans, err := plan.Parse([]byte("plans:\n  bench:\n    quotas: [" + wl.plan + "]\n    ban: off\n"))
+			def := "plans:\n  bench:\n    quotas: [" + wl.plan + "]\n"
+			if wl.ban != "" {
+				def += "    ban: " + wl.ban + "\n"
+			}
+			plans, err := plan.Parse([]byte(def))
 			if err != nil {
 				b.Fatal(err)
 			}
