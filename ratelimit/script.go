@@ -762,10 +762,10 @@ local function fast(base, pl, want, need, life)
   local V = pl.V
   local two = V[1] == 2
   -- The ban record, read first as decide reads it (most keys have none).
-  local R, bs, banUntil, offences, offenceAt, sring = pl.ban
-  if R then
+  local ban, bs, banUntil, offences, offenceAt, sring = pl.ban
+  if ban then
     bs = call('GET', KEYS[base + 1])
-    banUntil, offences, offenceAt, sring = banRead(bs, R)
+    banUntil, offences, offenceAt, sring = banRead(bs, ban)
     if banUntil > now then return nil end
   end
   local l1, period1, g1, n1, unit1, key1 = V[2], V[3], V[4], V[5], V[6], KEYS[base + 2]
@@ -795,14 +795,14 @@ local function fast(base, pl, want, need, life)
     --@write(2)
     --@reset(2)
   end
-  if not R then
+  if not ban then
     if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
     return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2)
   end
   -- Admitted with no strikes to count: what decide's strike reports then
   -- (the strikes the ring still counts, the offences remembered), with
   -- nothing written.
-  local _, _, strikes, bu, off = strike(KEYS[base + 1], bs, R, banUntil, offences, offenceAt, sring, 0, false)
+  local _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false)
   if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1) end
   return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2)
 end
@@ -917,17 +917,19 @@ local function run(keys, args)
 end
 `)
 
-// The code of window and write (in decideCore), written once here and
-// put in twice: as the bodies of the functions decide calls, and written
-// out in fast for each of its windows, where the calls would cost about a
-// tenth of a decision (BENCHMARKS.md). "$" stands for the window's suffix
-// in fast ("1", "2"; "" in the functions): its inputs key$, h$, period$,
-// g$, n$, unit$ (window) and key$, fresh$, vh$, total$, hc$, ho$, b$,
-// g$, n$, unit$, ttl$, count, at (write); its outputs, declared before,
-// fresh$, vh$, total$, hc$, ho$, b$, c$, from$ (window) and off$ (write;
-// hc$ and ho$ are then the head's before the events, 0 when it moved).
-// expandLua puts them where the code says --@window(suffix) or
-// --@write(suffix).
+// The code of window, write and resetAt (in decideCore), written once
+// here and put in twice: as the bodies of the functions decide calls, and
+// written out in fast for each of its windows, where the calls would cost
+// about a tenth of a decision (BENCHMARKS.md). "$" stands for the
+// window's suffix in fast ("1", "2"; "" in the functions): its inputs
+// key$, h$, period$, g$, n$, unit$ (window); key$, fresh$, vh$, total$,
+// hc$, ho$, b$, g$, n$, unit$, ttl$, count, at (write); b$, off$, period$,
+// g$, n$, unit$ (reset); its outputs, declared before, fresh$, vh$,
+// total$, hc$, ho$, b$, c$, from$ (window), off$ (write; hc$ and ho$ are
+// then the head's before the events, 0 when it moved) and reset$ (reset).
+// Names local to a body (lo, s, R, d, hdr, ...) stay inside its do-block.
+// expandLua puts them where the code says --@window(suffix),
+// --@write(suffix) or --@reset(suffix).
 const windowLua = `do
   fresh$ = #h$ < 1 + HDR
   if fresh$ then vh$, total$, hc$, ho$ = 0, 0, 0, 0 else vh$, total$, hc$, ho$ = unpack_(RINGFMT, h$, 2) end
