@@ -37,8 +37,9 @@ import (
 // rate limiter off and on (a private redis-server), in interleaved
 // rounds, for three workloads: 16 busy keys, 5,000 cold keys each well
 // under its limits (no lease forms), and the same cold keys under a plan
-// with the standard ban rule, as every built-in plan has (cold-ban). The whole stack runs as in
-// production: access log (JSON, discarded), metrics, authentication.
+// with the standard ban rule, as every built-in plan has (cold-ban). The
+// whole stack runs as in production: access log (JSON, discarded),
+// metrics, authentication.
 // Reported per workload: requests/s off and on and their ratio, this
 // process's CPU per request off and on (getrusage: the server's own
 // work, without wrk's) and their difference (the limiter's cost per
@@ -282,8 +283,9 @@ func runWrk(b *testing.B, script, url string) (n float64, d, p50, p99, cpu time.
 }
 
 // machineCPU returns the CPU time every core of the machine has spent
-// busy (not idle nor waiting for I/O) since boot, from /proc/stat, or 0
-// where there is none. Its unit, USER_HZ, is 100 a second on Linux.
+// busy (not idle, waiting for I/O or stolen by the hypervisor) since
+// boot, from /proc/stat, or 0 where there is none. Its unit, USER_HZ, is
+// 100 a second on Linux.
 func machineCPU() time.Duration {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -300,9 +302,10 @@ func machineCPU() time.Duration {
 		if err != nil {
 			return 0
 		}
-		// The fourth and fifth are idle and iowait; guest time is
-		// already counted in user time.
-		if i != 3 && i != 4 && i < 8 {
+		// User, nice, system, then idle and iowait (not busy), irq and
+		// softirq; steal is the hypervisor's, and guest time is already
+		// counted in user time.
+		if i != 3 && i != 4 && i < 7 {
 			busy += n
 		}
 	}
