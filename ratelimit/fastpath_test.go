@@ -17,13 +17,13 @@ import (
 
 // takesFastPath reports whether the decision code decides a request
 // under pl, asked in, by its fast path (script.go: fast) rather than by
-// decide: a plan of one or two windows, with a ban rule or none, and no
+// decide: a plan of one to three windows, with a ban rule or none, and no
 // candidate windows, asked only to decide, with no strikes to count (under
 // a ban rule) and nothing to add or seed, and admitted (a banned key is
 // refused). TestFastPathTaken checks this against the code's own counts.
 func takesFastPath(pl *plan, in input, admitted bool) bool {
 	return admitted && (!pl.ban.on || in.extra == 0) && !pl.cban.on && len(pl.candidates) == 0 &&
-		(len(pl.windows) == 1 || len(pl.windows) == 2) &&
+		len(pl.windows) <= 3 &&
 		!in.peek && in.seed == nil && !slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 })
 }
 
@@ -83,18 +83,19 @@ func (p *pathLibrary) paths(t testing.TB) (fast, general int64) {
 }
 
 // genFastPlans draws the plans replicas decide one key under
-// (genPolicies), most of them plans the fast path serves: without ban
-// rules three times in four, and of one or two windows.
+// (genPolicies), most of them plans the fast path serves: of one to three
+// windows, without ban rules half the time (genPolicies gives the other
+// half theirs half the time).
 func genFastPlans(rng *rand.Rand, maxPeriod time.Duration) []*plan {
 	policies := genPolicies(rng, maxPeriod)
-	noBan := rng.IntN(4) != 0
+	noBan := rng.IntN(2) != 0
 	var plans []*plan
 	for _, p := range policies {
 		if noBan {
 			p.Ban = BanPolicy{}
 		}
-		if len(p.Windows) > 2 && rng.IntN(4) != 0 {
-			p.Windows = p.Windows[:1+rng.IntN(2)]
+		if len(p.Windows) > 3 && rng.IntN(4) != 0 {
+			p.Windows = p.Windows[:1+rng.IntN(3)]
 		}
 		plans = append(plans, compile(p, DefaultBuckets, DefaultStrikeBuckets))
 	}
@@ -239,7 +240,8 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 // takes for each of generated requests (its own counts, read after each
 // batch), against takesFastPath: the fast path serves exactly the
 // admissions of the plans it covers, and hands the rest (refusals, peeks,
-// adds, bans, candidate windows, three or more windows) to decide.
+// adds, strikes to count, banned keys, candidate windows, four windows)
+// to decide.
 func TestFastPathTaken(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})

@@ -56,6 +56,8 @@ import (
 //   - head-moved-alone: the same, one decision per call: what a call's
 //     fixed cost adds.
 //   - head-moved-banplan: the plan with a ban rule (a third record read).
+//   - head-moved-3windows: a minute, an hour and a day, no ban rule (the
+//     hour's and the day's headers read and written too).
 //   - floor-7-commands: the head-moved decision's seven commands on the
 //     same records from Lua with no decision logic (same keys, arguments
 //     and reply size): what any Lua code pays for this record format.
@@ -94,6 +96,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	second := compile(Policy{Name: "second", Windows: []Window{{Limit: 1000, Period: time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	ten := compile(Policy{Name: "ten", Windows: []Window{{Limit: 1000, Period: 10 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	hour := compile(Policy{Name: "hour", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	three := compile(Policy{Name: "three", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 20_000, Period: time.Hour}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 
 	const keys = 1000
 	cases := []struct {
@@ -116,6 +119,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
 		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond, 0},
 		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond, 0},
 		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond, 0},

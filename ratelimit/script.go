@@ -17,7 +17,7 @@ import (
 //
 // Two paths make the same decisions. decide serves every plan and every
 // request. fast serves the common case, a cold or busy key of a plan of
-// one or two windows, with or without a ban rule, and no candidate
+// one to three windows, with or without a ban rule, and no candidate
 // windows, asked only to decide (with no strikes to count), not banned,
 // and admitted: the same reads, arithmetic and writes,
 // without what the rest would cost it (about a fifth of a cold
@@ -749,8 +749,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   return pack_(pl.rfmt, unpack(RES, 1, m))
 end
 
--- fast decides, as decide does, one request of the common plan: one or
--- two windows, a ban rule or none, no candidate windows, asked to decide,
+-- fast decides, as decide does, one request of the common plan: one to
+-- three windows, a ban rule or none, no candidate windows, asked to decide,
 -- with no strikes to count, no admissions to add and nothing to seed. It
 -- makes the same reads, arithmetic and writes as decide, with its working
 -- values in locals, the code of window and write written out in it for
@@ -760,7 +760,7 @@ end
 -- nothing (its reads change nothing), and decide decides.
 local function fast(base, pl, want, need, life)
   local V = pl.V
-  local two = V[1] == 2
+  local nw = V[1]
   -- The ban record, read first as decide reads it (most keys have none).
   local ban, bs, banUntil, offences, offenceAt, sring = pl.ban
   if ban then
@@ -776,7 +776,7 @@ local function fast(base, pl, want, need, life)
   local room, lend = l1 - c1, now + life
   if (b1 + 1) * g1 < lend then lend = (b1 + 1) * g1 end
   local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2
-  if two then
+  if nw >= 2 then
     l2, period2, g2, n2, unit2, key2 = V[8], V[9], V[10], V[11], V[12], KEYS[base + 3]
     h2 = call('GETRANGE', key2, '0', '18')
     --@window(2)
@@ -784,27 +784,43 @@ local function fast(base, pl, want, need, life)
     if l2 - c2 < room then room = l2 - c2 end
     if (b2 + 1) * g2 < lend then lend = (b2 + 1) * g2 end
   end
+  local l3, period3, g3, n3, unit3, key3, h3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3
+  if nw == 3 then
+    l3, period3, g3, n3, unit3, key3 = V[14], V[15], V[16], V[17], V[18], KEYS[base + 4]
+    h3 = call('GETRANGE', key3, '0', '18')
+    --@window(3)
+    if c3 >= l3 then return nil end
+    if l3 - c3 < room then room = l3 - c3 end
+    if (b3 + 1) * g3 < lend then lend = (b3 + 1) * g3 end
+  end
   local count, at = 1, now
   if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
   local ttl1, off1 = pl.TTL[1]
   --@write(1)
-  local reset1, reset2
+  local reset1, reset2, reset3
   --@reset(1)
-  if two then
+  if nw >= 2 then
     local ttl2, off2 = pl.TTL[2]
     --@write(2)
     --@reset(2)
   end
+  if nw == 3 then
+    local ttl3, off3 = pl.TTL[3]
+    --@write(3)
+    --@reset(3)
+  end
   if not ban then
-    if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
-    return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2)
+    if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
+    if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2) end
+    return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
   end
   -- Admitted with no strikes to count: what decide's strike reports then
   -- (the strikes the ring still counts, the offences remembered), with
   -- nothing written.
   local _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false)
-  if not two then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1) end
-  return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2)
+  if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1) end
+  if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2) end
+  return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
 end
 
 -- PATHS counts the decisions each path made (fast, then decide) since the
@@ -841,7 +857,7 @@ local function planAt(PLANS, p)
     if nc > 0 then fields = fields + 4 end
     if cban then fields = fields + 4 end
     pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), TTL = ttl, CTTL = cttl,
-      mults = mult, cmults = cmult, fast = not cban and nc == 0 and (nw == 1 or nw == 2)}
+      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
   end
