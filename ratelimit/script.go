@@ -768,30 +768,18 @@ local function fast(base, pl, want, need, life)
     banUntil, offences, offenceAt, sring = banRead(bs, ban)
     if banUntil > now then return nil end
   end
-  local l1, period1, g1, n1, unit1, key1 = V[2], V[3], V[4], V[5], V[6], KEYS[base + 2]
-  local h1 = call('GETRANGE', key1, '0', '18')
-  local fresh1, vh1, total1, hc1, ho1, b1, c1, from1
-  --@window(1)
-  if c1 >= l1 then return nil end
-  local room, lend = l1 - c1, now + life
-  if (b1 + 1) * g1 < lend then lend = (b1 + 1) * g1 end
-  local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2
+  -- The windows, each read (takeLua) into locals of its own; room is
+  -- what every window has left (no limit is near 2^53).
+  local room, lend = 2 ^ 53, now + life
+  local l1, period1, g1, n1, unit1, key1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1
+  --@take(1)
+  local l2, period2, g2, n2, unit2, key2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2
   if nw >= 2 then
-    l2, period2, g2, n2, unit2, key2 = V[8], V[9], V[10], V[11], V[12], KEYS[base + 3]
-    h2 = call('GETRANGE', key2, '0', '18')
-    --@window(2)
-    if c2 >= l2 then return nil end
-    if l2 - c2 < room then room = l2 - c2 end
-    if (b2 + 1) * g2 < lend then lend = (b2 + 1) * g2 end
+    --@take(2)
   end
-  local l3, period3, g3, n3, unit3, key3, h3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3
+  local l3, period3, g3, n3, unit3, key3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3
   if nw == 3 then
-    l3, period3, g3, n3, unit3, key3 = V[14], V[15], V[16], V[17], V[18], KEYS[base + 4]
-    h3 = call('GETRANGE', key3, '0', '18')
-    --@window(3)
-    if c3 >= l3 then return nil end
-    if l3 - c3 < room then room = l3 - c3 end
-    if (b3 + 1) * g3 < lend then lend = (b3 + 1) * g3 end
+    --@take(3)
   end
   local count, at = 1, now
   if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
@@ -1024,18 +1012,33 @@ const writeLua = `do
 end
 `
 
+// takeLua is fast's reading of its window $ (1-based): its numbers from
+// the plan (window $ starts at V[6$ - 4]; Lua folds the constants), its
+// header and the slots it needs (windowLua), then the request's fit:
+// fast hands a full window to decide, and room and lend become what
+// every window read so far allows.
+const takeLua = `do
+  l$, period$, g$, n$, unit$, key$ = V[6 * $ - 4], V[6 * $ - 3], V[6 * $ - 2], V[6 * $ - 1], V[6 * $], KEYS[base + 1 + $]
+  local h$ = call('GETRANGE', key$, '0', '18')
+  --@window($)
+  if c$ >= l$ then return nil end
+  if l$ - c$ < room then room = l$ - c$ end
+  if (b$ + 1) * g$ < lend then lend = (b$ + 1) * g$ end
+end
+`
+
 const resetLua = `reset$ = b$ * g$ + off$ * unit$ + period$
 if reset$ < (b$ + n$) * g$ then reset$ = (b$ + n$) * g$ end
 if reset$ > (b$ + n$ + 1) * g$ then reset$ = (b$ + n$ + 1) * g$ end
 `
 
-// expandLua returns src with windowLua, writeLua and resetLua put where
-// it says --@window(suffix), --@write(suffix) and --@reset(suffix) on a
-// line of its own. src is this package's own constant: a marker it does
+// expandLua returns src with windowLua, writeLua, resetLua and takeLua
+// put where it says --@window(suffix), --@write(suffix), --@reset(suffix)
+// and --@take(suffix) on a line of its own. src is this package's own constant: a marker it does
 // not know, or a "$" left over, is a mistake in this file, and panics
 // when the package loads, so that no test runs code with a part missing.
 func expandLua(src string) string {
-	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua}
+	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua, "take": takeLua}
 	var b strings.Builder
 	for line := range strings.Lines(src) {
 		t := strings.TrimSpace(line)
@@ -1048,7 +1051,8 @@ func expandLua(src string) string {
 		if !ok || !known || !strings.HasSuffix(sfx, ")") {
 			panic("ratelimit: unknown marker in the decision code: " + t)
 		}
-		b.WriteString(strings.ReplaceAll(body, "$", strings.TrimSuffix(sfx, ")")))
+		// A body may hold markers of its own (take holds window's).
+		b.WriteString(expandLua(strings.ReplaceAll(body, "$", strings.TrimSuffix(sfx, ")"))))
 	}
 	if strings.Contains(b.String(), "$") {
 		panic("ratelimit: a \"$\" left in the decision code")

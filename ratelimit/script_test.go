@@ -325,7 +325,7 @@ func TestExpandLua(t *testing.T) {
 	}
 	fast := decideCore[strings.Index(decideCore, "local function fast("):]
 	fast = fast[:strings.Index(fast, "\n-- PATHS counts")]
-	for _, part := range []string{"fresh1 = #h1", "fresh2 = #h2", "off1 = 0", "off2 = 0", "reset1 = b1 * g1", "reset2 = b2 * g2"} {
+	for _, part := range []string{"fresh1 = #h1", "fresh2 = #h2", "fresh3 = #h3", "off1 = 0", "off2 = 0", "off3 = 0", "reset1 = b1 * g1", "reset2 = b2 * g2", "reset3 = b3 * g3"} {
 		if !strings.Contains(fast, part) {
 			t.Errorf("fast does not hold %q", part)
 		}
