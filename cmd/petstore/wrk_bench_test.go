@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -34,8 +35,10 @@ import (
 
 // BenchmarkServeWithWrk serves GET /v1/pets from this process, over real
 // TCP, to wrk (another process, 2 threads, 32 connections), with the
-// rate limiter off and on (a private redis-server), in interleaved
-// rounds, for three workloads: 16 busy keys, 5,000 cold keys each well
+// rate limiter off, on (a private redis-server) and replaced by
+// redis_rate (a GCRA call per window on the same Redis: what an
+// established limiter adds to the same stack), in rotating rounds, for
+// three workloads: 16 busy keys, 5,000 cold keys each well
 // under its limits (no lease forms), and the same cold keys under a plan
 // with the standard ban rule, as every built-in plan has (cold-ban). The
 // whole stack runs as in production: access log (JSON, discarded),
@@ -47,16 +50,28 @@ import (
 // of the decision code per request and their time per request (INFO
 // commandstats), wrk's CPU per request, and the whole machine's busy CPU
 // per request (/proc/stat): when the machine is saturated, on/off is the
-// ratio of the two sides' machine CPU per request, whoever spends it.
+// ratio of the two sides' machine CPU per request, whoever spends it;
+// and for redis_rate its throughput against off, the server CPU it adds
+// and its Redis CPU per request.
 //
 //	go test -run '^$' -bench ServeWithWrk -benchtime 1x ./cmd/petstore/
 //
-// Each round runs wrk for wrkSeconds; -benchtime Nx runs N pairs of
-// rounds per workload. It needs wrk (Debian's package) and redis-server.
+// Each round runs wrk for wrkSeconds; -benchtime Nx runs N rotations of
+// the three rounds per workload. It needs wrk (Debian's package) and redis-server.
 // BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
 // 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
 // puts the limiter's Redis that far away in each direction, through a
 // proxy in this process (whose CPU then counts in the server's).
+//
+// BENCH_REDIS_CPU (say 1) runs the private redis-server on that core
+// alone (taskset), as production runs Redis on machines of its own; run
+// the benchmark itself on the other core, which wrk inherits, so that the
+// server and wrk share one core and Redis never competes with them:
+//
+//	go test -c -o petstore.test ./cmd/petstore/
+//	BENCH_REDIS_CPU=1 taskset -c 0 ./petstore.test -test.run '^$' -test.bench ServeWithWrk -test.benchtime 2x
+//
+// on/off then measures what the limiter costs a replica's own core.
 func BenchmarkServeWithWrk(b *testing.B) {
 	testenv.RedisAddr(b)
 	for _, tool := range []string{"wrk", "redis-server"} {
@@ -150,11 +165,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				p50, p99          time.Duration // summed over rounds
 				rounds            int
 			}
-			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}}
+			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}}
 			b.ResetTimer()
 			for i := range b.N {
 				for k := range sides {
-					s := sides[(i+k)%2]
+					s := sides[(i+k)%len(sides)]
 					url, stop := serve(s.name, s.limiter)
 					calls0, usec0 := rs.scripts(b)
 					cpu0, rcpu0, gc0, m0 := processCPU(b), rs.cpu(b), gcCPU(), machineCPU()
@@ -190,6 +205,13 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(perReq(on.rcp, on.requests), "redis-cpu-us/req")
 			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
 			b.ReportMetric(on.scriptUsec/on.requests, "redis-script-us/req")
+			// redis_rate in the same stack, the same rounds: what an
+			// established Redis limiter (a GCRA call per window, no
+			// batching) adds to the same server.
+			rr := sides[2]
+			b.ReportMetric((rr.requests/rr.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "redis_rate/off")
+			b.ReportMetric(perReq(rr.cpu, rr.requests)-perReq(off.cpu, off.requests), "redis_rate-server-cpu-us/req")
+			b.ReportMetric(perReq(rr.rcp, rr.requests), "redis_rate-redis-cpu-us/req")
 			ms := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
 			b.ReportMetric(perReq(off.wrk, off.requests), "off-wrk-cpu-us/req")
 			b.ReportMetric(perReq(on.wrk, on.requests), "on-wrk-cpu-us/req")
@@ -205,6 +227,31 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(ms(on.p99, on.rounds), "on-p99-ms")
 		})
 	}
+}
+
+// redisRateLimiter decides each window of a policy with redis_rate (a
+// GCRA call each, its burst the window's limit), one after the other, and
+// states the result as a Decision, so that the response carries the same
+// rate-limit fields: the third side of BenchmarkServeWithWrk.
+type redisRateLimiter struct{ rl *redis_rate.Limiter }
+
+func (r redisRateLimiter) Allow(ctx context.Context, key string, p ratelimit.Policy) (ratelimit.Decision, error) {
+	d := ratelimit.Decision{Outcome: ratelimit.Allowed, Windows: make([]ratelimit.WindowState, len(p.Windows)), Time: time.Now()}
+	for i, w := range p.Windows {
+		res, err := r.rl.Allow(ctx, "rr:"+key+":"+ratelimit.FormatPeriod(w.Period), redis_rate.Limit{Rate: int(w.Limit), Burst: int(w.Limit), Period: w.Period})
+		if err != nil {
+			return ratelimit.Decision{}, err
+		}
+		d.Windows[i] = ratelimit.WindowState{Window: w, Remaining: int64(res.Remaining), Reset: d.Time.Add(res.ResetAfter)}
+		if d.Windows[i].Remaining <= d.Windows[d.Binding].Remaining {
+			d.Binding = i
+		}
+		if res.Allowed == 0 {
+			d.Outcome, d.RetryAfter = ratelimit.Limited, res.RetryAfter
+			break
+		}
+	}
+	return d, nil
 }
 
 // wrkSeconds is how long each wrk round runs.
@@ -353,7 +400,11 @@ type privateRedis struct {
 
 func startPrivateRedis(b *testing.B, dir string) *privateRedis {
 	port := testenv.FreePort(b)
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	args := []string{"redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}
+	if cpu := os.Getenv("BENCH_REDIS_CPU"); cpu != "" {
+		args = append([]string{"taskset", "-c", cpu}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
