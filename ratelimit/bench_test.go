@@ -457,3 +457,39 @@ func BenchmarkSparseKeys(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPlanLookup measures finding a request's compiled plan, which
+// every decision does first: the spec's three plans with the ban rule,
+// looked up from every CPU at once (RunParallel), as a replica's requests
+// do. Needs no Redis.
+//
+//	go test ./ratelimit -run '^$' -bench PlanLookup -count 6
+func BenchmarkPlanLookup(b *testing.B) {
+	met, err := newMetrics(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := newPlanCache()
+	opts := Options{Buckets: DefaultBuckets, StrikeBuckets: DefaultStrikeBuckets}
+	var policies []Policy
+	for _, p := range benchPlans {
+		policies = append(policies, withBan(p))
+	}
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		// Each goroutine's own copies, as each request carries its own.
+		ps := make([]Policy, len(policies))
+		for i, p := range policies {
+			ps[i] = p.clone()
+		}
+		i := int(n.Add(1))
+		for pb.Next() {
+			i++
+			if _, err := c.get(ps[i%len(ps)], opts, met); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

@@ -2,13 +2,13 @@ package ratelimit
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
 	"log/slog"
 	"math"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -667,13 +667,26 @@ func (l *Limiter) sweepLoop(ctx context.Context) {
 
 // planCache maps policies to compiled plans without hashing them with
 // SHA-256 on every request: a cheap hash finds candidates, which are then
-// compared field by field.
+// compared field by field. Its promise: every plan get returns is in plans,
+// so recent sees every plan in use.
+//
+// A request finds its plan first in front, a direct-mapped table read
+// with one atomic load. The map behind it takes a read lock, and every
+// reader of a RWMutex writes its count: on a busy replica that one cache
+// line passes between every core for every request. front is only ever
+// written under mu (a read lock is enough to fill a slot, since only a
+// writer clears), so it never holds a plan the map has dropped.
 type planCache struct {
 	seed  maphash.Seed
+	front *[planFront]atomic.Pointer[plan]
 	mu    sync.RWMutex
 	plans map[uint64][]*plan
 	n     int
 }
+
+// planFront is the number of slots in planCache.front: far more than the
+// plans a deployment defines; keys with limits of their own share slots.
+const planFront = 256
 
 // fallbackSize bounds the keys whose last shared verdict the fallback keeps.
 const fallbackSize = 1 << 17
@@ -682,14 +695,19 @@ const fallbackSize = 1 << 17
 const maxPlans = 4096
 
 func newPlanCache() planCache {
-	return planCache{seed: maphash.MakeSeed(), plans: make(map[uint64][]*plan)}
+	return planCache{seed: maphash.MakeSeed(), front: new([planFront]atomic.Pointer[plan]), plans: make(map[uint64][]*plan)}
 }
 
 func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 	h := hashPolicy(c.seed, p)
+	slot := &c.front[h%planFront]
+	if pl := slot.Load(); pl != nil && samePolicy(pl.given, p) {
+		return pl, nil
+	}
 	c.mu.RLock()
 	for _, pl := range c.plans[h] {
 		if samePolicy(pl.given, p) {
+			slot.Store(pl)
 			c.mu.RUnlock()
 			return pl, nil
 		}
@@ -705,15 +723,20 @@ func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 	defer c.mu.Unlock()
 	if c.n >= maxPlans {
 		clear(c.plans)
+		for i := range c.front {
+			c.front[i].Store(nil)
+		}
 		c.n = 0
 	}
 	for _, q := range c.plans[h] {
 		if samePolicy(q.given, p) {
+			slot.Store(q)
 			return q, nil
 		}
 	}
 	c.plans[h] = append(c.plans[h], pl)
 	c.n++
+	slot.Store(pl)
 	return pl, nil
 }
 
@@ -733,33 +756,37 @@ func (c *planCache) recent(now time.Time) []*plan {
 	return out
 }
 
+// hashPolicy finds a policy's candidates in a plan cache. It runs on every
+// decision, so it folds the policy's numbers in with one multiplication
+// each rather than streaming them through maphash.Hash (a call and a
+// buffer copy per number, most of the cost of a busy key's cache lookup);
+// samePolicy stays the judge of equality, so a collision costs a
+// comparison, never a wrong plan.
 func hashPolicy(seed maphash.Seed, p Policy) uint64 {
-	var h maphash.Hash
-	h.SetSeed(seed)
-	h.WriteString(p.Name)
-	var b [8]byte
-	put := func(v int64) {
-		binary.LittleEndian.PutUint64(b[:], uint64(v))
-		_, _ = h.Write(b[:])
-	}
+	h := maphash.String(seed, p.Name)
 	for _, w := range p.Windows {
-		put(w.Limit)
-		put(int64(w.Period))
+		h = mixHash(h, uint64(w.Limit))
+		h = mixHash(h, uint64(w.Period))
 	}
-	put(p.Ban.Threshold)
-	put(int64(p.Ban.StrikeWindow))
-	put(int64(p.Ban.Base))
-	put(int64(math.Float64bits(p.Ban.Multiplier)))
-	put(int64(p.Ban.Max))
-	put(int64(p.Ban.Memory))
+	b := p.Ban
+	for _, v := range [...]uint64{uint64(b.Threshold), uint64(b.StrikeWindow), uint64(b.Base), math.Float64bits(b.Multiplier), uint64(b.Max), uint64(b.Memory)} {
+		h = mixHash(h, v)
+	}
 	if p.Shadow {
-		put(1)
+		h = mixHash(h, 1)
 	}
 	for _, w := range p.Candidate {
-		put(-w.Limit)
-		put(int64(w.Period))
+		h = mixHash(h, uint64(-w.Limit))
+		h = mixHash(h, uint64(w.Period))
 	}
-	return h.Sum64()
+	return h
+}
+
+// mixHash folds v into h: the two halves of a 128-bit product of their
+// sum with an odd constant, xored (as wyhash mixes).
+func mixHash(h, v uint64) uint64 {
+	hi, lo := bits.Mul64(h^v, 0x9e3779b97f4a7c15)
+	return hi ^ lo
 }
 
 func samePolicy(a, b Policy) bool {
