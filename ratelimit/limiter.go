@@ -329,8 +329,14 @@ func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, er
 	}
 	// No request waits for Redis longer than Options.Timeout in all,
 	// whether for a lease another request is fetching or for its own round
-	// trip.
-	entered := time.Now()
+	// trip. The clock is read when the first wait begins: a request its
+	// lease serves (most of a busy key's) never reads it.
+	var entered time.Time
+	waiting := func() {
+		if entered.IsZero() {
+			entered = time.Now()
+		}
+	}
 	var extra int64
 	ask := noLease
 	for first := true; ; first = false {
@@ -362,6 +368,7 @@ func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, er
 		// A round trip asking for a lease for this key is in flight: its
 		// lease is likely to cover this request too, and if it finds the
 		// key limited, the cache answers.
+		waiting()
 		t := time.NewTimer(l.opts.Timeout)
 		select {
 		case <-wait:
@@ -371,6 +378,7 @@ func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, er
 		t.Stop()
 		start = l.now()
 	}
+	waiting()
 	d, v, err := l.decide(ctx, key, pl, start, extra, ask, l.opts.Timeout-time.Since(entered))
 	if ask.want > 1 {
 		l.lease.done(key, pl, start, v, d, err == nil && !d.Degraded)
