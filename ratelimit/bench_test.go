@@ -486,7 +486,7 @@ func BenchmarkPlanLookup(b *testing.B) {
 		i := int(n.Add(1))
 		for pb.Next() {
 			i++
-			if _, err := c.get(ps[i%len(ps)], opts, met); err != nil {
+			if _, err := c.get(&ps[i%len(ps)], &opts, met); err != nil {
 				b.Error(err)
 				return
 			}

@@ -62,20 +62,20 @@ func (c *rejectCache) shard(key string) *cacheShard {
 	return &c.shards[maphash.String(c.seed, key)%memShards]
 }
 
-// answer returns a cached decision for key (hit), or the number of
-// rejections answered locally that the caller's round trip must carry as
-// strikes.
-func (c *rejectCache) answer(key string, pl *plan, now time.Time) (d Decision, pending int64, hit bool) {
+// answer puts a cached decision for key in d (hit), or returns the number
+// of rejections answered locally that the caller's round trip must carry
+// as strikes.
+func (c *rejectCache) answer(key string, pl *plan, now time.Time, d *Decision) (pending int64, hit bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil {
-		return Decision{}, 0, false
+		return 0, false
 	}
 	if e.pl != pl || !now.Before(e.until) {
 		delete(sh.keys, key)
-		return Decision{}, e.pending, false
+		return e.pending, false
 	}
 	if e.decision.Outcome == Limited && pl.ban.on && !e.flushing {
 		due := e.known+e.pending+1 > pl.ban.strikes.limit ||
@@ -84,18 +84,18 @@ func (c *rejectCache) answer(key string, pl *plan, now time.Time) (d Decision, p
 		if due {
 			e.flushing = true
 			pending, e.pending = e.pending, 0
-			return Decision{}, pending, false
+			return pending, false
 		}
 	}
 	if e.decision.Outcome == Limited && pl.ban.on {
 		e.pending++
 	}
-	d = e.decision
+	*d = e.decision
 	d.Windows = append([]WindowState(nil), e.decision.Windows...)
 	d.RetryAfter = e.end.Sub(now)
 	d.Cached = true
 	d.Time = now
-	return d, 0, true
+	return 0, true
 }
 
 // store records the outcome of a round trip for key that started at start:

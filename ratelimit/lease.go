@@ -89,20 +89,21 @@ func (t *leaseTable) shard(key string) *leaseShard {
 	return &t.shards[maphash.String(t.seed, key)%memShards]
 }
 
-// take answers one request for key under pl from its lease (served). When
-// it cannot, it returns what to ask the script for; wait, when not nil, is
-// a lease round trip for the key already in flight, which the caller may
-// wait for and then call take again with first false. first also counts
-// the request toward the key's demand. A caller given an ask with want > 1
-// must call done when its round trip ends.
-func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool) (d Decision, served bool, ask leaseAsk, wait <-chan struct{}) {
+// take answers one request for key under pl from its lease (served, the
+// decision in d). When it cannot, it returns what to ask the script for;
+// wait, when not nil, is a lease round trip for the key already in
+// flight, which the caller may wait for and then call take again with
+// first false. first also counts the request toward the key's demand. A
+// caller given an ask with want > 1 must call done when its round trip
+// ends.
+func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil {
 		if len(sh.keys) >= t.maxPerShard {
-			return Decision{}, false, noLease, nil
+			return false, noLease, nil
 		}
 		e = &leaseEntry{curStart: now}
 		sh.keys[key] = e
@@ -113,22 +114,23 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool) (d De
 	if e.left > 0 {
 		if e.pl == pl && now.Before(e.deadline) {
 			e.left--
-			return e.serve(now), true, noLease, nil
+			e.serve(now, d)
+			return true, noLease, nil
 		}
 		e.drop()
 	}
 	if e.refill != nil {
 		if first {
-			return Decision{}, false, noLease, e.refill
+			return false, noLease, e.refill
 		}
-		return Decision{}, false, noLease, nil
+		return false, noLease, nil
 	}
 	k := e.size(pl, now, t.maxLease, t.rtt.Load())
 	if k <= 1 {
-		return Decision{}, false, noLease, nil
+		return false, noLease, nil
 	}
 	e.refill = make(chan struct{})
-	return Decision{}, false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil
+	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil
 }
 
 // done ends a lease round trip for key that started at sent. With ok, v
@@ -206,9 +208,9 @@ func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
 	return min(k, maxLease)
 }
 
-// serve returns the decision for one admission from the lease.
-func (e *leaseEntry) serve(now time.Time) Decision {
-	d := Decision{
+// serve puts in d the decision for one admission from the lease.
+func (e *leaseEntry) serve(now time.Time, d *Decision) {
+	*d = Decision{
 		Outcome: Allowed,
 		Windows: make([]WindowState, len(e.windows)),
 		Binding: e.binding,
@@ -220,7 +222,6 @@ func (e *leaseEntry) serve(now time.Time) Decision {
 		d.Windows[i] = w
 	}
 	e.spent++
-	return d
 }
 
 func (e *leaseEntry) drop() {

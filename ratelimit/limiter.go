@@ -312,78 +312,100 @@ func waitBounded(wg *sync.WaitGroup, d time.Duration) {
 // shadow policy the decision is made and recorded the same way and marked
 // Shadow: the caller serves the request whatever its outcome.
 func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, error) {
-	d, err := l.allow(ctx, key, p)
+	var d Decision
+	err := l.allow(ctx, key, &p, &d)
 	d.Shadow = p.Shadow
 	return d, err
 }
 
-func (l *Limiter) allow(ctx context.Context, key string, p Policy) (Decision, error) {
-	pl, err := l.plans.get(p, l.opts, l.met)
+// allow decides into d. Each step of a request is a function of its own,
+// and each fills the caller's d rather than returning a Decision to copy:
+// a request its lease serves (most of a busy key's) then runs within the
+// stack the handler chain has without a limiter (see planCache.get).
+func (l *Limiter) allow(ctx context.Context, key string, p *Policy, d *Decision) error {
+	pl, err := l.plans.get(p, &l.opts, l.met)
 	if err != nil {
-		return Decision{}, err
+		return err
 	}
 	start := l.now()
 	pl.touch(start)
 	if l.rdb == nil {
-		return l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), input{lease: noLease}), false), nil
+		l.allowLocal(key, pl, start, d)
+		return nil
 	}
-	// No request waits for Redis longer than Options.Timeout in all,
-	// whether for a lease another request is fetching or for its own round
-	// trip. The clock is read when the first wait begins: a request its
-	// lease serves (most of a busy key's) never reads it.
-	var entered time.Time
-	waiting := func() {
-		if entered.IsZero() {
-			entered = time.Now()
-		}
-	}
+	return l.allowShared(ctx, key, pl, start, true, time.Time{}, d)
+}
+
+// allowLocal decides key in this process alone: a limiter without Redis.
+func (l *Limiter) allowLocal(key string, pl *plan, start time.Time, d *Decision) {
+	*d = l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), input{lease: noLease}), false)
+}
+
+// allowShared answers from what this replica holds for key (the rejection
+// cache, a lease) or else makes a round trip.
+//
+// No request waits for Redis longer than Options.Timeout in all, whether
+// for a lease another request is fetching or for its own round trip:
+// entered is when its first wait began (zero before any). first is false
+// once the request has waited for another's lease: it then waits no more.
+func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start time.Time, first bool, entered time.Time, d *Decision) error {
 	var extra int64
+	if l.cache != nil {
+		pending, hit := l.cache.answer(key, pl, start, d)
+		if hit {
+			pl.outcome[d.Outcome].Inc()
+			return nil
+		}
+		extra = pending
+	}
+	// Rejections answered locally must reach Redis as strikes: a request
+	// carrying them makes the round trip. Candidate windows evaluate every
+	// request: no leases for their keys.
 	ask := noLease
-	for first := true; ; first = false {
-		if l.cache != nil {
-			d, pending, hit := l.cache.answer(key, pl, start)
-			if hit {
-				pl.outcome[d.Outcome].Inc()
-				return d, nil
-			}
-			extra = pending
-		}
-		// Rejections answered locally must reach Redis as strikes: a
-		// request carrying them makes the round trip. Candidate windows
-		// evaluate every request: no leases for their keys.
-		if l.lease == nil || extra > 0 || len(pl.candidates) > 0 {
-			break
-		}
-		d, served, a, wait := l.lease.take(key, pl, start, first)
+	if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
+		served, a, wait := l.lease.take(key, pl, start, first, d)
 		if served {
 			pl.outcome[Allowed].Inc()
 			pl.leased.Inc()
 			pl.countNearLimit(d)
-			return d, nil
+			return nil
 		}
-		if wait == nil {
-			ask = a
-			break
+		if wait != nil {
+			return l.awaitLease(ctx, key, pl, wait, d)
 		}
-		// A round trip asking for a lease for this key is in flight: its
-		// lease is likely to cover this request too, and if it finds the
-		// key limited, the cache answers.
-		waiting()
-		t := time.NewTimer(l.opts.Timeout)
-		select {
-		case <-wait:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
-		start = l.now()
+		ask = a
 	}
-	waiting()
-	d, v, err := l.decide(ctx, key, pl, start, extra, ask, l.opts.Timeout-time.Since(entered))
+	if entered.IsZero() {
+		entered = time.Now()
+	}
+	return l.roundTrip(ctx, key, pl, start, extra, ask, l.opts.Timeout-time.Since(entered), d)
+}
+
+// awaitLease waits for the round trip in flight that is asking a lease
+// for key: its lease is likely to cover this request too, and if it finds
+// the key limited, the rejection cache answers.
+func (l *Limiter) awaitLease(ctx context.Context, key string, pl *plan, wait <-chan struct{}, d *Decision) error {
+	entered := time.Now()
+	t := time.NewTimer(l.opts.Timeout)
+	select {
+	case <-wait:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	return l.allowShared(ctx, key, pl, l.now(), false, entered, d)
+}
+
+// roundTrip decides key in Redis within budget, asking for a lease as ask
+// says, and keeps the lease granted.
+func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision) error {
+	var v verdict
+	var err error
+	*d, v, err = l.decide(ctx, key, pl, start, extra, ask, budget)
 	if ask.want > 1 {
-		l.lease.done(key, pl, start, v, d, err == nil && !d.Degraded)
+		l.lease.done(key, pl, start, v, *d, err == nil && !d.Degraded)
 	}
-	return d, err
+	return err
 }
 
 // decide asks Redis, or the fallback when it cannot answer.
@@ -447,7 +469,7 @@ func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
 	d := decisionOf(pl, v)
 	d.Degraded = degraded
 	pl.outcome[d.Outcome].Inc()
-	pl.countNearLimit(d)
+	pl.countNearLimit(&d)
 	if v.newBan {
 		pl.banned.Inc()
 	}
@@ -524,7 +546,7 @@ type Usage struct {
 
 // Usage reports key's standing under p without counting a request.
 func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error) {
-	pl, err := l.plans.get(p, l.opts, l.met)
+	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {
 		return Usage{}, err
 	}
@@ -601,7 +623,7 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 // as Unban; an admission lease another replica holds for the key is spent
 // until it ends (at most 1 s).
 func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
-	pl, err := l.plans.get(p, l.opts, l.met)
+	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {
 		return err
 	}
@@ -706,27 +728,38 @@ func newPlanCache() planCache {
 	return planCache{seed: maphash.MakeSeed(), front: new([planFront]atomic.Pointer[plan]), plans: make(map[uint64][]*plan)}
 }
 
-func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
+// get returns p's plan, compiling it on first use. Its frame stays small
+// (the policy and options by pointer, compiling in add): every request
+// calls it at the depth of the handler chain plus the limiter, and a frame
+// that pushes a request past its goroutine's stack costs a stack copy
+// each time the collector has shrunk that stack back.
+func (c *planCache) get(p *Policy, o *Options, met *metrics) (*plan, error) {
 	h := hashPolicy(c.seed, p)
 	slot := &c.front[h%planFront]
-	if pl := slot.Load(); pl != nil && samePolicy(pl.given, p) {
+	if pl := slot.Load(); pl != nil && samePolicy(&pl.given, p) {
 		return pl, nil
 	}
 	c.mu.RLock()
 	for _, pl := range c.plans[h] {
-		if samePolicy(pl.given, p) {
+		if samePolicy(&pl.given, p) {
 			slot.Store(pl)
 			c.mu.RUnlock()
 			return pl, nil
 		}
 	}
 	c.mu.RUnlock()
+	return c.add(h, p, o, met)
+}
+
+// add compiles p and caches its plan under hash h.
+func (c *planCache) add(h uint64, p *Policy, o *Options, met *metrics) (*plan, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	pl := compile(p, o.Buckets, o.StrikeBuckets)
+	pl := compile(*p, o.Buckets, o.StrikeBuckets)
 	pl.given = p.clone()
 	pl.counters = met.forPlan(p.Name, p.Shadow)
+	slot := &c.front[h%planFront]
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n >= maxPlans {
@@ -737,7 +770,7 @@ func (c *planCache) get(p Policy, o Options, met *metrics) (*plan, error) {
 		c.n = 0
 	}
 	for _, q := range c.plans[h] {
-		if samePolicy(q.given, p) {
+		if samePolicy(&q.given, p) {
 			slot.Store(q)
 			return q, nil
 		}
@@ -770,7 +803,7 @@ func (c *planCache) recent(now time.Time) []*plan {
 // buffer copy per number, most of the cost of a busy key's cache lookup);
 // samePolicy stays the judge of equality, so a collision costs a
 // comparison, never a wrong plan.
-func hashPolicy(seed maphash.Seed, p Policy) uint64 {
+func hashPolicy(seed maphash.Seed, p *Policy) uint64 {
 	h := maphash.String(seed, p.Name)
 	for _, w := range p.Windows {
 		h = mixHash(h, uint64(w.Limit))
@@ -797,7 +830,7 @@ func mixHash(h, v uint64) uint64 {
 	return hi ^ lo
 }
 
-func samePolicy(a, b Policy) bool {
+func samePolicy(a, b *Policy) bool {
 	if a.Name != b.Name || a.Ban != b.Ban || a.CandidateBan != b.CandidateBan || a.Shadow != b.Shadow || len(a.Windows) != len(b.Windows) ||
 		!slices.Equal(a.Candidate, b.Candidate) {
 		return false

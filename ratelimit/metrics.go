@@ -220,7 +220,7 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 // cannot overflow for limits up to MaxLimit. Such a key is about to be
 // refused, a sign that its plan may be too tight for it. An admission
 // counts once, however many windows it leaves near their limits.
-func (c counters) countNearLimit(d Decision) {
+func (c *counters) countNearLimit(d *Decision) {
 	if d.Outcome != Allowed || c.nearLimit == nil {
 		return
 	}

@@ -95,7 +95,7 @@ func TestPlanCacheReturnsThePolicysPlan(t *testing.T) {
 		}
 		p := policies[j]
 		before := c.n
-		pl, err := c.get(p, opts, met)
+		pl, err := c.get(&p, &opts, met)
 		if err != nil {
 			t.Fatalf("get %+v: %v", p, err)
 		}
@@ -103,7 +103,7 @@ func TestPlanCacheReturnsThePolicysPlan(t *testing.T) {
 		if c.n < before {
 			clear(seen) // the cache started over
 		}
-		if !samePolicy(pl.given, p) || pl.name != p.Name || len(pl.windows) != len(p.Windows) || pl.policy.Shadow != p.Shadow {
+		if !samePolicy(&pl.given, &p) || pl.name != p.Name || len(pl.windows) != len(p.Windows) || pl.policy.Shadow != p.Shadow {
 			t.Fatalf("get %+v returned the plan of %+v", p, pl.given)
 		}
 		for _, w := range p.Windows {
@@ -172,12 +172,12 @@ func TestPlanCacheConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 3 * len(policies) / 2 {
 				p := policies[(i*7+g*len(policies)/4)%len(policies)]
-				pl, err := c.get(p, opts, met)
+				pl, err := c.get(&p, &opts, met)
 				if err != nil {
 					t.Errorf("get %+v: %v", p, err)
 					return
 				}
-				if !samePolicy(pl.given, p) {
+				if !samePolicy(&pl.given, &p) {
 					t.Errorf("get %+v returned the plan of %+v", p, pl.given)
 					return
 				}

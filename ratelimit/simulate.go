@@ -93,7 +93,7 @@ func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, err
 		}
 		s.lastName, s.lastKey = key, k
 	}
-	if k.pl == nil || !samePolicy(k.pl.given, p) {
+	if k.pl == nil || !samePolicy(&k.pl.given, &p) {
 		pl, err := s.plan(p)
 		if err != nil {
 			return SimDecision{}, err
@@ -175,9 +175,9 @@ func (s *Simulator) reuse(st *keyState, pl *plan) {
 
 // plan returns p compiled, once per distinct policy.
 func (s *Simulator) plan(p Policy) (*plan, error) {
-	h := hashPolicy(s.seed, p)
+	h := hashPolicy(s.seed, &p)
 	for _, pl := range s.plans[h] {
-		if samePolicy(pl.given, p) {
+		if samePolicy(&pl.given, &p) {
 			return pl, nil
 		}
 	}
