@@ -20,52 +20,64 @@ import (
 // found are never charged, so many keys behind one address (a NAT) are not
 // throttled by their lookups. A throttled request is answered 429, a
 // refused key 401, and 503 when keys cannot be checked at all.
+//
+// The work happens in identify, whose frame is gone before the rest of
+// the chain runs, so that the handler and the limiter below run no deeper
+// than they must (see (*server).rateLimit).
 func (s *server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// What the throttle said before a lookup, in one variable: the
-		// closure shares it, and one allocation is cheaper than two.
-		var guard struct {
-			charged   bool
-			throttled error
-		}
-		p, err := s.principal(r, func() error {
-			guard.charged, guard.throttled = s.refuseThrottled(w, r)
-			return guard.throttled
-		})
-		if err == nil {
-			info := requestInfoFrom(r.Context())
-			info.principal, info.authenticated = p, true
+		if s.identify(w, r) {
 			next.ServeHTTP(w, r)
-			return
 		}
-		if r.Context().Err() != nil {
-			s.writeError(w, r, fmt.Errorf("authenticate: %w", r.Context().Err()))
-			return
-		}
-		if guard.throttled != nil {
-			// Refused (or undecidable) before the key database was asked.
-			s.metrics.authFailures.WithLabelValues("throttled").Inc()
-			s.writeError(w, r, guard.throttled)
-			return
-		}
-		reason := apikey.Reason(err)
-		s.metrics.authFailures.WithLabelValues(reason).Inc()
-		switch {
-		case errors.Is(err, apikey.ErrUnavailable):
-			s.writeError(w, r, &unavailableError{what: "authenticate", err: err})
-			return
-		case reason == "error":
-			s.writeError(w, r, fmt.Errorf("authenticate: %w", err))
-			return
-		}
-		if !guard.charged {
-			if err := s.chargeIP(w, r); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-		}
-		s.writeError(w, r, err)
 	})
+}
+
+// identify puts the request's principal in its context and returns true,
+// or answers the request itself and returns false.
+func (s *server) identify(w http.ResponseWriter, r *http.Request) bool {
+	// What the throttle said before a lookup, in one variable: the
+	// closure shares it, and one allocation is cheaper than two.
+	var guard struct {
+		charged   bool
+		throttled error
+	}
+	p, err := s.principal(r, func() error {
+		guard.charged, guard.throttled = s.refuseThrottled(w, r)
+		return guard.throttled
+	})
+	if err == nil {
+		info := requestInfoFrom(r.Context())
+		info.principal, info.authenticated = p, true
+		return true
+	}
+	if r.Context().Err() != nil {
+		s.writeError(w, r, fmt.Errorf("authenticate: %w", r.Context().Err()))
+		return false
+	}
+	if guard.throttled != nil {
+		// Refused (or undecidable) before the key database was asked.
+		s.metrics.authFailures.WithLabelValues("throttled").Inc()
+		s.writeError(w, r, guard.throttled)
+		return false
+	}
+	reason := apikey.Reason(err)
+	s.metrics.authFailures.WithLabelValues(reason).Inc()
+	switch {
+	case errors.Is(err, apikey.ErrUnavailable):
+		s.writeError(w, r, &unavailableError{what: "authenticate", err: err})
+		return false
+	case reason == "error":
+		s.writeError(w, r, fmt.Errorf("authenticate: %w", err))
+		return false
+	}
+	if !guard.charged {
+		if err := s.chargeIP(w, r); err != nil {
+			s.writeError(w, r, err)
+			return false
+		}
+	}
+	s.writeError(w, r, err)
+	return false
 }
 
 // principal authenticates the request's bearer key, calling beforeLookup

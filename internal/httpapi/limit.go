@@ -8,49 +8,77 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
 // rateLimit asks the limiter about the authenticated key. Its answer goes
 // into the rate-limit headers before the handler runs, so that every
 // response (2xx and 4xx alike) carries them; a refusal is answered 429.
+// The asking happens in admit, whose frame (the principal, the decision)
+// is gone before the handler runs: the handler's stack stays as deep as
+// without a limiter.
 func (s *server) rateLimit(next http.Handler) http.Handler {
 	if s.limiter == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, ok := principalFrom(r.Context())
-		if !ok {
-			s.writeError(w, r, errors.New("rate limit: no principal in the request context"))
-			return
-		}
-		d, err := s.limiter.Allow(r.Context(), p.KeyID, p.Policy)
-		if err != nil {
-			s.writeError(w, r, fmt.Errorf("rate limit key %s: %w", p.KeyID, err))
-			return
-		}
-		info := requestInfoFrom(r.Context())
-		info.decision, info.shadow = d.Outcome.String(), d.Shadow
-		if d.Shadow {
-			// A plan in shadow mode has no limits as far as its clients
-			// know: no headers, never refused; what enforcement would have
-			// done goes to metrics and, for refusals, a debug line.
-			if !d.Allowed() {
-				s.log.LogAttrs(r.Context(), slog.LevelDebug, "ratelimit: shadow refusal",
-					slog.String("request_id", requestInfoFrom(r.Context()).id),
-					slog.String("key_id", p.KeyID), slog.String("plan", p.Policy.Name),
-					slog.String("outcome", d.Outcome.String()), slog.Duration("retry_after", d.RetryAfter))
-			}
+		if s.admit(w, r) {
 			next.ServeHTTP(w, r)
-			return
 		}
-		setLimitHeaders(w.Header(), d, time.Now())
-		if !d.Allowed() {
-			s.writeError(w, r, &refusedError{decision: d})
-			return
-		}
-		next.ServeHTTP(w, r)
 	})
+}
+
+// admit decides r under its key's plan and sets the rate-limit headers;
+// it answers a refusal or an error itself and then returns false. Its own
+// frame holds little more than the decision: the limiter runs below it.
+func (s *server) admit(w http.ResponseWriter, r *http.Request) bool {
+	// Not requestInfoFrom: its fallback, inlined here, would put a whole
+	// requestInfo in this frame.
+	info, ok := r.Context().Value(requestInfoKey{}).(*requestInfo)
+	if !ok || !info.authenticated {
+		s.writeError(w, r, errors.New("rate limit: no principal in the request context"))
+		return false
+	}
+	d, err := s.limiter.Allow(r.Context(), info.principal.KeyID, info.principal.Policy)
+	if err != nil {
+		s.limitError(w, r, info.principal.KeyID, err)
+		return false
+	}
+	return s.apply(w, r, info, &d)
+}
+
+// apply answers r as the limiter decided d.
+func (s *server) apply(w http.ResponseWriter, r *http.Request, info *requestInfo, d *ratelimit.Decision) bool {
+	info.decision, info.shadow = d.Outcome.String(), d.Shadow
+	if d.Shadow {
+		// A plan in shadow mode has no limits as far as its clients
+		// know: no headers, never refused; what enforcement would have
+		// done goes to metrics and, for refusals, a debug line.
+		if !d.Allowed() {
+			s.logShadowRefusal(r, info.id, &info.principal, d)
+		}
+		return true
+	}
+	setLimitHeaders(w.Header(), d, time.Now())
+	if !d.Allowed() {
+		s.writeError(w, r, &refusedError{decision: *d})
+		return false
+	}
+	return true
+}
+
+// limitError answers a request the limiter could not decide.
+func (s *server) limitError(w http.ResponseWriter, r *http.Request, keyID string, err error) {
+	s.writeError(w, r, fmt.Errorf("rate limit key %s: %w", keyID, err))
+}
+
+// logShadowRefusal logs what a plan in shadow mode would have refused.
+func (s *server) logShadowRefusal(r *http.Request, requestID string, p *apikey.Principal, d *ratelimit.Decision) {
+	s.log.LogAttrs(r.Context(), slog.LevelDebug, "ratelimit: shadow refusal",
+		slog.String("request_id", requestID),
+		slog.String("key_id", p.KeyID), slog.String("plan", p.Policy.Name),
+		slog.String("outcome", d.Outcome.String()), slog.Duration("retry_after", d.RetryAfter))
 }
 
 // throttleByIP charges requests that are never authenticated (the OpenAPI
@@ -88,7 +116,7 @@ func (s *server) throttleUsage(next http.Handler) http.Handler {
 			s.writeError(w, r, fmt.Errorf("usage throttle %s: %w", p.KeyID, err))
 			return
 		}
-		setLimitHeaders(w.Header(), d, s.now())
+		setLimitHeaders(w.Header(), &d, s.now())
 		if !d.Allowed() {
 			s.writeError(w, r, &refusedError{decision: d})
 			return
@@ -129,7 +157,7 @@ func (s *server) chargeIP(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("throttle %s: %w", key, err)
 	}
-	setLimitHeaders(w.Header(), d, time.Now())
+	setLimitHeaders(w.Header(), &d, time.Now())
 	if !d.Allowed() {
 		return &refusedError{decision: d}
 	}
@@ -169,7 +197,7 @@ var canonicalLimitNames = [...]string{"X-Ratelimit-Limit", "X-Ratelimit-Remainin
 // the decision (Redis's, for shared decisions) when it says which; now is
 // the fallback. The five values are written into one buffer and share one
 // string and one slice: every limited response carries them.
-func setLimitHeaders(h http.Header, d ratelimit.Decision, now time.Time) {
+func setLimitHeaders(h http.Header, d *ratelimit.Decision, now time.Time) {
 	if len(d.Windows) == 0 {
 		return
 	}

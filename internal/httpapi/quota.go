@@ -83,7 +83,8 @@ func handleRateLimit(usage UsageReader, now func() time.Time, fail errorWriter) 
 		h := w.Header()
 		clearLimitHeaders(h)
 		if !p.Policy.Shadow {
-			setLimitHeaders(h, usageDecision(u, t), t)
+			d := usageDecision(u, t)
+			setLimitHeaders(h, &d, t)
 		}
 		body := rateLimitBody{Plan: p.Plan, Mode: "enforce", Windows: rateLimitWindows(u.Windows, t), Ban: banState(u.Strikes, u.Offences, u.BannedUntil, t)}
 		if p.Policy.Shadow {
