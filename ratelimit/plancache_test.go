@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ func genCachePolicies(rng *rand.Rand, n int) []Policy {
 			p.Windows[rng.IntN(len(p.Windows))].Limit = genLimit(rng)
 		case 1:
 			w := &p.Windows[rng.IntN(len(p.Windows))]
-			if q := genPeriod(rng, MaxPeriod); !windowsHave(p.Windows, q) {
+			if q := genPeriod(rng, MaxPeriod); !slices.ContainsFunc(p.Windows, func(w Window) bool { return w.Period == q }) {
 				w.Period = q
 			}
 		case 2:
@@ -59,13 +60,16 @@ func genCachePolicies(rng *rand.Rand, n int) []Policy {
 	return out
 }
 
-func windowsHave(ws []Window, period time.Duration) bool {
-	for _, w := range ws {
-		if w.Period == period {
-			return true
-		}
+// newCacheCase returns an empty plan cache with the default options and
+// n policies drawn for it from the invariant tests' seed.
+func newCacheCase(t *testing.T, stream uint64, n int) (*planCache, *Options, *metrics, []Policy) {
+	rng := invariantRNG(t, stream)
+	met, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return false
+	c := newPlanCache()
+	return &c, &Options{Buckets: DefaultBuckets, StrikeBuckets: DefaultStrikeBuckets}, met, genCachePolicies(rng, n)
 }
 
 // TestPlanCacheReturnsThePolicysPlan checks the plan cache's promises over
@@ -77,14 +81,8 @@ func windowsHave(ws []Window, period time.Duration) bool {
 // announces.
 func TestPlanCacheReturnsThePolicysPlan(t *testing.T) {
 	t.Parallel()
-	rng := invariantRNG(t, 31)
-	met, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	policies := genCachePolicies(rng, maxPlans+maxPlans/2)
-	c := newPlanCache()
-	opts := Options{Buckets: DefaultBuckets, StrikeBuckets: DefaultStrikeBuckets}
+	c, opts, met, policies := newCacheCase(t, 31, maxPlans+maxPlans/2)
+	rng := invariantRNG(t, 33)
 	seen := map[string]*plan{}
 	now := time.Now()
 	for i := range 6 * maxPlans {
@@ -95,7 +93,7 @@ func TestPlanCacheReturnsThePolicysPlan(t *testing.T) {
 		}
 		p := policies[j]
 		before := c.n
-		pl, err := c.get(&p, &opts, met)
+		pl, err := c.get(&p, opts, met)
 		if err != nil {
 			t.Fatalf("get %+v: %v", p, err)
 		}
@@ -117,7 +115,7 @@ func TestPlanCacheReturnsThePolicysPlan(t *testing.T) {
 		}
 		seen[key] = pl
 		if i%97 == 0 {
-			if !planAmong(c.recent(now), pl) {
+			if !slices.Contains(c.recent(now), pl) {
 				t.Fatalf("get %+v returned a plan recent does not report", p)
 			}
 		}
@@ -145,34 +143,18 @@ func planHasWindow(pl *plan, w Window) bool {
 	return false
 }
 
-func planAmong(pls []*plan, pl *plan) bool {
-	for _, q := range pls {
-		if q == pl {
-			return true
-		}
-	}
-	return false
-}
-
 // TestPlanCacheConcurrent runs gets from several goroutines while the
 // cache starts over (run with -race): each still returns its own policy's
 // plan.
 func TestPlanCacheConcurrent(t *testing.T) {
 	t.Parallel()
-	rng := invariantRNG(t, 32)
-	met, err := newMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	policies := genCachePolicies(rng, maxPlans+512)
-	c := newPlanCache()
-	opts := Options{Buckets: DefaultBuckets, StrikeBuckets: DefaultStrikeBuckets}
+	c, opts, met, policies := newCacheCase(t, 32, maxPlans+512)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 3 * len(policies) / 2 {
 				p := policies[(i*7+g*len(policies)/4)%len(policies)]
-				pl, err := c.get(&p, &opts, met)
+				pl, err := c.get(&p, opts, met)
 				if err != nil {
 					t.Errorf("get %+v: %v", p, err)
 					return
