@@ -1,0 +1,118 @@
+//go:build !race
+
+// The race detector enlarges every frame and the stack guard, so these
+// checks run without it (make unit runs them so).
+
+package httpapi
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"runtime/debug"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/ratelimit"
+)
+
+// connFrames is about the stack net/http's own frames hold above the
+// router on a connection's goroutine ((*conn).serve and
+// serverHandler.ServeHTTP, from the compiler's frame sizes, Go 1.26).
+const connFrames = 1280
+
+// TestLeasedRequestFitsTheConnectionStack checks that a request its lease
+// serves runs, through the real router and limiter, within the 8 KB stack
+// an idle keep-alive connection's goroutine settles at. Each collection
+// shrinks such a stack back while the connection waits to read; a request
+// that needs more copies its stack again, walking every frame, about 0.8
+// µs a request on a busy replica (cmd/petstore/BENCHMARKS.md). Each
+// measured request runs on a fresh goroutine whose stack has been grown to
+// 8 KB and holds net/http's frames' worth; it fails if the stack had to
+// move. Collections are off meanwhile, so that none shrinks the stack
+// under the test.
+func TestLeasedRequestFitsTheConnectionStack(t *testing.T) {
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	reg := prometheus.NewRegistry()
+	lim, err := ratelimit.New(client, ratelimit.Options{Timeout: time.Second, Registerer: reg, Prefix: "stack-test:" + randomHex(t) + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	busy := ratelimit.Policy{Name: "busy", Windows: []ratelimit.Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
+	ts := newTestServer(t, func(c *Config) {
+		c.Auth = policyAuth{policy: busy}
+		c.Limiter = lim
+	})
+	leased := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "petstore_ratelimit_leased_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	measured := 0
+	for i := 0; i < 2000 && measured < 50; i++ {
+		req := httptest.NewRequest(http.MethodGet, "/v1/pets", nil)
+		req.Header.Set("Authorization", "Bearer "+keyFree)
+		rec := httptest.NewRecorder()
+		before := leased()
+		moved := onConnectionStack(func() { ts.handler.ServeHTTP(rec, req) })
+		if rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, rec.Code, rec.Body)
+		}
+		if leased() == before+1 {
+			measured++
+			if moved {
+				t.Fatalf("a request its lease served outgrew the %d-byte stack a keep-alive connection settles at", 8<<10)
+			}
+		}
+	}
+	if measured < 50 {
+		t.Fatalf("only %d of 2000 requests were served by a lease", measured)
+	}
+}
+
+// onConnectionStack runs f on a new goroutine whose stack is 8 KB, below
+// connFrames bytes of frames, and says whether f made the stack move (grow).
+func onConnectionStack(f func()) (moved bool) {
+	done := make(chan bool)
+	go func() {
+		growStack(6 << 10) // 6 KB deep: the 2 KB starting stack doubles twice, to 8 KB
+		var marker byte
+		at := uintptr(unsafe.Pointer(&marker))
+		belowConnFrames(f)
+		done <- uintptr(unsafe.Pointer(&marker)) != at
+	}()
+	return <-done
+}
+
+//go:noinline
+func growStack(n int) byte {
+	var b [512]byte
+	b[n%512] = byte(n)
+	if n <= 512 {
+		return b[0]
+	}
+	return growStack(n-512) + b[1]
+}
+
+//go:noinline
+func belowConnFrames(f func()) byte {
+	var pad [connFrames]byte
+	pad[len(pad)-1] = 1
+	f()
+	return pad[0] + pad[len(pad)-1]
+}
