@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,7 +32,16 @@ type rejectCache struct {
 type cacheShard struct {
 	mu   sync.Mutex
 	keys map[string]*cacheEntry
+	// n is len(keys), stored under mu after every change and read without
+	// it: a key in a shard with no entries, as every key is while none is
+	// limited, is answered without taking the lock. (An entry stored
+	// concurrently with that read is no more missed than one stored just
+	// after the lock was released.)
+	n atomic.Int32
 }
+
+// counted publishes the shard's size; the caller holds mu.
+func (sh *cacheShard) counted() { sh.n.Store(int32(len(sh.keys))) }
 
 type cacheEntry struct {
 	pl       *plan
@@ -67,6 +77,9 @@ func (c *rejectCache) shard(key string) *cacheShard {
 // as strikes.
 func (c *rejectCache) answer(key string, pl *plan, now time.Time, d *Decision) (pending int64, hit bool) {
 	sh := c.shard(key)
+	if sh.n.Load() == 0 {
+		return 0, false
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
@@ -75,6 +88,7 @@ func (c *rejectCache) answer(key string, pl *plan, now time.Time, d *Decision) (
 	}
 	if e.pl != pl || !now.Before(e.until) {
 		delete(sh.keys, key)
+		sh.counted()
 		return e.pending, false
 	}
 	if e.decision.Outcome == Limited && pl.ban.on && !e.flushing {
@@ -108,6 +122,7 @@ func (c *rejectCache) store(key string, pl *plan, d Decision, strikes int64, sta
 	if d.Outcome == Allowed || d.Degraded || d.RetryAfter <= 0 {
 		if e != nil {
 			delete(sh.keys, key)
+			sh.counted()
 		}
 		return
 	}
@@ -117,6 +132,7 @@ func (c *rejectCache) store(key string, pl *plan, d Decision, strikes int64, sta
 		}
 		e = &cacheEntry{}
 		sh.keys[key] = e
+		sh.counted()
 	}
 	pending := e.pending
 	if e.pl != pl {
@@ -147,6 +163,7 @@ func (c *rejectCache) forget(key string) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	delete(sh.keys, key)
+	sh.counted()
 	sh.mu.Unlock()
 }
 
@@ -160,6 +177,7 @@ func (c *rejectCache) sweep(now time.Time) {
 				delete(sh.keys, k)
 			}
 		}
+		sh.counted()
 		sh.mu.Unlock()
 	}
 }
