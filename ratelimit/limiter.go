@@ -346,7 +346,8 @@ func (l *Limiter) allowLocal(key string, pl *plan, start time.Time, d *Decision)
 //
 // No request waits for Redis longer than Options.Timeout in all, whether
 // for a lease another request is fetching or for its own round trip:
-// entered is when its first wait began (zero before any). first is false
+// entered is when its first wait began; a request that has not waited
+// (zero) has the whole Timeout, with no clock read for it. first is false
 // once the request has waited for another's lease: it then waits no more.
 func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start time.Time, first bool, entered time.Time, d *Decision) error {
 	var extra int64
@@ -375,10 +376,11 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 		}
 		ask = a
 	}
-	if entered.IsZero() {
-		entered = time.Now()
+	budget := l.opts.Timeout
+	if !entered.IsZero() {
+		budget -= time.Since(entered)
 	}
-	return l.roundTrip(ctx, key, pl, start, extra, ask, l.opts.Timeout-time.Since(entered), d)
+	return l.roundTrip(ctx, key, pl, start, extra, ask, budget, d)
 }
 
 // awaitLease waits for the round trip in flight that is asking a lease
@@ -823,8 +825,8 @@ func hashPolicy(seed maphash.Seed, p *Policy) uint64 {
 	return h
 }
 
-// mixHash folds v into h: the two halves of a 128-bit product of their
-// sum with an odd constant, xored (as wyhash mixes).
+// mixHash folds v into h: the two halves of the 128-bit product of h^v
+// and an odd constant, xored (as wyhash mixes).
 func mixHash(h, v uint64) uint64 {
 	hi, lo := bits.Mul64(h^v, 0x9e3779b97f4a7c15)
 	return hi ^ lo
