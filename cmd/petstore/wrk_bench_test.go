@@ -37,7 +37,9 @@ import (
 // TCP, to wrk (another process, 2 threads, 32 connections), with the
 // rate limiter off, on (a private redis-server) and replaced by
 // redis_rate (a GCRA call per window on the same Redis: what an
-// established limiter adds to the same stack), in rotating rounds, for
+// established limiter adds to the same stack), and with the rate-limit
+// fields alone (fieldsOnly: what the contract's fields cost, whatever
+// limiter sets them), in rotating rounds, for
 // three workloads: 16 busy keys, 5,000 cold keys each well
 // under its limits (no lease forms), and the same cold keys under a plan
 // with the standard ban rule, as every built-in plan has (cold-ban). The
@@ -52,12 +54,14 @@ import (
 // per request (/proc/stat): when the machine is saturated, on/off is the
 // ratio of the two sides' machine CPU per request, whoever spends it;
 // and for redis_rate its throughput against off, the server CPU it adds
-// and its Redis CPU per request.
+// and its Redis CPU per request; for the fields alone their throughput
+// against off (the ceiling of on/off), on against them (the limiter's
+// own share) and the server CPU each adds.
 //
 //	go test -run '^$' -bench ServeWithWrk -benchtime 1x ./cmd/petstore/
 //
 // Each round runs wrk for wrkSeconds; -benchtime Nx runs N rotations of
-// the three rounds per workload. It needs wrk (Debian's package) and redis-server.
+// the four rounds per workload. It needs wrk (Debian's package) and redis-server.
 // BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
 // 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
 // puts the limiter's Redis that far away in each direction, through a
@@ -165,7 +169,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				p50, p99          time.Duration // summed over rounds
 				rounds            int
 			}
-			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}}
+			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}, {name: "fields", limiter: fieldsOnly{}}}
 			b.ResetTimer()
 			for i := range b.N {
 				for k := range sides {
@@ -212,12 +216,24 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric((rr.requests/rr.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "redis_rate/off")
 			b.ReportMetric(perReq(rr.cpu, rr.requests)-perReq(off.cpu, off.requests), "redis_rate-server-cpu-us/req")
 			b.ReportMetric(perReq(rr.rcp, rr.requests), "redis_rate-redis-cpu-us/req")
+			// The rate-limit fields alone, no limiter behind them: what the
+			// contract's fields cost the stack, the ceiling of on/off for
+			// any limiter; on/fields is the limiter's own share.
+			fl := sides[3]
+			b.ReportMetric((fl.requests/fl.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "fields/off")
+			b.ReportMetric((on.requests/on.elapsed.Seconds())/(fl.requests/fl.elapsed.Seconds()), "on/fields")
+			b.ReportMetric(perReq(fl.cpu, fl.requests)-perReq(off.cpu, off.requests), "fields-server-cpu-us/req")
+			b.ReportMetric(perReq(on.cpu, on.requests)-perReq(fl.cpu, fl.requests), "limiter-own-server-cpu-us/req")
+			b.ReportMetric(perReq(fl.wrk, fl.requests), "fields-wrk-cpu-us/req")
 			ms := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
 			b.ReportMetric(perReq(off.wrk, off.requests), "off-wrk-cpu-us/req")
 			b.ReportMetric(perReq(on.wrk, on.requests), "on-wrk-cpu-us/req")
 			if off.machine > 0 && on.machine > 0 {
 				b.ReportMetric(perReq(off.machine, off.requests), "off-machine-cpu-us/req")
 				b.ReportMetric(perReq(on.machine, on.requests), "on-machine-cpu-us/req")
+				if fl.machine > 0 {
+					b.ReportMetric(perReq(fl.machine, fl.requests), "fields-machine-cpu-us/req")
+				}
 				b.ReportMetric(off.machine.Seconds()/off.elapsed.Seconds(), "off-cores-busy")
 				b.ReportMetric(on.machine.Seconds()/on.elapsed.Seconds(), "on-cores-busy")
 			}
@@ -249,6 +265,24 @@ func (r redisRateLimiter) Allow(ctx context.Context, key string, p ratelimit.Pol
 		if res.Allowed == 0 {
 			d.Outcome, d.RetryAfter = ratelimit.Limited, res.RetryAfter
 			break
+		}
+	}
+	return d, nil
+}
+
+// fieldsOnly admits every request at once, in process, with the
+// decision a limiter would give it (the policy's windows, one request
+// spent of each, a clock read for their resets), so that the response
+// carries the same rate-limit fields: the fourth side of
+// BenchmarkServeWithWrk, the contract's fields without a limiter.
+type fieldsOnly struct{}
+
+func (fieldsOnly) Allow(_ context.Context, _ string, p ratelimit.Policy) (ratelimit.Decision, error) {
+	d := ratelimit.Decision{Outcome: ratelimit.Allowed, Windows: make([]ratelimit.WindowState, len(p.Windows)), Time: time.Now()}
+	for i, w := range p.Windows {
+		d.Windows[i] = ratelimit.WindowState{Window: w, Remaining: w.Limit - 1, Reset: d.Time.Add(w.Period)}
+		if d.Windows[i].Remaining <= d.Windows[d.Binding].Remaining {
+			d.Binding = i
 		}
 	}
 	return d, nil
