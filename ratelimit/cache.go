@@ -114,7 +114,7 @@ func (c *rejectCache) answer(key string, pl *plan, now time.Time, d *Decision) (
 
 // store records the outcome of a round trip for key that started at start:
 // rejections are cached, anything else clears the key.
-func (c *rejectCache) store(key string, pl *plan, d Decision, strikes int64, start time.Time) {
+func (c *rejectCache) store(key string, pl *plan, d *Decision, strikes int64, start time.Time) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -145,7 +145,7 @@ func (c *rejectCache) store(key string, pl *plan, d Decision, strikes int64, sta
 	if d.Outcome == Banned && c.revalidate > 0 {
 		until = minTime(end, start.Add(c.revalidate))
 	}
-	*e = cacheEntry{pl: pl, until: until, end: end, decision: d, known: strikes, pending: pending, synced: start}
+	*e = cacheEntry{pl: pl, until: until, end: end, decision: *d, known: strikes, pending: pending, synced: start}
 }
 
 // abandon clears a flush in progress that failed.

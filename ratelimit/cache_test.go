@@ -24,10 +24,10 @@ func TestRejectCacheAnswersWhatItHolds(t *testing.T) {
 		switch r := rng.IntN(10); {
 		case r < 3:
 			retry := time.Duration(1+rng.IntN(3000)) * time.Millisecond
-			c.store(key, pl, Decision{Outcome: Limited, RetryAfter: retry}, 0, now)
+			c.store(key, pl, &Decision{Outcome: Limited, RetryAfter: retry}, 0, now)
 			until[key] = now.Add(retry)
 		case r < 4:
-			c.store(key, pl, Decision{Outcome: Allowed}, 0, now)
+			c.store(key, pl, &Decision{Outcome: Allowed}, 0, now)
 			delete(until, key)
 		case r < 5:
 			c.forget(key)

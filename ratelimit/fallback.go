@@ -77,7 +77,7 @@ func (f *fallback) shard(key string) *fallbackShard {
 // trip began at start (local µs).
 // v's remaining counts must be Redis's own (a lease counted whole), as the
 // script returned them.
-func (f *fallback) remember(key string, pl *plan, start int64, v verdict) {
+func (f *fallback) remember(key string, pl *plan, start int64, v *verdict) {
 	sh := f.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

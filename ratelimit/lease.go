@@ -136,7 +136,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 // done ends a lease round trip for key that started at sent. With ok, v
 // is its verdict and d the decision made from it; a grant of more than one
 // admission becomes the key's lease.
-func (t *leaseTable) done(key string, pl *plan, sent time.Time, v verdict, d Decision, ok bool) {
+func (t *leaseTable) done(key string, pl *plan, sent time.Time, v *verdict, d *Decision, ok bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -338,7 +338,8 @@ func (l *Limiter) allow(ctx context.Context, key string, p *Policy, d *Decision)
 
 // allowLocal decides key in this process alone: a limiter without Redis.
 func (l *Limiter) allowLocal(key string, pl *plan, start time.Time, d *Decision) {
-	*d = l.finish(pl, l.local.decide(key, pl, start.UnixMicro(), input{lease: noLease}), false)
+	v := l.local.decide(key, pl, start.UnixMicro(), input{lease: noLease})
+	l.finish(pl, &v, false, d)
 }
 
 // allowShared answers from what this replica holds for key (the rejection
@@ -399,22 +400,24 @@ func (l *Limiter) awaitLease(ctx context.Context, key string, pl *plan, wait <-c
 }
 
 // roundTrip decides key in Redis within budget, asking for a lease as ask
-// says, and keeps the lease granted.
+// says, and keeps the lease granted. Its steps fill the caller's d and
+// its own verdict by pointer, as allow's do: a request that makes a round
+// trip then waits for Redis within the stack a keep-alive connection
+// settles at (TestRoundTripRequestFitsTheConnectionStack in httpapi).
 func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision) error {
 	var v verdict
-	var err error
-	*d, v, err = l.decide(ctx, key, pl, start, extra, ask, budget)
+	err := l.decide(ctx, key, pl, start, extra, ask, budget, d, &v)
 	if ask.want > 1 {
-		l.lease.done(key, pl, start, v, *d, err == nil && !d.Degraded)
+		l.lease.done(key, pl, start, &v, d, err == nil && !d.Degraded)
 	}
 	return err
 }
 
-// decide asks Redis, or the fallback when it cannot answer.
-func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration) (Decision, verdict, error) {
+// decide asks Redis, or the fallback when it cannot answer, and fills d
+// and, when Redis answered, v.
+func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision, v *verdict) error {
 	if l.breaker.isOpen() || budget <= 0 {
-		d, err := l.degraded(key, pl, start, extra)
-		return d, verdict{}, err
+		return l.degraded(key, pl, start, extra, d)
 	}
 	// Admissions this replica made without Redis travel with the key's
 	// next round trip.
@@ -422,19 +425,18 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	sd := l.reg.seeding(pl)
 	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl)), pl: pl,
 		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd})}, budget)
-	var v verdict
 	if err == nil {
-		v, err = decode(pl, reply)
+		err = decodeInto(pl, reply, v)
 	}
 	if err != nil {
+		*v = verdict{}
 		l.fb.restorePending(key, pending)
 		if l.cache != nil {
 			l.cache.abandon(key)
 		}
 		// This request alone is decided without Redis; whether Redis is
 		// down is the breaker's to judge, from the pipelines.
-		d, err := l.degraded(key, pl, start, extra)
-		return d, verdict{}, err
+		return l.degraded(key, pl, start, extra, d)
 	}
 	// Before the lease's own part is added back to what it reports.
 	l.fb.remember(key, pl, start.UnixMicro(), v)
@@ -449,29 +451,31 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 			v.win[i].remaining += v.granted - 1
 		}
 	}
-	d := l.finish(pl, v, false)
+	l.finish(pl, v, false, d)
 	if l.cache != nil {
 		l.cache.store(key, pl, d, v.strikes, start)
 	}
-	return d, v, nil
+	return nil
 }
 
-// degraded decides without Redis according to the failure mode.
-func (l *Limiter) degraded(key string, pl *plan, start time.Time, extra int64) (Decision, error) {
+// degraded decides into d without Redis according to the failure mode.
+func (l *Limiter) degraded(key string, pl *plan, start time.Time, extra int64, d *Decision) error {
 	if l.opts.FailureMode == FailClosed {
-		return Decision{}, ErrUnavailable
+		*d = Decision{}
+		return ErrUnavailable
 	}
 	v := l.fb.decide(key, pl, start.UnixMicro(), input{extra: extra, lease: noLease})
 	pl.localOutcome[v.outcome].Inc()
-	return l.finish(pl, v, true), nil
+	l.finish(pl, &v, true, d)
+	return nil
 }
 
-// finish turns a verdict into a Decision (decisionOf) and counts it.
-func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
-	d := decisionOf(pl, v)
+// finish turns a verdict into the Decision d (decisionOf) and counts it.
+func (l *Limiter) finish(pl *plan, v *verdict, degraded bool, d *Decision) {
+	decisionOf(pl, v, d)
 	d.Degraded = degraded
 	pl.outcome[d.Outcome].Inc()
-	pl.countNearLimit(&d)
+	pl.countNearLimit(d)
 	if v.newBan {
 		pl.banned.Inc()
 	}
@@ -483,14 +487,13 @@ func (l *Limiter) finish(pl *plan, v verdict, degraded bool) Decision {
 			pl.candidateBanned.Inc()
 		}
 	}
-	return d
 }
 
-// decisionOf states verdict v in terms of pl's windows (also for a
+// decisionOf states verdict v in terms of pl's windows in d (also for a
 // verdict of the fallback plan, whose windows are the same with smaller
 // limits).
-func decisionOf(pl *plan, v verdict) Decision {
-	d := Decision{
+func decisionOf(pl *plan, v *verdict, d *Decision) {
+	*d = Decision{
 		Outcome:    v.outcome,
 		Windows:    make([]WindowState, len(pl.policy.Windows)),
 		RetryAfter: time.Duration(v.retry) * time.Microsecond,
@@ -511,7 +514,6 @@ func decisionOf(pl *plan, v verdict) Decision {
 		}
 		d.CandidateOutcome = v.cOutcome
 	}
-	return d
 }
 
 // WindowUsage is one window's standing for a key.

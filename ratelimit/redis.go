@@ -204,12 +204,20 @@ func (pl *plan) replyFields() int {
 // big-endian integers, see script.go) into a verdict. A window's remaining
 // is what its limit leaves of used.
 func decode(pl *plan, reply any) (verdict, error) {
+	var v verdict
+	err := decodeInto(pl, reply, &v)
+	return v, err
+}
+
+// decodeInto is decode into the caller's v (left as it was on an error),
+// for a caller that keeps its frame small.
+func decodeInto(pl *plan, reply any, out *verdict) error {
 	s, ok := reply.(string)
 	if ok && strings.HasPrefix(s, "E") {
-		return verdict{}, fmt.Errorf("ratelimit: script: %s", s[1:])
+		return fmt.Errorf("ratelimit: script: %s", s[1:])
 	}
 	if !ok || len(s) != 8*pl.replyFields() {
-		return verdict{}, fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
+		return fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
 	}
 	at := 0
 	next := func() int64 {
@@ -256,7 +264,8 @@ func decode(pl *plan, reply any) (verdict, error) {
 			v.cwin[i] = window(&pl.candidates[i])
 		}
 	}
-	return v, nil
+	*out = v
+	return nil
 }
 
 // isNoScript reports whether err says the server does not know the script

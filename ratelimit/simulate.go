@@ -105,7 +105,8 @@ func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, err
 	}
 	k.last = max(k.last, at.UnixMicro())
 	v := k.st.decide(k.pl, k.last, input{lease: noLease})
-	d := SimDecision{Decision: decisionOf(k.pl, v), NewBan: v.newBan}
+	d := SimDecision{NewBan: v.newBan}
+	decisionOf(k.pl, &v, &d.Decision)
 	if v.banUntil > 0 {
 		d.BannedUntil = time.UnixMicro(v.banUntil)
 	}

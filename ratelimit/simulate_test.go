@@ -231,7 +231,8 @@ func TestSimulatorMatchesScript(t *testing.T) {
 				}
 				v := d.call(0, 1)
 				got := simDecide(t, s, "k", p, time.UnixMicro(d.now))
-				want := decisionOf(d.plans[0], v)
+				var want Decision
+				decisionOf(d.plans[0], &v, &want)
 				var until time.Time
 				if v.banUntil > 0 {
 					until = time.UnixMicro(v.banUntil)

@@ -37,34 +37,15 @@ const connFrames = 1280
 // move. Collections are off meanwhile, so that none shrinks the stack
 // under the test.
 func TestLeasedRequestFitsTheConnectionStack(t *testing.T) {
-	m := miniredis.RunT(t)
-	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = client.Close() })
-	reg := prometheus.NewRegistry()
-	lim, err := ratelimit.New(client, ratelimit.Options{Timeout: time.Second, Registerer: reg, Prefix: "stack-test:" + randomHex(t) + ":"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lim.Close() })
-	busy := ratelimit.Policy{Name: "busy", Windows: []ratelimit.Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
-	ts := newTestServer(t, func(c *Config) {
-		c.Auth = policyAuth{policy: busy}
-		c.Limiter = lim
-	})
+	h, reg := stackTestServer(t, 0)
 	leased := func() float64 {
 		return testenv.CounterSum(t, reg, "petstore_ratelimit_leased_total", map[string]string{"plan": "busy"})
 	}
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	measured := 0
 	for i := 0; i < 2000 && measured < 50; i++ {
-		req := httptest.NewRequest(http.MethodGet, "/v1/pets", nil)
-		req.Header.Set("Authorization", "Bearer "+keyFree)
-		rec := httptest.NewRecorder()
 		before := leased()
-		moved := onConnectionStack(func() { ts.handler.ServeHTTP(rec, req) })
-		if rec.Code != http.StatusOK {
-			t.Fatalf("request %d: %d %s", i, rec.Code, rec.Body)
-		}
+		moved := stackTestRequest(t, h, i)
 		if leased() == before+1 {
 			measured++
 			if moved {
@@ -75,6 +56,69 @@ func TestLeasedRequestFitsTheConnectionStack(t *testing.T) {
 	if measured < 50 {
 		t.Fatalf("only %d of 2000 requests were served by a lease", measured)
 	}
+}
+
+// TestRoundTripRequestFitsTheConnectionStack checks the same for a request
+// that waits for its own round trip to Redis (leases off: every request
+// makes one), as a cold key's requests do, and a busy key's when its lease
+// runs out. Such a request is deepest while it waits (the pipeline's
+// select, the runtime's timer), and its frames (roundTrip, decide) fill
+// the caller's decision rather than returning one to copy.
+func TestRoundTripRequestFitsTheConnectionStack(t *testing.T) {
+	h, reg := stackTestServer(t, 1)
+	decided := func() float64 {
+		return testenv.CounterSum(t, reg, "petstore_ratelimit_decisions_total", map[string]string{"plan": "busy", "outcome": "allowed"})
+	}
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	for i := range 50 {
+		before := decided()
+		if stackTestRequest(t, h, i) {
+			t.Fatalf("a request that made a round trip outgrew the %d-byte stack a keep-alive connection settles at", 8<<10)
+		}
+		if decided() != before+1 {
+			t.Fatalf("request %d: the limiter counted %v admissions, want 1", i, decided()-before)
+		}
+	}
+	if leased := testenv.CounterSum(t, reg, "petstore_ratelimit_leased_total", map[string]string{"plan": "busy"}); leased != 0 {
+		t.Fatalf("%v requests were served by a lease; every one must make a round trip", leased)
+	}
+}
+
+// stackTestServer returns the real router with a limiter on miniredis
+// (maxLease as Options.MaxLease: 0 the default, 1 no leases) and the
+// limiter's registry; every request's key is on a busy plan.
+func stackTestServer(t *testing.T, maxLease int) (http.Handler, *prometheus.Registry) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	reg := prometheus.NewRegistry()
+	lim, err := ratelimit.New(client, ratelimit.Options{Timeout: time.Second, MaxLease: maxLease, Registerer: reg, Prefix: "stack-test:" + randomHex(t) + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	busy := ratelimit.Policy{Name: "busy", Windows: []ratelimit.Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
+	ts := newTestServer(t, func(c *Config) {
+		c.Auth = policyAuth{policy: busy}
+		c.Limiter = lim
+	})
+	return ts.handler, reg
+}
+
+// stackTestRequest serves GET /v1/pets through h on a connection's stack
+// (onConnectionStack), fails unless it is answered 200, and says whether
+// the stack moved.
+func stackTestRequest(t *testing.T, h http.Handler, i int) (moved bool) {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, "/v1/pets", nil)
+	req.Header.Set("Authorization", "Bearer "+keyFree)
+	rec := httptest.NewRecorder()
+	moved = onConnectionStack(func() { h.ServeHTTP(rec, req) })
+	if rec.Code != http.StatusOK {
+		t.Fatalf("request %d: %d %s", i, rec.Code, rec.Body)
+	}
+	return moved
 }
 
 // onConnectionStack runs f on a new goroutine whose stack is 8 KB, below
