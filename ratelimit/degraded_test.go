@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/testenv"
@@ -336,4 +338,71 @@ func TestLiveReplicaCountFollowsTheFleet(t *testing.T) {
 	for _, l := range more {
 		_ = l.Close()
 	}
+}
+
+// TestCallerThatLeavesIsNotDecidedLocally checks what happens to a
+// request whose caller gives up (a client that went away) while its
+// decision waits for Redis: Allow returns the context's error at once,
+// and no decision is made without Redis for it. One made locally would
+// count the request in this replica's fallback as well as in Redis (its
+// call may still reach Redis), and tell local_decisions_total, which
+// operators read as Redis failing, that Redis failed. A caller already
+// gone is not sent at all: nothing counts for it.
+func TestCallerThatLeavesIsNotDecidedLocally(t *testing.T) {
+	testenv.RedisAddr(t)
+	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ReadTimeout: time.Minute, WriteTimeout: time.Minute, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	const timeout = 5 * time.Second
+	reg := prometheus.NewRegistry()
+	l, err := New(rdb, Options{Timeout: timeout, Registerer: reg, noHeartbeat: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	p := perMinute(5)
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(20*time.Millisecond, cancel)
+		start := time.Now()
+		d, err := l.Allow(ctx, fmt.Sprint("gone-", i), p)
+		if elapsed := time.Since(start); elapsed > timeout/2 {
+			t.Fatalf("Allow returned %s after its caller left, near the %s timeout", elapsed, timeout)
+		}
+		if !errors.Is(err, context.Canceled) || d.Degraded || len(d.Windows) != 0 {
+			t.Fatalf("caller gone: %+v, %v; want no decision and context.Canceled", d, err)
+		}
+	}
+	for _, o := range []string{"allowed", "limited", "banned"} {
+		if n := testenv.CounterSum(t, reg, "petstore_ratelimit_local_decisions_total", map[string]string{"plan": p.Name, "outcome": o}); n != 0 {
+			t.Fatalf("%v local %s decisions for callers that left", n, o)
+		}
+	}
+
+	th, err := NewThrottle(rdb, ThrottleLimit{Rate: 1, Burst: 1, Period: time.Second}, Options{Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = th.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	start := time.Now()
+	if d, err := th.Allow(ctx, "10.1.1.1"); !errors.Is(err, context.Canceled) || d.Degraded || time.Since(start) > timeout/2 {
+		t.Fatalf("throttle, caller gone: %+v, %v after %s", d, err, time.Since(start))
+	}
+
+	t.Run("already gone", func(t *testing.T) {
+		f := newFixture(t, Options{})
+		gone, cancel := context.WithCancel(context.Background())
+		cancel()
+		if d, err := f.l.Allow(gone, "early", p); !errors.Is(err, context.Canceled) || len(d.Windows) != 0 {
+			t.Fatalf("caller gone before asking: %+v, %v", d, err)
+		}
+		u, err := f.l.Usage(context.Background(), "early", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Windows[0].Used != 0 || u.Degraded {
+			t.Fatalf("a caller gone before asking was counted: %+v", u)
+		}
+	})
 }

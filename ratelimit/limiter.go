@@ -307,8 +307,11 @@ func waitBounded(wg *sync.WaitGroup, d time.Duration) {
 }
 
 // Allow decides one request for key under p and records it when admitted.
-// It returns an error only for an invalid policy, or ErrUnavailable in
-// fail-closed mode when Redis cannot answer within the timeout. Under a
+// It returns an error only for an invalid policy, ErrUnavailable in
+// fail-closed mode when Redis cannot answer within the timeout, or ctx's
+// error when ctx ends while the decision waits for Redis (nothing is
+// decided for the request then; a call already sent still counts in
+// Redis, as any admission whose answer was lost). Under a
 // shadow policy the decision is made and recorded the same way and marked
 // Shadow: the caller serves the request whatever its outcome.
 func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, error) {
@@ -433,6 +436,14 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		l.fb.restorePending(key, pending)
 		if l.cache != nil {
 			l.cache.abandon(key)
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			// The caller gave up (a client that went away): nobody reads
+			// a decision, and one made without Redis would count the
+			// request here as well as in Redis (which its call may still
+			// reach) and tell the metrics that Redis failed.
+			*d = Decision{}
+			return cerr
 		}
 		// This request alone is decided without Redis; whether Redis is
 		// down is the breaker's to judge, from the pipelines.

@@ -134,7 +134,8 @@ func (t *Throttle) Close() error {
 }
 
 // Allow decides one request from key (a client address). The Decision has
-// one window: Limit is the burst, Period the limit's period.
+// one window: Limit is the burst, Period the limit's period. When ctx
+// ends before Redis answers it returns ctx's error and decides nothing.
 func (t *Throttle) Allow(ctx context.Context, key string) (Decision, error) {
 	now := t.now()
 	if t.rl == nil {
@@ -146,10 +147,12 @@ func (t *Throttle) Allow(ctx context.Context, key string) (Decision, error) {
 			t.breaker.succeeded()
 			return t.finish(res, t.limit, now, false), nil
 		}
-		if ctx.Err() == nil {
-			// The caller giving up says nothing about Redis.
-			t.breaker.failed(err)
+		if cerr := ctx.Err(); cerr != nil {
+			// The caller giving up says nothing about Redis, and nobody
+			// reads a decision made without it.
+			return Decision{}, cerr
 		}
+		t.breaker.failed(err)
 	}
 	if t.opts.FailureMode == FailClosed {
 		return Decision{}, ErrUnavailable

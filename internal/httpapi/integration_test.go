@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/apikey"
@@ -145,5 +146,51 @@ func TestFailClosedWithoutRedis(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.errorBody(t).Code != codeUnavailable || resp.Header.Get("Retry-After") != "1" {
 			t.Errorf("%s without Redis, fail closed: %d Retry-After %q %s", target, resp.StatusCode, resp.Header.Get("Retry-After"), resp.body)
 		}
+	}
+}
+
+// TestClientGoneDuringTheRateLimitDecision checks the same for a client
+// gone before its key's decision is made, through the real limiter: a
+// 499, no error logged, and nothing decided or counted for it.
+func TestClientGoneDuringTheRateLimitDecision(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	reg := prometheus.NewRegistry()
+	lim, err := ratelimit.New(client, ratelimit.Options{Timeout: time.Second, Registerer: reg, Prefix: "gone-test:" + randomHex(t) + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	policy := ratelimit.Policy{Name: "gone", Windows: []ratelimit.Window{{Limit: 10, Period: time.Minute}}}
+	ts := newTestServer(t, func(c *Config) {
+		c.Auth = policyAuth{policy: policy}
+		c.Limiter = lim
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := httpRequest(http.MethodGet, "/v1/pets", "").WithContext(ctx)
+	req.Header.Set("Authorization", "Bearer "+keyFree)
+	ts.handler.ServeHTTP(newRecorderOnly(), req)
+	if got := metricValue(t, ts.metrics.requests.WithLabelValues("/v1/pets", "GET", "499")); got != 1 {
+		t.Errorf("requests{code=499} = %v", got)
+	}
+	for _, r := range ts.logs.records(t) {
+		if r["level"] == "ERROR" || r["level"] == "WARN" {
+			t.Errorf("a client gone during its decision logged as %v: %v", r["level"], r)
+		}
+	}
+	for _, name := range []string{"petstore_ratelimit_decisions_total", "petstore_ratelimit_local_decisions_total"} {
+		if n := testenv.CounterSum(t, reg, name, map[string]string{"plan": "gone"}); n != 0 {
+			t.Errorf("%s = %v for a client gone before its decision", name, n)
+		}
+	}
+	u, err := lim.Usage(context.Background(), "key_free", policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Windows[0].Used != 0 {
+		t.Errorf("a client gone before its decision was counted in Redis: %+v", u)
 	}
 }
