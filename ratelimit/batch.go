@@ -89,10 +89,6 @@ func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout, h
 // do makes decision d and waits at most wait for its reply: the script's
 // string for it.
 func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, error) {
-	if err := ctx.Err(); err != nil {
-		// A caller already gone is not sent: nothing counts for it.
-		return nil, err
-	}
 	c := callPool.Get().(*call)
 	c.decision = d
 	if b.cluster {

@@ -390,6 +390,41 @@ func TestCallerThatLeavesIsNotDecidedLocally(t *testing.T) {
 		t.Fatalf("throttle, caller gone: %+v, %v after %s", d, err, time.Since(start))
 	}
 
+	t.Run("already gone, carrying strikes", func(t *testing.T) {
+		// Rejections answered from the rejection cache are strikes that
+		// travel with a later request; that request is sent even when its
+		// caller has gone, or a client that always hangs up at once would
+		// never be banned.
+		f := newFixture(t, Options{})
+		banned := Policy{Name: "banned", Windows: []Window{{Limit: 2, Period: time.Minute}},
+			Ban: BanPolicy{Threshold: 3, StrikeWindow: time.Minute, Base: time.Minute, Multiplier: 2, Max: time.Hour, Memory: time.Hour}}
+		for range 2 {
+			f.allow(t, "rude", banned)
+		}
+		if d := f.allow(t, "rude", banned); d.Outcome != Limited {
+			t.Fatalf("third request: %+v, want limited", d)
+		}
+		gone, cancel := context.WithCancel(context.Background())
+		cancel()
+		for range 10 {
+			_, _ = f.l.Allow(gone, "rude", banned)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			u, err := f.l.Usage(context.Background(), "rude", banned)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !u.BannedUntil.IsZero() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("strikes of callers that hung up never reached Redis: %+v", u)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+
 	t.Run("already gone", func(t *testing.T) {
 		f := newFixture(t, Options{})
 		gone, cancel := context.WithCancel(context.Background())

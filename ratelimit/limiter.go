@@ -422,6 +422,12 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
 	}
+	if cerr := ctx.Err(); cerr != nil && extra == 0 {
+		// A caller already gone is not sent: nothing counts for it. (One
+		// carrying strikes is: those must reach Redis.)
+		*d = Decision{}
+		return cerr
+	}
 	// Admissions this replica made without Redis travel with the key's
 	// next round trip.
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
