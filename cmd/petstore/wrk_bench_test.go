@@ -170,6 +170,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				rounds            int
 			}
 			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}, {name: "fields", limiter: fieldsOnly{}}}
+			checkSideFields(b, keys[0], func(name string, l httpapi.Limiter) string {
+				url, stop := serve(name, l)
+				b.Cleanup(stop)
+				return url
+			}, sides[0].limiter, sides[1].limiter, sides[2].limiter, sides[3].limiter)
 			b.ResetTimer()
 			for i := range b.N {
 				for k := range sides {
@@ -268,6 +273,56 @@ func (r redisRateLimiter) Allow(ctx context.Context, key string, p ratelimit.Pol
 		}
 	}
 	return d, nil
+}
+
+// checkSideFields fails the benchmark unless the sides answer with the
+// same header fields but for the five rate-limit fields, which every side
+// with a limiter (on, redis_rate, fields) sends and off does not: else
+// the sides' ratios would compare different responses. serve starts a
+// side's server and returns its address.
+func checkSideFields(b *testing.B, key string, serve func(string, httpapi.Limiter) string, off, on, rr, fields httpapi.Limiter) {
+	b.Helper()
+	names := func(name string, l httpapi.Limiter) []string {
+		req, err := http.NewRequest(http.MethodGet, serve(name+"-check", l)+"/v1/pets?limit=20", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("%s: status %d", name, resp.StatusCode)
+		}
+		var ns []string
+		for n := range resp.Header {
+			if n != "Date" && n != "X-Request-Id" {
+				ns = append(ns, n)
+			}
+		}
+		slices.Sort(ns)
+		return ns
+	}
+	want := names("on", on)
+	for _, side := range []struct {
+		name string
+		l    httpapi.Limiter
+	}{{"redis_rate", rr}, {"fields", fields}} {
+		if got := names(side.name, side.l); !slices.Equal(got, want) {
+			b.Fatalf("%s answers with fields %v, on with %v", side.name, got, want)
+		}
+	}
+	limitFields := []string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
+	withoutLimit := slices.DeleteFunc(slices.Clone(want), func(n string) bool { return slices.Contains(limitFields, n) })
+	if len(withoutLimit) != len(want)-len(limitFields) {
+		b.Fatalf("on answers with fields %v, want the five rate-limit fields among them", want)
+	}
+	if got := names("off", off); !slices.Equal(got, withoutLimit) {
+		b.Fatalf("off answers with fields %v, want %v", got, withoutLimit)
+	}
 }
 
 // fieldsOnly admits every request at once, in process, with the
