@@ -225,7 +225,8 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 		at += 8
 		return v
 	}
-	v := verdict{outcome: Outcome(next())}
+	*out = verdict{outcome: Outcome(next())}
+	v := out
 	v.retry = next()
 	v.now = next()
 	v.granted = next()
@@ -264,7 +265,6 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 			v.cwin[i] = window(&pl.candidates[i])
 		}
 	}
-	*out = v
 	return nil
 }
 

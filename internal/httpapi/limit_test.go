@@ -120,7 +120,7 @@ func TestRateLimitHeadersBindingWindow(t *testing.T) {
 				h.Set(name, "stale")
 			}
 		}
-		setLimitHeaders(h, &tt.d, now)
+		setLimitHeaders(h, &tt.d, func() time.Time { return now })
 		for name, v := range tt.want {
 			// Read by the exact name: the X-RateLimit fields must be
 			// spelled as the specification spells them.

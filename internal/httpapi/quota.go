@@ -84,7 +84,7 @@ func handleRateLimit(usage UsageReader, now func() time.Time, fail errorWriter) 
 		clearLimitHeaders(h)
 		if !p.Policy.Shadow {
 			d := usageDecision(u, t)
-			setLimitHeaders(h, &d, t)
+			setLimitHeaders(h, &d, func() time.Time { return t })
 		}
 		body := rateLimitBody{Plan: p.Plan, Mode: "enforce", Windows: rateLimitWindows(u.Windows, t), Ban: banState(u.Strikes, u.Offences, u.BannedUntil, t)}
 		if p.Policy.Shadow {
