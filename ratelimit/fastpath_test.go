@@ -309,3 +309,97 @@ func TestFastPathTaken(t *testing.T) {
 		t.Fatalf("one path never ran: fast %d, decide %d", fastSeen, generalSeen)
 	}
 }
+
+// TestShortReplyTellsWhatAPeekTells checks the decision code's short
+// reply (script.go: a request admitted alone, under a plan with no
+// candidate windows) against its whole reply, from the other side of the
+// code: over generated plans (with and without ban rules, up to four
+// windows, some with candidate windows) and requests (plain, leases,
+// admissions to add, extra strikes that may begin a ban, peeks), each request is followed in
+// the same call, at the same instant, by a peek, whose reply is always
+// whole. A request admitted alone must be answered in the short form,
+// and decode it to what the peek tells: the time, each window's used and
+// reset, the strikes, the ban and the offences. Every other request must
+// be answered in the whole form.
+func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	rng := invariantRNG(t, 9)
+	withCandidate := compile(Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}},
+		Candidate: []Window{{Limit: 3, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+	var short, whole int
+	for c := range max(*invariantCases, 40) {
+		var plans []*plan
+		for _, p := range genPolicies(rng, MaxPeriod) {
+			plans = append(plans, compile(p, DefaultBuckets, DefaultStrikeBuckets))
+		}
+		if c%5 == 0 {
+			plans = append(plans, withCandidate)
+		}
+		key := fmt.Sprint("k", c)
+		m.FlushAll()
+		for range 80 {
+			pl := plans[rng.IntN(len(plans))]
+			now += genAdvance(rng, pl) % (24 * time.Hour).Microseconds()
+			m.SetTime(time.UnixMicro(now))
+			in := input{lease: noLease}
+			if rng.IntN(3) == 0 {
+				in = genFastInput(rng, pl)
+			}
+			if pl.ban.on && rng.IntN(4) == 0 {
+				// Strikes answered locally: enough of them begin a ban,
+				// even on a request the windows admit.
+				in.extra += 1 + rng.Int64N(3)
+			}
+			ds := []decision{
+				{keys: stateKeys("s:", key, pl), pl: pl, nums: scriptNums(pl, in)},
+				{keys: stateKeys("s:", key, pl), pl: pl, nums: scriptNums(pl, input{peek: true, lease: noLease})},
+			}
+			keys, args := batchCommand(ds)
+			reply, err := rdb.Eval(ctx, decideLua, keys, args...).Result()
+			if err != nil {
+				t.Fatalf("case %d: %v", c, err)
+			}
+			rs, err := batchReplies(reply, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := decode(pl, rs[0])
+			if err != nil {
+				t.Fatalf("case %d, %+v, request %+v: %v", c, pl.given, in, err)
+			}
+			p, err := decode(pl, rs[1])
+			if err != nil || len(rs[1].(string)) != 8*pl.replyFields() {
+				t.Fatalf("case %d: the peek's reply %q: %v", c, rs[1], err)
+			}
+			// (A ban the request's strikes began, the peek sees.)
+			alone := !in.peek && v.outcome == Allowed && v.granted == 1 && len(pl.candidates) == 0 && p.outcome != Banned
+			if got := len(rs[0].(string)) == 8*pl.shortReplyFields(); got != alone {
+				t.Fatalf("case %d, %+v, request %+v, verdict %+v: short reply %v, want %v", c, pl.given, in, v, got, alone)
+			}
+			if !alone {
+				whole++
+				continue
+			}
+			short++
+			if v.now != p.now || v.retry != 0 || v.leaseEnd != 0 || v.newBan ||
+				v.strikes != p.strikes || v.banUntil != p.banUntil || v.offences != p.offences {
+				t.Fatalf("case %d, %+v, request %+v: the short reply says %+v, the peek %+v", c, pl.given, in, v, p)
+			}
+			for i := range v.win {
+				if v.win[i] != p.win[i] {
+					t.Fatalf("case %d, %+v, request %+v: window %d: the short reply says %+v, the peek %+v", c, pl.given, in, i, v.win[i], p.win[i])
+				}
+			}
+		}
+	}
+	t.Logf("%d short replies, %d whole", short, whole)
+	if short < whole/4 || whole < short/20 {
+		t.Fatalf("%d short replies, %d whole: both forms should be well exercised", short, whole)
+	}
+}

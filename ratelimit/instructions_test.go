@@ -264,10 +264,10 @@ func (cg *callgrindRedis) dump(b *testing.B) int64 {
 // floorLibrary holds the reference calls of BenchmarkRedisInstructions:
 // the commands of a decision with no decision logic, and the flat sketch.
 // They take the decision code's KEYS and ARGV (a decision's keys are its
-// ban record, its minute and its day record) and reply 72 bytes a
-// decision, as the decision code does for this plan.
+// ban record, its minute and its day record) and reply 40 bytes a
+// decision, as the decision code does for this plan (its short reply).
 const floorLibrary = "#!lua name=petstore_ratelimit_floor\n" + `
-local REPLY = '` + "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" + `'
+local REPLY = '` + "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" + `'
 redis.register_function('floor_0', function(keys, args)
   redis.call('TIME')
   local out = {}
@@ -304,8 +304,8 @@ redis.register_function('flat_sketch', function(keys, args)
   local l2, P2, g2, n2, u2 = V[8], V[9], V[10], V[11], V[12]
   local out = {}
   for d = 1, #keys, 3 do
-    local nk, pl, na, mode, extra, want, need, life
-    nk, pl, na, mode, extra, want, need, life, pos = u('>I8I8I8I8I8I8I8I8', calls, pos)
+    local nk, pl, na
+    nk, pl, na, pos = u('>I8I8I8', calls, pos)
     local km, kd = keys[d + 1], keys[d + 2]
     local h = call('GETRANGE', km, '0', '18')
     local vh, total, hc, ho = u('>I8I4I4I2', h, 2)
@@ -333,7 +333,7 @@ redis.register_function('flat_sketch', function(keys, args)
     local d2 = now - vh2 * g2
     local off2 = (d2 + u2 - 1 - (d2 + u2 - 1) % u2) / u2
     call('SETRANGE', kd, '1', p('>I8I4I4I2', vh2, total2 + 1, hc2 + 1, off2))
-    out[#out + 1] = p('>i8i8i8i8i8i8i8i8i8', 0, 0, now, 1, 0, used1 + 1, b * g1 + P1, used2 + 1, vh2 * g2 + P2)
+    out[#out + 1] = p('>i8i8i8i8i8', now, used1 + 1, b * g1 + P1, used2 + 1, vh2 * g2 + P2)
   end
   return out
 end)

@@ -83,13 +83,18 @@ func seedKeys(prefix, key string, sd *seeding, keys []string) []string {
 // scriptNums returns one decision's numbers for the script (script.go,
 // ARGV[1]), packed: mode, extra strikes, the lease asked, then, unless
 // all are zero and there is no seeding, the admissions to add per window,
-// then the seeding numbers.
+// then the seeding numbers. The most common request (to decide, with no
+// strikes, no lease, nothing to add or seed) has none: the script reads
+// those defaults, and decodes five numbers fewer.
 func scriptNums(pl *plan, in input) []byte {
 	mode := modeDecide
 	if in.peek {
 		mode = modePeek
 	}
 	seed := in.seed.numbers()
+	if mode == modeDecide && in.extra == 0 && in.lease == noLease && len(seed) == 0 && !slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 }) {
+		return nil
+	}
 	b := make([]byte, 0, 8*(5+len(pl.windows)+len(seed)))
 	for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
@@ -200,6 +205,20 @@ func (pl *plan) replyFields() int {
 	return n
 }
 
+// shortReplyFields is the number of 8-byte integers in the script's
+// short reply for a decision under pl (script.go), fewer than the whole
+// reply has; -1 for a plan with candidate windows, which has none.
+func (pl *plan) shortReplyFields() int {
+	if len(pl.candidates) > 0 {
+		return -1
+	}
+	n := 1 + 2*len(pl.windows)
+	if pl.ban.on {
+		n += 3
+	}
+	return n
+}
+
 // decode turns the script's reply for a decision under pl (8-byte
 // big-endian integers, see script.go) into a verdict. A window's remaining
 // is what its limit leaves of used.
@@ -216,7 +235,8 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 	if ok && strings.HasPrefix(s, "E") {
 		return fmt.Errorf("ratelimit: script: %s", s[1:])
 	}
-	if !ok || len(s) != 8*pl.replyFields() {
+	short := ok && len(s) == 8*pl.shortReplyFields()
+	if !ok || !short && len(s) != 8*pl.replyFields() {
 		return fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
 	}
 	at := 0
@@ -225,17 +245,27 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 		at += 8
 		return v
 	}
-	*out = verdict{outcome: Outcome(next())}
 	v := out
-	v.retry = next()
-	v.now = next()
-	v.granted = next()
-	v.leaseEnd = next()
-	if pl.ban.on {
-		v.newBan = next() == 1
-		v.strikes = next()
-		v.banUntil = next()
-		v.offences = next()
+	if short {
+		// One admission: Allowed, no wait, no lease, no new ban.
+		*v = verdict{outcome: Allowed, granted: 1, now: next()}
+		if pl.ban.on {
+			v.strikes = next()
+			v.banUntil = next()
+			v.offences = next()
+		}
+	} else {
+		*v = verdict{outcome: Outcome(next())}
+		v.retry = next()
+		v.now = next()
+		v.granted = next()
+		v.leaseEnd = next()
+		if pl.ban.on {
+			v.newBan = next() == 1
+			v.strikes = next()
+			v.banUntil = next()
+			v.offences = next()
+		}
 	}
 	if len(pl.candidates) > 0 {
 		v.cOutcome = Outcome(next())

@@ -50,7 +50,9 @@ import (
 // lease size wanted, lease room needed, lease life (µs), then, when any
 // follow, per window the admissions made without Redis to record
 // (input.add) and, when a plan edit changed periods, the seeding numbers
-// (seeding.nums). ARGV[3p-1], ARGV[3p], ARGV[3p+1]: plan p's numbers
+// (seeding.nums). None follow (0) for the most common request, asked to
+// decide with no strikes and no lease: mode 0, extra 0 and a lease of
+// one (want, need and life 1). ARGV[3p-1], ARGV[3p], ARGV[3p+1]: plan p's numbers
 // packed, its ban multiplier and its candidate ban multiplier. The
 // numbers: window count, per window limit, period, bucket width, n,
 // offset unit (µs) and record TTL (ms); the ban rule (banRule.appendNums:
@@ -67,7 +69,13 @@ import (
 // ever grows. Otherwise one admission counts.
 //
 // Reply: one string per decision, in order. A decision's string is 8-byte
-// big-endian signed integers (decode reads it), only those the plan has:
+// big-endian signed integers (decode reads it), in one of two forms. The
+// short form is the reply to a request admitted alone (granted one
+// admission, no lease) under a plan with no candidate windows, most
+// requests' reply: now; with a ban rule the strikes, ban end and
+// offences; then per window used and reset (outcome and retry are 0, the
+// admissions granted 1, the lease end 0, no ban began). Every other reply
+// is the whole form, only the fields the plan has:
 // outcome, retry, now, admissions granted, lease end; with a ban rule, new
 // ban, strikes, ban end, offences; with candidate windows, what they would
 // have decided for this request (outcome) and how many requests they
@@ -746,6 +754,11 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   elseif not admit then
     RES[1], RES[2] = 1, rt
   end
+  if admitted and not banned and granted == 1 and nc == 0 then
+    -- The short form: one admission, no candidate windows.
+    if R then return pack_(pl.sfmt, now, unpack(RES, 7, m)) end
+    return pack_(pl.sfmt, now, unpack(RES, 6, m))
+  end
   return pack_(pl.rfmt, unpack(RES, 1, m))
 end
 
@@ -797,7 +810,14 @@ local function fast(base, pl, want, need, life)
     --@write(3)
     --@reset(3)
   end
+  -- The reply: the short form for one admission (a cold key's), else
+  -- the whole (a lease).
   if not ban then
+    if count == 1 then
+      if nw == 1 then return pack_(pl.sfmt, now, c1 + 1, reset1) end
+      if nw == 2 then return pack_(pl.sfmt, now, c1 + 1, reset1, c2 + 1, reset2) end
+      return pack_(pl.sfmt, now, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
+    end
     if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
     if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2) end
     return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
@@ -806,6 +826,11 @@ local function fast(base, pl, want, need, life)
   -- (the strikes the ring still counts, the offences remembered), with
   -- nothing written.
   local _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false)
+  if count == 1 then
+    if nw == 1 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1) end
+    if nw == 2 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2) end
+    return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
+  end
   if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1) end
   if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2) end
   return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
@@ -844,7 +869,11 @@ local function planAt(PLANS, p)
     if ban then fields = fields + 4 end
     if nc > 0 then fields = fields + 4 end
     if cban then fields = fields + 4 end
-    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), TTL = ttl, CTTL = cttl,
+    -- The short form's fields: now, with a ban rule the strikes, ban end
+    -- and offences, then per window used and reset.
+    local short = 1 + 2 * nw
+    if ban then short = short + 3 end
+    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', short), TTL = ttl, CTTL = cttl,
       mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
@@ -867,12 +896,15 @@ local ADD = {}
 local function batch()
   local calls, out = CALLS, OUT
   while POS <= #calls do
-    local nk, p, na, mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8I8I8I8', calls, POS)
+    local nk, p, na, pos = unpack_('>I8I8I8', calls, POS)
+    local mode, extra, want, need, life = 0, 0, 1, 1, 1
+    if na > 0 then mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos) end
     local base = BASE
-    POS, BASE = pos + 8 * (na - 5), base + nk
+    POS, BASE = pos, base + nk
+    if na > 5 then POS = pos + 8 * (na - 5) end
     local pl = planAt(PLANS, p)
     local r
-    if pl.fast and mode == 0 and na == 5 and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life) end
+    if pl.fast and mode == 0 and na <= 5 and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life) end
     if r then
       PATHS[1] = PATHS[1] + 1
     else
