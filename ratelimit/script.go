@@ -346,10 +346,11 @@ local function itoa(v) return format('%d', v) end
 -- Window working values, by index (windows 1..nw, then transition
 -- windows, then candidate windows), in arrays reused by every decision of
 -- the batch, so that a decision allocates almost nothing: the record's
--- key, whether it is new, its head, total, head count and offset as read,
--- the current bucket, the events counted now, the first bucket counted,
--- and the admissions made elsewhere being added.
-local WKEY, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- key, its header as read, whether it is new, its head, total, head
+-- count and offset as read, the current bucket, the events counted now,
+-- the first bucket counted, and the admissions made elsewhere being
+-- added.
+local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 
 -- window reads window record key (header h already read: '' when none)
 -- at now: whether it is new, its head, total, head count and offset as
@@ -368,16 +369,16 @@ end
 -- view sets window i's working values (window) from record key.
 local function view(i, key, h, period, g, n, unit)
   local fresh, vh, total, hc, ho, b, c, from = window(key, h, period, g, n, unit)
-  WKEY[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, fresh, vh, total, hc, ho, b, c, from, 0
+  WKEY[i], WH[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, h, fresh, vh, total, hc, ho, b, c, from, 0
 end
 
 -- write counts count events at time at in the current bucket b of
--- window record key (new or not, with head vh, total, head count hc and
--- offset ho as read): one header write (and the slots the head leaves
+-- window record key (new or not, with header h, and head vh, total, head
+-- count hc and offset ho as read from it): one header write (and the slots the head leaves
 -- behind when it moves, with a TTL refresh), or the whole record when it
 -- is new. It returns the record's total, head count and head offset
 -- after. Its code (writeLua) is also written out in fast.
-local function write(key, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
+local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
   local off
   --@write()
   return total + count, hc + count, off
@@ -387,7 +388,7 @@ end
 -- (write). The record then has this head; a rejection scans it below.
 local function record(i, k, t, g, n, unit, ttl)
   local b = WB[i]
-  WTOT[i], WHC[i], WHO[i] = write(WKEY[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], b, k, t, g, n, unit, ttl)
+  WTOT[i], WHC[i], WHO[i] = write(WKEY[i], WH[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], b, k, t, g, n, unit, ttl)
   WFRESH[i], WVH[i] = false, b
 end
 
@@ -784,13 +785,13 @@ local function fast(base, pl, want, need, life)
   -- The windows, each read (takeLua) into locals of its own; room is
   -- what every window has left (no limit is near 2^53).
   local room, lend = 2 ^ 53, now + life
-  local l1, period1, g1, n1, unit1, key1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1
+  local l1, period1, g1, n1, unit1, key1, h1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1
   --@take(1)
-  local l2, period2, g2, n2, unit2, key2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2
+  local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2
   if nw >= 2 then
     --@take(2)
   end
-  local l3, period3, g3, n3, unit3, key3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3
+  local l3, period3, g3, n3, unit3, key3, h3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3
   if nw == 3 then
     --@take(3)
   end
@@ -958,7 +959,7 @@ end
 // written out in fast for each of its windows, where the calls would cost
 // about a tenth of a decision (BENCHMARKS.md). "$" stands for the
 // window's suffix in fast ("1", "2"; "" in the functions): its inputs
-// key$, h$, period$, g$, n$, unit$ (window); key$, fresh$, vh$, total$,
+// key$, h$, period$, g$, n$, unit$ (window); key$, h$, fresh$, vh$, total$,
 // hc$, ho$, b$, g$, n$, unit$, ttl$, count, at (write); b$, off$, period$,
 // g$, n$, unit$ (reset); its outputs, declared before, fresh$, vh$,
 // total$, hc$, ho$, b$, c$, from$ (window), off$ (write; hc$ and ho$ are
@@ -1020,7 +1021,9 @@ const writeLua = `do
     elseif b$ - vh$ <= 8 and b$ - vh$ <= n$ and vh$ % (n$ + 1) + b$ - vh$ <= n$ + 1 then
       -- The common move, a few buckets with no wrap: the old head's slot
       -- and zeros over the skipped ones, in one write (move, in short).
-      local x = pack_('>I4I2', hc$, ho$)
+      -- The old head's count and offset are the header's own bytes (as
+      -- read: hc$ and ho$ have not changed), cut rather than packed.
+      local x = sub(h$, 14, 19)
       if b$ - vh$ > 1 then x = x .. zeros((b$ - vh$ - 1) * SLOT) end
       call('SETRANGE', key$, OFF[1 + HDR + (vh$ % (n$ + 1)) * SLOT], x)
     else
@@ -1051,7 +1054,7 @@ end
 // every window read so far allows.
 const takeLua = `do
   l$, period$, g$, n$, unit$, key$ = V[6 * $ - 4], V[6 * $ - 3], V[6 * $ - 2], V[6 * $ - 1], V[6 * $], KEYS[base + 1 + $]
-  local h$ = call('GETRANGE', key$, '0', '18')
+  h$ = call('GETRANGE', key$, '0', '18')
   --@window($)
   if c$ >= l$ then return nil end
   if l$ - c$ < room then room = l$ - c$ end
