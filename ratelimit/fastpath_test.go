@@ -53,7 +53,7 @@ func loadPathLibrary(t testing.TB, rdb *redis.Client) *pathLibrary {
 	lib := "petstore_ratelimit_paths_" + strings.Trim(strings.TrimPrefix(randomPrefix(t), "test:"), ":")
 	p := &pathLibrary{rdb: rdb, fn: lib + "_decide", cnt: lib + "_paths"}
 	src := decideLibrary(lib, p.fn) +
-		"redis.register_function{function_name='" + p.cnt + "', callback=function() return PATHS end, flags={'no-writes'}}\n"
+		"redis.register_function{function_name='" + p.cnt + "', callback=function() return {PATHS[1] - PATHS[2], PATHS[2]} end, flags={'no-writes'}}\n"
 	ctx := context.Background()
 	if err := rdb.FunctionLoad(ctx, src).Err(); err != nil {
 		t.Fatal(err)

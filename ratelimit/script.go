@@ -837,8 +837,10 @@ local function fast(base, pl, want, need, life)
   return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
 end
 
--- PATHS counts the decisions each path made (fast, then decide) since the
--- code loaded: tests read them to know which path their decisions took.
+-- PATHS counts the decisions the calls answered since the code loaded
+-- and, of them, those that went to decide: tests read them to know which
+-- path their decisions took (fast made the others). Counted once a call,
+-- and once a decision only on decide's path.
 local PATHS = {0, 0}
 
 -- Plans are decoded once per call (once for all with a Function, up to
@@ -898,17 +900,19 @@ local function batch()
   local calls, out = CALLS, OUT
   while POS <= #calls do
     local nk, p, na, pos = unpack_('>I8I8I8', calls, POS)
-    local mode, extra, want, need, life = 0, 0, 1, 1, 1
-    if na > 0 then mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos) end
     local base = BASE
     POS, BASE = pos, base + nk
-    if na > 5 then POS = pos + 8 * (na - 5) end
     local pl = planAt(PLANS, p)
-    local r
-    if pl.fast and mode == 0 and na <= 5 and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life) end
-    if r then
-      PATHS[1] = PATHS[1] + 1
+    local mode, extra, want, need, life, r = 0, 0, 1, 1, 1
+    if na == 0 then
+      -- A plain request: to decide, with no strikes and no lease.
+      if pl.fast then r = fast(base, pl, 1, 1, 1) end
     else
+      mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
+      POS = pos + 8 * (na - 5)
+      if pl.fast and mode == 0 and na == 5 and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life) end
+    end
+    if not r then
       PATHS[2] = PATHS[2] + 1
       local nw = pl.V[1]
       -- The admissions to add per window are sent only when there are
@@ -950,6 +954,7 @@ local function run(keys, args)
     if type(err) == 'table' and err.err then err = err.err end
     OUT[#OUT + 1] = 'E' .. tostring(err)
   end
+  PATHS[1] = PATHS[1] + #OUT
   return OUT
 end
 `)
