@@ -52,10 +52,10 @@ import (
 // (input.add) and, when a plan edit changed periods, the seeding numbers
 // (seeding.nums). None follow (0) for the most common request, asked to
 // decide with no strikes and no lease: mode 0, extra 0 and a lease of
-// one (want, need and life 1). ARGV[3p-1], ARGV[3p], ARGV[3p+1]: plan p's numbers
-// packed, its ban multiplier and its candidate ban multiplier. The
-// numbers: window count, per window limit, period, bucket width, n,
-// offset unit (µs) and record TTL (ms); the ban rule (banRule.appendNums:
+// one (want, need and life 1). ARGV[3p-1], ARGV[3p], ARGV[3p+1]: plan
+// p's numbers packed, its ban multiplier and its candidate ban
+// multiplier. The numbers: window count, per window limit, period, bucket
+// width, n, offset unit (µs) and record TTL (ms); the ban rule (banRule.appendNums:
 // threshold, 0 for none, then the strike window's period, bucket width,
 // n, offset unit and TTL, the offence memory, the ban's base and max);
 // the candidate window count and per candidate window the same six as a
@@ -374,9 +374,9 @@ end
 
 -- write counts count events at time at in the current bucket b of
 -- window record key (new or not, with header h, and head vh, total, head
--- count hc and offset ho as read from it): one header write (and the slots the head leaves
--- behind when it moves, with a TTL refresh), or the whole record when it
--- is new. It returns the record's total, head count and head offset
+-- count hc and offset ho as read from it): one header write (and the
+-- slots the head leaves behind when it moves, with a TTL refresh), or the
+-- whole record when it is new. It returns the record's total, head count and head offset
 -- after. Its code (writeLua) is also written out in fast.
 local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
   local off
