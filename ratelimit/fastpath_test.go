@@ -317,8 +317,8 @@ func TestFastPathTaken(t *testing.T) {
 // windows, some with candidate windows) and requests (plain, leases,
 // admissions to add, extra strikes that may begin a ban, peeks), each request is followed in
 // the same call, at the same instant, by a peek, whose reply is always
-// whole. A request admitted alone must be answered in the short form,
-// and decode it to what the peek tells: the time, each window's used and
+// whole. A request admitted alone must be answered in a short form, bare
+// when the ban rule has nothing to report, and decode to what the peek tells: the time, each window's used and
 // reset, the strikes, the ban and the offences. Every other request must
 // be answered in the whole form.
 func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
@@ -332,7 +332,7 @@ func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
 	withCandidate := compile(Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}},
 		Candidate: []Window{{Limit: 3, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
 	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
-	var short, whole int
+	var short, whole, withBan int
 	for c := range max(*invariantCases, 40) {
 		var plans []*plan
 		for _, p := range genPolicies(rng, MaxPeriod) {
@@ -379,8 +379,16 @@ func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
 			}
 			// (A ban the request's strikes began, the peek sees.)
 			alone := !in.peek && v.outcome == Allowed && v.granted == 1 && len(pl.candidates) == 0 && p.outcome != Banned
-			if got := len(rs[0].(string)) == 8*pl.shortReplyFields(); got != alone {
+			got, banFields := pl.shortReply(len(rs[0].(string)))
+			if got != alone {
 				t.Fatalf("case %d, %+v, request %+v, verdict %+v: short reply %v, want %v", c, pl.given, in, v, got, alone)
+			}
+			// The bare form when the ban rule has nothing to report.
+			if got && banFields != (p.strikes != 0 || p.banUntil != 0 || p.offences != 0) {
+				t.Fatalf("case %d, %+v, request %+v: the ban's fields sent %v, the peek %+v", c, pl.given, in, banFields, p)
+			}
+			if banFields {
+				withBan++
 			}
 			if !alone {
 				whole++
@@ -398,8 +406,8 @@ func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d short replies, %d whole", short, whole)
-	if short < whole/4 || whole < short/20 {
-		t.Fatalf("%d short replies, %d whole: both forms should be well exercised", short, whole)
+	t.Logf("%d short replies (%d with the ban rule's fields), %d whole", short, withBan, whole)
+	if short < whole/4 || whole < short/20 || withBan < short/50 || withBan > short/2 {
+		t.Fatalf("%d short replies (%d with the ban rule's fields), %d whole: every form should be well exercised", short, withBan, whole)
 	}
 }

@@ -205,18 +205,23 @@ func (pl *plan) replyFields() int {
 	return n
 }
 
-// shortReplyFields is the number of 8-byte integers in the script's
-// short reply for a decision under pl (script.go), fewer than the whole
-// reply has; -1 for a plan with candidate windows, which has none.
-func (pl *plan) shortReplyFields() int {
+// shortReply reports whether a reply of n bytes for a decision under pl
+// is in one of the script's short forms (script.go), and whether it holds
+// the ban rule's fields (the short form) or not (the bare form). Every
+// form has a length of its own: the whole reply has at least four fields
+// more than the short, which has three more than the bare.
+func (pl *plan) shortReply(n int) (short, banFields bool) {
 	if len(pl.candidates) > 0 {
-		return -1
+		return false, false
 	}
-	n := 1 + 2*len(pl.windows)
-	if pl.ban.on {
-		n += 3
+	bare := 8 * (1 + 2*len(pl.windows))
+	switch {
+	case n == bare:
+		return true, false
+	case pl.ban.on && n == bare+8*3:
+		return true, true
 	}
-	return n
+	return false, false
 }
 
 // decode turns the script's reply for a decision under pl (8-byte
@@ -235,7 +240,7 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 	if ok && strings.HasPrefix(s, "E") {
 		return fmt.Errorf("ratelimit: script: %s", s[1:])
 	}
-	short := ok && len(s) == 8*pl.shortReplyFields()
+	short, banFields := pl.shortReply(len(s))
 	if !ok || !short && len(s) != 8*pl.replyFields() {
 		return fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
 	}
@@ -249,7 +254,7 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 	if short {
 		// One admission: Allowed, no wait, no lease, no new ban.
 		*v = verdict{outcome: Allowed, granted: 1, now: next()}
-		if pl.ban.on {
+		if banFields {
 			v.strikes = next()
 			v.banUntil = next()
 			v.offences = next()

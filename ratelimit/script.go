@@ -69,13 +69,15 @@ import (
 // ever grows. Otherwise one admission counts.
 //
 // Reply: one string per decision, in order. A decision's string is 8-byte
-// big-endian signed integers (decode reads it), in one of two forms. The
-// short form is the reply to a request admitted alone (granted one
+// big-endian signed integers (decode reads it), in one of three forms.
+// The short form is the reply to a request admitted alone (granted one
 // admission, no lease) under a plan with no candidate windows, most
 // requests' reply: now; with a ban rule the strikes, ban end and
 // offences; then per window used and reset (outcome and retry are 0, the
-// admissions granted 1, the lease end 0, no ban began). Every other reply
-// is the whole form, only the fields the plan has:
+// admissions granted 1, the lease end 0, no ban began). The bare form is
+// the short one without the ban rule's fields, under a plan without one
+// or when all three are 0 (a key with no ban record: most keys). Every
+// other reply is the whole form, only the fields the plan has:
 // outcome, retry, now, admissions granted, lease end; with a ban rule, new
 // ban, strikes, ban end, offences; with candidate windows, what they would
 // have decided for this request (outcome) and how many requests they
@@ -756,9 +758,11 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
     RES[1], RES[2] = 1, rt
   end
   if admitted and not banned and granted == 1 and nc == 0 then
-    -- The short form: one admission, no candidate windows.
-    if R then return pack_(pl.sfmt, now, unpack(RES, 7, m)) end
-    return pack_(pl.sfmt, now, unpack(RES, 6, m))
+    -- The short form: one admission, no candidate windows; bare with
+    -- nothing of a ban rule to report.
+    if not R then return pack_(pl.bfmt, now, unpack(RES, 6, m)) end
+    if RES[7] == 0 and RES[8] == 0 and RES[9] == 0 then return pack_(pl.bfmt, now, unpack(RES, 10, m)) end
+    return pack_(pl.sfmt, now, unpack(RES, 7, m))
   end
   return pack_(pl.rfmt, unpack(RES, 1, m))
 end
@@ -815,9 +819,9 @@ local function fast(base, pl, want, need, life)
   -- the whole (a lease).
   if not ban then
     if count == 1 then
-      if nw == 1 then return pack_(pl.sfmt, now, c1 + 1, reset1) end
-      if nw == 2 then return pack_(pl.sfmt, now, c1 + 1, reset1, c2 + 1, reset2) end
-      return pack_(pl.sfmt, now, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
+      if nw == 1 then return pack_(pl.bfmt, now, c1 + 1, reset1) end
+      if nw == 2 then return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2) end
+      return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
     end
     if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
     if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2) end
@@ -825,9 +829,16 @@ local function fast(base, pl, want, need, life)
   end
   -- Admitted with no strikes to count: what decide's strike reports then
   -- (the strikes the ring still counts, the offences remembered), with
-  -- nothing written.
-  local _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false)
+  -- nothing written; all zero for a key with no ban record, most keys.
+  local _, strikes, bu, off = nil, 0, 0, 0
+  if bs then _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false) end
   if count == 1 then
+    if strikes == 0 and bu == 0 and off == 0 then
+      -- The bare form: nothing of the ban rule to report.
+      if nw == 1 then return pack_(pl.bfmt, now, c1 + 1, reset1) end
+      if nw == 2 then return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2) end
+      return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
+    end
     if nw == 1 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1) end
     if nw == 2 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2) end
     return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
@@ -872,11 +883,11 @@ local function planAt(PLANS, p)
     if ban then fields = fields + 4 end
     if nc > 0 then fields = fields + 4 end
     if cban then fields = fields + 4 end
-    -- The short form's fields: now, with a ban rule the strikes, ban end
-    -- and offences, then per window used and reset.
-    local short = 1 + 2 * nw
-    if ban then short = short + 3 end
-    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', short), TTL = ttl, CTTL = cttl,
+    -- The short forms' fields: now, with a ban rule the strikes, ban end
+    -- and offences (not in the bare form), then per window used and
+    -- reset.
+    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
+      bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
       mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
