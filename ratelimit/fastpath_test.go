@@ -311,16 +311,17 @@ func TestFastPathTaken(t *testing.T) {
 }
 
 // TestShortReplyTellsWhatAPeekTells checks the decision code's short
-// reply (script.go: a request admitted alone, under a plan with no
+// replies (script.go: a request admitted alone, under a plan with no
 // candidate windows) against its whole reply, from the other side of the
 // code: over generated plans (with and without ban rules, up to four
 // windows, some with candidate windows) and requests (plain, leases,
-// admissions to add, extra strikes that may begin a ban, peeks), each request is followed in
-// the same call, at the same instant, by a peek, whose reply is always
-// whole. A request admitted alone must be answered in a short form, bare
-// when the ban rule has nothing to report, and decode to what the peek tells: the time, each window's used and
-// reset, the strikes, the ban and the offences. Every other request must
-// be answered in the whole form.
+// admissions to add, extra strikes that may begin a ban, peeks), each
+// request is followed in the same call, at the same instant, by a peek,
+// whose reply is always whole. A request admitted alone must be answered
+// in a short form, bare when the ban rule has nothing to report, and
+// decode to what the peek tells: the time, each window's used and reset,
+// the strikes, the ban and the offences. Every other request must be
+// answered in the whole form.
 func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
 	t.Parallel()
 	m := miniredis.RunT(t)
