@@ -324,15 +324,12 @@ func TestFastPathTaken(t *testing.T) {
 // answered in the whole form.
 func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
 	t.Parallel()
-	m := miniredis.RunT(t)
-	m.ClockTTL(true)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+	m, rdb := newMini(t, time.UnixMicro(now))
 	ctx := context.Background()
 	rng := invariantRNG(t, 9)
 	withCandidate := compile(Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}},
 		Candidate: []Window{{Limit: 3, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
-	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
 	var short, whole, withBan int
 	for c := range max(*invariantCases, 40) {
 		var plans []*plan

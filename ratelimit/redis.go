@@ -92,14 +92,15 @@ func scriptNums(pl *plan, in input) []byte {
 		mode = modePeek
 	}
 	seed := in.seed.numbers()
-	if mode == modeDecide && in.extra == 0 && in.lease == noLease && len(seed) == 0 && !slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 }) {
+	adds := slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 })
+	if mode == modeDecide && in.extra == 0 && in.lease == noLease && len(seed) == 0 && !adds {
 		return nil
 	}
 	b := make([]byte, 0, 8*(5+len(pl.windows)+len(seed)))
 	for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
-	if len(seed) > 0 || slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 }) {
+	if len(seed) > 0 || adds {
 		for i := range pl.windows {
 			var a int64
 			if i < len(in.add) {
@@ -254,23 +255,21 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 	if short {
 		// One admission: Allowed, no wait, no lease, no new ban.
 		*v = verdict{outcome: Allowed, granted: 1, now: next()}
-		if banFields {
-			v.strikes = next()
-			v.banUntil = next()
-			v.offences = next()
-		}
 	} else {
 		*v = verdict{outcome: Outcome(next())}
 		v.retry = next()
 		v.now = next()
 		v.granted = next()
 		v.leaseEnd = next()
-		if pl.ban.on {
+		banFields = pl.ban.on
+		if banFields {
 			v.newBan = next() == 1
-			v.strikes = next()
-			v.banUntil = next()
-			v.offences = next()
 		}
+	}
+	if banFields {
+		v.strikes = next()
+		v.banUntil = next()
+		v.offences = next()
 	}
 	if len(pl.candidates) > 0 {
 		v.cOutcome = Outcome(next())

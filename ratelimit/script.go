@@ -815,26 +815,17 @@ local function fast(base, pl, want, need, life)
     --@write(3)
     --@reset(3)
   end
-  -- The reply: the short form for one admission (a cold key's), else
-  -- the whole (a lease).
-  if not ban then
-    if count == 1 then
-      if nw == 1 then return pack_(pl.bfmt, now, c1 + 1, reset1) end
-      if nw == 2 then return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2) end
-      return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
-    end
-    if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
-    if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2) end
-    return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
-  end
-  -- Admitted with no strikes to count: what decide's strike reports then
-  -- (the strikes the ring still counts, the offences remembered), with
-  -- nothing written; all zero for a key with no ban record, most keys.
+  -- With a ban rule, admitted with no strikes to count: what decide's
+  -- strike reports then (the strikes the ring still counts, the offences
+  -- remembered), with nothing written; all zero for a key with no ban
+  -- record (most keys), as for a plan without a ban rule.
   local _, strikes, bu, off = nil, 0, 0, 0
   if bs then _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false) end
+  -- The reply: for one admission (a cold key's) the bare form when the
+  -- ban rule, if any, has nothing to report, else the short form; the
+  -- whole form for a lease.
   if count == 1 then
     if strikes == 0 and bu == 0 and off == 0 then
-      -- The bare form: nothing of the ban rule to report.
       if nw == 1 then return pack_(pl.bfmt, now, c1 + 1, reset1) end
       if nw == 2 then return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2) end
       return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
@@ -842,6 +833,11 @@ local function fast(base, pl, want, need, life)
     if nw == 1 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1) end
     if nw == 2 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2) end
     return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
+  end
+  if not ban then
+    if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
+    if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2) end
+    return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
   end
   if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1) end
   if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2) end
