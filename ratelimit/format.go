@@ -53,8 +53,29 @@ import "time"
 // rejections arrive in batches); they saturate too, far above any
 // threshold.
 //
-// Window record: version (1), ring. TTL: refreshed to period + 2 buckets
-// whenever its head moves.
+// Window record: version (1), ring, and once a lease has been granted on
+// it, the lease cap (an extension, below). TTL: refreshed to period + 2
+// buckets whenever its head moves.
+//
+// Lease cap (window record, after the ring; absent until a lease is
+// granted on the window):
+//
+//	field        bytes  meaning                                       maximum
+//	limit        4      the lowest limit under which a lease on this  MaxLimit
+//	                    window may still be spent
+//	until        8      when the last such lease ends (µs)            2^53
+//
+// A lease's admissions are counted when it is granted and spent later, by
+// the replica that holds it, under the limits of its plan. While replicas
+// disagree on a key's plan, another may admit on the same window under a
+// higher limit meanwhile; the cap holds every decision on the window to
+// the lower limit until the lease ends, so that the leased admissions,
+// when spent, are held to their plan's limits too. A decision reads it only
+// while a lease may still be spent (the head bucket is the current one,
+// holds two events or more, and its last event, where a lease's end is
+// recorded, lies ahead). Releases before it ignore it: while one runs
+// beside this one, its own admissions are not held to another plan's
+// lease.
 //
 // Ban record: version (1), ban end µs (8), offences (4), last offence µs
 // (8), strike period µs (8), strike bucket width µs (8), strike ring. TTL:
@@ -77,6 +98,8 @@ const (
 	offsetBytes = 2
 	ringHeader  = headBytes + 2*countBytes + offsetBytes // 18
 	slotBytes   = countBytes + offsetBytes               // 6
+	// leaseCapBytes is the lease cap's size: a limit (4) and an end (8).
+	leaseCapBytes = 4 + 8
 
 	windowRingAt = 2 // 1-based position of the ring in a window record
 

@@ -139,6 +139,7 @@ func genPolicies(rng *rand.Rand, maxPeriod time.Duration) []Policy {
 type span struct {
 	start, end, k int64
 	periods       []int64 // the window periods (µs) that counted them
+	limits        []int64 // the limits of those windows in the plan that decided them
 }
 
 // admissionLog checks the window promise and computes ideal waits from
@@ -348,11 +349,29 @@ func (d *invariantDriver) check(i int, v verdict) {
 		}
 		for _, r := range pl.windows {
 			s.periods = append(s.periods, r.period)
+			s.limits = append(s.limits, r.limit)
 		}
 		d.log.spans = append(d.log.spans, s)
 		for _, r := range pl.windows {
 			if c := d.log.count(r.period, x); c > r.limit {
 				t.Fatalf("%s\nplan %d: %d admissions within %s ending at %d µs, limit %d", d.describe(), i, c, time.Duration(r.period)*time.Microsecond, x, r.limit)
+			}
+		}
+		// A lease of another plan may still be spent: its admissions are
+		// held to its plan's limits when spent, so no admission may take a
+		// window they count in past them.
+		for _, o := range d.log.spans {
+			if o.k < 2 || o.start > x || o.end <= x {
+				continue
+			}
+			for j, p := range o.periods {
+				if !slices.ContainsFunc(pl.windows, func(r ring) bool { return r.period == p }) {
+					continue
+				}
+				if c := d.log.count(p, x); c > o.limits[j] {
+					t.Fatalf("%s\nplan %d: %d admissions within %s ending at %d µs, past the limit %d of a lease being spent until %d µs",
+						d.describe(), i, c, time.Duration(p)*time.Microsecond, x, o.limits[j], o.end)
+				}
 			}
 		}
 		d.refused[i].ok = false
@@ -439,8 +458,9 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 		if len(h) < 9 {
 			continue // never written (refused since created, or not yet), or expired
 		}
-		if want := 1 + ringSize(r.n); h[0] != formatVersion || lens[j].Val() != want {
-			t.Fatalf("%s\nrecord %s has version %d and %d bytes, not %d and %d", d.describe(), d.keys[i][1+j], h[0], lens[j].Val(), formatVersion, want)
+		// The ring, then (once a lease was granted on it) the lease cap.
+		if want := 1 + ringSize(r.n); h[0] != formatVersion || (lens[j].Val() != want && lens[j].Val() != want+leaseCapBytes) {
+			t.Fatalf("%s\nrecord %s has version %d and %d bytes, not %d and %d or %d", d.describe(), d.keys[i][1+j], h[0], lens[j].Val(), formatVersion, want, want+leaseCapBytes)
 		}
 		head := int64(binary.BigEndian.Uint64([]byte(h[1:])))
 		exp := exps[j].Val()

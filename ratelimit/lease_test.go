@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/animal-store/petstore/internal/testenv"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 // leaseLeft returns the admissions left in key's lease.
@@ -241,5 +243,151 @@ func TestLeasePacingAdmitsNearlyAll(t *testing.T) {
 	}
 	if frac < 0.99 {
 		t.Fatalf("admitted %.4f of the limit", frac)
+	}
+}
+
+// leaseCapCase is the scenario of the lease cap: replica a holds a lease
+// of the key under plan pa (a limit of 200 on a ten-minute window) when
+// replica b, still on another plan pb for the key (260 on the same
+// window), admits all it can; then a spends its lease. Without the cap, b
+// would fill the window to 260 and a's leased admissions would land in a
+// window past their plan's 200. advance moves the clock (the fixture's, or
+// real time's); the admission times are Redis's.
+type leaseCapCase struct {
+	a, b    *Limiter
+	advance func(time.Duration)
+	now     func() time.Time
+}
+
+var (
+	leaseCapA = Policy{Name: "a", Windows: []Window{{Limit: 200, Period: 10 * time.Minute}}}
+	leaseCapB = Policy{Name: "b", Windows: []Window{{Limit: 260, Period: 10 * time.Minute}}}
+)
+
+// run plays the scenario and returns every admission's time (µs) with
+// the limit of the plan that admitted it, b's first refusal, and how many
+// of a's admissions after it came from its lease.
+func (c leaseCapCase) run(t *testing.T) (times, limits []int64, refusal Decision, refusedAt time.Time, leasedAfter int) {
+	t.Helper()
+	ctx := context.Background()
+	admit := func(l *Limiter, p Policy) Decision {
+		d, err := l.Allow(ctx, "k", p)
+		if err != nil || d.Degraded {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if d.Allowed() {
+			times, limits = append(times, d.Time.UnixMicro()), append(limits, p.Windows[0].Limit)
+		}
+		return d
+	}
+	for range 40 {
+		if d := admit(c.a, leaseCapA); !d.Leased && leaseLeft(c.a, "k") >= 2 {
+			break
+		}
+		c.advance(10 * time.Millisecond)
+	}
+	if leaseLeft(c.a, "k") < 2 {
+		t.Fatal("no lease of 2 or more for a key sending 100 requests/s")
+	}
+	for range 300 {
+		c.advance(time.Millisecond)
+		if d := admit(c.b, leaseCapB); !d.Allowed() {
+			refusal, refusedAt = d, c.now()
+			break
+		}
+	}
+	if refusal.Outcome != Limited {
+		t.Fatalf("b was never refused: %d admissions", len(times))
+	}
+	for leaseLeft(c.a, "k") > 0 {
+		c.advance(time.Millisecond)
+		if d := admit(c.a, leaseCapA); d.Leased {
+			leasedAfter++
+		}
+	}
+	return times, limits, refusal, refusedAt, leasedAfter
+}
+
+// checkHeldToTheirPlans fails unless every admission found the window,
+// itself included and by the actual admission times, within the limit of
+// the plan that admitted it.
+func checkHeldToTheirPlans(t *testing.T, times, limits []int64, period time.Duration) {
+	t.Helper()
+	p := period.Microseconds()
+	for i, x := range times {
+		n := int64(0)
+		for _, y := range times[:i+1] {
+			if y > x-p {
+				n++
+			}
+		}
+		if n > limits[i] {
+			t.Fatalf("admission %d at %d µs found %d in its window, past its plan's %d", i, x, n, limits[i])
+		}
+	}
+}
+
+// TestLeaseHoldsOtherPlansToItsLimit: while a lease granted under one
+// plan may still be spent, a replica on another plan with a higher limit
+// is held to the lease's limit on the window they share, so that every
+// admission, leased ones when spent, stays within its own plan's limit.
+// The refused request's Retry-After is exact: the lease's end, when b's
+// own limit applies again (1 µs before it, still refused).
+func TestLeaseHoldsOtherPlansToItsLimit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{Replicas: 1})
+	b, err := New(f.rdb, Options{Replicas: 1, CacheSize: -1, clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	// The start of a 3s bucket of the ten-minute window.
+	f.clk.Set(epoch.Truncate(time.Hour).Add(time.Hour))
+	c := leaseCapCase{a: f.l, b: b, advance: func(d time.Duration) { f.clk.Add(d) }, now: f.clk.Now}
+	times, limits, refusal, refusedAt, leasedAfter := c.run(t)
+	checkHeldToTheirPlans(t, times, limits, 10*time.Minute)
+	if leasedAfter == 0 {
+		t.Fatal("a spent nothing of its lease after b was refused: the case did not exercise the cap")
+	}
+	// b was refused at 200 in the window (a's lease counted whole), short
+	// of its own 260: until the lease ends.
+	if w := refusal.Windows[0]; w.Limit != 260 || w.Remaining != 60 {
+		t.Fatalf("b's refusal reports %+v, want its own limit, 260, with 60 remaining", w)
+	}
+	end := refusedAt.Add(refusal.RetryAfter)
+	f.clk.Set(end.Add(-time.Microsecond))
+	if d, _ := b.Allow(context.Background(), "k", leaseCapB); d.Allowed() {
+		t.Fatalf("b admitted 1µs before its Retry-After (%s after its refusal): %+v", refusal.RetryAfter, d)
+	}
+	f.clk.Set(end)
+	if d, _ := b.Allow(context.Background(), "k", leaseCapB); !d.Allowed() {
+		t.Fatalf("b refused at its Retry-After (%s after its refusal): %+v", refusal.RetryAfter, d)
+	}
+}
+
+// TestLeaseHoldsOtherPlansToItsLimitOnRedis plays the same scenario on a
+// real Redis, by real time, and checks the windows by Redis's times.
+func TestLeaseHoldsOtherPlansToItsLimitOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	prefix := randomPrefix(t)
+	var ls []*Limiter
+	for _, cache := range []int{0, -1} {
+		l, err := New(rdb, Options{Replicas: 1, CacheSize: cache, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		ls = append(ls, l)
+	}
+	// A lease lasts to the end of the window's 3s bucket: start the case
+	// just after one begins, so that it runs inside one bucket.
+	time.Sleep(time.Until(time.Now().Truncate(3 * time.Second).Add(3*time.Second + 20*time.Millisecond)))
+	c := leaseCapCase{a: ls[0], b: ls[1], advance: time.Sleep, now: time.Now}
+	times, limits, _, _, leasedAfter := c.run(t)
+	checkHeldToTheirPlans(t, times, limits, 10*time.Minute)
+	if leasedAfter == 0 {
+		t.Fatal("a spent nothing of its lease after b was refused: the case did not exercise the cap")
 	}
 }

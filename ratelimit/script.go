@@ -354,6 +354,39 @@ local function itoa(v) return format('%d', v) end
 -- added.
 local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 
+-- The lease cap (format.go): a window record's extension after its ring,
+-- the lowest limit under which a lease on the window may still be spent
+-- (4 bytes) and until when (8, µs). A lease's end is its bucket's last
+-- event (and that only grows), so while one may still be spent, the head
+-- bucket is the current one, holds two events or more, and its last event
+-- lies ahead: only then is the cap read. WCAP and WCEND hold window i's cap and its end as read (0:
+-- none in force).
+local CAPFMT, CAPLEN = '>I4I8', 12
+local WCAP, WCEND = {}, {}
+local function capAt(n) return WR - 1 + (n + 1) * SLOT end
+local function readCap(i, n, g, unit)
+  WCAP[i], WCEND[i] = 0, 0
+  if WB[i] ~= WVH[i] or WHC[i] < 2 or WVH[i] * g + WHO[i] * unit <= now then return end
+  local o = capAt(n)
+  local s = call('GETRANGE', WKEY[i], OFF[o], OFF[o + CAPLEN - 1])
+  if #s < CAPLEN then return end
+  local cap, cend = unpack_(CAPFMT, s, 1)
+  if cend > now then WCAP[i], WCEND[i] = cap, cend end
+end
+-- writeCap records a lease granted under limit on window i, spent until
+-- lend: the cap becomes the lower of limit and one still in force.
+local function writeCap(i, n, limit, lend)
+  local cap, cend = limit, lend
+  if WCEND[i] > now then
+    -- A cap in force that already covers this lease stays as it is (a
+    -- busy key's next lease, ending with the same bucket).
+    if WCAP[i] <= cap and WCEND[i] >= cend then return end
+    if WCAP[i] < cap then cap = WCAP[i] end
+    if WCEND[i] > cend then cend = WCEND[i] end
+  end
+  call('SETRANGE', WKEY[i], OFF[capAt(n)], pack_(CAPFMT, cap, cend))
+end
+
 -- window reads window record key (header h already read: '' when none)
 -- at now: whether it is new, its head, total, head count and offset as
 -- read, the current bucket, the events counted now and the first bucket
@@ -416,7 +449,18 @@ local function standing(i, limit, period, g, n, unit, counted, refused)
     local s = call('GET', WKEY[i])
     local vh, hc, ho, from, b = WVH[i], WHC[i], WHO[i], WFROM[i], WB[i]
     reset_ = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, 0, now)
-    if refused and u >= limit then
+    local cap, cend = WCAP[i], WCEND[i]
+    if refused and cend > 0 and cap < limit and u >= cap then
+      -- Held to a lease's cap: admitted again once enough has slid out
+      -- to fit under it, or once it ends and the window fits its own
+      -- limit, whichever comes first.
+      local t = now
+      if u >= limit then t = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - limit + 1, now) end
+      if cend > t then t = cend end
+      local under = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - cap + 1, now)
+      if under < t then t = under end
+      wait = t - now
+    elseif refused and u >= limit then
       wait = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - limit + 1, now) - now
     end
   end
@@ -592,6 +636,10 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
       WADD[i] = add
       WUSED[i] = WUSED[i] + add
     end
+    -- A lease still being spent holds this decision to the lease's
+    -- limit too (one under another plan, while replicas disagree).
+    readCap(i, n, g, unit)
+    if WCEND[i] > 0 and WCAP[i] < limit then limit = WCAP[i] end
     local c = WUSED[i]
     if c >= limit then admit = false end
     if room < 0 or limit - c < room then room = limit - c end
@@ -613,8 +661,11 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
         local x = nw + ntx
         TX[ntx] = tr
         view(x, key, h, tr[3], tr[4], tr[5], tr[6])
-        if WUSED[x] >= tr[2] then admit = false end
-        if room < 0 or tr[2] - WUSED[x] < room then room = tr[2] - WUSED[x] end
+        readCap(x, tr[5], tr[4], tr[6])
+        local limit = tr[2]
+        if WCEND[x] > 0 and WCAP[x] < limit then limit = WCAP[x] end
+        if WUSED[x] >= limit then admit = false end
+        if room < 0 or limit - WUSED[x] < room then room = limit - WUSED[x] end
         if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
       end
     end
@@ -638,6 +689,11 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
       local tr = TX[j]
       record(nw + j, granted, at, tr[4], tr[5], tr[6], itoa(tr[7]))
     end
+  end
+  -- A lease caps every window it counts in until it ends.
+  if admitted and granted > 1 then
+    for i = 1, nw do writeCap(i, V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend) end
+    for j = 1, ntx do writeCap(nw + j, TX[j][5], TX[j][2], lend) end
   end
 
   -- Candidate windows: evaluated on every request that reaches the script
@@ -814,6 +870,13 @@ local function fast(base, pl, want, need, life)
     local ttl3, off3 = pl.TTL[3]
     --@write(3)
     --@reset(3)
+  end
+  -- A lease caps every window until it ends (no cap was in force: take
+  -- handed such a window to decide).
+  if count > 1 then
+    call('SETRANGE', key1, OFF[capAt(n1)], pack_(CAPFMT, l1, lend))
+    if nw >= 2 then call('SETRANGE', key2, OFF[capAt(n2)], pack_(CAPFMT, l2, lend)) end
+    if nw == 3 then call('SETRANGE', key3, OFF[capAt(n3)], pack_(CAPFMT, l3, lend)) end
   end
   -- With a ban rule, admitted with no strikes to count: what decide's
   -- strike reports then (the strikes the ring still counts, the offences
@@ -1068,6 +1131,10 @@ const takeLua = `do
   l$, period$, g$, n$, unit$, key$ = V[6 * $ - 4], V[6 * $ - 3], V[6 * $ - 2], V[6 * $ - 1], V[6 * $], KEYS[base + 1 + $]
   h$ = call('GETRANGE', key$, '0', '18')
   --@window($)
+  -- A lease may still be spent on this window (its head bucket is the
+  -- current one, holds two events or more, and its last event lies
+  -- ahead): decide reads the cap.
+  if b$ == vh$ and hc$ > 1 and vh$ * g$ + ho$ * unit$ > now then return nil end
   if c$ >= l$ then return nil end
   if l$ - c$ < room then room = l$ - c$ end
   if (b$ + 1) * g$ < lend then lend = (b$ + 1) * g$ end
