@@ -269,10 +269,6 @@ func TestFastPathTaken(t *testing.T) {
 			plans = append(plans, withCandidate)
 		}
 		key := fmt.Sprint("k", c)
-		// The lease end last granted on each window record: while a lease
-		// may still be spent on one of its windows, a decision goes to
-		// decide, which reads the lease's cap.
-		leaseEnd := map[string]int64{}
 		for range 60 {
 			var ds []decision
 			var ins []input
@@ -296,17 +292,8 @@ func TestFastPathTaken(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				capped := false
-				for _, k := range ds[j].keys[1 : 1+len(ds[j].pl.windows)] {
-					capped = capped || leaseEnd[k] > v.now
-				}
-				if takesFastPath(ds[j].pl, ins[j], v.outcome == Allowed) && !capped {
+				if takesFastPath(ds[j].pl, ins[j], v.outcome == Allowed) {
 					want++
-				}
-				if v.outcome == Allowed && v.granted > 1 {
-					for _, k := range ds[j].keys[1 : 1+len(ds[j].pl.windows)] {
-						leaseEnd[k] = max(leaseEnd[k], v.leaseEnd)
-					}
 				}
 			}
 			f1, g1 := lib.paths(t)

@@ -845,13 +845,13 @@ local function fast(base, pl, want, need, life)
   -- The windows, each read (takeLua) into locals of its own; room is
   -- what every window has left (no limit is near 2^53).
   local room, lend = 2 ^ 53, now + life
-  local l1, period1, g1, n1, unit1, key1, h1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1
+  local l1, period1, g1, n1, unit1, key1, h1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1, cap1, cend1
   --@take(1)
-  local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2
+  local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2, cap2, cend2
   if nw >= 2 then
     --@take(2)
   end
-  local l3, period3, g3, n3, unit3, key3, h3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3
+  local l3, period3, g3, n3, unit3, key3, h3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3, cap3, cend3
   if nw == 3 then
     --@take(3)
   end
@@ -871,12 +871,15 @@ local function fast(base, pl, want, need, life)
     --@write(3)
     --@reset(3)
   end
-  -- A lease caps every window until it ends (no cap was in force: take
-  -- handed such a window to decide).
+  -- A lease caps every window until it ends (writeCap, written out).
   if count > 1 then
-    call('SETRANGE', key1, OFF[capAt(n1)], pack_(CAPFMT, l1, lend))
-    if nw >= 2 then call('SETRANGE', key2, OFF[capAt(n2)], pack_(CAPFMT, l2, lend)) end
-    if nw == 3 then call('SETRANGE', key3, OFF[capAt(n3)], pack_(CAPFMT, l3, lend)) end
+    --@cap(1)
+    if nw >= 2 then
+      --@cap(2)
+    end
+    if nw == 3 then
+      --@cap(3)
+    end
   end
   -- With a ban rule, admitted with no strikes to count: what decide's
   -- strike reports then (the strikes the ring still counts, the offences
@@ -1133,11 +1136,36 @@ const takeLua = `do
   --@window($)
   -- A lease may still be spent on this window (its head bucket is the
   -- current one, holds two events or more, and its last event lies
-  -- ahead): decide reads the cap.
-  if b$ == vh$ and hc$ > 1 and vh$ * g$ + ho$ * unit$ > now then return nil end
-  if c$ >= l$ then return nil end
-  if l$ - c$ < room then room = l$ - c$ end
+  -- ahead): its cap holds this request too (readCap, written out; cap$
+  -- and cend$ stay nil when none is in force).
+  local m = l$
+  if b$ == vh$ and hc$ > 1 and vh$ * g$ + ho$ * unit$ > now then
+    local o = capAt(n$)
+    local s = call('GETRANGE', key$, OFF[o], OFF[o + CAPLEN - 1])
+    if #s >= CAPLEN then
+      local cp, ce = unpack_(CAPFMT, s, 1)
+      if ce > now then
+        cap$, cend$ = cp, ce
+        if cp < m then m = cp end
+      end
+    end
+  end
+  if c$ >= m then return nil end
+  if m - c$ < room then room = m - c$ end
   if (b$ + 1) * g$ < lend then lend = (b$ + 1) * g$ end
+end
+`
+
+// capLua is fast's writeCap for its window $: the lease just granted
+// (lend) under the window's limit caps it, unless a cap in force already
+// covers it.
+const capLua = `if not (cend$ and cap$ <= l$ and cend$ >= lend) then
+  local cp, ce = l$, lend
+  if cend$ then
+    if cap$ < cp then cp = cap$ end
+    if cend$ > ce then ce = cend$ end
+  end
+  call('SETRANGE', key$, OFF[capAt(n$)], pack_(CAPFMT, cp, ce))
 end
 `
 
@@ -1146,13 +1174,14 @@ if reset$ < (b$ + n$) * g$ then reset$ = (b$ + n$) * g$ end
 if reset$ > (b$ + n$ + 1) * g$ then reset$ = (b$ + n$ + 1) * g$ end
 `
 
-// expandLua returns src with windowLua, writeLua, resetLua and takeLua
-// put where it says --@window(suffix), --@write(suffix), --@reset(suffix)
-// and --@take(suffix) on a line of its own. src is this package's own constant: a marker it does
+// expandLua returns src with windowLua, writeLua, resetLua, takeLua and
+// capLua put where it says --@window(suffix), --@write(suffix),
+// --@reset(suffix), --@take(suffix) and --@cap(suffix) on a line of its
+// own. src is this package's own constant: a marker it does
 // not know, or a "$" left over, is a mistake in this file, and panics
 // when the package loads, so that no test runs code with a part missing.
 func expandLua(src string) string {
-	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua, "take": takeLua}
+	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua, "take": takeLua, "cap": capLua}
 	var b strings.Builder
 	for line := range strings.Lines(src) {
 		t := strings.TrimSpace(line)
