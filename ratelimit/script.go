@@ -359,8 +359,8 @@ local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}
 -- (4 bytes) and until when (8, µs). A lease's end is its bucket's last
 -- event (and that only grows), so while one may still be spent, the head
 -- bucket is the current one, holds two events or more, and its last event
--- lies ahead: only then is the cap read. WCAP and WCEND hold window i's cap and its end as read (0:
--- none in force).
+-- lies ahead: only then is the cap read. WCAP and WCEND hold window i's
+-- cap and its end as read (0: none in force).
 local CAPFMT, CAPLEN = '>I4I8', 12
 local WCAP, WCEND = {}, {}
 local function capAt(n) return WR - 1 + (n + 1) * SLOT end
@@ -1177,9 +1177,9 @@ if reset$ > (b$ + n$ + 1) * g$ then reset$ = (b$ + n$ + 1) * g$ end
 // expandLua returns src with windowLua, writeLua, resetLua, takeLua and
 // capLua put where it says --@window(suffix), --@write(suffix),
 // --@reset(suffix), --@take(suffix) and --@cap(suffix) on a line of its
-// own. src is this package's own constant: a marker it does
-// not know, or a "$" left over, is a mistake in this file, and panics
-// when the package loads, so that no test runs code with a part missing.
+// own. src is this package's own constant: a marker it does not know, or
+// a "$" left over, is a mistake in this file, and panics when the package
+// loads, so that no test runs code with a part missing.
 func expandLua(src string) string {
 	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua, "take": takeLua, "cap": capLua}
 	var b strings.Builder
