@@ -360,31 +360,19 @@ local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}
 -- event (and that only grows), so while one may still be spent, the head
 -- bucket is the current one, holds two events or more, and its last event
 -- lies ahead: only then is the cap read. WCAP and WCEND hold window i's
--- cap and its end as read (0: none in force).
+-- cap and its end as read (nil: none in force). Both decision paths read
+-- and write it through the same code (capReadLua, capWriteLua): decide by
+-- these functions, fast with the code written out in it.
 local CAPFMT, CAPLEN = '>I4I8', 12
 local WCAP, WCEND = {}, {}
 local function capAt(n) return WR - 1 + (n + 1) * SLOT end
-local function readCap(i, n, g, unit)
-  WCAP[i], WCEND[i] = 0, 0
-  if WB[i] ~= WVH[i] or WHC[i] < 2 or WVH[i] * g + WHO[i] * unit <= now then return end
-  local o = capAt(n)
-  local s = call('GETRANGE', WKEY[i], OFF[o], OFF[o + CAPLEN - 1])
-  if #s < CAPLEN then return end
-  local cap, cend = unpack_(CAPFMT, s, 1)
-  if cend > now then WCAP[i], WCEND[i] = cap, cend end
+local function readCap(key, n, g, unit, b, vh, hc, ho)
+  local cap, cend
+  --@capread()
+  return cap, cend
 end
--- writeCap records a lease granted under limit on window i, spent until
--- lend: the cap becomes the lower of limit and one still in force.
-local function writeCap(i, n, limit, lend)
-  local cap, cend = limit, lend
-  if WCEND[i] > now then
-    -- A cap in force that already covers this lease stays as it is (a
-    -- busy key's next lease, ending with the same bucket).
-    if WCAP[i] <= cap and WCEND[i] >= cend then return end
-    if WCAP[i] < cap then cap = WCAP[i] end
-    if WCEND[i] > cend then cend = WCEND[i] end
-  end
-  call('SETRANGE', WKEY[i], OFF[capAt(n)], pack_(CAPFMT, cap, cend))
+local function writeCap(key, n, l, lend, cap, cend)
+  --@capwrite()
 end
 
 -- window reads window record key (header h already read: '' when none)
@@ -450,7 +438,7 @@ local function standing(i, limit, period, g, n, unit, counted, refused)
     local vh, hc, ho, from, b = WVH[i], WHC[i], WHO[i], WFROM[i], WB[i]
     reset_ = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, 0, now)
     local cap, cend = WCAP[i], WCEND[i]
-    if refused and cend > 0 and cap < limit and u >= cap then
+    if refused and cap and cap < limit and u >= cap then
       -- Held to a lease's cap: admitted again once enough has slid out
       -- to fit under it, or once it ends and the window fits its own
       -- limit, whichever comes first.
@@ -638,8 +626,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
     end
     -- A lease still being spent holds this decision to the lease's
     -- limit too (one under another plan, while replicas disagree).
-    readCap(i, n, g, unit)
-    if WCEND[i] > 0 and WCAP[i] < limit then limit = WCAP[i] end
+    WCAP[i], WCEND[i] = readCap(key, n, g, unit, WB[i], WVH[i], WHC[i], WHO[i])
+    if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
     local c = WUSED[i]
     if c >= limit then admit = false end
     if room < 0 or limit - c < room then room = limit - c end
@@ -661,9 +649,9 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
         local x = nw + ntx
         TX[ntx] = tr
         view(x, key, h, tr[3], tr[4], tr[5], tr[6])
-        readCap(x, tr[5], tr[4], tr[6])
+        WCAP[x], WCEND[x] = readCap(key, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
         local limit = tr[2]
-        if WCEND[x] > 0 and WCAP[x] < limit then limit = WCAP[x] end
+        if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
         if WUSED[x] >= limit then admit = false end
         if room < 0 or limit - WUSED[x] < room then room = limit - WUSED[x] end
         if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
@@ -692,8 +680,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   end
   -- A lease caps every window it counts in until it ends.
   if admitted and granted > 1 then
-    for i = 1, nw do writeCap(i, V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend) end
-    for j = 1, ntx do writeCap(nw + j, TX[j][5], TX[j][2], lend) end
+    for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
+    for j = 1, ntx do writeCap(WKEY[nw + j], TX[j][5], TX[j][2], lend, WCAP[nw + j], WCEND[nw + j]) end
   end
 
   -- Candidate windows: evaluated on every request that reaches the script
@@ -871,14 +859,14 @@ local function fast(base, pl, want, need, life)
     --@write(3)
     --@reset(3)
   end
-  -- A lease caps every window until it ends (writeCap, written out).
+  -- A lease caps every window until it ends.
   if count > 1 then
-    --@cap(1)
+    --@capwrite(1)
     if nw >= 2 then
-      --@cap(2)
+      --@capwrite(2)
     end
     if nw == 3 then
-      --@cap(3)
+      --@capwrite(3)
     end
   end
   -- With a ban rule, admitted with no strikes to count: what decide's
@@ -1134,32 +1122,37 @@ const takeLua = `do
   l$, period$, g$, n$, unit$, key$ = V[6 * $ - 4], V[6 * $ - 3], V[6 * $ - 2], V[6 * $ - 1], V[6 * $], KEYS[base + 1 + $]
   h$ = call('GETRANGE', key$, '0', '18')
   --@window($)
-  -- A lease may still be spent on this window (its head bucket is the
-  -- current one, holds two events or more, and its last event lies
-  -- ahead): its cap holds this request too (readCap, written out; cap$
-  -- and cend$ stay nil when none is in force).
+  -- A lease still being spent on this window caps this request too.
+  --@capread($)
   local m = l$
-  if b$ == vh$ and hc$ > 1 and vh$ * g$ + ho$ * unit$ > now then
-    local o = capAt(n$)
-    local s = call('GETRANGE', key$, OFF[o], OFF[o + CAPLEN - 1])
-    if #s >= CAPLEN then
-      local cp, ce = unpack_(CAPFMT, s, 1)
-      if ce > now then
-        cap$, cend$ = cp, ce
-        if cp < m then m = cp end
-      end
-    end
-  end
+  if cap$ and cap$ < m then m = cap$ end
   if c$ >= m then return nil end
   if m - c$ < room then room = m - c$ end
   if (b$ + 1) * g$ < lend then lend = (b$ + 1) * g$ end
 end
 `
 
-// capLua is fast's writeCap for its window $: the lease just granted
-// (lend) under the window's limit caps it, unless a cap in force already
-// covers it.
-const capLua = `if not (cend$ and cap$ <= l$ and cend$ >= lend) then
+// capReadLua reads window $'s lease cap into cap$ and cend$, left nil
+// when none is in force: only while a lease may still be spent (its head
+// bucket is the current one, holds two events or more, and its last
+// event, where a lease's end is recorded, lies ahead). Its inputs: key$,
+// n$, g$, unit$ and the window's b$, vh$, hc$, ho$ (windowLua).
+const capReadLua = `if b$ == vh$ and hc$ > 1 and vh$ * g$ + ho$ * unit$ > now then
+  local o = capAt(n$)
+  local s = call('GETRANGE', key$, OFF[o], OFF[o + CAPLEN - 1])
+  if #s >= CAPLEN then
+    local cp, ce = unpack_(CAPFMT, s, 1)
+    if ce > now then cap$, cend$ = cp, ce end
+  end
+end
+`
+
+// capWriteLua records the lease just granted (ending at lend) under
+// window $'s limit l$ in its cap: the lower of l$ and a cap in force
+// (cap$, cend$ as read), until the later end; a cap in force that already
+// covers the lease (a busy key's next lease, ending with the same bucket)
+// stays as it is.
+const capWriteLua = `if not (cend$ and cap$ <= l$ and cend$ >= lend) then
   local cp, ce = l$, lend
   if cend$ then
     if cap$ < cp then cp = cap$ end
@@ -1174,14 +1167,15 @@ if reset$ < (b$ + n$) * g$ then reset$ = (b$ + n$) * g$ end
 if reset$ > (b$ + n$ + 1) * g$ then reset$ = (b$ + n$ + 1) * g$ end
 `
 
-// expandLua returns src with windowLua, writeLua, resetLua, takeLua and
-// capLua put where it says --@window(suffix), --@write(suffix),
-// --@reset(suffix), --@take(suffix) and --@cap(suffix) on a line of its
-// own. src is this package's own constant: a marker it does not know, or
+// expandLua returns src with windowLua, writeLua, resetLua, takeLua,
+// capReadLua and capWriteLua put where it says --@window(suffix),
+// --@write(suffix), --@reset(suffix), --@take(suffix), --@capread(suffix)
+// and --@capwrite(suffix) on a line of its own. src is this package's own constant: a marker it does not know, or
 // a "$" left over, is a mistake in this file, and panics when the package
 // loads, so that no test runs code with a part missing.
 func expandLua(src string) string {
-	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua, "take": takeLua, "cap": capLua}
+	bodies := map[string]string{"window": windowLua, "write": writeLua, "reset": resetLua, "take": takeLua,
+		"capread": capReadLua, "capwrite": capWriteLua}
 	var b strings.Builder
 	for line := range strings.Lines(src) {
 		t := strings.TrimSpace(line)
