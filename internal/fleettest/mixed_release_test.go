@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/animal-store/petstore/internal/testenv"
 )
@@ -19,33 +21,39 @@ import (
 // parent of the commit that added ratelimit/format.go.
 const previousReleaseVar = "PETSTORE_PREVIOUS_RELEASE"
 
-// buildPreviousRelease builds the petstore binary of rev (from git, as
-// committed) into dir.
-func buildPreviousRelease(t *testing.T, dir string) (string, string) {
+// git runs git in the repository and returns its trimmed output. Outside
+// a full checkout the test is skipped, except in CI, which runs on one.
+func git(t *testing.T, args ...string) string {
 	t.Helper()
-	git := func(args ...string) string {
-		t.Helper()
-		cmd := exec.Command("git", args...)
-		cmd.Dir = "../.."
-		out, err := cmd.Output()
-		if err != nil {
-			msg := "git " + strings.Join(args, " ") + ": " + err.Error()
-			if testenv.InCI() {
-				t.Fatal(msg + " (CI runs on a full clone)")
-			}
-			t.Skip(msg + ": not a full git checkout")
+	cmd := exec.Command("git", args...)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		msg := "git " + strings.Join(args, " ") + ": " + err.Error()
+		if testenv.InCI() {
+			t.Fatal(msg + " (CI runs on a full clone)")
 		}
-		return strings.TrimSpace(string(out))
+		t.Skip(msg + ": not a full git checkout")
 	}
-	rev := os.Getenv(previousReleaseVar)
-	if rev == "" {
-		added := git("log", "--diff-filter=A", "--format=%H", "-1", "--", "ratelimit/format.go")
-		if added == "" {
-			t.Fatal("no commit adds ratelimit/format.go: set " + previousReleaseVar)
-		}
-		rev = git("rev-parse", added+"^")
+	return strings.TrimSpace(string(out))
+}
+
+// formatCommits lists, oldest first, the commits that changed
+// ratelimit/format.go: the first of them added this state format.
+func formatCommits(t *testing.T) []string {
+	t.Helper()
+	out := git(t, "log", "--reverse", "--format=%H", "--", "ratelimit/format.go")
+	if out == "" {
+		t.Fatal("no commit touches ratelimit/format.go")
 	}
-	src := filepath.Join(dir, "src")
+	return strings.Fields(out)
+}
+
+// buildRelease builds the petstore binary of rev (from git, as committed)
+// into dir and returns its path.
+func buildRelease(t *testing.T, dir, rev string) string {
+	t.Helper()
+	src := filepath.Join(dir, "src-"+rev[:12])
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -66,11 +74,23 @@ func buildPreviousRelease(t *testing.T, dir string) (string, string) {
 	if err := untar.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, "petstore-previous")
+	bin := filepath.Join(dir, "petstore-"+rev[:12])
 	if err := goBuild(bin, src, "./cmd/petstore"); err != nil {
-		t.Fatal(err)
+		t.Fatalf("building %s: %v", rev, err)
 	}
-	return bin, rev
+	return bin
+}
+
+// buildPreviousRelease builds the release before this state format (the
+// parent of the commit that added ratelimit/format.go), or the one
+// PETSTORE_PREVIOUS_RELEASE names.
+func buildPreviousRelease(t *testing.T, dir string) (string, string) {
+	t.Helper()
+	rev := os.Getenv(previousReleaseVar)
+	if rev == "" {
+		rev = git(t, "rev-parse", formatCommits(t)[0]+"^")
+	}
+	return buildRelease(t, dir, rev), rev
 }
 
 // TestMixedReleasesOnOneRedis runs the previous release's binary beside
@@ -151,4 +171,123 @@ func dayUsed(t *testing.T, f *fleet, bin, keyID string) int {
 	}
 	t.Fatalf("no 24h window in limits show:\n%s", stdout.String())
 	return 0
+}
+
+// firstFormatRelease is the first commit with this state format that
+// builds on its own: the commit that added ratelimit/format.go
+// (5fe8bef) and the one after it each left the tree between two halves of
+// one change.
+const firstFormatRelease = "bfc0d5c2834b5079ff029da4a6a67ba196a9003e"
+
+// TestFormatReleasesShareCounts runs this tree beside two earlier releases
+// of the current state format on one Redis, as a rolling upgrade from
+// either does: the first release of the format (firstFormatRelease) and
+// the release just before its latest extension (the parent of the last
+// commit that changed ratelimit/format.go). The README
+// promises that releases of one format share every count:
+//
+//   - strictly: requests to one key sent in turn to each release are
+//     admitted exactly up to the limit, not once per release, and every
+//     release's `limits show` reads the same day count;
+//   - under concurrent load, leases included: judged by client send and
+//     receive times, no window holds more than its limit across the
+//     releases together.
+func TestFormatReleasesShareCounts(t *testing.T) {
+	t.Parallel()
+	commits := formatCommits(t)
+	// The first release must carry the format, not predate it.
+	git(t, "merge-base", "--is-ancestor", commits[0], firstFormatRelease)
+	revs := []string{firstFormatRelease}
+	if before := git(t, "rev-parse", commits[len(commits)-1]+"^"); before != firstFormatRelease {
+		revs = append(revs, before)
+	}
+	dir := t.TempDir()
+	bins := map[int]string{}
+	for i, rev := range revs {
+		bins[i+1] = buildRelease(t, dir, rev)
+		t.Logf("r%d runs %s", i+2, git(t, "log", "-1", "--format=%h %s", rev))
+	}
+	f := newFleet(t, fleetOptions{
+		replicas: 1 + len(revs),
+		plans: `plans:
+  strict: {quotas: [{limit: 6, period: 1m}, {limit: 1000, period: 24h}], ban: off}
+  small: {quotas: [{limit: 20, period: 2s}], ban: off}
+  leased: {quotas: [{limit: 1000, period: 10s}], ban: off}
+`,
+		keys:     map[string]int{"strict": 1, "small": 1, "leased": 1},
+		binaries: bins,
+	})
+
+	// Strictly, one request at a time in turn.
+	ctx := context.Background()
+	key := f.keys["strict"][0]
+	var admitted []int
+	for i := range 6 * len(f.replicas) {
+		r := f.replicas[i%len(f.replicas)]
+		res := f.get(ctx, r.api, key.Key)
+		switch {
+		case res.err != nil:
+			t.Fatalf("request %d to %s: %v", i, r.name, res.err)
+		case res.status == http.StatusOK:
+			admitted = append(admitted, i)
+		case res.status == http.StatusTooManyRequests:
+		default:
+			t.Fatalf("request %d to %s: %d %s", i, r.name, res.status, res.code)
+		}
+	}
+	t.Logf("requests admitted, in turn over %d replicas (limit 6/min): %v", len(f.replicas), admitted)
+	if !slices.Equal(admitted, []int{0, 1, 2, 3, 4, 5}) {
+		t.Errorf("admitted requests %v of one key sent in turn to each release, want exactly the first 6 (limit 6/min): releases do not share the count", admitted)
+	}
+	for _, r := range f.replicas {
+		if used := dayUsed(t, f, r.bin, key.ID); used != len(admitted) {
+			t.Errorf("%s's limits show counts %d in the day window, want the %d admitted across releases", r.name, used, len(admitted))
+		}
+	}
+
+	// Concurrently, over every release.
+	const run = 12 * time.Second
+	cases := []struct {
+		plan   string
+		rate   float64
+		limit  int
+		period time.Duration
+		leases bool
+	}{
+		{"small", 40, 20, 2 * time.Second, false},
+		// Busy enough for leases (see checkExactness).
+		{"leased", 600, 1000, 10 * time.Second, true},
+	}
+	var urls []string
+	for _, r := range f.replicas {
+		urls = append(urls, r.api)
+	}
+	loads := make([]*load, len(cases))
+	for i, c := range cases {
+		loads[i] = f.startLoad(loadSpec{rate: c.rate, workers: 16, targets: urls, keys: f.keys[c.plan]})
+	}
+	time.Sleep(run)
+	for _, line := range f.fallbacks() {
+		t.Logf("left shared limiting: %s", line)
+	}
+	for i, c := range cases {
+		rs := loads[i].stop()
+		adm := admissions(rs, -1, time.Time{}, time.Now())
+		leased := f.leasedAdmissions(t, c.plan)
+		t.Logf("%s: %s; %d admitted, %.0f of them from leases", c.plan, summarize(rs, run), len(adm), leased)
+		if c.leases && leased < float64(len(adm))/20 {
+			t.Errorf("%s: %.0f of %d admissions came from leases: leases did not form, so the test did not judge them", c.plan, leased, len(adm))
+		}
+		if n := len(failures(rs)); n > 0 {
+			t.Errorf("%s: %d failed requests, e.g. %s", c.plan, n, describe(failures(rs)[0]))
+		}
+		n, at := windowCount(adm, c.period)
+		t.Logf("%s: at most %d admissions certainly within one %s window (limit %d), from %s", c.plan, n, c.period, c.limit, at.Format("15:04:05.000"))
+		if n > c.limit {
+			t.Errorf("%s: %d admissions within less than %s across releases, limit %d", c.plan, n, c.period, c.limit)
+		}
+		if want := int(run/c.period) * c.limit / 2; len(adm) < want {
+			t.Errorf("%s: only %d admitted in %s, want at least %d (half of what the window allows)", c.plan, len(adm), run, want)
+		}
+	}
 }
