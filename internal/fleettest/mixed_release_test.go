@@ -189,6 +189,8 @@ const firstFormatRelease = "bfc0d5c2834b5079ff029da4a6a67ba196a9003e"
 //   - strictly: requests to one key sent in turn to each release are
 //     admitted exactly up to the limit, not once per release, and every
 //     release's `limits show` reads the same day count;
+//   - strikes made on any release count toward one ban, which every
+//     release then enforces;
 //   - under concurrent load, leases included: judged by client send and
 //     receive times, no window holds more than its limit across the
 //     releases together.
@@ -213,8 +215,9 @@ func TestFormatReleasesShareCounts(t *testing.T) {
   strict: {quotas: [{limit: 6, period: 1m}, {limit: 1000, period: 24h}], ban: off}
   small: {quotas: [{limit: 20, period: 2s}], ban: off}
   leased: {quotas: [{limit: 1000, period: 10s}], ban: off}
+  strikes: {quotas: [{limit: 2, period: 1m}], ban: {threshold: 3, within: 1m, duration: 1m}}
 `,
-		keys:     map[string]int{"strict": 1, "small": 1, "leased": 1},
+		keys:     map[string]int{"strict": 1, "small": 1, "leased": 1, "strikes": 1},
 		binaries: bins,
 	})
 
@@ -242,6 +245,47 @@ func TestFormatReleasesShareCounts(t *testing.T) {
 	for _, r := range f.replicas {
 		if used := dayUsed(t, f, r.bin, key.ID); used != len(admitted) {
 			t.Errorf("%s's limits show counts %d in the day window, want the %d admitted across releases", r.name, used, len(admitted))
+		}
+	}
+
+	// Strikes and bans, in turn: every rejection is a strike wherever it
+	// was made, and more than 3 ban the key on every release. A replica
+	// answers a key it knows to be limited from memory and carries those
+	// rejections as strikes on its next round trip, made at the latest
+	// when its strikes could cross the threshold, so it may learn of a
+	// ban another made a few of its own rejections late (the README's
+	// Cost). Counted per release, no release would reach a fourth
+	// rejection of its own before the last round.
+	key = f.keys["strikes"][0]
+	const rounds = 6
+	var codes []string
+	for i := range rounds * len(f.replicas) {
+		r := f.replicas[i%len(f.replicas)]
+		res := f.get(ctx, r.api, key.Key)
+		if res.err != nil {
+			t.Fatalf("request %d to %s: %v", i, r.name, res.err)
+		}
+		code := res.code
+		if res.status == http.StatusOK {
+			code = "ok"
+		}
+		codes = append(codes, code)
+	}
+	t.Logf("answers in turn (limit 2/min, banned after more than 3 rejections): %v", codes)
+	for i, code := range codes {
+		var want []string
+		switch {
+		case i < 2:
+			want = []string{"ok"}
+		case i < 2+3+1:
+			want = []string{"rate_limited"} // the fourth rejection bans the key after it
+		case i >= len(codes)-len(f.replicas):
+			want = []string{"key_banned"}
+		default:
+			want = []string{"rate_limited", "key_banned"}
+		}
+		if !slices.Contains(want, code) {
+			t.Errorf("request %d to %s answered %q, want one of %v: releases do not share strikes and bans", i, f.replicas[i%len(f.replicas)].name, code, want)
 		}
 	}
 
