@@ -678,7 +678,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 4)
 	leased := 0
-	// At least 40 cases: each takes about 0.15 s (0.8 s under -race), and
+	// At least 40 cases: each takes about 0.15 s (about 1 s under -race), and
 	// what this test alone can find needs several replicas, plans and
 	// leases to meet (the lease cap's case took 1,000 plans to find).
 	for c := range max(*invariantCases/4, 40) {
