@@ -335,3 +335,81 @@ func TestFormatReleasesShareCounts(t *testing.T) {
 		}
 	}
 }
+
+// TestRollingUpgradeKeepsWindows upgrades a fleet from the release before
+// the state format's latest extension to this tree, one replica at a time
+// as a Deployment's rolling update does (SIGTERM, the new binary started,
+// back in HAProxy's rotation), under load through HAProxy on two keys.
+// The busy one starts once the first replica runs this tree, so that its
+// window fills, leases and all, while both releases serve it. Judged by
+// client send and receive times over the whole run, old and new releases
+// together: no window holds more than its limit, and no request fails.
+func TestRollingUpgradeKeepsWindows(t *testing.T) {
+	t.Parallel()
+	commits := formatCommits(t)
+	rev := git(t, "rev-parse", commits[len(commits)-1]+"^")
+	dir := t.TempDir()
+	prev := buildRelease(t, dir, rev)
+	t.Logf("upgrading from %s", git(t, "log", "-1", "--format=%h %s", rev))
+	f := newFleet(t, fleetOptions{
+		plans: `plans:
+  small: {quotas: [{limit: 20, period: 2s}], ban: off}
+  leased: {quotas: [{limit: 1000, period: 10s}], ban: off}
+`,
+		keys:     map[string]int{"small": 1, "leased": 1},
+		binaries: map[int]string{0: prev, 1: prev, 2: prev},
+	})
+	type judged struct {
+		plan   string
+		limit  int
+		period time.Duration
+		load   *load
+	}
+	// Busy enough for leases while the window fills (see checkExactness).
+	small := &judged{plan: "small", limit: 20, period: 2 * time.Second}
+	busy := &judged{plan: "leased", limit: 1000, period: 10 * time.Second}
+	small.load = f.startLoad(loadSpec{rate: 40, workers: 8, targets: []string{f.lb.url}, keys: f.keys["small"]})
+	time.Sleep(2 * time.Second)
+	for i, r := range f.replicas {
+		began := time.Now()
+		r.stop()
+		r.bin = petstoreBin
+		r.start()
+		f.waitInRotation()
+		t.Logf("%s upgraded, back in rotation %s after SIGTERM", r.name, time.Since(began).Round(time.Millisecond))
+		if i == 0 {
+			busy.load = f.startLoad(loadSpec{rate: 600, workers: 16, targets: []string{f.lb.url}, keys: f.keys["leased"]})
+			time.Sleep(2 * time.Second)
+		}
+		time.Sleep(time.Second)
+	}
+	time.Sleep(2 * time.Second)
+	// Leases the upgraded replicas took, counted since each started: the
+	// first one's, while the window filled beside the previous release.
+	leased := f.leasedAdmissions(t, busy.plan)
+	for _, c := range []*judged{small, busy} {
+		rs := c.load.stop()
+		elapsed := time.Since(c.load.start)
+		adm := admissions(rs, -1, time.Time{}, time.Now())
+		t.Logf("%s: %s; %d admitted", c.plan, summarize(rs, elapsed), len(adm))
+		for j, r := range failures(rs) {
+			if j == 5 {
+				t.Errorf("%s: ... and %d more failed requests", c.plan, len(failures(rs))-5)
+				break
+			}
+			t.Errorf("%s: failed request: %s", c.plan, describe(r))
+		}
+		n, at := windowCount(adm, c.period)
+		t.Logf("%s: at most %d admissions certainly within one %s window (limit %d), from %s", c.plan, n, c.period, c.limit, at.Format("15:04:05.000"))
+		if n > c.limit {
+			t.Errorf("%s: %d admissions within less than %s during the upgrade, limit %d", c.plan, n, c.period, c.limit)
+		}
+		if want := max(int(elapsed/c.period), 1) * c.limit / 2; len(adm) < want {
+			t.Errorf("%s: only %d admitted in %s, want at least %d (half of what the window allows)", c.plan, len(adm), elapsed.Round(time.Second), want)
+		}
+	}
+	t.Logf("leased by this tree's replicas: %.0f admissions", leased)
+	if leased == 0 {
+		t.Errorf("this tree's replicas leased nothing while the busy key's window filled: the test did not judge leases across releases")
+	}
+}
