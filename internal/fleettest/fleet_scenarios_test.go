@@ -83,24 +83,9 @@ func checkExactness(t *testing.T, redisTimeout time.Duration) {
 		t.Logf("left shared limiting: %s", line)
 	}
 	for i, c := range cases {
-		rs := loads[i].stop()
-		adm := admissions(rs, -1, time.Time{}, time.Now())
-		t.Logf("%s: %s; %d admitted", c.plan, summarize(rs, run), len(adm))
-		if n := len(failures(rs)); n > 0 {
-			t.Errorf("%s: %d failed requests, e.g. %s", c.plan, n, describe(failures(rs)[0]))
-		}
+		adm := judgeLoad(t, c.plan, loads[i].stop(), run)
 		for _, w := range c.windows {
-			n, at := windowCount(adm, w.period)
-			t.Logf("%s: window %d/%s: at most %d admissions certainly within one window (ratio %.2f), from %s",
-				c.plan, w.limit, w.period, n, float64(n)/float64(w.limit), at.Format("15:04:05.000"))
-			if n > w.limit {
-				t.Errorf("%s: %d admissions within less than %s, limit %d", c.plan, n, w.period, w.limit)
-			}
-			// The judge must have had something to judge: a starved key
-			// would pass any upper bound.
-			if want := int(run/w.period) * w.limit / 2; len(adm) < want {
-				t.Errorf("%s: only %d admitted in %s, want at least %d (half of what the window allows)", c.plan, len(adm), run, want)
-			}
+			judgeWindow(t, c.plan, adm, w.limit, w.period, run)
 		}
 	}
 }

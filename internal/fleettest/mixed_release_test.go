@@ -315,24 +315,13 @@ func TestFormatReleasesShareCounts(t *testing.T) {
 		t.Logf("left shared limiting: %s", line)
 	}
 	for i, c := range cases {
-		rs := loads[i].stop()
-		adm := admissions(rs, -1, time.Time{}, time.Now())
+		adm := judgeLoad(t, c.plan, loads[i].stop(), run)
 		leased := f.leasedAdmissions(t, c.plan)
-		t.Logf("%s: %s; %d admitted, %.0f of them from leases", c.plan, summarize(rs, run), len(adm), leased)
+		t.Logf("%s: %.0f admissions from leases", c.plan, leased)
 		if c.leases && leased < float64(len(adm))/20 {
 			t.Errorf("%s: %.0f of %d admissions came from leases: leases did not form, so the test did not judge them", c.plan, leased, len(adm))
 		}
-		if n := len(failures(rs)); n > 0 {
-			t.Errorf("%s: %d failed requests, e.g. %s", c.plan, n, describe(failures(rs)[0]))
-		}
-		n, at := windowCount(adm, c.period)
-		t.Logf("%s: at most %d admissions certainly within one %s window (limit %d), from %s", c.plan, n, c.period, c.limit, at.Format("15:04:05.000"))
-		if n > c.limit {
-			t.Errorf("%s: %d admissions within less than %s across releases, limit %d", c.plan, n, c.period, c.limit)
-		}
-		if want := int(run/c.period) * c.limit / 2; len(adm) < want {
-			t.Errorf("%s: only %d admitted in %s, want at least %d (half of what the window allows)", c.plan, len(adm), run, want)
-		}
+		judgeWindow(t, c.plan, adm, c.limit, c.period, run)
 	}
 }
 
@@ -390,23 +379,8 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 	for _, c := range []*judged{small, busy} {
 		rs := c.load.stop()
 		elapsed := time.Since(c.load.start)
-		adm := admissions(rs, -1, time.Time{}, time.Now())
-		t.Logf("%s: %s; %d admitted", c.plan, summarize(rs, elapsed), len(adm))
-		for j, r := range failures(rs) {
-			if j == 5 {
-				t.Errorf("%s: ... and %d more failed requests", c.plan, len(failures(rs))-5)
-				break
-			}
-			t.Errorf("%s: failed request: %s", c.plan, describe(r))
-		}
-		n, at := windowCount(adm, c.period)
-		t.Logf("%s: at most %d admissions certainly within one %s window (limit %d), from %s", c.plan, n, c.period, c.limit, at.Format("15:04:05.000"))
-		if n > c.limit {
-			t.Errorf("%s: %d admissions within less than %s during the upgrade, limit %d", c.plan, n, c.period, c.limit)
-		}
-		if want := max(int(elapsed/c.period), 1) * c.limit / 2; len(adm) < want {
-			t.Errorf("%s: only %d admitted in %s, want at least %d (half of what the window allows)", c.plan, len(adm), elapsed.Round(time.Second), want)
-		}
+		adm := judgeLoad(t, c.plan, rs, elapsed)
+		judgeWindow(t, c.plan, adm, c.limit, c.period, elapsed)
 	}
 	t.Logf("leased by this tree's replicas: %.0f admissions", leased)
 	if leased == 0 {

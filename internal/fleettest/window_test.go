@@ -11,6 +11,36 @@ import (
 // the client's send and receive times.
 type span struct{ send, recv time.Time }
 
+// judgeLoad logs one key's results over a run of length run, fails the
+// test on any failed request (5xx or a connection error) and returns the
+// key's admissions.
+func judgeLoad(t *testing.T, name string, rs []result, run time.Duration) []span {
+	t.Helper()
+	adm := admissions(rs, -1, time.Time{}, time.Now())
+	t.Logf("%s: %s; %d admitted", name, summarize(rs, run), len(adm))
+	if fs := failures(rs); len(fs) > 0 {
+		t.Errorf("%s: %d failed requests, e.g. %s", name, len(fs), describe(fs[0]))
+	}
+	return adm
+}
+
+// judgeWindow checks one key's admissions over a run of length run
+// against one window: no group that certainly fell within less than
+// period exceeds limit, and at least half of what the windows of the run
+// allow was admitted (a starved key would pass any upper bound).
+func judgeWindow(t *testing.T, name string, adm []span, limit int, period, run time.Duration) {
+	t.Helper()
+	n, at := windowCount(adm, period)
+	t.Logf("%s: window %d/%s: at most %d admissions certainly within one window (ratio %.2f), from %s",
+		name, limit, period, n, float64(n)/float64(limit), at.Format("15:04:05.000"))
+	if n > limit {
+		t.Errorf("%s: %d admissions within less than %s, limit %d", name, n, period, limit)
+	}
+	if want := max(int(run/period), 1) * limit / 2; len(adm) < want {
+		t.Errorf("%s: only %d admitted in %s, want at least %d (half of what the window allows)", name, len(adm), run.Round(time.Second), want)
+	}
+}
+
 // windowCount returns the largest number of admissions that certainly fell
 // into one interval shorter than w, with the earliest such group's start.
 // A group whose [send, recv] spans all fit between its earliest send and
