@@ -12,7 +12,12 @@ import (
 
 // targets returns HAProxy's URL followed by every replica's API URL.
 func (f *fleet) targets() []string {
-	out := []string{f.lb.url}
+	return append([]string{f.lb.url}, f.replicaURLs()...)
+}
+
+// replicaURLs returns every replica's API URL, bypassing HAProxy.
+func (f *fleet) replicaURLs() []string {
+	var out []string
 	for _, r := range f.replicas {
 		out = append(out, r.api)
 	}

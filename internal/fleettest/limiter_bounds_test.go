@@ -96,11 +96,7 @@ func TestPlanChangeKeepsWindows(t *testing.T) {
 		return fmt.Sprintf("plans:\n  spread: {quotas: [{limit: %d, period: %s}], ban: off}\n", limit, period)
 	}
 	f := newFleet(t, fleetOptions{plans: plans(10, "4s"), keys: map[string]int{"spread": 1}, perReplicaPlan: true, reloadInterval: interval})
-	var replicaURLs []string
-	for _, r := range f.replicas {
-		replicaURLs = append(replicaURLs, r.api)
-	}
-	l := f.startLoad(loadSpec{rate: 20, workers: 8, targets: replicaURLs, keys: f.keys["spread"]})
+	l := f.startLoad(loadSpec{rate: 20, workers: 8, targets: f.replicaURLs(), keys: f.keys["spread"]})
 	time.Sleep(period)
 	// roll returns when it wrote the first replica's file and when every
 	// replica has applied the last.

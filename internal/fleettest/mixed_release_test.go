@@ -173,6 +173,23 @@ func dayUsed(t *testing.T, f *fleet, bin, keyID string) int {
 	return 0
 }
 
+// inTurn sends rounds of one request for key to each replica in turn,
+// one at a time, and returns the results in the order sent; a request that
+// gets no answer fails the test.
+func (f *fleet) inTurn(ctx context.Context, key apiKey, rounds int) []result {
+	f.t.Helper()
+	var out []result
+	for i := range rounds * len(f.replicas) {
+		r := f.replicas[i%len(f.replicas)]
+		res := f.get(ctx, r.api, key.Key)
+		if res.err != nil {
+			f.t.Fatalf("request %d to %s: %v", i, r.name, res.err)
+		}
+		out = append(out, res)
+	}
+	return out
+}
+
 // firstFormatRelease is the first commit with this state format that
 // builds on its own: the commit that added ratelimit/format.go
 // (5fe8bef) and the one after it each left the tree between two halves of
@@ -225,17 +242,13 @@ func TestFormatReleasesShareCounts(t *testing.T) {
 	ctx := context.Background()
 	key := f.keys["strict"][0]
 	var admitted []int
-	for i := range 6 * len(f.replicas) {
-		r := f.replicas[i%len(f.replicas)]
-		res := f.get(ctx, r.api, key.Key)
-		switch {
-		case res.err != nil:
-			t.Fatalf("request %d to %s: %v", i, r.name, res.err)
-		case res.status == http.StatusOK:
+	for i, res := range f.inTurn(ctx, key, 6) {
+		switch res.status {
+		case http.StatusOK:
 			admitted = append(admitted, i)
-		case res.status == http.StatusTooManyRequests:
+		case http.StatusTooManyRequests:
 		default:
-			t.Fatalf("request %d to %s: %d %s", i, r.name, res.status, res.code)
+			t.Fatalf("request %d to %s: %d %s", i, res.target, res.status, res.code)
 		}
 	}
 	t.Logf("requests admitted, in turn over %d replicas (limit 6/min): %v", len(f.replicas), admitted)
@@ -257,14 +270,8 @@ func TestFormatReleasesShareCounts(t *testing.T) {
 	// Cost). Counted per release, each release would admit 2 of its own
 	// and reach a fourth rejection only in the last round.
 	key = f.keys["strikes"][0]
-	const rounds = 6
 	var codes []string
-	for i := range rounds * len(f.replicas) {
-		r := f.replicas[i%len(f.replicas)]
-		res := f.get(ctx, r.api, key.Key)
-		if res.err != nil {
-			t.Fatalf("request %d to %s: %v", i, r.name, res.err)
-		}
+	for _, res := range f.inTurn(ctx, key, 6) {
 		code := res.code
 		if res.status == http.StatusOK {
 			code = "ok"
@@ -305,13 +312,9 @@ func TestFormatReleasesShareCounts(t *testing.T) {
 		// Busy enough for leases (see checkExactness).
 		{"leased", 600, 1000, 10 * time.Second, true},
 	}
-	var urls []string
-	for _, r := range f.replicas {
-		urls = append(urls, r.api)
-	}
 	loads := make([]*load, len(cases))
 	for i, c := range cases {
-		loads[i] = f.startLoad(loadSpec{rate: c.rate, workers: 16, targets: urls, keys: f.keys[c.plan]})
+		loads[i] = f.startLoad(loadSpec{rate: c.rate, workers: 16, targets: f.replicaURLs(), keys: f.keys[c.plan]})
 	}
 	time.Sleep(run)
 	for _, line := range f.fallbacks() {
