@@ -667,6 +667,35 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 	})
 }
 
+// disagreeingPolicies derives from p the plans of replicas that disagree
+// on a key's limits where a lease matters: p's limits are drawn low
+// enough for the traffic of one case to reach them yet high enough for
+// leases to form (8 to 208), and one or two other plans allow more (up
+// to ten times as much, or anything accepted) on some or all of the same
+// windows, with the same ban rule.
+func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
+	low := Policy{Name: "low", Windows: slices.Clone(p.Windows), Ban: p.Ban}
+	for j := range low.Windows {
+		low.Windows[j].Limit = 8 + rng.Int64N(201)
+	}
+	policies := []Policy{low}
+	for i := range 1 + rng.IntN(2) {
+		high := Policy{Name: fmt.Sprint("high", i), Windows: slices.Clone(low.Windows), Ban: p.Ban}
+		for j := range high.Windows {
+			switch rng.IntN(4) {
+			case 0: // the same limit
+			case 1:
+				high.Windows[j].Limit = 1 + rng.Int64N(MaxLimit)
+			default:
+				l := high.Windows[j].Limit
+				high.Windows[j].Limit = min(l+1+rng.Int64N(10*l), MaxLimit)
+			}
+		}
+		policies = append(policies, high)
+	}
+	return policies
+}
+
 // TestInvariantThroughTheLimiter checks the window promise through the
 // whole Limiter (leases, the rejection cache, the batcher) with three
 // replicas on one miniredis, each deciding the key under its own view of
@@ -696,6 +725,33 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 		if len(policies) == 0 {
 			continue
 		}
+		// Half the cases put the replicas at odds where it matters most:
+		// a plan whose limits a lease can reach within the case beside
+		// plans that allow more on the same windows.
+		// (A jump of up to a period every jumps steps, on average, lets
+		// windows empty; the disagreeing plans need them to fill.)
+		steps, jumps := 400, 50
+		if c%2 == 1 {
+			policies, steps, jumps = disagreeingPolicies(rng, policies[0]), 1000, 1000
+		}
+		// Each replica's share of the traffic, drawn again from time to
+		// time (zero: silent), so that one may take a lease and fall
+		// quiet while another fills the window.
+		var weights [3]int
+		reweigh := func() {
+			for weights == [3]int{} {
+				if rng.IntN(3) > 0 {
+					weights[rng.IntN(3)] = 1
+					continue
+				}
+				for i := range weights {
+					if rng.IntN(2) == 0 {
+						weights[i] = 1 + rng.IntN(4)
+					}
+				}
+			}
+		}
+		reweigh()
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
 			f := newFixture(t, Options{})
 			// The live replica count (which sizes leases) is drawn, not
@@ -716,12 +772,19 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				plans[i] = compile(p, DefaultBuckets, DefaultStrikeBuckets)
 			}
 			var log admissionLog
-			for range 400 {
+			for range steps {
 				f.clk.Add(time.Duration(rng.Int64N(int64(2 * time.Millisecond))))
-				if rng.IntN(50) == 0 {
+				if rng.IntN(jumps) == 0 {
 					f.clk.Add(time.Duration(rng.Int64N(int64(policies[0].Windows[0].Period))))
 				}
-				r := rng.IntN(3)
+				if rng.IntN(60) == 0 {
+					weights = [3]int{}
+					reweigh()
+				}
+				r := 0
+				for x := rng.IntN(weights[0] + weights[1] + weights[2]); x >= weights[r]; r++ {
+					x -= weights[r]
+				}
 				pi := r % len(policies)
 				d, err := ls[r].Allow(context.Background(), "k", policies[pi])
 				if err != nil {

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -389,5 +390,154 @@ func TestLeaseHoldsOtherPlansToItsLimitOnRedis(t *testing.T) {
 	checkHeldToTheirPlans(t, times, limits, 10*time.Minute)
 	if leasedAfter == 0 {
 		t.Fatal("a spent nothing of its lease after b was refused: the case did not exercise the cap")
+	}
+}
+
+// leaseCapPlans draws the plans of the lease cap's generated scenario:
+// a's plan, with limits a case can reach, and b's, allowing more on some
+// or all of the same windows (disagreeingPolicies), every window at least
+// a minute long so that buckets last long enough for a lease at the
+// scenario's paces; with the replica count and both paces.
+func leaseCapPlans(rng *rand.Rand) (pa, pb Policy, replicas int, stepA, stepB time.Duration) {
+	for {
+		base := genPolicies(rng, 24*time.Hour)[0]
+		for j := range base.Windows {
+			base.Windows[j].Period = max(base.Windows[j].Period, time.Minute+time.Duration(j)*time.Second)
+		}
+		if base.Validate() == nil {
+			ps := disagreeingPolicies(rng, base)
+			return ps[0], ps[1], 1 + rng.IntN(3), time.Duration(1+rng.Int64N(10)) * time.Millisecond,
+				time.Duration(200+rng.Int64N(2800)) * time.Microsecond
+		}
+	}
+}
+
+// playLeaseCap plays the lease cap's scenario: replica a, on plan pa,
+// sends every stepA until it holds a lease and falls quiet; b, on pb,
+// sends every stepB until it is refused or a's lease is gone; then a
+// spends what is left of its lease. Every admission, a's leased ones when
+// spent, must find each window of its own plan, by its Decision.Time
+// (Redis's clock), within that plan's limit. It returns how many of a's
+// leased admissions came after b's traffic (none: the case did not
+// exercise the cap). advance moves the clock (the fixture's, or real
+// time's).
+func playLeaseCap(t *testing.T, a, b *Limiter, key string, pa, pb Policy, stepA, stepB time.Duration, advance func(time.Duration)) (spent int) {
+	t.Helper()
+	var log admissionLog
+	admit := func(l *Limiter, p Policy) Decision {
+		d, err := l.Allow(context.Background(), key, p)
+		if err != nil || d.Degraded {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if !d.Allowed() {
+			return d
+		}
+		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
+		x := d.Time.UnixMicro()
+		s := span{start: x, end: x, k: 1}
+		for _, w := range pl.windows {
+			s.periods = append(s.periods, w.period)
+		}
+		log.spans = append(log.spans, s)
+		for _, w := range pl.windows {
+			if n := log.count(w.period, x); n > w.limit {
+				t.Fatalf("a %v every %s, b %v every %s: %s (leased %v) found %d admissions within %s ending at %d µs, past its plan's %d",
+					pa, stepA, pb, stepB, p.Name, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
+			}
+		}
+		return d
+	}
+	for range 400 {
+		if d := admit(a, pa); !d.Allowed() || leaseLeft(a, key) >= 2 {
+			break
+		}
+		advance(stepA)
+	}
+	if leaseLeft(a, key) < 2 {
+		return 0 // no lease at this pace: nothing for the cap to hold
+	}
+	for range 4000 {
+		advance(stepB)
+		if d := admit(b, pb); !d.Allowed() || leaseLeft(a, key) == 0 {
+			break
+		}
+	}
+	for range 400 {
+		advance(stepA)
+		if d := admit(a, pa); d.Leased {
+			spent++
+		}
+		if leaseLeft(a, key) == 0 {
+			break
+		}
+	}
+	return spent
+}
+
+// TestLeaseCapHoldsGeneratedPlans plays the lease cap's scenario
+// (playLeaseCap) over generated plans, replica counts and paces on
+// miniredis.
+func TestLeaseCapHoldsGeneratedPlans(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 5)
+	exercised := 0
+	for c := range max(*invariantCases/2, 20) {
+		pa, pb, replicas, stepA, stepB := leaseCapPlans(rng)
+		start := time.Duration(rng.Int64N(int64(time.Minute)))
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			f := newFixture(t, Options{Replicas: replicas})
+			b, err := New(f.rdb, Options{Replicas: replicas, clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = b.Close() })
+			f.clk.Add(start)
+			if playLeaseCap(t, f.l, b, "k", pa, pb, stepA, stepB, func(d time.Duration) { f.clk.Add(d) }) > 0 {
+				exercised++
+			}
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d cases spent a lease after the other plan's traffic", exercised)
+	if exercised == 0 {
+		t.Fatal("no case spent a lease after the other plan's traffic: the cap went unexercised")
+	}
+}
+
+// TestLeaseCapHoldsGeneratedPlansOnRedis plays generated cases of the
+// same scenario on a real Redis, by real time (fewer: each takes up to a
+// second).
+func TestLeaseCapHoldsGeneratedPlansOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 6)
+	exercised := 0
+	for c := range 24 {
+		pa, pb, replicas, stepA, stepB := leaseCapPlans(rng)
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			prefix := randomPrefix(t)
+			var ls []*Limiter
+			for range 2 {
+				l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = l.Close() })
+				ls = append(ls, l)
+			}
+			if playLeaseCap(t, ls[0], ls[1], "k", pa, pb, stepA, stepB, time.Sleep) > 0 {
+				exercised++
+			}
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d cases spent a lease after the other plan's traffic", exercised)
+	if exercised == 0 {
+		t.Fatal("no case spent a lease after the other plan's traffic: the cap went unexercised")
 	}
 }
