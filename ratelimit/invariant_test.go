@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"flag"
@@ -696,6 +697,53 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 	return policies
 }
 
+// outliveProbe is an admission (at x, Redis time, µs) under plan plan
+// whose windows checkWindowsOutlive looks at just before it leaves them.
+type outliveProbe struct {
+	x    int64
+	plan int
+}
+
+// checkWindowsOutlive checks, through l.Usage, that a window's record
+// never forgets an admission before it leaves the window by its own
+// time: 1 µs before each probe's admission is a period old, each window
+// of its plan still counts at least every admission of the log within
+// that period (its own and those since, of every plan sharing the
+// window). A leased admission is recorded when its lease is granted and
+// spent later, so this holds only if a lease is spent before the time
+// the script records as its end. The clock moves forward only: probes
+// it has passed are skipped.
+func checkWindowsOutlive(t *testing.T, f *fixture, l *Limiter, policies []Policy, probes []outliveProbe, log *admissionLog) {
+	t.Helper()
+	type at struct {
+		t    int64
+		plan int
+	}
+	var ats []at
+	for _, p := range probes {
+		for _, w := range policies[p.plan].Windows {
+			ats = append(ats, at{p.x + w.Period.Microseconds() - 1, p.plan})
+		}
+	}
+	slices.SortFunc(ats, func(a, b at) int { return cmp.Compare(a.t, b.t) })
+	for _, a := range ats {
+		if a.t < f.clk.Now().UnixMicro() {
+			continue
+		}
+		f.clk.Set(time.UnixMicro(a.t))
+		u, err := l.Usage(context.Background(), "k", policies[a.plan])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range u.Windows {
+			if n := log.count(w.Period.Microseconds(), a.t); w.Used < n {
+				t.Fatalf("%v: at %d µs the %s window of plan %d counts %d admissions, short of the %d admitted within it",
+					policies, a.t, w.Period, a.plan, w.Used, n)
+			}
+		}
+	}
+}
+
 // TestInvariantThroughTheLimiter checks the window promise through the
 // whole Limiter (leases, the rejection cache, the batcher) with three
 // replicas on one miniredis, each deciding the key under its own view of
@@ -772,6 +820,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				plans[i] = compile(p, DefaultBuckets, DefaultStrikeBuckets)
 			}
 			var log admissionLog
+			var probes []outliveProbe
 			for range steps {
 				f.clk.Add(time.Duration(rng.Int64N(int64(2 * time.Millisecond))))
 				if rng.IntN(jumps) == 0 {
@@ -811,7 +860,12 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 							policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 					}
 				}
+				// (Every third leased admission: a probe costs a round trip.)
+				if d.Leased && leased%3 == 0 {
+					probes = append(probes, outliveProbe{x: x, plan: pi})
+				}
 			}
+			checkWindowsOutlive(t, f, ls[0], policies, probes, &log)
 		})
 		if t.Failed() {
 			return
