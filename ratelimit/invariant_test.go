@@ -754,7 +754,7 @@ func checkWindowsOutlive(t *testing.T, f *fixture, l *Limiter, policies []Policy
 func TestInvariantThroughTheLimiter(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 4)
-	leased := 0
+	leased, retried := 0, 0
 	// At least 40 cases: each takes about 0.15 s (about 1 s under -race), and
 	// what this test alone can find needs several replicas, plans and
 	// leases to meet (the lease cap's case took 1,000 plans to find).
@@ -785,6 +785,14 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 		// Each replica's share of the traffic, drawn again from time to
 		// time (zero: silent), so that one may take a lease and fall
 		// quiet while another fills the window.
+		// Whether the replicas disagree on the key's plan: then one may
+		// admit where another's windows are full (a higher limit, or no
+		// such window), and a cached refusal's Retry-After may be short
+		// (README).
+		disagree := false
+		for _, p := range policies[1:] {
+			disagree = disagree || !slices.Equal(p.Windows, policies[0].Windows)
+		}
 		var weights [3]int
 		reweigh := func() {
 			for weights == [3]int{} {
@@ -821,20 +829,9 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 			}
 			var log admissionLog
 			var probes []outliveProbe
-			for range steps {
-				f.clk.Add(time.Duration(rng.Int64N(int64(2 * time.Millisecond))))
-				if rng.IntN(jumps) == 0 {
-					f.clk.Add(time.Duration(rng.Int64N(int64(policies[0].Windows[0].Period))))
-				}
-				if rng.IntN(60) == 0 {
-					weights = [3]int{}
-					reweigh()
-				}
-				r := 0
-				for x := rng.IntN(weights[0] + weights[1] + weights[2]); x >= weights[r]; r++ {
-					x -= weights[r]
-				}
-				pi := r % len(policies)
+			// ask decides one request of replica r under plan pi, and
+			// checks an admission against the windows of its plan.
+			ask := func(r, pi int) Decision {
 				d, err := ls[r].Allow(context.Background(), "k", policies[pi])
 				if err != nil {
 					t.Fatal(err)
@@ -843,7 +840,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 					t.Fatalf("degraded decision on miniredis: %+v", d)
 				}
 				if !d.Allowed() {
-					continue
+					return d
 				}
 				if d.Leased {
 					leased++
@@ -864,6 +861,51 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				if d.Leased && leased%3 == 0 {
 					probes = append(probes, outliveProbe{x: x, plan: pi})
 				}
+				return d
+			}
+			for range steps {
+				// (Whole microseconds, as Redis's clock reads: a replica's
+				// clock finer than the server's would put its rejection
+				// cache's end a fraction of a microsecond past the
+				// server's, which a real round trip's latency rules out.)
+				f.clk.Add(time.Duration(rng.Int64N(2000)) * time.Microsecond)
+				if rng.IntN(jumps) == 0 {
+					f.clk.Add(time.Duration(rng.Int64N(policies[0].Windows[0].Period.Microseconds())) * time.Microsecond)
+				}
+				if rng.IntN(60) == 0 {
+					weights = [3]int{}
+					reweigh()
+				}
+				r := 0
+				for x := rng.IntN(weights[0] + weights[1] + weights[2]); x >= weights[r]; r++ {
+					x -= weights[r]
+				}
+				pi := r % len(policies)
+				d := ask(r, pi)
+				if d.Outcome != Limited || rng.IntN(4) > 0 {
+					continue
+				}
+				// Retry-After is the exact wait, from this replica too
+				// (its rejection cache answers until then): 1 µs before it
+				// the key is refused with 1 µs to wait, and at it admitted,
+				// unless the strike of the first retry began a ban. A
+				// refusal from the cache while replicas disagree on the
+				// plan may be short by what the others admitted since the
+				// cache learnt it (README): it must still never be long.
+				retry := d.Time.Add(d.RetryAfter)
+				f.clk.Set(retry.Add(-time.Microsecond))
+				early := ask(r, pi)
+				stale := d.Cached && disagree
+				if early.Allowed() || !stale && early.Outcome == Limited && early.RetryAfter != time.Microsecond {
+					t.Fatalf("%v: replica %d (plan %d) refused at %d µs with Retry-After %s; 1 µs before it: %s, Retry-After %s",
+						policies, r, pi, d.Time.UnixMicro(), d.RetryAfter, early.Outcome, early.RetryAfter)
+				}
+				f.clk.Set(retry)
+				if late := ask(r, pi); early.Outcome == Limited && !late.Allowed() && !stale {
+					t.Fatalf("%v: replica %d (plan %d) refused at %d µs with Retry-After %s; at it: %s, Retry-After %s",
+						policies, r, pi, d.Time.UnixMicro(), d.RetryAfter, late.Outcome, late.RetryAfter)
+				}
+				retried++
 			}
 			checkWindowsOutlive(t, f, ls[0], policies, probes, &log)
 		})
@@ -871,5 +913,5 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 			return
 		}
 	}
-	t.Logf("%d admissions came from leases", leased)
+	t.Logf("%d admissions came from leases; %d refusals retried 1 µs before and at their Retry-After", leased, retried)
 }
