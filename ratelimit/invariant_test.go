@@ -212,6 +212,13 @@ type invariantDriver struct {
 	seq      int // decisions checked
 	leases   int
 	honoured int
+	// The ban promise's own account: the strikes since the last ban
+	// (times, µs), the ban in force, the offences remembered and the
+	// last one's time.
+	strikes             []int64
+	banUntil            int64
+	offences, offenceAt int64
+	bans                int
 }
 
 func newInvariantDriver(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, policies []Policy) *invariantDriver {
@@ -336,6 +343,7 @@ func (d *invariantDriver) check(i int, v verdict) {
 	d.stats[v.outcome]++
 	d.seq++
 	d.checkRecordsOutlive(i)
+	d.checkBan(i, v)
 	if v.outcome == Allowed {
 		if r := d.refused[i]; r.ok && x < r.at+r.retry {
 			t.Fatalf("%s\nplan %d admitted at %d, before the Retry-After of its refusal at %d (%d µs)", d.describe(), i, x, r.at, r.retry)
@@ -393,6 +401,74 @@ func (d *invariantDriver) check(i int, v verdict) {
 		t.Fatalf("%s\nplan %d limited at %d with Retry-After %d µs, more than a bucket (%d) past the exact window's %d", d.describe(), i, x, v.retry, slack, ideal)
 	}
 	d.refused[i] = refusal{at: x, retry: v.retry, ok: true, seq: d.seq}
+}
+
+// checkBan holds verdict v of a decision under plan i to the ban
+// promise, kept from the outcomes alone: a key is banned from the
+// rejection that makes more than Threshold strikes within StrikeWindow
+// (never later; never earlier than the strike window's bucket and offset
+// granularity allows), for Base·Multiplier^(n-1) capped at Max, n
+// counting the offences each within Memory of the one before; during a
+// ban every request is refused as banned, and is no strike; strikes start
+// over with each ban. Every plan of a case has the same ban rule.
+func (d *invariantDriver) checkBan(i int, v verdict) {
+	t := d.t
+	t.Helper()
+	rule := &d.plans[i].ban
+	if !rule.on {
+		return
+	}
+	b, x := d.policies[i].Ban, v.now
+	// The refusal that begins a ban is answered as banned.
+	if banned := x < d.banUntil; banned != (v.outcome == Banned && !v.newBan) || v.newBan && v.outcome != Banned {
+		t.Fatalf("%s\nplan %d answered %v (a ban begun: %v) at %d µs; the key's ban (by its strikes) ends at %d µs", d.describe(), i, v.outcome, v.newBan, x, d.banUntil)
+	}
+	if v.outcome == Allowed || x < d.banUntil {
+		return
+	}
+	d.strikes = append(d.strikes, x)
+	sw, slack := rule.strikes.period, rule.strikes.gran+rule.strikes.unit
+	var exact, loose int64
+	for _, s := range d.strikes {
+		if s > x-sw {
+			exact++
+		}
+		if s > x-sw-slack {
+			loose++
+		}
+	}
+	if !v.newBan {
+		if exact > b.Threshold {
+			t.Fatalf("%s\nplan %d: no ban at %d µs with %d strikes within %s, threshold %d", d.describe(), i, x, exact, b.StrikeWindow, b.Threshold)
+		}
+		if v.strikes < exact || v.strikes > loose {
+			t.Fatalf("%s\nplan %d at %d µs counts %d strikes; %d fell within %s, %d within a bucket more", d.describe(), i, x, v.strikes, exact, b.StrikeWindow, loose)
+		}
+		return
+	}
+	if loose <= b.Threshold {
+		t.Fatalf("%s\nplan %d: a ban began at %d µs with %d strikes within %s and a bucket, threshold %d", d.describe(), i, x, loose, b.StrikeWindow, b.Threshold)
+	}
+	n := int64(1)
+	if d.offences > 0 && d.offenceAt+rule.memory > x {
+		n = d.offences + 1
+	}
+	// Base·Multiplier^(n-1), capped at Max, in µs: the script works in
+	// whole µs, so its base may be short of Base by under 1 µs, times
+	// the multiplier's growth.
+	grow := math.Pow(max(b.Multiplier, 1), float64(n-1))
+	want := float64(b.Base) / float64(time.Microsecond) * grow
+	if b.Max > 0 {
+		want = min(want, float64(b.Max)/float64(time.Microsecond))
+	}
+	if got := float64(v.banUntil - x); math.Abs(got-want) > grow+1 {
+		t.Fatalf("%s\nplan %d: offence %d at %d µs banned for %.0f µs, want %.0f", d.describe(), i, n, x, got, want)
+	}
+	if v.retry < v.banUntil-x {
+		t.Fatalf("%s\nplan %d: banned at %d µs until %d with Retry-After %d µs", d.describe(), i, x, v.banUntil, v.retry)
+	}
+	d.banUntil, d.offences, d.offenceAt, d.strikes = v.banUntil, n, x, nil
+	d.bans++
 }
 
 // checkRecordsOutlive fails unless every window record of plan i (its
@@ -585,7 +661,7 @@ func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	var total [3]int
-	leases, honoured := 0, 0
+	leases, honoured, bans := 0, 0, 0
 	for c := range *invariantCases {
 		policies := genPolicies(rng, MaxPeriod)
 		var d *invariantDriver
@@ -598,11 +674,11 @@ func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
 		for i := range total {
 			total[i] += d.stats[i]
 		}
-		leases, honoured = leases+d.leases, honoured+d.honoured
+		leases, honoured, bans = leases+d.leases, honoured+d.honoured, bans+d.bans
 	}
-	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After", total[0], total[1], total[2], leases, honoured)
-	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 {
-		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured", total, leases, honoured)
+	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After; %d bans begun", total[0], total[1], total[2], leases, honoured, bans)
+	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 || bans == 0 {
+		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured, %d bans", total, leases, honoured, bans)
 	}
 }
 
