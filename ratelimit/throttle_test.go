@@ -3,10 +3,13 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/animal-store/petstore/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
@@ -157,5 +160,172 @@ func TestNamedThrottle(t *testing.T) {
 		if _, err := NewNamedThrottle(nil, name, lim, Options{}); err == nil {
 			t.Errorf("throttle name %q accepted", name)
 		}
+	}
+}
+
+// TestThrottleKeepsItsRate checks a Throttle's promise over generated
+// limits and traffic, shared (redis_rate's script on miniredis, and on a
+// real Redis by real time) and in process: between any two admissions t1
+// and t2, at most Burst + ⌊(t2-t1)/τ⌋ are admitted (τ = Period/Rate, the
+// GCRA bound), shared ones within redis_rate's resolution (README: each
+// admission of the n may come up to 5 µs early); a refused request's
+// Retry-After is enough (the retry then is admitted); and Throttled,
+// which spends nothing, answers as Allow would at the same instant
+// (shared, but for the instant a budget reopens).
+func TestThrottleKeepsItsRate(t *testing.T) {
+	// redis_rate keeps a key's theoretical arrival time as Lua prints a
+	// number (14 significant digits) of seconds since 2017: nine digits
+	// before the point leave five after it.
+	const redisRateResolution = 10 * time.Microsecond
+	t.Parallel()
+	rng := invariantRNG(t, 7)
+	type setup struct {
+		name  string
+		cases int
+		make  func(t *testing.T, lim ThrottleLimit) (th *Throttle, advance func(time.Duration), now func() time.Time)
+	}
+	fake := func(mini bool) func(t *testing.T, lim ThrottleLimit) (*Throttle, func(time.Duration), func() time.Time) {
+		return func(t *testing.T, lim ThrottleLimit) (*Throttle, func(time.Duration), func() time.Time) {
+			clk := &fakeClock{}
+			var rdb *redis.Client
+			if mini {
+				m := miniredis.RunT(t)
+				clk.mini = m
+				rdb = redis.NewClient(&redis.Options{Addr: m.Addr()})
+				t.Cleanup(func() { _ = rdb.Close() })
+			}
+			clk.Set(epoch)
+			var client redis.UniversalClient
+			if rdb != nil {
+				client = rdb
+			}
+			th, err := NewThrottle(client, lim, Options{clock: clk.Now, Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = th.Close() })
+			return th, func(d time.Duration) { clk.Add(d) }, clk.Now
+		}
+	}
+	setups := []setup{{"miniredis", max(*invariantCases, 40), fake(true)}, {"local", max(*invariantCases, 40), fake(false)}}
+	if addr := os.Getenv("PETSTORE_TEST_REDIS_ADDR"); addr != "" || os.Getenv("CI") != "" {
+		setups = append(setups, setup{"redis", 6, func(t *testing.T, lim ThrottleLimit) (*Throttle, func(time.Duration), func() time.Time) {
+			rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+			t.Cleanup(func() { _ = rdb.Close() })
+			th, err := NewThrottle(rdb, lim, Options{Prefix: randomPrefix(t), Timeout: time.Second, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = th.Close() })
+			return th, time.Sleep, time.Now
+		}})
+	}
+	for _, s := range setups {
+		t.Run(s.name, func(t *testing.T) {
+			for c := range s.cases {
+				lim := ThrottleLimit{Rate: 1 + rng.IntN(200), Burst: 1 + rng.IntN(50), Period: genPeriod(rng, time.Hour)}
+				steps := 300
+				if s.name == "redis" {
+					// Real time: emission intervals of 20-100 ms, a few
+					// seconds a case.
+					lim = ThrottleLimit{Rate: 1 + rng.IntN(50), Burst: 1 + rng.IntN(10)}
+					lim.Period = time.Duration(lim.Rate) * time.Duration(20+rng.IntN(81)) * time.Millisecond
+					steps = 60
+				}
+				tau := lim.Period / time.Duration(lim.Rate)
+				t.Run(fmt.Sprintf("case%d-%d-per-%s-burst-%d", c, lim.Rate, lim.Period, lim.Burst), func(t *testing.T) {
+					th, advance, now := s.make(t, lim)
+					ctx := context.Background()
+					// Each admission's time lies between its send and its
+					// answer (the same instant on a fake clock).
+					var sent, got []time.Time
+					allow := func() Decision {
+						t.Helper()
+						s0 := now()
+						d, err := th.Allow(ctx, "a")
+						if err != nil || d.Degraded {
+							t.Fatalf("%+v %v", d, err)
+						}
+						if !d.Allowed() {
+							return d
+						}
+						x := now()
+						for i := len(sent) - 1; i >= 0; i-- {
+							n := len(sent) - i + 1 // admissions from the i-th to this one
+							span := x.Sub(sent[i])
+							if s.name != "local" {
+								span += time.Duration(n-1) * redisRateResolution / 2
+							}
+							if n > lim.Burst+int(span/tau) {
+								t.Fatalf("%d admissions within %s (from %v to %v, with redis_rate's resolution), past burst %d + %s/τ (τ %s)",
+									n, span, sent[i], x, lim.Burst, span, tau)
+							}
+						}
+						sent, got = append(sent, s0), append(got, x)
+						return d
+					}
+					for range steps {
+						var dt time.Duration
+						switch rng.IntN(6) {
+						case 0:
+						case 1, 2:
+							dt = time.Duration(rng.Int64N(int64(tau) + 1))
+						case 3:
+							dt = tau
+						case 4:
+							dt = time.Duration(rng.Int64N(int64(tau)*int64(lim.Burst) + 1))
+						default:
+							dt = time.Duration(rng.Int64N(int64(lim.Period) + 1))
+						}
+						if s.name == "redis" {
+							dt = min(dt, 150*time.Millisecond)
+						} else {
+							dt = dt.Truncate(time.Microsecond)
+						}
+						advance(dt)
+						if s.name != "redis" && rng.IntN(4) == 0 {
+							// The peek, then the request it describes, at the
+							// same instant. Shared, redis_rate's floating
+							// point may still say throttled at the very
+							// instant a budget reopens (README): the request
+							// is then admitted as the budget's last (its key
+							// reset a whole burst of emission intervals away).
+							thr, err := th.Throttled(ctx, "a")
+							if err != nil {
+								t.Fatal(err)
+							}
+							d := allow()
+							if thr == d.Allowed() {
+								reset := d.Windows[0].Reset.Sub(now())
+								boundary := s.name != "local" && thr && (reset - time.Duration(lim.Burst)*tau).Abs() <= 2*time.Microsecond
+								if !boundary {
+									t.Fatalf("Throttled said %v, then Allow at the same instant %+v (reset in %s, burst of intervals %s)", thr, d, reset, time.Duration(lim.Burst)*tau)
+								}
+							}
+							continue
+						}
+						d := allow()
+						if d.Allowed() || rng.IntN(3) > 0 {
+							continue
+						}
+						if d.RetryAfter <= 0 {
+							t.Fatalf("refused with Retry-After %s", d.RetryAfter)
+						}
+						// Honour Retry-After (to the microsecond, redis_rate's
+						// arithmetic being in floating point): admitted.
+						advance(d.RetryAfter + time.Microsecond)
+						if d := allow(); !d.Allowed() {
+							t.Fatalf("refused again after waiting its Retry-After: %+v", d)
+						}
+					}
+					if len(got) == 0 {
+						t.Fatal("nothing admitted")
+					}
+				})
+				if t.Failed() {
+					return
+				}
+			}
+		})
 	}
 }
