@@ -293,7 +293,7 @@ func TestThrottleKeepsItsRate(t *testing.T) {
 							d := allow()
 							if thr == d.Allowed() {
 								reset := d.Windows[0].Reset.Sub(now())
-								boundary := s.name != "local" && thr && (reset - time.Duration(lim.Burst)*tau).Abs() <= 2*time.Microsecond
+								boundary := s.name != "local" && thr && (reset-time.Duration(lim.Burst)*tau).Abs() <= 2*time.Microsecond
 								if !boundary {
 									t.Fatalf("Throttled said %v, then Allow at the same instant %+v (reset in %s, burst of intervals %s)", thr, d, reset, time.Duration(lim.Burst)*tau)
 								}
