@@ -159,6 +159,25 @@ func (a *admissionLog) count(p, x int64) int64 {
 	return c
 }
 
+// admit logs one admission at x under plan pl and returns the first of
+// pl's windows that now holds more than its limit within (x-period, x]
+// (counting every plan's admissions that share it), with that count;
+// nil when none does.
+func (a *admissionLog) admit(pl *plan, x int64) (over *ring, n int64) {
+	s := span{start: x, end: x, k: 1}
+	for _, w := range pl.windows {
+		s.periods = append(s.periods, w.period)
+	}
+	a.spans = append(a.spans, s)
+	for i := range pl.windows {
+		w := &pl.windows[i]
+		if n := a.count(w.period, x); n > w.limit {
+			return w, n
+		}
+	}
+	return nil, 0
+}
+
 // idealWait returns how long after x a request would wait for window
 // (limit, p) under an exact sliding window over the logged admissions.
 func (a *admissionLog) idealWait(limit, p, x int64) int64 {
@@ -922,16 +941,9 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 					leased++
 				}
 				x := d.Time.UnixMicro()
-				s := span{start: x, end: x, k: 1}
-				for _, w := range plans[pi].windows {
-					s.periods = append(s.periods, w.period)
-				}
-				log.spans = append(log.spans, s)
-				for _, w := range plans[pi].windows {
-					if n := log.count(w.period, x); n > w.limit {
-						t.Fatalf("%v: replica %d (plan %d, leased %v): %d admissions within %s ending at %d, limit %d",
-							policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
-					}
+				if w, n := log.admit(plans[pi], x); w != nil {
+					t.Fatalf("%v: replica %d (plan %d, leased %v): %d admissions within %s ending at %d, limit %d",
+						policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 				}
 				// (Every third leased admission: a probe costs a round trip.)
 				if d.Leased && leased%3 == 0 {

@@ -432,18 +432,10 @@ func playLeaseCap(t *testing.T, a, b *Limiter, key string, pa, pb Policy, stepA,
 		if !d.Allowed() {
 			return d
 		}
-		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
 		x := d.Time.UnixMicro()
-		s := span{start: x, end: x, k: 1}
-		for _, w := range pl.windows {
-			s.periods = append(s.periods, w.period)
-		}
-		log.spans = append(log.spans, s)
-		for _, w := range pl.windows {
-			if n := log.count(w.period, x); n > w.limit {
-				t.Fatalf("a %v every %s, b %v every %s: %s (leased %v) found %d admissions within %s ending at %d µs, past its plan's %d",
-					pa, stepA, pb, stepB, p.Name, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
-			}
+		if w, n := log.admit(compile(p, DefaultBuckets, DefaultStrikeBuckets), x); w != nil {
+			t.Fatalf("a %v every %s, b %v every %s: %s (leased %v) found %d admissions within %s ending at %d µs, past its plan's %d",
+				pa, stepA, pb, stepB, p.Name, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 		}
 		return d
 	}
@@ -480,19 +472,27 @@ func playLeaseCap(t *testing.T, a, b *Limiter, key string, pa, pb Policy, stepA,
 func TestLeaseCapHoldsGeneratedPlans(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 5)
+	runLeaseCapCases(t, rng, max(*invariantCases/2, 20), func(t *testing.T, pa, pb Policy, replicas int, stepA, stepB time.Duration) int {
+		f := newFixture(t, Options{Replicas: replicas})
+		b, err := New(f.rdb, Options{Replicas: replicas, clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		f.clk.Add(time.Duration(rng.Int64N(int64(time.Minute))))
+		return playLeaseCap(t, f.l, b, "k", pa, pb, stepA, stepB, func(d time.Duration) { f.clk.Add(d) })
+	})
+}
+
+// runLeaseCapCases runs n generated cases of the lease cap's scenario
+// with play, which returns how many leased admissions a case spent after
+// the other plan's traffic; some case must have spent some.
+func runLeaseCapCases(t *testing.T, rng *rand.Rand, n int, play func(t *testing.T, pa, pb Policy, replicas int, stepA, stepB time.Duration) int) {
 	exercised := 0
-	for c := range max(*invariantCases/2, 20) {
+	for c := range n {
 		pa, pb, replicas, stepA, stepB := leaseCapPlans(rng)
-		start := time.Duration(rng.Int64N(int64(time.Minute)))
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			f := newFixture(t, Options{Replicas: replicas})
-			b, err := New(f.rdb, Options{Replicas: replicas, clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = b.Close() })
-			f.clk.Add(start)
-			if playLeaseCap(t, f.l, b, "k", pa, pb, stepA, stepB, func(d time.Duration) { f.clk.Add(d) }) > 0 {
+			if play(t, pa, pb, replicas, stepA, stepB) > 0 {
 				exercised++
 			}
 		})
@@ -514,30 +514,17 @@ func TestLeaseCapHoldsGeneratedPlansOnRedis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 6)
-	exercised := 0
-	for c := range 24 {
-		pa, pb, replicas, stepA, stepB := leaseCapPlans(rng)
-		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			prefix := randomPrefix(t)
-			var ls []*Limiter
-			for range 2 {
-				l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = l.Close() })
-				ls = append(ls, l)
+	runLeaseCapCases(t, rng, 24, func(t *testing.T, pa, pb Policy, replicas int, stepA, stepB time.Duration) int {
+		prefix := randomPrefix(t)
+		var ls []*Limiter
+		for range 2 {
+			l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if playLeaseCap(t, ls[0], ls[1], "k", pa, pb, stepA, stepB, time.Sleep) > 0 {
-				exercised++
-			}
-		})
-		if t.Failed() {
-			return
+			t.Cleanup(func() { _ = l.Close() })
+			ls = append(ls, l)
 		}
-	}
-	t.Logf("%d cases spent a lease after the other plan's traffic", exercised)
-	if exercised == 0 {
-		t.Fatal("no case spent a lease after the other plan's traffic: the cap went unexercised")
-	}
+		return playLeaseCap(t, ls[0], ls[1], "k", pa, pb, stepA, stepB, time.Sleep)
+	})
 }

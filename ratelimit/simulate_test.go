@@ -144,16 +144,9 @@ func TestSimulatorWindowsInvariant(t *testing.T) {
 				continue
 			}
 			x := d.Time.UnixMicro()
-			sp := span{start: x, end: x, k: 1}
-			for _, r := range pl.windows {
-				sp.periods = append(sp.periods, r.period)
-			}
-			log.spans = append(log.spans, sp)
-			for _, r := range pl.windows {
-				if n := log.count(r.period, x); n > r.limit {
-					t.Fatalf("case %d, %v: %d admissions within %s ending at %d µs, limit %d",
-						c, policies, n, time.Duration(r.period)*time.Microsecond, x, r.limit)
-				}
+			if r, n := log.admit(pl, x); r != nil {
+				t.Fatalf("case %d, %v: %d admissions within %s ending at %d µs, limit %d",
+					c, policies, n, time.Duration(r.period)*time.Microsecond, x, r.limit)
 			}
 		}
 		shared.Forget(key)
