@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -174,4 +175,103 @@ func TestFallbackPendingCountNeverLow(t *testing.T) {
 		t.Fatalf("after taking every key: count %d, %d entries pending", c, e)
 	}
 	t.Logf("%d takes of handed keys, %d checks under every lock", takes, checks.Load())
+}
+
+// TestFallbackKeepsItsBound checks the fail-open bound (README, "Failure
+// modes") over generated plans, replica counts and traffic: a replica
+// decides a key through Redis for a while, then Redis refuses every
+// command, and each window of period W and limit L must find, among the
+// replica's degraded admissions, at most max(1, ⌊L/N⌋) within any W, and
+// at most ⌊R/N⌋ from the last shared answer (which left R) until W has
+// passed since that answer's round trip began.
+func TestFallbackKeepsItsBound(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 8)
+	local := 0
+	for c := range max(*invariantCases, 40) {
+		p := genPolicies(rng, 24*time.Hour)[0]
+		n := int64(1 + rng.IntN(5))
+		// Enough before the outage to spend part of small limits.
+		before, during := rng.IntN(300), 100+rng.IntN(200)
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			// No leases: a lease's admissions were counted in Redis when
+			// granted, and the bound is about what a replica admits alone.
+			f := newFixture(t, Options{Replicas: int(n), MaxLease: 1})
+			step := func() {
+				w := p.Windows[rng.IntN(len(p.Windows))].Period
+				switch rng.IntN(8) {
+				case 0:
+					f.clk.Add(time.Duration(rng.Int64N(int64(w) + 1)).Truncate(time.Microsecond))
+				case 1, 2:
+				default:
+					f.clk.Add(time.Duration(rng.Int64N(int64(w)/50 + 1)).Truncate(time.Microsecond))
+				}
+			}
+			var last Decision // the last answer from Redis
+			var lastAt time.Time
+			for range before {
+				step()
+				at := f.clk.Now()
+				d, err := f.l.Allow(context.Background(), "k", p)
+				if err != nil || d.Degraded {
+					t.Fatalf("%+v %v", d, err)
+				}
+				if !d.Cached && !d.Leased {
+					last, lastAt = d, at
+				}
+			}
+			f.mini.SetError("ERR injected: Redis refuses every command")
+			if rng.IntN(2) == 0 {
+				// The outage's first request a while after the last answer.
+				w := p.Windows[rng.IntN(len(p.Windows))].Period
+				f.clk.Add(time.Duration(rng.Int64N(int64(w) + 1)).Truncate(time.Microsecond))
+			}
+			var times []time.Time
+			for range during {
+				step()
+				d, err := f.l.Allow(context.Background(), "k", p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !d.Degraded || !d.Allowed() {
+					continue
+				}
+				x := f.clk.Now()
+				times = append(times, x)
+				local++
+				for i, w := range p.Windows {
+					within, since := 0, 0
+					for _, y := range times {
+						if y.After(x.Add(-w.Period)) {
+							within++
+						}
+						if !y.Before(lastAt) {
+							since++
+						}
+					}
+					if max(1, w.Limit/n) < int64(within) {
+						t.Fatalf("%v, %d replicas: %d degraded admissions within %s ending at %v, past max(1, ⌊%d/%d⌋)", p, n, within, w.Period, x, w.Limit, n)
+					}
+					if last.Windows == nil || x.Sub(lastAt) >= w.Period {
+						continue
+					}
+					// The answer's windows are ordered by period, as the
+					// policy's need not be.
+					for _, lw := range last.Windows {
+						if lw.Period == w.Period && int64(since) > lw.Remaining/n {
+							t.Fatalf("%v, %d replicas: %d degraded admissions since the last shared answer at %v, which left %d in the %s window (window %d): past ⌊%d/%d⌋",
+								p, n, since, lastAt, lw.Remaining, w.Period, i, lw.Remaining, n)
+						}
+					}
+				}
+			}
+		})
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d degraded admissions checked", local)
+	if local == 0 {
+		t.Fatal("no degraded admission: the bound went unexercised")
+	}
 }
