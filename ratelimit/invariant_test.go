@@ -763,6 +763,18 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 	})
 }
 
+// atLeastAMinute lengthens p's windows to a minute or more (300 ms
+// buckets or longer, distinct periods), so that buckets last long enough
+// for leases to form at the rates of the limiter-level tests; false when
+// the result is not a valid policy.
+func atLeastAMinute(p Policy) (Policy, bool) {
+	p.Windows = slices.Clone(p.Windows)
+	for j := range p.Windows {
+		p.Windows[j].Period = max(p.Windows[j].Period, time.Minute+time.Duration(j)*time.Second)
+	}
+	return p, p.Validate() == nil
+}
+
 // disagreeingPolicies derives from p the plans of replicas that disagree
 // on a key's limits where a lease matters: p's limits are drawn low
 // enough for the traffic of one case to reach them yet high enough for
@@ -854,14 +866,9 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 	// what this test alone can find needs several replicas, plans and
 	// leases to meet (the lease cap's case took 1,000 plans to find).
 	for c := range max(*invariantCases/4, 40) {
-		// Periods of at least a minute (300 ms buckets), so that buckets
-		// last long enough for leases to form at these rates.
 		var policies []Policy
 		for _, p := range genPolicies(rng, 24*time.Hour) {
-			for j := range p.Windows {
-				p.Windows[j].Period = max(p.Windows[j].Period, time.Minute+time.Duration(j)*time.Second)
-			}
-			if p.Validate() == nil {
+			if p, ok := atLeastAMinute(p); ok {
 				policies = append(policies, p)
 			}
 		}
@@ -877,9 +884,6 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 		if c%2 == 1 {
 			policies, steps, jumps = disagreeingPolicies(rng, policies[0]), 1000, 1000
 		}
-		// Each replica's share of the traffic, drawn again from time to
-		// time (zero: silent), so that one may take a lease and fall
-		// quiet while another fills the window.
 		// Whether the replicas disagree on the key's plan: then one may
 		// admit where another's windows are full (a higher limit, or no
 		// such window), and a cached refusal's Retry-After may be short
@@ -888,6 +892,9 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 		for _, p := range policies[1:] {
 			disagree = disagree || !slices.Equal(p.Windows, policies[0].Windows)
 		}
+		// Each replica's share of the traffic, drawn again from time to
+		// time (zero: silent), so that one may take a lease and fall
+		// quiet while another fills the window.
 		var weights [3]int
 		reweigh := func() {
 			for weights == [3]int{} {

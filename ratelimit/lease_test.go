@@ -396,15 +396,10 @@ func TestLeaseHoldsOtherPlansToItsLimitOnRedis(t *testing.T) {
 // leaseCapPlans draws the plans of the lease cap's generated scenario:
 // a's plan, with limits a case can reach, and b's, allowing more on some
 // or all of the same windows (disagreeingPolicies), every window at least
-// a minute long so that buckets last long enough for a lease at the
-// scenario's paces; with the replica count and both paces.
+// a minute long (atLeastAMinute); with the replica count and both paces.
 func leaseCapPlans(rng *rand.Rand) (pa, pb Policy, replicas int, stepA, stepB time.Duration) {
 	for {
-		base := genPolicies(rng, 24*time.Hour)[0]
-		for j := range base.Windows {
-			base.Windows[j].Period = max(base.Windows[j].Period, time.Minute+time.Duration(j)*time.Second)
-		}
-		if base.Validate() == nil {
+		if base, ok := atLeastAMinute(genPolicies(rng, 24*time.Hour)[0]); ok {
 			ps := disagreeingPolicies(rng, base)
 			return ps[0], ps[1], 1 + rng.IntN(3), time.Duration(1+rng.Int64N(10)) * time.Millisecond,
 				time.Duration(200+rng.Int64N(2800)) * time.Microsecond
@@ -424,6 +419,7 @@ func leaseCapPlans(rng *rand.Rand) (pa, pb Policy, replicas int, stepA, stepB ti
 func playLeaseCap(t *testing.T, a, b *Limiter, key string, pa, pb Policy, stepA, stepB time.Duration, advance func(time.Duration)) (spent int) {
 	t.Helper()
 	var log admissionLog
+	plans := map[string]*plan{pa.Name: compile(pa, DefaultBuckets, DefaultStrikeBuckets), pb.Name: compile(pb, DefaultBuckets, DefaultStrikeBuckets)}
 	admit := func(l *Limiter, p Policy) Decision {
 		d, err := l.Allow(context.Background(), key, p)
 		if err != nil || d.Degraded {
@@ -433,7 +429,7 @@ func playLeaseCap(t *testing.T, a, b *Limiter, key string, pa, pb Policy, stepA,
 			return d
 		}
 		x := d.Time.UnixMicro()
-		if w, n := log.admit(compile(p, DefaultBuckets, DefaultStrikeBuckets), x); w != nil {
+		if w, n := log.admit(plans[p.Name], x); w != nil {
 			t.Fatalf("a %v every %s, b %v every %s: %s (leased %v) found %d admissions within %s ending at %d µs, past its plan's %d",
 				pa, stepA, pb, stepB, p.Name, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 		}
