@@ -58,6 +58,9 @@ import (
 //   - head-moved-banplan: the plan with a ban rule (a third record read).
 //   - head-moved-3windows: a minute, an hour and a day, no ban rule (the
 //     hour's and the day's headers read and written too).
+//   - head-moved-reserved, head-moved-banplan-reserved: the cold decision
+//     of a key holding a reservation of its day window (reserve.go): the
+//     minute window alone (and the ban record).
 //   - floor-7-commands: the head-moved decision's seven commands on the
 //     same records from Lua with no decision logic (same keys, arguments
 //     and reply size): what any Lua code pays for this record format.
@@ -97,6 +100,8 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	ten := compile(Policy{Name: "ten", Windows: []Window{{Limit: 1000, Period: 10 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	hour := compile(Policy{Name: "hour", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	three := compile(Policy{Name: "three", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 20_000, Period: time.Hour}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	business.split()
+	banPlan.split()
 
 	const keys = 1000
 	cases := []struct {
@@ -120,6 +125,8 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-reserved", business.short, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-banplan-reserved", banPlan.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond, 0},
 		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond, 0},
 		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond, 0},

@@ -861,7 +861,7 @@ func checkWindowsOutlive(t *testing.T, f *fixture, l *Limiter, policies []Policy
 func TestInvariantThroughTheLimiter(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 4)
-	leased, retried := 0, 0
+	leased, reserved, retried := 0, 0, 0
 	// At least 40 cases: each takes about 0.15 s (about 1 s under -race), and
 	// what this test alone can find needs several replicas, plans and
 	// leases to meet (the lease cap's case took 1,000 plans to find).
@@ -938,6 +938,9 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// A reservation the request earned is taken before the
+				// next request, at its time: a seed replays its case.
+				ls[r].reserving.Wait()
 				if d.Degraded {
 					t.Fatalf("degraded decision on miniredis: %+v", d)
 				}
@@ -947,13 +950,17 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				if d.Leased {
 					leased++
 				}
+				if d.Reserved {
+					reserved++
+				}
 				x := d.Time.UnixMicro()
 				if w, n := log.admit(plans[pi], x); w != nil {
 					t.Fatalf("%v: replica %d (plan %d, leased %v): %d admissions within %s ending at %d, limit %d",
 						policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 				}
-				// (Every third leased admission: a probe costs a round trip.)
-				if d.Leased && leased%3 == 0 {
+				// (Every third leased or reserved admission: a probe costs
+				// a round trip.)
+				if d.Leased && leased%3 == 0 || d.Reserved && reserved%3 == 0 {
 					probes = append(probes, outliveProbe{x: x, plan: pi})
 				}
 				return d
@@ -1008,5 +1015,5 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 			return
 		}
 	}
-	t.Logf("%d admissions came from leases; %d refusals retried 1 µs before and at their Retry-After", leased, retried)
+	t.Logf("%d admissions came from leases, %d from reservations; %d refusals retried 1 µs before and at their Retry-After", leased, reserved, retried)
 }

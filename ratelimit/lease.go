@@ -70,6 +70,9 @@ type leaseEntry struct {
 	// refill is open while a round trip asking for a lease is in flight;
 	// closed when it ends.
 	refill chan struct{}
+
+	// res is the key's reservation of its plan's long windows (reserve.go).
+	res reservation
 }
 
 func newLeaseTable(maxLease int, replicas func() int64) *leaseTable {
@@ -125,7 +128,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		}
 		return false, noLease, nil
 	}
-	k := e.size(pl, now, t.maxLease, t.rtt.Load())
+	k := e.demand(pl, now, leaseLife, t.maxLease, t.rtt.Load())
 	if k <= 1 {
 		return false, noLease, nil
 	}
@@ -185,17 +188,18 @@ func (e *leaseEntry) note(now time.Time) {
 	e.cur++
 }
 
-// size returns the lease to ask for: the requests expected within the
-// time a lease taken now could be spent, at most maxLease. The rate is
+// demand returns the lease to ask for under pl: the requests expected
+// within the time a lease of pl's windows taken now could be spent (at
+// most life), at most maxLease. The rate is
 // that of the requests seen before this one, over the current rate period
 // and the one before, so a key seen once in a while never leases.
-func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
+func (e *leaseEntry) demand(pl *plan, now time.Time, life time.Duration, maxLease, rtt int64) int64 {
 	if maxLease <= 1 {
 		return 1
 	}
 	span := rateSpan + now.Sub(e.curStart)
 	us := now.UnixMicro()
-	rest := leaseLife.Microseconds()
+	rest := life.Microseconds()
 	for i := range pl.windows {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
@@ -228,12 +232,14 @@ func (e *leaseEntry) drop() {
 	e.pl, e.left, e.spent, e.windows = nil, 0, 0, e.windows[:0]
 }
 
-// forget drops key's lease (its leased admissions stay counted).
+// forget drops key's lease and reservation (their admissions stay
+// counted).
 func (t *leaseTable) forget(key string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	if e := sh.keys[key]; e != nil {
 		e.drop()
+		e.dropReservation()
 	}
 	sh.mu.Unlock()
 }
@@ -245,7 +251,8 @@ func (t *leaseTable) sweep(now time.Time) {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.keys {
-			if e.refill == nil && now.Sub(e.curStart) >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) {
+			if e.refill == nil && now.Sub(e.curStart) >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) &&
+				!e.res.asking && (e.res.left == 0 || !now.Before(e.res.deadline)) {
 				delete(sh.keys, k)
 			}
 		}

@@ -102,8 +102,9 @@ type Options struct {
 	// in case an Unban announcement was missed (default 2s).
 	BanRevalidate time.Duration
 	// MaxLease caps the admissions a replica reserves for a busy key in
-	// one round trip and then grants in process (default 64); 1 (or
-	// less) disables leasing: one round trip per admitted request.
+	// one round trip and then grants in process (default 64), and those
+	// of a key's long windows it reserves (reserve.go); 1 (or less)
+	// disables both: one round trip per request in every window.
 	MaxLease int
 
 	// clock replaces time.Now in tests.
@@ -183,9 +184,13 @@ type Limiter struct {
 	replicas *replicas
 	reg      *registry // nil without Redis
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	closed atomic.Bool
+	ctx context.Context // the background work's, until Close
+	// reserving counts the reservation round trips in flight (tests wait
+	// for them to replay a case in order).
+	reserving sync.WaitGroup
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closed    atomic.Bool
 }
 
 // New returns a Limiter sharing state through client, or a purely local
@@ -210,6 +215,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		plans:  newPlanCache(),
 		local:  newMemStore(),
 		now:    opts.clock,
+		ctx:    ctx,
 		cancel: cancel,
 	}
 	if client == nil {
@@ -383,6 +389,9 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 	budget := l.opts.Timeout
 	if !entered.IsZero() {
 		budget -= time.Since(entered)
+	}
+	if pl.short != nil && extra == 0 && ask == noLease && l.lease != nil {
+		return l.reservedTrip(ctx, key, pl, start, budget, d)
 	}
 	return l.roundTrip(ctx, key, pl, start, extra, ask, budget, d)
 }
@@ -642,7 +651,8 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 // earlier plan, expire with their period.) Every
 // replica drops what it cached for the key through the same announcement
 // as Unban; an admission lease another replica holds for the key is spent
-// until it ends (at most 1 s).
+// until it ends (at most 1 s), and a reservation of its long windows too
+// (at most 5 s).
 func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {
@@ -778,6 +788,7 @@ func (c *planCache) add(h uint64, p *Policy, o *Options, met *metrics) (*plan, e
 		return nil, err
 	}
 	pl := compile(*p, o.Buckets, o.StrikeBuckets)
+	pl.split()
 	pl.given = p.clone()
 	pl.counters = met.forPlan(p.Name, p.Shadow)
 	slot := &c.front[h%planFront]

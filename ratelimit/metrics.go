@@ -18,6 +18,7 @@ type metrics struct {
 	candidateBans   *prometheus.CounterVec
 	nearLimit       *prometheus.CounterVec
 	leased          *prometheus.CounterVec
+	reserved        *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
 	queueWait       prometheus.Histogram
 	redisErrors     prometheus.Counter
@@ -57,6 +58,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		leased: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "leased_total",
 			Help: "Admissions granted in process from a lease, without a round trip to Redis (also in decisions_total), by plan.",
+		}, []string{"plan"}),
+		reserved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "reserved_total",
+			Help: "Requests decided by a round trip in the plan's short windows alone, their long windows' admission taken from a reservation held in process (also in decisions_total), by plan.",
 		}, []string{"plan"}),
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "near_limit_total",
@@ -122,6 +127,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.leased, err = register(reg, m.leased); err != nil {
 		return nil, err
 	}
+	if m.reserved, err = register(reg, m.reserved); err != nil {
+		return nil, err
+	}
 	if m.nearLimit, err = register(reg, m.nearLimit); err != nil {
 		return nil, err
 	}
@@ -179,6 +187,8 @@ type counters struct {
 	nearLimit prometheus.Counter
 	// leased counts admissions granted from a lease.
 	leased prometheus.Counter
+	// reserved counts requests decided under a reservation.
+	reserved prometheus.Counter
 	// local counts decisions made without Redis, by outcome.
 	localOutcome [3]prometheus.Counter
 }
@@ -208,6 +218,7 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 		c.nearLimit = m.nearLimit.WithLabelValues(name)
 	}
 	c.leased = m.leased.WithLabelValues(name)
+	c.reserved = m.reserved.WithLabelValues(name)
 	for o := Allowed; o <= Banned; o++ {
 		c.localOutcome[o] = m.local.WithLabelValues(name, o.String())
 	}

@@ -73,6 +73,14 @@ type plan struct {
 	// used is when a decision was last made under the plan (Unix s).
 	used atomic.Int64
 
+	// short and long split a plan of short and long windows for
+	// reservations (reserve.go): long holds the windows whose buckets
+	// last reserveLife or more, short the others and the ban rule. Both
+	// are nil when the plan has windows of one kind only, or candidates.
+	// They name the same records as the plan, decide under its name and
+	// never reach the metrics, the plan cache or the registry.
+	short, long *plan
+
 	counters
 }
 
@@ -106,6 +114,22 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	pl.cmult = strconv.FormatFloat(pl.cban.mult, 'g', -1, 64)
 	pl.argv = [3]any{pl.packed, pl.mult, pl.cmult}
 	return pl
+}
+
+// split sets pl's short and long parts, when it has both kinds of window
+// and no candidates: the windows whose buckets are shorter than
+// reserveLife, the first ones, and the rest.
+func (pl *plan) split() {
+	p := &pl.policy
+	s := 0
+	for s < len(pl.windows) && pl.windows[s].gran < reserveLife.Microseconds() {
+		s++
+	}
+	if len(pl.candidates) > 0 || s == 0 || s == len(pl.windows) {
+		return
+	}
+	pl.short = compile(Policy{Name: p.Name, Windows: p.Windows[:s], Ban: p.Ban, Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)
+	pl.long = compile(Policy{Name: p.Name, Windows: p.Windows[s:], Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)
 }
 
 // banRule is a BanPolicy compiled: its strike window as a ring whose

@@ -1,0 +1,251 @@
+package ratelimit
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Reservations: a lease of a plan's long windows alone. A key far from
+// its limits but too slow to lease (a few requests a second: fewer than
+// two expected within the current bucket of its shortest window) calls
+// Redis for every request, and most of that call's work is spent on its
+// long windows, whose buckets last minutes (a day window's 7.2) and whose
+// limits it is nowhere near. So a replica that has seen such a key admitted
+// asks the script, in the background, for a block of k admissions of the
+// plan's long windows alone (plan.long), and sends the key's next requests
+// under the plan's short part (plan.short: the short windows and the ban
+// rule), each with one reserved admission in hand. The argument that keeps
+// a lease strict holds for each part:
+//
+//   - the reservation counts all k admissions in every long window when it
+//     is granted, in the current bucket, and records the reservation's end
+//     as that bucket's last event, so each admission spent before the end
+//     is counted in every interval that holds it;
+//   - it is granted only while every long window has leaseMargin·k·Replicas
+//     remaining, is capped (the lease cap) at its plan's limits while it
+//     runs, and is spent only under the plan it was taken for, before the
+//     end of its bucket in every long window, within reserveLife of the
+//     round trip's start and on this process's monotonic clock;
+//   - each request spending it is decided exactly in every short window
+//     (and against the key's ban) by its own round trip, and gives its
+//     reserved admission back when that decision refuses it or fails.
+//
+// What a reservation leaves unspent stays counted in the long windows until
+// it slides out, as a lease's does; its size is the key's demand within
+// its life, so little is left. A decision under the short part reads and
+// writes no long window's record: for the common plan of a minute and a
+// day, about a quarter of a cold decision's work in Redis.
+const reserveLife = 5 * time.Second
+
+// reservation is a key's reserved admissions of its plan's long windows.
+type reservation struct {
+	pl       *plan // the whole plan it was taken for
+	left     int64
+	spent    int64 // handed out, for Remaining
+	deadline time.Time
+	win      []winVerdict // the long windows as the grant left them (the whole reservation counted)
+	asking   bool         // a reservation round trip is in flight
+}
+
+// reserveTake hands out one reserved admission of key under pl at now,
+// puts the long windows' standing as the grant left them in win (which
+// must hold len(pl.long.windows)), and returns the admissions left after
+// this one and the reservation's deadline, to give the admission back
+// with; ok is false when none is held.
+func (t *leaseTable) reserveTake(key string, pl *plan, now time.Time, win []winVerdict) (left int64, deadline time.Time, ok bool) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if e == nil {
+		return 0, time.Time{}, false
+	}
+	r := &e.res
+	if r.left <= 0 || r.pl != pl || !now.Before(r.deadline) {
+		return 0, time.Time{}, false
+	}
+	copy(win, r.win)
+	r.left--
+	r.spent++
+	return r.left, r.deadline, true
+}
+
+// reserveGiveBack returns an admission reserveTake handed out under the
+// reservation that ends at deadline, if it is still the key's.
+func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.keys[key]; e != nil && e.res.pl == pl && e.res.deadline.Equal(deadline) {
+		e.res.left++
+		e.res.spent--
+	}
+}
+
+// reserveAsk returns the reservation to ask for key under pl at now (0:
+// none), and marks one in flight: the requests expected within the time
+// it could be spent, at most maxLease and most, when the key holds no
+// usable one.
+func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time, most int64) int64 {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if e == nil || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
+		return 0
+	}
+	k := min(e.demand(pl.long, now, reserveLife, t.maxLease, t.rtt.Load()), most)
+	if k < 2 {
+		return 0
+	}
+	e.res.asking = true
+	return k
+}
+
+// reserved ends a reservation round trip for key under pl that started at
+// sent: with ok, v is its verdict, and a grant of more than one admission
+// becomes the key's reservation.
+func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict, ok bool) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if e == nil {
+		return
+	}
+	e.res.asking = false
+	if !ok || v.outcome != Allowed || v.granted <= 1 {
+		return
+	}
+	r := &e.res
+	r.pl, r.left, r.spent = pl, v.granted, 0
+	// As a lease's: never later than its end on the server's clock.
+	r.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
+	r.win = append(r.win[:0], v.win...)
+}
+
+// dropReservation forgets key's reservation (its admissions stay counted).
+func (e *leaseEntry) dropReservation() {
+	e.res.pl, e.res.left, e.res.spent = nil, 0, 0
+}
+
+// reserve asks, in the background, for a reservation of key's long windows
+// under pl when its demand warrants one and d, the decision a round trip
+// under the whole plan just made at now, left every long window the
+// margin a reservation needs. (The script grants a single admission when
+// the margin is gone by the time it decides, which no request can spend:
+// the check makes that rare.)
+func (l *Limiter) reserve(key string, pl *plan, now time.Time, d *Decision) {
+	if l.closed.Load() || l.reg.seeding(pl) != nil {
+		return
+	}
+	perK := leaseMargin * max(l.replicas.live(), 1)
+	room := int64(math.MaxInt64)
+	for _, w := range d.Windows[len(pl.short.windows):] {
+		room = min(room, w.Remaining)
+	}
+	if room < 2*perK {
+		return
+	}
+	k := l.lease.reserveAsk(key, pl, now, room/perK)
+	if k < 2 {
+		return
+	}
+	ask := leaseAsk{want: k, need: k * perK, life: reserveLife.Microseconds()}
+	l.reserving.Add(1)
+	l.goBackground(l.ctx, func(ctx context.Context) {
+		defer l.reserving.Done()
+		sent := l.now()
+		var v verdict
+		reply, err := l.batch.do(ctx, decision{keys: stateKeys(l.opts.Prefix, key, pl.long), pl: pl.long,
+			nums: scriptNums(pl.long, input{lease: ask})}, l.opts.Timeout)
+		if err == nil {
+			err = decodeInto(pl.long, reply, &v)
+		}
+		l.lease.reserved(key, pl, sent, &v, err == nil)
+	})
+}
+
+// reservedTrip decides a request of a key too slow to lease under a plan
+// with long windows: under the plan's short part when this replica holds a
+// reservation for the key, else by a round trip under the whole plan,
+// after which it may ask for one. (A function of its own, so that
+// allowShared's frame stays as small for every other request.)
+func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, d *Decision) error {
+	if handled, err := l.spendReserved(ctx, key, pl, start, budget, d); handled {
+		return err
+	}
+	err := l.roundTrip(ctx, key, pl, start, 0, noLease, budget, d)
+	if err == nil && d.Outcome == Allowed && !d.Degraded {
+		l.reserve(key, pl, start, d)
+	}
+	return err
+}
+
+// spendReserved decides key's request under the short part of pl when this
+// replica holds a reservation of its long part for it. handled is false
+// when it holds none, or the request must be decided whole (admissions
+// made without Redis to report, a plan being seeded): the caller then
+// decides as usual.
+func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, d *Decision) (handled bool, err error) {
+	if l.breaker.isOpen() || budget <= 0 || l.reg.seeding(pl) != nil {
+		return false, nil
+	}
+	if add, pending := l.fb.takePending(key, pl, start.UnixMicro()); add != nil {
+		l.fb.restorePending(key, pending)
+		return false, nil
+	}
+	ns := len(pl.short.windows)
+	var v verdict
+	v.win = make([]winVerdict, len(pl.windows))
+	left, deadline, ok := l.lease.reserveTake(key, pl, start, v.win[ns:])
+	if !ok {
+		return false, nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		l.lease.reserveGiveBack(key, pl, deadline)
+		*d = Decision{}
+		return true, cerr
+	}
+	var sv verdict
+	reply, err := l.batch.do(ctx, decision{keys: stateKeys(l.opts.Prefix, key, pl.short), pl: pl.short}, budget)
+	if err == nil {
+		err = decodeInto(pl.short, reply, &sv)
+	}
+	if err != nil {
+		l.lease.reserveGiveBack(key, pl, deadline)
+		if l.cache != nil {
+			l.cache.abandon(key)
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			*d = Decision{}
+			return true, cerr
+		}
+		return true, l.degraded(key, pl, start, 0, d)
+	}
+	if sv.outcome != Allowed {
+		l.lease.reserveGiveBack(key, pl, deadline)
+		left++
+	}
+	win := v.win
+	v = sv
+	v.win = win
+	copy(v.win, sv.win)
+	l.lease.observe(l.now().Sub(start))
+	// The fallback remembers Redis's own figures: for the long windows,
+	// the reservation counted whole.
+	l.fb.remember(key, pl, start.UnixMicro(), &v)
+	// The rest of the reservation is this process's to grant: report what
+	// remains for this request as if each had gone to Redis alone.
+	for i := ns; i < len(v.win); i++ {
+		v.win[i].remaining += left
+	}
+	l.finish(pl, &v, false, d)
+	d.Reserved = true
+	pl.reserved.Inc()
+	if l.cache != nil {
+		l.cache.store(key, pl, d, v.strikes, start)
+	}
+	return true, nil
+}

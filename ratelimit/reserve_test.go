@@ -1,0 +1,304 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// reservedLeft returns the admissions left in key's reservation.
+func reservedLeft(l *Limiter, key string) int64 {
+	sh := l.lease.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.keys[key]; e != nil {
+		return e.res.left
+	}
+	return 0
+}
+
+// coldPlan is the common plan of a cold key: a minute and a day, far from
+// both limits.
+var coldPlan = Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
+
+// TestReservationEndsOnTime reserves a cold key's day window and checks
+// that the reservation is spent only until it ends (the reservation's
+// life, inside a 432 s bucket of the day window), less the microsecond
+// the server's clock resolution costs, each spent admission making a
+// round trip in the minute window alone; that its admissions count in the
+// day window until the reservation's end plus the day; and that
+// Remaining counts down through it.
+func TestReservationEndsOnTime(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	// The start of a bucket of the day window (432 s).
+	t0 := epoch.Truncate(432 * time.Second).Add(432 * time.Second)
+	f.clk.Set(t0)
+	var reservedAt time.Time
+	for i := range 40 {
+		d := f.allow(t, "k", coldPlan)
+		f.l.reserving.Wait()
+		if !d.Allowed() || d.Leased || d.Windows[0].Remaining != int64(999-i) || d.Windows[1].Remaining != int64(99_999-i) {
+			t.Fatalf("request %d: %+v, want admitted by a round trip with %d and %d remaining", i, d, 999-i, 99_999-i)
+		}
+		if d.Reserved {
+			t.Fatalf("request %d reserved before any reservation was granted", i)
+		}
+		if reservedLeft(f.l, "k") >= 2 {
+			reservedAt = f.clk.Now()
+			break
+		}
+		// Four requests a second: no lease of the minute window forms.
+		f.clk.Add(250 * time.Millisecond)
+	}
+	if reservedAt.IsZero() {
+		t.Fatal("no reservation for a key sending 4 requests/s")
+	}
+	u, err := f.l.Usage(context.Background(), "k", coldPlan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spent := 1000 - u.Windows[0].Remaining
+	reserved := reservedLeft(f.l, "k")
+	if got := 100_000 - u.Windows[1].Remaining; got != spent+reserved {
+		t.Fatalf("day window counts %d, want the %d admitted and the %d reserved", got, spent, reserved)
+	}
+	end := reservedAt.Add(reserveLife)
+	counted := func(name string, labels map[string]string) float64 {
+		return testenv.CounterSum(t, f.reg, "petstore_ratelimit_"+name, labels)
+	}
+	reservedBefore := counted("reserved_total", map[string]string{"plan": "cold"})
+	decidedBefore := counted("decisions_total", map[string]string{"plan": "cold", "outcome": "allowed"})
+	spends := 0
+	// Spent one by one, each in a round trip of the minute window alone,
+	// at the same cold pace.
+	for n := int64(0); reservedLeft(f.l, "k") > 2 && f.clk.Now().Add(250*time.Millisecond).Before(end.Add(-2*time.Microsecond)); n++ {
+		f.clk.Add(250 * time.Millisecond)
+		before := f.cmds.scripts.Load()
+		d := f.allow(t, "k", coldPlan)
+		if !d.Reserved || d.Leased || f.cmds.scripts.Load() != before+1 || !d.Time.Equal(f.clk.Now()) {
+			t.Fatalf("request %d of the reservation: %+v (%d commands), want one round trip, reserved", n, d, f.cmds.scripts.Load()-before)
+		}
+		if want := 1000 - spent - n - 1; d.Windows[0].Remaining != want {
+			t.Fatalf("request %d of the reservation: minute remaining %d, want %d", n, d.Windows[0].Remaining, want)
+		}
+		if want := 100_000 - spent - n - 1; d.Windows[1].Remaining != want {
+			t.Fatalf("request %d of the reservation: day remaining %d, want %d (as if each had gone alone)", n, d.Windows[1].Remaining, want)
+		}
+		spends++
+	}
+	f.clk.Set(end.Add(-2 * time.Microsecond))
+	if d := f.allow(t, "k", coldPlan); !d.Reserved {
+		t.Fatalf("2µs before the reservation ends: %+v, want reserved", d)
+	}
+	spends++
+	if got := counted("reserved_total", map[string]string{"plan": "cold"}) - reservedBefore; got != float64(spends) {
+		t.Fatalf("reserved_total rose by %v over %d reserved decisions", got, spends)
+	}
+	if got := counted("decisions_total", map[string]string{"plan": "cold", "outcome": "allowed"}) - decidedBefore; got != float64(spends) {
+		t.Fatalf("decisions_total{allowed} rose by %v over %d reserved admissions", got, spends)
+	}
+	u, err = f.l.Usage(context.Background(), "k", coldPlan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := end.Add(24 * time.Hour); u.Windows[1].Reset.Before(want) {
+		t.Fatalf("day reset %s, want no earlier than the reservation's end plus the day, %s", u.Windows[1].Reset, want)
+	}
+	admitted := 1000 - u.Windows[0].Remaining
+	// 1µs before its end, the reservation's last admission is not spent:
+	// the request is decided whole, and the day window still counts it.
+	left := reservedLeft(f.l, "k")
+	if left < 1 {
+		t.Fatal("the reservation was spent before its end: nothing to check there")
+	}
+	f.clk.Set(end.Add(-time.Microsecond))
+	d := f.allow(t, "k", coldPlan)
+	if d.Reserved || !d.Allowed() {
+		t.Fatalf("1µs before the reservation's end: %+v, want admitted whole", d)
+	}
+	if want := 100_000 - admitted - left - 1; d.Windows[1].Remaining != want {
+		t.Fatalf("day remaining %d after the reservation, want %d: its %d unspent admissions stay counted", d.Windows[1].Remaining, want, left)
+	}
+}
+
+// TestReservationGivenBackOnRefusal fills a cold key's minute window while
+// it holds a reservation: refused requests give their reserved admission
+// back, so that once the minute window has room again the reservation
+// serves as many admissions as it was granted.
+func TestReservationGivenBackOnRefusal(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	p := Policy{Name: "tight", Windows: []Window{{Limit: 6, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
+	// Requests in the middle of the minute window's 300 ms buckets, 300 ms
+	// apart: never a lease of it, but a reservation of the day.
+	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432*time.Second + 150*time.Millisecond))
+	for range 4 {
+		f.allow(t, "k", p)
+		f.l.reserving.Wait()
+		f.clk.Add(300 * time.Millisecond)
+	}
+	granted := reservedLeft(f.l, "k")
+	if granted < 2 {
+		t.Fatalf("no reservation (%d)", granted)
+	}
+	admitted, refused := int64(0), 0
+	for i := range 12 {
+		d := f.allow(t, "k", p)
+		// (A refusal the rejection cache answers makes no round trip.)
+		if !d.Reserved && !d.Cached {
+			t.Fatalf("request %d not decided under the reservation: %+v", i, d)
+		}
+		if d.Reserved && d.Allowed() {
+			admitted++
+		} else if d.Reserved {
+			refused++
+		}
+		f.clk.Add(300 * time.Millisecond)
+	}
+	if refused == 0 || admitted == 0 {
+		t.Fatalf("%d admitted, %d refused under the reservation: want some of each", admitted, refused)
+	}
+	if left := reservedLeft(f.l, "k"); left != granted-admitted {
+		t.Fatalf("%d left of %d after %d admissions, want %d: refused requests keep their reserved admission", left, granted, admitted, granted-admitted)
+	}
+}
+
+// TestReservationsHoldEveryWindow plays generated cold traffic from one to
+// three replicas under generated plans of a short window and one or two
+// long ones (whose buckets outlast a reservation's life), limits from a
+// few to plenty, in half the cases with a second plan of other long limits
+// that replicas take up and drop, and checks the promise itself: no interval of any window's
+// length holds more admissions than its limit, by each admission's
+// Decision.Time. It fails unless reservations served some of them.
+func TestReservationsHoldEveryWindow(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 60)
+	reserved := runReservationCases(t, rng, 60, func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time) {
+		f := newFixture(t, Options{Replicas: replicas})
+		ls := []*Limiter{f.l}
+		for range replicas - 1 {
+			l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: replicas, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			ls = append(ls, l)
+		}
+		return ls, func(d time.Duration) { f.clk.Add(d) }, f.clk.Now
+	})
+	if reserved == 0 {
+		t.Fatal("no admission came from a reservation")
+	}
+}
+
+// TestReservationsHoldEveryWindowOnRedis plays the same on real Redis, by
+// real time (fewer and shorter cases).
+func TestReservationsHoldEveryWindowOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 4)
+	reserved := runReservationCases(t, rng, 4, func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time) {
+		prefix := randomPrefix(t)
+		var ls []*Limiter
+		for range replicas {
+			l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			ls = append(ls, l)
+		}
+		return ls, time.Sleep, time.Now
+	})
+	if reserved == 0 {
+		t.Fatal("no admission came from a reservation")
+	}
+}
+
+// runReservationCases runs cases generated cases: each a plan, a replica
+// count and a pace, replicas made by start (with a way to let time pass),
+// requests sent until the plan's short window has been filled and emptied
+// a few times. It returns the admissions reservations served.
+func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time)) int {
+	t.Helper()
+	total := 0
+	for c := range cases {
+		short := time.Duration(1+rng.IntN(4)) * time.Second
+		p := Policy{Name: "res", Windows: []Window{{Limit: 2 + rng.Int64N(60), Period: short}}}
+		// Long windows: periods whose buckets last a reservation's life
+		// or more, limits from below a reservation's margin to plenty.
+		longs := []time.Duration{1000 * time.Second, time.Hour, 24 * time.Hour}
+		for _, i := range rng.Perm(len(longs))[:1+rng.IntN(2)] {
+			p.Windows = append(p.Windows, Window{Limit: 5 + rng.Int64N(400), Period: longs[i]})
+		}
+		if rng.IntN(3) == 0 {
+			p.Ban = BanPolicy{Threshold: 3, StrikeWindow: short, Base: short, Multiplier: 2, Max: 4 * short, Memory: 10 * short}
+		}
+		// Half the cases: a second plan for the key, its long limits
+		// redrawn, that replicas take up and drop as they decide (a plan
+		// edit spreading, or reverted).
+		ps := []Policy{p}
+		if rng.IntN(2) == 0 {
+			q := p
+			q.Name = "res2"
+			q.Windows = slices.Clone(p.Windows)
+			for i := 1; i < len(q.Windows); i++ {
+				q.Windows[i].Limit = 5 + rng.Int64N(400)
+			}
+			ps = append(ps, q)
+		}
+		replicas := 1 + rng.IntN(3)
+		// Between 2 and 20 requests a second in all: too slow for a lease
+		// of the short window's buckets.
+		step := time.Duration(50+rng.IntN(450)) * time.Millisecond
+		requests := 40 + rng.IntN(80)
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			ls, sleep, _ := start(t, replicas)
+			var pls []*plan
+			for _, p := range ps {
+				pls = append(pls, compile(p, DefaultBuckets, DefaultStrikeBuckets))
+			}
+			onPlan := make([]int, len(ls))
+			var log admissionLog
+			reserved := 0
+			for i := range requests {
+				r := rng.IntN(len(ls))
+				if rng.IntN(6) == 0 {
+					onPlan[r] = rng.IntN(len(ps))
+				}
+				p, pl := ps[onPlan[r]], pls[onPlan[r]]
+				d, err := ls[r].Allow(context.Background(), "k", p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ls[r].reserving.Wait()
+				if d.Degraded {
+					t.Fatalf("request %d degraded: %+v", i, d)
+				}
+				if d.Allowed() {
+					if d.Reserved {
+						reserved++
+					}
+					if w, n := log.admit(pl, d.Time.UnixMicro()); w != nil {
+						t.Fatalf("%v, %d replicas: request %d (plan %s, reserved %v): %d admissions within %s ending at %s, limit %d",
+							ps, replicas, i, p.Name, d.Reserved, n, time.Duration(w.period)*time.Microsecond, d.Time.Format(time.RFC3339Nano), w.limit)
+					}
+				}
+				sleep(step / time.Duration(replicas) * time.Duration(1+rng.IntN(2)) / 2)
+			}
+			total += reserved
+		})
+	}
+	t.Logf("%d admissions came from reservations", total)
+	return total
+}
