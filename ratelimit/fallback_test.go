@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,20 +184,33 @@ func TestFallbackPendingCountNeverLow(t *testing.T) {
 // command, and each window of period W and limit L must find, among the
 // replica's degraded admissions, at most max(1, ⌊L/N⌋) within any W, and
 // at most ⌊R/N⌋ from the last shared answer (which left R) until W has
-// passed since that answer's round trip began.
+// passed since that answer's round trip began. Half the cases run with
+// leases and reservations: an answer that granted a lease, or spent a
+// reservation, left R as Redis counted it, the block whole (its unspent
+// part is added to the Remaining the caller sees).
 func TestFallbackKeepsItsBound(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 8)
-	local := 0
+	local, reservedLast := 0, 0
 	for c := range max(*invariantCases, 40) {
 		p := genPolicies(rng, 24*time.Hour)[0]
 		n := int64(1 + rng.IntN(5))
 		// Enough before the outage to spend part of small limits.
 		before, during := rng.IntN(300), 100+rng.IntN(200)
+		maxLease, cold := 1, false
+		if c%2 == 1 {
+			// The default: leases and reservations, with a long window to
+			// reserve and, half the time, a pace that earns reservations.
+			maxLease, cold = 0, rng.IntN(2) == 0
+			if cold || !slices.ContainsFunc(p.Windows, func(w Window) bool { return w.Period >= 200*reserveLife }) {
+				// A long window whose limit the traffic can come near, so
+				// that its share ⌊R/N⌋ binds.
+				p.Windows = slices.DeleteFunc(p.Windows, func(w Window) bool { return w.Period >= 200*reserveLife })
+				p.Windows = append(p.Windows, Window{Limit: 16 + rng.Int64N(400), Period: 200*reserveLife + time.Duration(rng.Int64N(int64(MaxPeriod-200*reserveLife)))})
+			}
+		}
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			// No leases: a lease's admissions were counted in Redis when
-			// granted, and the bound is about what a replica admits alone.
-			f := newFixture(t, Options{Replicas: int(n), MaxLease: 1})
+			f := newFixture(t, Options{Replicas: int(n), MaxLease: maxLease})
 			step := func() {
 				w := p.Windows[rng.IntN(len(p.Windows))].Period
 				switch rng.IntN(8) {
@@ -209,22 +223,48 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 			}
 			var last Decision // the last answer from Redis, at lastAt
 			var lastAt time.Time
+			var held []int64 // per window, the block of last this replica holds
+			pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
 			for range before {
-				step()
+				if cold {
+					f.clk.Add(time.Duration(rng.Int64N(int64(400 * time.Millisecond))).Truncate(time.Microsecond))
+				} else {
+					step()
+				}
 				at := f.clk.Now()
 				d, err := f.l.Allow(context.Background(), "k", p)
 				if err != nil || d.Degraded {
 					t.Fatalf("%+v %v", d, err)
 				}
-				if !d.Cached && !d.Leased {
-					last, lastAt = d, at
+				if d.Cached || d.Leased {
+					continue
 				}
+				last, lastAt = d, at
+				held = make([]int64, len(d.Windows))
+				if f.l.lease == nil {
+					continue
+				}
+				// After a round trip a lease left is the one it granted.
+				for i := range held {
+					held[i] = leaseLeft(f.l, "k")
+				}
+				if d.Reserved {
+					for i := range held {
+						if pl.windows[i].gran >= reserveLife.Microseconds() {
+							held[i] = reservedLeft(f.l, "k")
+						}
+					}
+				}
+				f.l.reserving.Wait()
+			}
+			if last.Reserved {
+				reservedLast++
 			}
 			// What each window's last shared answer leaves this replica:
 			// ⌊R/N⌋ until a period has passed since it.
 			share := map[time.Duration]int64{}
-			for _, lw := range last.Windows {
-				share[lw.Period] = lw.Remaining / n
+			for i, lw := range last.Windows {
+				share[lw.Period] = (lw.Remaining - held[i]) / n
 			}
 			f.mini.SetError("ERR injected: Redis refuses every command")
 			if rng.IntN(2) == 0 {
@@ -267,7 +307,7 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 			return
 		}
 	}
-	t.Logf("%d degraded admissions checked", local)
+	t.Logf("%d degraded admissions checked; %d cases' last shared answer spent a reservation", local, reservedLast)
 	if local == 0 {
 		t.Fatal("no degraded admission: the bound went unexercised")
 	}

@@ -128,7 +128,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		}
 		return false, noLease, nil
 	}
-	k := e.demand(pl, now, leaseLife, t.maxLease, t.rtt.Load())
+	k := e.size(pl, now, t.maxLease, t.rtt.Load())
 	if k <= 1 {
 		return false, noLease, nil
 	}
@@ -188,18 +188,17 @@ func (e *leaseEntry) note(now time.Time) {
 	e.cur++
 }
 
-// demand returns the lease to ask for under pl: the requests expected
-// within the time a lease of pl's windows taken now could be spent (at
-// most life), at most maxLease. The rate is
+// size returns the lease to ask for: the requests expected within the
+// time a lease taken now could be spent, at most maxLease. The rate is
 // that of the requests seen before this one, over the current rate period
 // and the one before, so a key seen once in a while never leases.
-func (e *leaseEntry) demand(pl *plan, now time.Time, life time.Duration, maxLease, rtt int64) int64 {
+func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
 	if maxLease <= 1 {
 		return 1
 	}
 	span := rateSpan + now.Sub(e.curStart)
 	us := now.UnixMicro()
-	rest := life.Microseconds()
+	rest := leaseLife.Microseconds()
 	for i := range pl.windows {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)

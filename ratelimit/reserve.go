@@ -36,7 +36,7 @@ import (
 // its life, so little is left. A decision under the short part reads and
 // writes no long window's record: for the common plan of a minute and a
 // day, about a quarter of a cold decision's work in Redis.
-const reserveLife = 5 * time.Second
+const reserveLife = 10 * time.Second
 
 // reservation is a key's reserved admissions of its plan's long windows.
 type reservation struct {
@@ -83,23 +83,50 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 	}
 }
 
-// reserveAsk returns the reservation to ask for key under pl at now (0:
-// none), and marks one in flight: the requests expected within the time
-// it could be spent, at most maxLease and most, when the key holds no
-// usable one.
-func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time, most int64) int64 {
+// reserveAsk marks a reservation round trip in flight for key under pl at
+// now and returns true, unless one is in flight or the key holds a usable
+// reservation (or no entry: the table is full).
+func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time) bool {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
+		return false
+	}
+	e.res.asking = true
+	return true
+}
+
+// reserveSize returns the reservation to ask for a key whose round trip
+// under pl, at now, was decided as d: its expected requests to this
+// replica within the time a reservation taken now could be spent, from the
+// requests its longest short window counts (the key's rate over a minute,
+// for the common plan, whatever replica admitted them, shared among
+// replicas), at most maxLease, and at most what leaves every long window
+// leaseMargin·k·replicas remaining. Below 2, none.
+func reserveSize(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) int64 {
+	ns := len(pl.short.windows)
+	sw := d.Windows[ns-1]
+	used := sw.Limit - sw.Remaining
+	us := now.UnixMicro()
+	rest := reserveLife.Microseconds()
+	for i := ns; i < len(pl.windows); i++ {
+		g := pl.windows[i].gran
+		rest = min(rest, (us/g+1)*g-us)
+	}
+	rest -= 2 * rtt
+	if rest <= 0 {
 		return 0
 	}
-	k := min(e.demand(pl.long, now, reserveLife, t.maxLease, t.rtt.Load()), most)
+	room := int64(math.MaxInt64)
+	for _, w := range d.Windows[ns:] {
+		room = min(room, w.Remaining)
+	}
+	k := min(used*rest/(sw.Period.Microseconds()*replicas), maxLease, room/(leaseMargin*replicas))
 	if k < 2 {
 		return 0
 	}
-	e.res.asking = true
 	return k
 }
 
@@ -131,28 +158,21 @@ func (e *leaseEntry) dropReservation() {
 }
 
 // reserve asks, in the background, for a reservation of key's long windows
-// under pl when its demand warrants one and d, the decision a round trip
-// under the whole plan just made at now, left every long window the
-// margin a reservation needs. (The script grants a single admission when
-// the margin is gone by the time it decides, which no request can spend:
-// the check makes that rare.)
+// under pl when d, the decision a round trip under the whole plan just
+// made at now, shows the key's rate warrants one and every long window the
+// margin it needs. (The script grants a single admission when the margin
+// is gone by the time it decides, which no request can spend: the check
+// makes that rare.)
 func (l *Limiter) reserve(key string, pl *plan, now time.Time, d *Decision) {
 	if l.closed.Load() || l.reg.seeding(pl) != nil {
 		return
 	}
-	perK := leaseMargin * max(l.replicas.live(), 1)
-	room := int64(math.MaxInt64)
-	for _, w := range d.Windows[len(pl.short.windows):] {
-		room = min(room, w.Remaining)
-	}
-	if room < 2*perK {
+	n := max(l.replicas.live(), 1)
+	k := reserveSize(pl, d, now, l.lease.maxLease, n, l.lease.rtt.Load())
+	if k < 2 || !l.lease.reserveAsk(key, pl, now) {
 		return
 	}
-	k := l.lease.reserveAsk(key, pl, now, room/perK)
-	if k < 2 {
-		return
-	}
-	ask := leaseAsk{want: k, need: k * perK, life: reserveLife.Microseconds()}
+	ask := leaseAsk{want: k, need: k * leaseMargin * n, life: reserveLife.Microseconds()}
 	l.reserving.Add(1)
 	l.goBackground(l.ctx, func(ctx context.Context) {
 		defer l.reserving.Done()

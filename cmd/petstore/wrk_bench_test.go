@@ -50,7 +50,8 @@ import (
 // work, without wrk's) and their difference (the limiter's cost per
 // decision in the server), Redis's CPU per request (INFO CPU), the calls
 // of the decision code per request and their time per request (INFO
-// commandstats), wrk's CPU per request, and the whole machine's busy CPU
+// commandstats), the shares of decisions served by a lease and made under
+// a reservation of the long windows, wrk's CPU per request, and the whole machine's busy CPU
 // per request (/proc/stat): when the machine is saturated, on/off is the
 // ratio of the two sides' machine CPU per request, whoever spends it;
 // and for redis_rate its throughput against off, the server CPU it adds
@@ -136,7 +137,8 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			}
 			pipelines, _ := strconv.Atoi(os.Getenv("BENCH_PIPELINES"))
 			hold, _ := time.ParseDuration(os.Getenv("BENCH_PIPELINE_HOLD"))
-			limiter, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold})
+			limReg := prometheus.NewRegistry()
+			limiter, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, Registerer: limReg})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -213,6 +215,10 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(on.gc*1e6/on.requests, "on-gc-cpu-us/req")
 			b.ReportMetric(perReq(on.rcp, on.requests), "redis-cpu-us/req")
 			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
+			if decided := testenv.CounterSum(b, limReg, "petstore_ratelimit_decisions_total", nil); decided > 0 {
+				b.ReportMetric(testenv.CounterSum(b, limReg, "petstore_ratelimit_leased_total", nil)/decided, "leased/decision")
+				b.ReportMetric(testenv.CounterSum(b, limReg, "petstore_ratelimit_reserved_total", nil)/decided, "reserved/decision")
+			}
 			b.ReportMetric(on.scriptUsec/on.requests, "redis-script-us/req")
 			// redis_rate in the same stack, the same rounds: what an
 			// established Redis limiter (a GCRA call per window, no
