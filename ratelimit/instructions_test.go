@@ -61,6 +61,8 @@ import (
 //   - head-moved-reserved, head-moved-banplan-reserved: the cold decision
 //     of a key holding a reservation of its day window (reserve.go): the
 //     minute window alone (and the ban record).
+//   - reservation: the call that reserves 20 admissions of a key's day
+//     window (every few seconds: the passes here are 300 ms apart).
 //   - floor-7-commands: the head-moved decision's seven commands on the
 //     same records from Lua with no decision logic (same keys, arguments
 //     and reply size): what any Lua code pays for this record format.
@@ -127,6 +129,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-reserved", business.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan-reserved", banPlan.short, 8, 2, "", 300 * time.Millisecond, 0},
+		{"reservation", business.long, 8, 2, "", 300 * time.Millisecond, 0},
 		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond, 0},
 		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond, 0},
 		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond, 0},
@@ -137,11 +140,15 @@ func BenchmarkRedisInstructions(b *testing.B) {
 			var total int64
 			for it := range b.N {
 				prefix := fmt.Sprintf("petstore:rl:i%d.%d:", ci, it)
+				ask := noLease
+				if c.name == "reservation" {
+					ask = leaseAsk{want: 20, need: 80, life: reserveLife.Microseconds()}
+				}
 				pass := func(fn string) {
 					for k := 0; k < keys; k += c.per {
 						ds := make([]decision, 0, c.per)
 						for j := k; j < k+c.per && j < keys; j++ {
-							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: noLease})})
+							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: ask})})
 						}
 						ks, args := batchCommand(ds)
 						if err := cg.rdb.FCall(ctx, fn, ks, args...).Err(); err != nil {

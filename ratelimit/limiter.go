@@ -652,7 +652,7 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 // replica drops what it cached for the key through the same announcement
 // as Unban; an admission lease another replica holds for the key is spent
 // until it ends (at most 1 s), and a reservation of its long windows too
-// (at most 5 s).
+// (at most 10 s).
 func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {

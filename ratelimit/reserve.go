@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"math"
 	"time"
 )
 
@@ -42,7 +41,6 @@ const reserveLife = 10 * time.Second
 type reservation struct {
 	pl       *plan // the whole plan it was taken for
 	left     int64
-	spent    int64 // handed out, for Remaining
 	deadline time.Time
 	win      []winVerdict // the long windows as the grant left them (the whole reservation counted)
 	asking   bool         // a reservation round trip is in flight
@@ -67,7 +65,6 @@ func (t *leaseTable) reserveTake(key string, pl *plan, now time.Time, win []winV
 	}
 	copy(win, r.win)
 	r.left--
-	r.spent++
 	return r.left, r.deadline, true
 }
 
@@ -79,55 +76,61 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 	defer sh.mu.Unlock()
 	if e := sh.keys[key]; e != nil && e.res.pl == pl && e.res.deadline.Equal(deadline) {
 		e.res.left++
-		e.res.spent--
 	}
 }
 
-// reserveAsk marks a reservation round trip in flight for key under pl at
-// now and returns true, unless one is in flight or the key holds a usable
-// reservation (or no entry: the table is full).
-func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time) bool {
+// reserveAsk returns the reservation to ask for key under pl at now, and
+// marks one in flight: the larger of two estimates of the key's requests
+// to this replica within rest µs (the time a reservation taken now could
+// be spent), at most most. The first, counted, is from the requests the
+// plan's longest short window counts (given by the caller: the key's rate
+// over a minute, for the common plan, whatever replica admitted them,
+// shared among replicas), right once a key has been active for that long;
+// the second from the requests this replica saw in the last 250 to 500 ms,
+// as a lease's size is, which sees a key's rate from its first second.
+// None (0) below 2, while one is in flight, or while the key holds a
+// usable reservation (or has no entry: the table is full).
+func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time, rest, counted, most int64) int64 {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
-		return false
+		return 0
+	}
+	seen := (e.prev + e.cur - 1) * rest / (rateSpan + now.Sub(e.curStart)).Microseconds()
+	k := min(max(counted, seen), most)
+	if k < 2 {
+		return 0
 	}
 	e.res.asking = true
-	return true
+	return k
 }
 
-// reserveSize returns the reservation to ask for a key whose round trip
-// under pl, at now, was decided as d: its expected requests to this
-// replica within the time a reservation taken now could be spent, from the
-// requests its longest short window counts (the key's rate over a minute,
-// for the common plan, whatever replica admitted them, shared among
-// replicas), at most maxLease, and at most what leaves every long window
-// leaseMargin·k·replicas remaining. Below 2, none.
-func reserveSize(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) int64 {
+// reserveSize returns, for a key whose round trip under pl at now was
+// decided as d, the time a reservation taken now could be spent (rest µs,
+// 0: none), the requests to this replica its longest short window's count
+// expects within it (counted), and the largest reservation every long
+// window's margin allows, at most maxLease (most).
+func reserveSize(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) (rest, counted, most int64) {
 	ns := len(pl.short.windows)
-	sw := d.Windows[ns-1]
-	used := sw.Limit - sw.Remaining
 	us := now.UnixMicro()
-	rest := reserveLife.Microseconds()
+	rest = reserveLife.Microseconds()
 	for i := ns; i < len(pl.windows); i++ {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
 	}
 	rest -= 2 * rtt
 	if rest <= 0 {
-		return 0
+		return 0, 0, 0
 	}
-	room := int64(math.MaxInt64)
+	sw := d.Windows[ns-1]
+	counted = (sw.Limit - sw.Remaining) * rest / (sw.Period.Microseconds() * replicas)
+	most = maxLease
 	for _, w := range d.Windows[ns:] {
-		room = min(room, w.Remaining)
+		most = min(most, w.Remaining/(leaseMargin*replicas))
 	}
-	k := min(used*rest/(sw.Period.Microseconds()*replicas), maxLease, room/(leaseMargin*replicas))
-	if k < 2 {
-		return 0
-	}
-	return k
+	return rest, counted, most
 }
 
 // reserved ends a reservation round trip for key under pl that started at
@@ -146,7 +149,7 @@ func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict, 
 		return
 	}
 	r := &e.res
-	r.pl, r.left, r.spent = pl, v.granted, 0
+	r.pl, r.left = pl, v.granted
 	// As a lease's: never later than its end on the server's clock.
 	r.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
 	r.win = append(r.win[:0], v.win...)
@@ -154,7 +157,7 @@ func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict, 
 
 // dropReservation forgets key's reservation (its admissions stay counted).
 func (e *leaseEntry) dropReservation() {
-	e.res.pl, e.res.left, e.res.spent = nil, 0, 0
+	e.res.pl, e.res.left = nil, 0
 }
 
 // reserve asks, in the background, for a reservation of key's long windows
@@ -168,8 +171,12 @@ func (l *Limiter) reserve(key string, pl *plan, now time.Time, d *Decision) {
 		return
 	}
 	n := max(l.replicas.live(), 1)
-	k := reserveSize(pl, d, now, l.lease.maxLease, n, l.lease.rtt.Load())
-	if k < 2 || !l.lease.reserveAsk(key, pl, now) {
+	rest, counted, most := reserveSize(pl, d, now, l.lease.maxLease, n, l.lease.rtt.Load())
+	if rest <= 0 || most < 2 {
+		return
+	}
+	k := l.lease.reserveAsk(key, pl, now, rest, counted, most)
+	if k < 2 {
 		return
 	}
 	ask := leaseAsk{want: k, need: k * leaseMargin * n, life: reserveLife.Microseconds()}
