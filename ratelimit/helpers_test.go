@@ -279,3 +279,20 @@ func batchCommand(ds []decision) ([]string, []any) {
 	}
 	return keys, appendBatchArgs(nil, ds)
 }
+
+// replicasOn returns n limiters sharing rdb under a fresh key prefix, as
+// replicas counting replicas live ones, heartbeats off.
+func replicasOn(t *testing.T, rdb redis.UniversalClient, n, replicas int) []*Limiter {
+	t.Helper()
+	prefix := randomPrefix(t)
+	var ls []*Limiter
+	for range n {
+		l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		ls = append(ls, l)
+	}
+	return ls
+}

@@ -15,11 +15,16 @@ import (
 
 // leaseLeft returns the admissions left in key's lease.
 func leaseLeft(l *Limiter, key string) int64 {
+	return leaseEntryField(l, key, func(e *leaseEntry) int64 { return e.left })
+}
+
+// leaseEntryField returns field of key's lease-table entry, 0 without one.
+func leaseEntryField(l *Limiter, key string, field func(*leaseEntry) int64) int64 {
 	sh := l.lease.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.keys[key]; e != nil {
-		return e.left
+		return field(e)
 	}
 	return 0
 }
@@ -511,16 +516,7 @@ func TestLeaseCapHoldsGeneratedPlansOnRedis(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 6)
 	runLeaseCapCases(t, rng, 24, func(t *testing.T, pa, pb Policy, replicas int, stepA, stepB time.Duration) int {
-		prefix := randomPrefix(t)
-		var ls []*Limiter
-		for range 2 {
-			l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = l.Close() })
-			ls = append(ls, l)
-		}
+		ls := replicasOn(t, rdb, 2, replicas)
 		return playLeaseCap(t, ls[0], ls[1], "k", pa, pb, stepA, stepB, time.Sleep)
 	})
 }

@@ -16,13 +16,7 @@ import (
 
 // reservedLeft returns the admissions left in key's reservation.
 func reservedLeft(l *Limiter, key string) int64 {
-	sh := l.lease.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e := sh.keys[key]; e != nil {
-		return e.res.left
-	}
-	return 0
+	return leaseEntryField(l, key, func(e *leaseEntry) int64 { return e.res.left })
 }
 
 // coldPlan is the common plan of a cold key: a minute and a day, far from
@@ -220,17 +214,7 @@ func TestReservationsHoldEveryWindowOnRedis(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 4)
 	reserved := runReservationCases(t, rng, 4, func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time) {
-		prefix := randomPrefix(t)
-		var ls []*Limiter
-		for range replicas {
-			l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = l.Close() })
-			ls = append(ls, l)
-		}
-		return ls, time.Sleep, time.Now
+		return replicasOn(t, rdb, replicas, replicas), time.Sleep, time.Now
 	})
 	if reserved == 0 {
 		t.Fatal("no admission came from a reservation")
