@@ -650,9 +650,10 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 // a request. (Counts of windows that p does not have, kept from an
 // earlier plan, expire with their period.) Every
 // replica drops what it cached for the key through the same announcement
-// as Unban; an admission lease another replica holds for the key is spent
-// until it ends (at most 1 s), and a reservation of its long windows too
-// (at most 10 s).
+// as Unban, and drops any lease or reservation it holds for the key: until
+// the announcement reaches a replica (or, if it is missed, until they end:
+// at most 1 s for a lease, 10 s for a reservation) those are spent
+// uncounted.
 func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {
@@ -680,9 +681,10 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	return nil
 }
 
-// subscribeLoop drops cached bans that another process lifted.
+// subscribeLoop drops cached bans that another process lifted, and the
+// leases and reservations of keys it reset.
 func (l *Limiter) subscribeLoop(ctx context.Context) {
-	if l.cache == nil {
+	if l.cache == nil && l.lease == nil {
 		return
 	}
 	sub := l.rdb.Subscribe(ctx, l.opts.Prefix+"unban")
@@ -696,8 +698,15 @@ func (l *Limiter) subscribeLoop(ctx context.Context) {
 			if !ok {
 				return
 			}
-			l.cache.forget(m.Payload)
+			if l.cache != nil {
+				l.cache.forget(m.Payload)
+			}
 			l.fb.unban(m.Payload)
+			// After a Reset the key's counts are gone: a lease or a
+			// reservation held here would admit uncounted until it ends.
+			if l.lease != nil {
+				l.lease.forget(m.Payload)
+			}
 		}
 	}
 }

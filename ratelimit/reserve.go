@@ -180,18 +180,20 @@ func (l *Limiter) reserve(key string, pl *plan, now time.Time, d *Decision) {
 		return
 	}
 	ask := leaseAsk{want: k, need: k * leaseMargin * n, life: reserveLife.Microseconds()}
+	// Not one of the background loops Close waits for: a request may still
+	// start one while Close runs. Close's cancel ends its wait for Redis.
 	l.reserving.Add(1)
-	l.goBackground(l.ctx, func(ctx context.Context) {
+	go func() {
 		defer l.reserving.Done()
 		sent := l.now()
 		var v verdict
-		reply, err := l.batch.do(ctx, decision{keys: stateKeys(l.opts.Prefix, key, pl.long), pl: pl.long,
+		reply, err := l.batch.do(l.ctx, decision{keys: stateKeys(l.opts.Prefix, key, pl.long), pl: pl.long,
 			nums: scriptNums(pl.long, input{lease: ask})}, l.opts.Timeout)
 		if err == nil {
 			err = decodeInto(pl.long, reply, &v)
 		}
 		l.lease.reserved(key, pl, sent, &v, err == nil)
-	})
+	}()
 }
 
 // reservedTrip decides a request of a key too slow to lease under a plan

@@ -298,3 +298,42 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 	t.Logf("%d admissions came from reservations", total)
 	return total
 }
+
+// TestResetDropsReservationsOnEveryReplica: a Reset on one replica reaches
+// another that holds a reservation for the key through the announcement,
+// which drops it, so that it admits nothing uncounted meanwhile.
+func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	other, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
+	for i := 0; reservedLeft(f.l, "k") < 2; i++ {
+		if i == 40 {
+			t.Fatal("no reservation for a key sending 4 requests/s")
+		}
+		f.allow(t, "k", coldPlan)
+		f.l.reserving.Wait()
+		f.clk.Add(250 * time.Millisecond)
+	}
+	// Subscriptions are set up asynchronously; give them a moment.
+	time.Sleep(100 * time.Millisecond)
+	if err := other.Reset(context.Background(), "k", coldPlan); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for reservedLeft(f.l, "k") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reserved admissions still held 2 s after a Reset elsewhere", reservedLeft(f.l, "k"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	f.clk.Add(250 * time.Millisecond)
+	d := f.allow(t, "k", coldPlan)
+	if d.Reserved || !d.Allowed() || d.Windows[1].Remaining != coldPlan.Windows[1].Limit-1 {
+		t.Fatalf("after the Reset: %+v, want decided whole, the day counting this request alone", d)
+	}
+}
