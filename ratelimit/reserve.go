@@ -46,26 +46,28 @@ type reservation struct {
 	asking   bool         // a reservation round trip is in flight
 }
 
-// reserveTake hands out one reserved admission of key under pl at now,
-// puts the long windows' standing as the grant left them in win (which
-// must hold len(pl.long.windows)), and returns the admissions left after
-// this one and the reservation's deadline, to give the admission back
-// with; ok is false when none is held.
-func (t *leaseTable) reserveTake(key string, pl *plan, now time.Time, win []winVerdict) (left int64, deadline time.Time, ok bool) {
+// reserveTake hands out one reserved admission of key under pl at now. It
+// returns a window standing for each of pl's windows, the long ones as the
+// grant left them (the short ones for the caller to fill), the admissions
+// left after this one and the reservation's deadline, to give the
+// admission back with; ok is false when none is held (and nothing is
+// allocated).
+func (t *leaseTable) reserveTake(key string, pl *plan, now time.Time) (win []winVerdict, left int64, deadline time.Time, ok bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil {
-		return 0, time.Time{}, false
+		return nil, 0, time.Time{}, false
 	}
 	r := &e.res
 	if r.left <= 0 || r.pl != pl || !now.Before(r.deadline) {
-		return 0, time.Time{}, false
+		return nil, 0, time.Time{}, false
 	}
-	copy(win, r.win)
+	win = make([]winVerdict, len(pl.windows))
+	copy(win[len(pl.windows)-len(r.win):], r.win)
 	r.left--
-	return r.left, r.deadline, true
+	return win, r.left, r.deadline, true
 }
 
 // reserveGiveBack returns an admission reserveTake handed out under the
@@ -225,10 +227,7 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 		l.fb.restorePending(key, pending)
 		return false, nil
 	}
-	ns := len(pl.short.windows)
-	var v verdict
-	v.win = make([]winVerdict, len(pl.windows))
-	left, deadline, ok := l.lease.reserveTake(key, pl, start, v.win[ns:])
+	win, left, deadline, ok := l.lease.reserveTake(key, pl, start)
 	if !ok {
 		return false, nil
 	}
@@ -257,8 +256,9 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 		l.lease.reserveGiveBack(key, pl, deadline)
 		left++
 	}
-	win := v.win
-	v = sv
+	// The decision under the whole plan: the short windows as decided, the
+	// long ones as the reservation's grant left them.
+	v := sv
 	v.win = win
 	copy(v.win, sv.win)
 	l.lease.observe(l.now().Sub(start))
@@ -267,7 +267,7 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 	l.fb.remember(key, pl, start.UnixMicro(), &v)
 	// The rest of the reservation is this process's to grant: report what
 	// remains for this request as if each had gone to Redis alone.
-	for i := ns; i < len(v.win); i++ {
+	for i := len(sv.win); i < len(v.win); i++ {
 		v.win[i].remaining += left
 	}
 	l.finish(pl, &v, false, d)
