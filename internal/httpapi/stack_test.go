@@ -37,7 +37,7 @@ const connFrames = 1280
 // move. Collections are off meanwhile, so that none shrinks the stack
 // under the test.
 func TestLeasedRequestFitsTheConnectionStack(t *testing.T) {
-	h, reg := stackTestServer(t, 0)
+	h, reg := stackTestServer(t, 0, busyPlan)
 	leased := func() float64 {
 		return testenv.CounterSum(t, reg, "petstore_ratelimit_leased_total", map[string]string{"plan": "busy"})
 	}
@@ -65,7 +65,7 @@ func TestLeasedRequestFitsTheConnectionStack(t *testing.T) {
 // select, the runtime's timer), and its frames (roundTrip, decide) fill
 // the caller's decision rather than returning one to copy.
 func TestRoundTripRequestFitsTheConnectionStack(t *testing.T) {
-	h, reg := stackTestServer(t, 1)
+	h, reg := stackTestServer(t, 1, busyPlan)
 	decided := func() float64 {
 		return testenv.CounterSum(t, reg, "petstore_ratelimit_decisions_total", map[string]string{"plan": "busy", "outcome": "allowed"})
 	}
@@ -87,10 +87,47 @@ func TestRoundTripRequestFitsTheConnectionStack(t *testing.T) {
 	}
 }
 
+// TestReservedRequestFitsTheConnectionStack checks the same for the
+// requests of a key decided under a reservation of its day window (leases
+// on, as by default), whose path to Redis is a frame deeper than the
+// others': a one-second window beside the day, whose 5 ms buckets leave
+// no time for a lease, so that every request makes a round trip and,
+// once the key's rate shows, holds a reserved admission (and before,
+// or between two reservations, is decided whole through the same path).
+func TestReservedRequestFitsTheConnectionStack(t *testing.T) {
+	p := ratelimit.Policy{Name: "cold", Windows: []ratelimit.Window{{Limit: 100_000, Period: time.Second}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
+	h, reg := stackTestServer(t, 0, p)
+	reserved := func() float64 {
+		return testenv.CounterSum(t, reg, "petstore_ratelimit_reserved_total", map[string]string{"plan": "cold"})
+	}
+	stackTestRequest(t, h, -1) // compiles the plan (not measured)
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	measured, whole := 0, 0
+	for i := 0; i < 2000 && measured < 50; i++ {
+		before := reserved()
+		moved := stackTestRequest(t, h, i)
+		if reserved() == before+1 {
+			measured++
+		} else {
+			whole++ // decided under the whole plan, by the same deeper path
+		}
+		if moved {
+			t.Fatalf("request %d (reserved: %v): a request of a key that may reserve outgrew the %d-byte stack a keep-alive connection settles at", i, reserved() == before+1, 8<<10)
+		}
+	}
+	if measured < 50 || whole == 0 {
+		t.Fatalf("%d requests decided under a reservation and %d whole: want 50 and some", measured, whole)
+	}
+}
+
+// busyPlan is a plan of a minute and a day whose limits the tests never
+// come near.
+var busyPlan = ratelimit.Policy{Name: "busy", Windows: []ratelimit.Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
+
 // stackTestServer returns the real router with a limiter on miniredis
 // (maxLease as Options.MaxLease: 0 the default, 1 no leases) and the
-// limiter's registry; every request's key is on a busy plan.
-func stackTestServer(t *testing.T, maxLease int) (http.Handler, *prometheus.Registry) {
+// limiter's registry; every request's key is on plan p.
+func stackTestServer(t *testing.T, maxLease int, p ratelimit.Policy) (http.Handler, *prometheus.Registry) {
 	t.Helper()
 	m := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
@@ -101,9 +138,8 @@ func stackTestServer(t *testing.T, maxLease int) (http.Handler, *prometheus.Regi
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Close() })
-	busy := ratelimit.Policy{Name: "busy", Windows: []ratelimit.Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
 	ts := newTestServer(t, func(c *Config) {
-		c.Auth = policyAuth{policy: busy}
+		c.Auth = policyAuth{policy: p}
 		c.Limiter = lim
 	})
 	return ts.handler, reg
