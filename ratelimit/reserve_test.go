@@ -188,7 +188,7 @@ func TestReservationGivenBackOnRefusal(t *testing.T) {
 func TestReservationsHoldEveryWindow(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 60)
-	reserved := runReservationCases(t, rng, 60, func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time) {
+	reserved := runReservationCases(t, rng, max(*invariantCases, 60), func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time) {
 		f := newFixture(t, Options{Replicas: replicas})
 		ls := []*Limiter{f.l}
 		for range replicas - 1 {
