@@ -81,58 +81,58 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 	}
 }
 
-// reserveAsk returns the reservation to ask for key under pl at now, and
-// marks one in flight: the larger of two estimates of the key's requests
-// to this replica within rest µs (the time a reservation taken now could
-// be spent), at most most. The first, counted, is from the requests the
-// plan's longest short window counts (given by the caller: the key's rate
-// over a minute, for the common plan, whatever replica admitted them,
-// shared among replicas), right once a key has been active for that long;
-// the second from the requests this replica saw in the last 250 to 500 ms,
-// as a lease's size is, which sees a key's rate from its first second.
-// None (0) below 2, while one is in flight, or while the key holds a
-// usable reservation (or has no entry: the table is full).
-func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time, rest, counted, most int64) int64 {
+// reserveAsk marks a reservation round trip in flight for key under pl at
+// now and returns true, unless one is in flight or the key holds a usable
+// reservation (or no entry: the table is full).
+func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time) bool {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
-		return 0
-	}
-	seen := (e.prev + e.cur - 1) * rest / (rateSpan + now.Sub(e.curStart)).Microseconds()
-	k := min(max(counted, seen), most)
-	if k < 2 {
-		return 0
+		return false
 	}
 	e.res.asking = true
-	return k
+	return true
 }
 
-// reserveSize returns, for a key whose round trip under pl at now was
-// decided as d, the time a reservation taken now could be spent (rest µs,
-// 0: none), the requests to this replica its longest short window's count
-// expects within it (counted), and the largest reservation every long
-// window's margin allows, at most maxLease (most).
-func reserveSize(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) (rest, counted, most int64) {
+// minReserve is the smallest reservation asked for: below it, the call
+// that reserves costs Redis about what the reserved decisions save
+// (BENCHMARKS.md).
+const minReserve = 4
+
+// reserveSize returns the reservation to ask for a key whose round trip
+// under pl, at now, was decided as d (0: none): the requests its longest
+// short window counts (all replicas' over a minute, for the common plan),
+// shared among replicas, scaled to the time a reservation taken now could
+// be spent; at most maxLease, and at most what leaves every long window
+// leaseMargin·k·replicas remaining. So what a reservation can leave
+// unspent, should the key stop, is at most what the key itself sent to
+// this replica over the last reservation's life on average (a sixth of its
+// last minute's requests for a minute window): a burst does not reserve
+// far beyond it, as an estimate from the last few hundred milliseconds
+// would.
+func reserveSize(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) int64 {
 	ns := len(pl.short.windows)
 	us := now.UnixMicro()
-	rest = reserveLife.Microseconds()
+	rest := reserveLife.Microseconds()
 	for i := ns; i < len(pl.windows); i++ {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
 	}
 	rest -= 2 * rtt
 	if rest <= 0 {
-		return 0, 0, 0
+		return 0
 	}
 	sw := d.Windows[ns-1]
-	counted = (sw.Limit - sw.Remaining) * rest / (sw.Period.Microseconds() * replicas)
-	most = maxLease
+	k := min((sw.Limit-sw.Remaining)*rest/(sw.Period.Microseconds()*replicas), maxLease)
 	for _, w := range d.Windows[ns:] {
-		most = min(most, w.Remaining/(leaseMargin*replicas))
+		k = min(k, w.Remaining/(leaseMargin*replicas))
 	}
-	return rest, counted, most
+	if k < minReserve {
+		return 0
+	}
+	return k
 }
 
 // reserved ends a reservation round trip for key under pl that started at
@@ -173,12 +173,8 @@ func (l *Limiter) reserve(key string, pl *plan, now time.Time, d *Decision) {
 		return
 	}
 	n := max(l.replicas.live(), 1)
-	rest, counted, most := reserveSize(pl, d, now, l.lease.maxLease, n, l.lease.rtt.Load())
-	if rest <= 0 || most < 2 {
-		return
-	}
-	k := l.lease.reserveAsk(key, pl, now, rest, counted, most)
-	if k < 2 {
+	k := reserveSize(pl, d, now, l.lease.maxLease, n, l.lease.rtt.Load())
+	if k == 0 || !l.lease.reserveAsk(key, pl, now) {
 		return
 	}
 	ask := leaseAsk{want: k, need: k * leaseMargin * n, life: reserveLife.Microseconds()}

@@ -273,6 +273,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 					onPlan[r] = rng.IntN(len(ps))
 				}
 				p, pl := ps[onPlan[r]], pls[onPlan[r]]
+				before := reservedLeft(ls[r], "k")
 				d, err := ls[r].Allow(context.Background(), "k", p)
 				if err != nil {
 					t.Fatal(err)
@@ -280,6 +281,17 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 				ls[r].reserving.Wait()
 				if d.Degraded {
 					t.Fatalf("request %d degraded: %+v", i, d)
+				}
+				// A reservation granted after this request holds no more
+				// than the key's own traffic over the short window, per
+				// replica, scaled to the reservation's life: what it could
+				// leave unspent, should the key stop now.
+				if k := reservedLeft(ls[r], "k"); k > before {
+					sw := d.Windows[0]
+					if most := (sw.Limit - sw.Remaining) * int64(reserveLife) / (int64(sw.Period) * int64(replicas)); k > most {
+						t.Fatalf("%v, %d replicas: request %d (%+v) earned a reservation of %d, more than the %d its short window's count allows",
+							ps, replicas, i, d, k, most)
+					}
 				}
 				if d.Allowed() {
 					if d.Reserved {
@@ -290,7 +302,15 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 							ps, replicas, i, p.Name, d.Reserved, n, time.Duration(w.period)*time.Microsecond, d.Time.Format(time.RFC3339Nano), w.limit)
 					}
 				}
-				sleep(step / time.Duration(replicas) * time.Duration(1+rng.IntN(2)) / 2)
+				// Mostly paced; now and then a burst (no pause), or a pause
+				// of a few seconds.
+				switch rng.IntN(16) {
+				case 0, 1:
+				case 2:
+					sleep(time.Duration(1+rng.IntN(4)) * time.Second)
+				default:
+					sleep(step / time.Duration(replicas) * time.Duration(1+rng.IntN(2)) / 2)
+				}
 			}
 			total += reserved
 		})
