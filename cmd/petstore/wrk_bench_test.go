@@ -61,7 +61,7 @@ import (
 //
 //	go test -run '^$' -bench ServeWithWrk -benchtime 1x ./cmd/petstore/
 //
-// Each round runs wrk for wrkSeconds; -benchtime Nx runs N rotations of
+// Each round runs wrk for wrkSeconds (BENCH_WRK_SECONDS, default 8); -benchtime Nx runs N rotations of
 // the four rounds per workload. It needs wrk (Debian's package) and redis-server.
 // BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
 // 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
@@ -349,8 +349,15 @@ func (fieldsOnly) Allow(_ context.Context, _ string, p ratelimit.Policy) (rateli
 	return d, nil
 }
 
-// wrkSeconds is how long each wrk round runs.
-const wrkSeconds = 8
+// wrkSeconds is how long each wrk round runs: 8, or BENCH_WRK_SECONDS
+// (a cold key reserves its day window once its minute shows its rate:
+// rounds of 30 s or more show that steady state).
+var wrkSeconds = func() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_WRK_SECONDS")); err == nil && n > 0 {
+		return n
+	}
+	return 8
+}()
 
 // writeWrkScript writes a wrk script that sends every request with the
 // next key in turn (each thread starting elsewhere in the list) and
