@@ -449,39 +449,51 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	if err != nil {
 		*v = verdict{}
 		l.fb.restorePending(key, pending)
-		if l.cache != nil {
-			l.cache.abandon(key)
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			// The caller gave up (a client that went away): nobody reads
-			// a decision, and one made without Redis would count the
-			// request here as well as in Redis (which its call may still
-			// reach) and tell the metrics that Redis failed.
-			*d = Decision{}
-			return cerr
-		}
-		// This request alone is decided without Redis; whether Redis is
-		// down is the breaker's to judge, from the pipelines.
-		return l.degraded(key, pl, start, extra, d)
+		return l.failedTrip(ctx, key, pl, start, extra, d)
 	}
-	// Before the lease's own part is added back to what it reports.
+	// A lease is counted whole, but the rest of it is this process's to
+	// grant.
+	l.answered(key, pl, start, v, 0, max(v.granted-1, 0), d)
+	return nil
+}
+
+// failedTrip answers a request whose round trip failed or went unanswered
+// in time.
+func (l *Limiter) failedTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, d *Decision) error {
+	if l.cache != nil {
+		l.cache.abandon(key)
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		// The caller gave up (a client that went away): nobody reads
+		// a decision, and one made without Redis would count the
+		// request here as well as in Redis (which its call may still
+		// reach) and tell the metrics that Redis failed.
+		*d = Decision{}
+		return cerr
+	}
+	// This request alone is decided without Redis; whether Redis is
+	// down is the breaker's to judge, from the pipelines.
+	return l.degraded(key, pl, start, extra, d)
+}
+
+// answered turns v, Redis's verdict for key from a round trip that began
+// at start, into d. The fallback remembers Redis's own counts; then the
+// admissions that round trip counted and this process holds to grant (a
+// lease's rest, a reservation's) are added back to the Remaining of
+// windows from on, so that it reads as if each request had gone to Redis
+// alone.
+func (l *Limiter) answered(key string, pl *plan, start time.Time, v *verdict, from int, held int64, d *Decision) {
 	l.fb.remember(key, pl, start.UnixMicro(), v)
 	if l.lease != nil {
 		l.lease.observe(l.now().Sub(start))
 	}
-	if v.granted > 1 {
-		// The whole lease is counted, but the rest of it is this
-		// process's to grant: report what remains for this request, as if
-		// it had been admitted alone.
-		for i := range v.win {
-			v.win[i].remaining += v.granted - 1
-		}
+	for i := from; i < len(v.win); i++ {
+		v.win[i].remaining += held
 	}
 	l.finish(pl, v, false, d)
 	if l.cache != nil {
 		l.cache.store(key, pl, d, v.strikes, start)
 	}
-	return nil
 }
 
 // degraded decides into d without Redis according to the failure mode.

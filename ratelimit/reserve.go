@@ -239,38 +239,19 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 	}
 	if err != nil {
 		l.lease.reserveGiveBack(key, pl, deadline)
-		if l.cache != nil {
-			l.cache.abandon(key)
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			*d = Decision{}
-			return true, cerr
-		}
-		return true, l.degraded(key, pl, start, 0, d)
+		return true, l.failedTrip(ctx, key, pl, start, 0, d)
 	}
 	if sv.outcome != Allowed {
 		l.lease.reserveGiveBack(key, pl, deadline)
 		left++
 	}
 	// The decision under the whole plan: the short windows as decided, the
-	// long ones as the reservation's grant left them.
+	// long ones as the reservation's grant left them (Redis's count).
 	v := sv
 	v.win = win
 	copy(v.win, sv.win)
-	l.lease.observe(l.now().Sub(start))
-	// The fallback remembers Redis's own figures: for the long windows,
-	// the reservation counted whole.
-	l.fb.remember(key, pl, start.UnixMicro(), &v)
-	// The rest of the reservation is this process's to grant: report what
-	// remains for this request as if each had gone to Redis alone.
-	for i := len(sv.win); i < len(v.win); i++ {
-		v.win[i].remaining += left
-	}
-	l.finish(pl, &v, false, d)
+	l.answered(key, pl, start, &v, len(sv.win), left, d)
 	d.Reserved = true
 	pl.reserved.Inc()
-	if l.cache != nil {
-		l.cache.store(key, pl, d, v.strikes, start)
-	}
 	return true, nil
 }
