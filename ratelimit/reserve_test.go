@@ -19,6 +19,21 @@ func reservedLeft(l *Limiter, key string) int64 {
 	return leaseEntryField(l, key, func(e *leaseEntry) int64 { return e.res.left })
 }
 
+// reservedUntil returns the deadline of key's reservation (zero: none
+// with admissions left).
+func reservedUntil(l *Limiter, key string) time.Time {
+	ns := leaseEntryField(l, key, func(e *leaseEntry) int64 {
+		if e.res.left <= 0 {
+			return 0
+		}
+		return e.res.deadline.UnixNano()
+	})
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
 // coldPlan is the common plan of a cold key: a minute and a day, far from
 // both limits.
 var coldPlan = Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
@@ -188,7 +203,7 @@ func TestReservationGivenBackOnRefusal(t *testing.T) {
 func TestReservationsHoldEveryWindow(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 60)
-	reserved := runReservationCases(t, rng, max(*invariantCases, 60), func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time) {
+	reserved := runReservationCases(t, rng, max(*invariantCases, 60), func(t *testing.T, replicas int) reservationReplicas {
 		f := newFixture(t, Options{Replicas: replicas})
 		ls := []*Limiter{f.l}
 		for range replicas - 1 {
@@ -199,7 +214,14 @@ func TestReservationsHoldEveryWindow(t *testing.T) {
 			t.Cleanup(func() { _ = l.Close() })
 			ls = append(ls, l)
 		}
-		return ls, func(d time.Duration) { f.clk.Add(d) }, f.clk.Now
+		return reservationReplicas{
+			ls:    ls,
+			sleep: func(d time.Duration) { f.clk.Add(d) },
+			now:   f.clk.Now,
+			outlive: func(policies []Policy, probes []outliveProbe, log *admissionLog) {
+				checkWindowsOutlive(t, f, ls[0], policies, probes, log)
+			},
+		}
 	})
 	if reserved == 0 {
 		t.Fatal("no admission came from a reservation")
@@ -207,25 +229,41 @@ func TestReservationsHoldEveryWindow(t *testing.T) {
 }
 
 // TestReservationsHoldEveryWindowOnRedis plays the same on real Redis, by
-// real time (fewer and shorter cases).
+// real time (fewer and shorter cases; the clock cannot jump a long
+// window's period ahead to probe it).
 func TestReservationsHoldEveryWindowOnRedis(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 4)
-	reserved := runReservationCases(t, rng, 4, func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time) {
-		return replicasOn(t, rdb, replicas, replicas), time.Sleep, time.Now
+	reserved := runReservationCases(t, rng, 4, func(t *testing.T, replicas int) reservationReplicas {
+		return reservationReplicas{ls: replicasOn(t, rdb, replicas, replicas), sleep: time.Sleep, now: time.Now}
 	})
 	if reserved == 0 {
 		t.Fatal("no admission came from a reservation")
 	}
 }
 
+// reservationReplicas is what a case of runReservationCases runs on: the
+// replicas, a way to let time pass and to read it, and, where the clock
+// can jump ahead (miniredis), checkWindowsOutlive.
+type reservationReplicas struct {
+	ls      []*Limiter
+	sleep   func(time.Duration)
+	now     func() time.Time
+	outlive func(policies []Policy, probes []outliveProbe, log *admissionLog) // nil: not checked
+}
+
 // runReservationCases runs cases generated cases: each a plan, a replica
 // count and a pace, replicas made by start (with a way to let time pass),
 // requests sent until the plan's short window has been filled and emptied
-// a few times. It returns the admissions reservations served.
-func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *testing.T, replicas int) ([]*Limiter, func(time.Duration), func() time.Time)) int {
+// a few times. Where the clock can jump, some requests are sent in the
+// last 1.5 ms of a replica's reservation, and the reserved admissions
+// (those all, a quarter of the others) are probed by checkWindowsOutlive:
+// a reservation spent past the end the script recorded for it would be
+// counted in a bucket that leaves the long windows before it does. It
+// returns the admissions reservations served.
+func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *testing.T, replicas int) reservationReplicas) int {
 	t.Helper()
 	total := 0
 	for c := range cases {
@@ -259,13 +297,15 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 		step := time.Duration(50+rng.IntN(450)) * time.Millisecond
 		requests := 40 + rng.IntN(80)
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			ls, sleep, _ := start(t, replicas)
+			h := start(t, replicas)
+			ls := h.ls
 			var pls []*plan
 			for _, p := range ps {
 				pls = append(pls, compile(p, DefaultBuckets, DefaultStrikeBuckets))
 			}
 			onPlan := make([]int, len(ls))
 			var log admissionLog
+			var probes []outliveProbe
 			reserved := 0
 			for i := range requests {
 				r := rng.IntN(len(ls))
@@ -273,6 +313,13 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 					onPlan[r] = rng.IntN(len(ps))
 				}
 				p, pl := ps[onPlan[r]], pls[onPlan[r]]
+				until := reservedUntil(ls[r], "k")
+				if h.outlive != nil && !until.IsZero() && rng.IntN(4) == 0 {
+					if d := until.Sub(h.now()) - time.Duration(rng.IntN(1500))*time.Microsecond; d > 0 {
+						h.sleep(d)
+					}
+				}
+				nearEnd := until.Sub(h.now()) < 2*time.Millisecond
 				before := reservedLeft(ls[r], "k")
 				d, err := ls[r].Allow(context.Background(), "k", p)
 				if err != nil {
@@ -296,6 +343,9 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 				if d.Allowed() {
 					if d.Reserved {
 						reserved++
+						if nearEnd || reserved%4 == 0 {
+							probes = append(probes, outliveProbe{x: d.Time.UnixMicro(), plan: onPlan[r]})
+						}
 					}
 					if w, n := log.admit(pl, d.Time.UnixMicro()); w != nil {
 						t.Fatalf("%v, %d replicas: request %d (plan %s, reserved %v): %d admissions within %s ending at %s, limit %d",
@@ -307,10 +357,13 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 				switch rng.IntN(16) {
 				case 0, 1:
 				case 2:
-					sleep(time.Duration(1+rng.IntN(4)) * time.Second)
+					h.sleep(time.Duration(1+rng.IntN(4)) * time.Second)
 				default:
-					sleep(step / time.Duration(replicas) * time.Duration(1+rng.IntN(2)) / 2)
+					h.sleep(step / time.Duration(replicas) * time.Duration(1+rng.IntN(2)) / 2)
 				}
+			}
+			if h.outlive != nil {
+				h.outlive(ps, probes, &log)
 			}
 			total += reserved
 		})
