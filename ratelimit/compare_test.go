@@ -25,7 +25,13 @@ import (
 // of both, then MULTI INCRBY EXPIRE EXEC when admitted). Two workloads:
 // busy (16 keys far from their limits, where this limiter leases) and
 // cold (20,000 keys each well under its limits: each comes back too
-// seldom for a lease to form, and every decision reaches Redis). The limiters take turns in rounds of
+// seldom for a lease to form, and every decision reaches Redis), and
+// steady: the cold workload after 15 s of it, untimed, by which time each
+// key's minute has counted enough of its requests for a reservation of
+// its day window (README, Reservations), as a key sending a few requests
+// a second does in service; there this limiter runs beside itself with
+// reservations (and leases) off, MaxLease 1, as "petstore-whole": what
+// reservations save. The limiters take turns in rounds of
 // b.N decisions from compareCallers goroutines, in a rotating order, so
 // that load from elsewhere on the machine weighs on all alike. Reported
 // per limiter: decisions/s, Redis CPU per decision (the server process's
@@ -46,13 +52,21 @@ import (
 // it still inside the sliding window, plus the current one's).
 func BenchmarkCompareLimiters(b *testing.B) {
 	testenv.RedisAddr(b)
+	cold := Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
+	others := []string{"redis_rate", "httprate-redis"}
 	workloads := []struct {
-		name string
-		keys int
-		p    Policy
+		name    string
+		keys    int
+		p       Policy
+		warm    time.Duration // each limiter decides the workload this long, untimed, first
+		against []string      // the contenders beside this limiter
 	}{
-		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}},
-		{"cold", 20_000, Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}},
+		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others},
+		{"cold", 20_000, cold, 0, others},
+		// (Against itself alone: the longer the others' rounds, the more
+		// of a key's minute slides out before its next, and the less
+		// steady the workload.)
+		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}},
 	}
 	for _, wl := range workloads {
 		b.Run(wl.name, func(b *testing.B) {
@@ -61,34 +75,60 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			b.Cleanup(func() { _ = rdb.Close() })
 			// No heartbeats or registry refreshes: their scripts would be
 			// counted in other limiters' rounds.
-			ours, err := New(rdb, Options{Timeout: time.Second, Prefix: "ours:", noHeartbeat: true})
-			if err != nil {
-				b.Fatal(err)
+			limiter := func(prefix string, maxLease int) *Limiter {
+				l, err := New(rdb, Options{Timeout: time.Second, Prefix: prefix, noHeartbeat: true, MaxLease: maxLease})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _ = l.Close() })
+				return l
 			}
-			defer ours.Close()
-			var leased atomic.Int64
-			contenders := []contender{
-				{name: "petstore", commands: []string{"fcall", "evalsha", "eval"}, allow: func(ctx context.Context, key string) (bool, error) {
-					d, err := ours.Allow(ctx, key, wl.p)
+			var leased, reserved atomic.Int64
+			allow := func(l *Limiter) func(ctx context.Context, key string) (bool, error) {
+				return func(ctx context.Context, key string) (bool, error) {
+					d, err := l.Allow(ctx, key, wl.p)
 					if d.Leased {
 						leased.Add(1)
+					}
+					if d.Reserved {
+						reserved.Add(1)
 					}
 					if err == nil && d.Degraded {
 						err = fmt.Errorf("degraded decision: %+v", d)
 					}
 					return d.Allowed(), err
-				}},
-				{name: "redis_rate", commands: []string{"evalsha", "eval"}, allow: func(ctx context.Context, key string) (bool, error) {
-					return twoWindowRedisRate(ctx, redis_rate.NewLimiter(rdb), "rr:"+key, wl.p)
-				}},
-				{name: "httprate-redis", commands: []string{"mget", "multi", "incrby", "expire", "exec"}, allow: func(ctx context.Context, key string) (bool, error) {
-					return httprateTwoWindows(ctx, rdb, "hr:"+key, wl.p, time.Now())
-				}},
+				}
+			}
+			scripts := []string{"fcall", "evalsha", "eval"}
+			contenders := []contender{{name: "petstore", commands: scripts, allow: allow(limiter("ours:", 0))}}
+			for _, name := range wl.against {
+				c := contender{name: name}
+				switch name {
+				case "redis_rate":
+					c.commands, c.allow = []string{"evalsha", "eval"}, func(ctx context.Context, key string) (bool, error) {
+						return twoWindowRedisRate(ctx, redis_rate.NewLimiter(rdb), "rr:"+key, wl.p)
+					}
+				case "httprate-redis":
+					c.commands, c.allow = []string{"mget", "multi", "incrby", "expire", "exec"}, func(ctx context.Context, key string) (bool, error) {
+						return httprateTwoWindows(ctx, rdb, "hr:"+key, wl.p, time.Now())
+					}
+				case "petstore-whole":
+					// Leases and reservations off: every decision whole.
+					c.commands, c.allow = scripts, allow(limiter("whole:", 1))
+				}
+				contenders = append(contenders, c)
 			}
 			keys := make([]string, wl.keys)
 			for i := range keys {
 				keys[i] = "key-" + strconv.Itoa(i)
 			}
+			// (This limiter last: its reservations would end while the
+			// others warmed.)
+			for i := range slices.Backward(contenders) {
+				contenders[i].warm(b, keys, wl.warm)
+			}
+			leased.Store(0)
+			reserved.Store(0)
 			const rounds = 3
 			b.ResetTimer()
 			for round := range rounds {
@@ -98,8 +138,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			n := float64(rounds * b.N)
 			for _, c := range contenders {
-				n := float64(rounds * b.N)
 				b.ReportMetric(n/c.elapsed.Seconds(), c.name+"-decisions/s")
 				b.ReportMetric(c.cpu.Seconds()*1e6/n, c.name+"-redis-cpu-us/decision")
 				b.ReportMetric(c.usec/n, c.name+"-redis-cmd-us/decision")
@@ -107,11 +147,16 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				b.ReportMetric(c.innerUsec/n, c.name+"-script-cmd-us/decision")
 				b.ReportMetric(float64(c.mallocs)/n, c.name+"-allocs/decision")
 			}
-			// The ratio of one machine's figures, measured in the same
+			// The ratios of one machine's figures, measured in the same
 			// rounds: steadier from machine to machine than either.
-			b.ReportMetric(contenders[0].cpu.Seconds()/contenders[1].cpu.Seconds(), "petstore/redis_rate-redis-cpu")
-			b.ReportMetric(float64(leased.Load())/float64(rounds*b.N), "petstore-leased/decision")
-			b.ReportMetric(float64(rounds*b.N)/float64(contenders[0].scripts), "petstore-decisions/script-call")
+			for _, c := range contenders[1:] {
+				b.ReportMetric(contenders[0].cpu.Seconds()/c.cpu.Seconds(), "petstore/"+c.name+"-redis-cpu")
+			}
+			// (Counted from this limiter's decisions only: the whole
+			// one's take neither.)
+			b.ReportMetric(float64(leased.Load())/n, "petstore-leased/decision")
+			b.ReportMetric(float64(reserved.Load())/n, "petstore-reserved/decision")
+			b.ReportMetric(n/float64(contenders[0].scripts), "petstore-decisions/script-call")
 		})
 	}
 }
@@ -197,6 +242,23 @@ func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
 	if n := denied.Load(); n > 0 {
 		b.Fatalf("%s denied %d decisions: the workload must stay under its limits", c.name, n)
 	}
+}
+
+// warm makes decisions over keys, in turn, from compareCallers
+// goroutines, for d, counting nothing.
+func (c *contender) warm(b *testing.B, keys []string, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	ctx := context.Background()
+	end := time.Now().Add(d)
+	inParallel(1<<62, func(i int64) bool {
+		if _, err := c.allow(ctx, keys[i%int64(len(keys))]); err != nil {
+			b.Error(err)
+			return false
+		}
+		return time.Now().Before(end)
+	})
 }
 
 // redisCPU returns the Redis server process's user and system CPU time.
