@@ -252,6 +252,9 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 		return v
 	}
 	v := out
+	// A caller may lend the windows' slice (spendReserved: the short
+	// windows' part of the whole plan's).
+	buf := v.win
 	if short {
 		// One admission: Allowed, no wait, no lease, no new ban.
 		*v = verdict{outcome: Allowed, granted: 1, now: next()}
@@ -289,7 +292,11 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 		w.reset = next()
 		return w
 	}
-	v.win = make([]winVerdict, len(pl.windows))
+	if cap(buf) >= len(pl.windows) {
+		v.win = buf[:len(pl.windows)]
+	} else {
+		v.win = make([]winVerdict, len(pl.windows))
+	}
 	for i := range v.win {
 		v.win[i] = window(&pl.windows[i])
 	}

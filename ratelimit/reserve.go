@@ -232,7 +232,8 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 		*d = Decision{}
 		return true, cerr
 	}
-	var sv verdict
+	// The short windows are decided into their places in win.
+	sv := verdict{win: win[:len(pl.short.windows)]}
 	reply, err := l.batch.do(ctx, decision{keys: stateKeys(l.opts.Prefix, key, pl.short), pl: pl.short}, budget)
 	if err == nil {
 		err = decodeInto(pl.short, reply, &sv)
@@ -249,7 +250,6 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 	// long ones as the reservation's grant left them (Redis's count).
 	v := sv
 	v.win = win
-	copy(v.win, sv.win)
 	l.answered(key, pl, start, &v, len(sv.win), left, d)
 	d.Reserved = true
 	pl.reserved.Inc()
