@@ -63,6 +63,9 @@ import (
 //
 // Each round runs wrk for wrkSeconds (BENCH_WRK_SECONDS, default 8); -benchtime Nx runs N rotations of
 // the four rounds per workload. It needs wrk (Debian's package) and redis-server.
+// BENCH_WHOLE (say 1) adds a fifth side: the limiter with leases and
+// reservations off (MaxLease 1), reported as whole/off, on/whole and its
+// server and Redis CPU a request.
 // BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
 // 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
 // puts the limiter's Redis that far away in each direction, through a
@@ -172,6 +175,14 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				rounds            int
 			}
 			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}, {name: "fields", limiter: fieldsOnly{}}}
+			if os.Getenv("BENCH_WHOLE") != "" {
+				whole, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, MaxLease: 1, Prefix: "whole:", Registerer: prometheus.NewRegistry()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer whole.Close()
+				sides = append(sides, &side{name: "whole", limiter: whole})
+			}
 			checkSideFields(b, keys[0], func(name string, l httpapi.Limiter) string {
 				url, stop := serve(name, l)
 				b.Cleanup(stop)
@@ -236,6 +247,15 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(perReq(fl.cpu, fl.requests)-perReq(off.cpu, off.requests), "fields-server-cpu-us/req")
 			b.ReportMetric(perReq(on.cpu, on.requests)-perReq(fl.cpu, fl.requests), "limiter-own-server-cpu-us/req")
 			b.ReportMetric(perReq(fl.wrk, fl.requests), "fields-wrk-cpu-us/req")
+			// The same limiter with leases and reservations off (BENCH_WHOLE):
+			// what they save, in the same rounds.
+			if len(sides) > 4 {
+				wh := sides[4]
+				b.ReportMetric((wh.requests/wh.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "whole/off")
+				b.ReportMetric((on.requests/on.elapsed.Seconds())/(wh.requests/wh.elapsed.Seconds()), "on/whole")
+				b.ReportMetric(perReq(wh.cpu, wh.requests)-perReq(off.cpu, off.requests), "whole-server-cpu-us/req")
+				b.ReportMetric(perReq(wh.rcp, wh.requests), "whole-redis-cpu-us/req")
+			}
 			ms := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
 			b.ReportMetric(perReq(off.wrk, off.requests), "off-wrk-cpu-us/req")
 			b.ReportMetric(perReq(on.wrk, on.requests), "on-wrk-cpu-us/req")
