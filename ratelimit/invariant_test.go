@@ -804,6 +804,80 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 	return policies
 }
 
+// remainingCheck checks, over a case's admissions, that an admitted
+// Decision's Remaining never tells the client of more room than its window
+// has, beyond what was admitted since the count it reports was read from
+// Redis other than through the same lease or reservation (README, Leases
+// and Reservations): for each window, Remaining <= max(limit - admissions
+// within (x-p, x], 0) + the admissions since that read not spent from
+// that lease or reservation. The read is the decision's own round trip,
+// and for a reserved decision's short windows; the round trip that took
+// the lease, for a leased one; and for a reserved decision's long windows
+// the round trip after which the reservation was granted. Round trips
+// over-count (unspent leases, buckets), so they never over-report.
+type remainingCheck struct {
+	by    []int     // each admission's replica, in the order admitted
+	at    []int64   // its time
+	pers  [][]int64 // its windows' periods
+	kind  []int     // 0 a round trip, 1 leased, 2 reserved
+	trip  map[int]int
+	grant map[int]int // each replica's reservation: granted after this admission
+	until map[int]time.Time
+}
+
+// admitted logs the admission d of replica l (r) under pl, after
+// log.admit and after any reservation it earned was taken, and checks its
+// Remaining.
+func (c *remainingCheck) admitted(t *testing.T, log *admissionLog, l *Limiter, r int, pl *plan, d Decision) {
+	t.Helper()
+	if c.trip == nil {
+		c.trip, c.grant, c.until = map[int]int{}, map[int]int{}, map[int]time.Time{}
+	}
+	x := d.Time.UnixMicro()
+	var pers []int64
+	for _, w := range pl.windows {
+		pers = append(pers, w.period)
+	}
+	kind := 0
+	if d.Leased {
+		kind = 1
+	} else if d.Reserved {
+		kind = 2
+	}
+	n := len(c.by)
+	c.by, c.at, c.pers, c.kind = append(c.by, r), append(c.at, x), append(c.pers, pers), append(c.kind, kind)
+	for i, w := range pl.windows {
+		read := n // the admissions after read were not seen
+		switch {
+		case d.Leased:
+			read = c.trip[r]
+		case d.Reserved && w.gran >= reserveLife.Microseconds():
+			read = c.grant[r]
+		}
+		var others int64
+		for j := read + 1; j < n; j++ {
+			own := c.by[j] == r && c.kind[j] == kind
+			if !own && c.at[j] > x-w.period && slices.Contains(c.pers[j], w.period) {
+				others++
+			}
+		}
+		room := max(w.limit-log.count(w.period, x), 0)
+		if got := d.Windows[i].Remaining; got > room+others {
+			t.Fatalf("replica %d (leased %v, reserved %v) at %d µs: the %s window reports %d remaining; its limit %d leaves %d, and %d were admitted otherwise since its count was read",
+				r, d.Leased, d.Reserved, x, time.Duration(w.period)*time.Microsecond, got, w.limit, room, others)
+		}
+	}
+	if kind == 0 {
+		c.trip[r] = n
+	}
+	// A reservation the replica holds now that it did not before was
+	// granted after this admission's round trip (on real time a little
+	// later, which only loosens the check).
+	if u := reservedUntil(l, "k"); !u.IsZero() && !u.Equal(c.until[r]) {
+		c.grant[r], c.until[r] = n, u
+	}
+}
+
 // outliveProbe is an admission (at x, Redis time, µs) under plan plan
 // whose windows checkWindowsOutlive looks at just before it leaves them.
 type outliveProbe struct {
@@ -931,6 +1005,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 			}
 			var log admissionLog
 			var probes []outliveProbe
+			var remaining remainingCheck
 			// ask decides one request of replica r under plan pi, and
 			// checks an admission against the windows of its plan.
 			ask := func(r, pi int) Decision {
@@ -958,6 +1033,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 					t.Fatalf("%v: replica %d (plan %d, leased %v): %d admissions within %s ending at %d, limit %d",
 						policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 				}
+				remaining.admitted(t, &log, ls[r], r, plans[pi], d)
 				// (Every third leased or reserved admission: a probe costs
 				// a round trip.)
 				if d.Leased && leased%3 == 0 || d.Reserved && reserved%3 == 0 {
