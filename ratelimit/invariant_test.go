@@ -804,9 +804,11 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 	return policies
 }
 
-// remainingCheck checks, over a case's admissions, that an admitted
-// Decision's Remaining never tells the client of more room than its window
-// has, beyond what was admitted since the count it reports was read from
+// windowFieldsCheck checks, over a case's admissions, each admitted
+// Decision's windows: that Reset is when the requests the window counts
+// have all slid out (this admission a period on at the earliest, the end
+// of the current bucket a period on at the latest), and that Remaining
+// never tells the client of more room than its window has, beyond what was admitted since the count it reports was read from
 // Redis other than through the same lease or reservation (README, Leases
 // and Reservations): for each window, Remaining <= max(limit - admissions
 // within (x-p, x], 0) + the admissions since that read not spent from
@@ -815,7 +817,7 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 // the lease, for a leased one; and for a reserved decision's long windows
 // the round trip after which the reservation was granted. Round trips
 // over-count (unspent leases, buckets), so they never over-report.
-type remainingCheck struct {
+type windowFieldsCheck struct {
 	by    []int     // each admission's replica, in the order admitted
 	at    []int64   // its time
 	pers  [][]int64 // its windows' periods
@@ -827,8 +829,8 @@ type remainingCheck struct {
 
 // admitted logs the admission d of replica l (r) under pl, after
 // log.admit and after any reservation it earned was taken, and checks its
-// Remaining.
-func (c *remainingCheck) admitted(t *testing.T, log *admissionLog, l *Limiter, r int, pl *plan, d Decision) {
+// windows' Reset and Remaining.
+func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter, r int, pl *plan, d Decision) {
 	t.Helper()
 	if c.trip == nil {
 		c.trip, c.grant, c.until = map[int]int{}, map[int]int{}, map[int]time.Time{}
@@ -860,6 +862,15 @@ func (c *remainingCheck) admitted(t *testing.T, log *admissionLog, l *Limiter, r
 			if !own && c.at[j] > x-w.period && slices.Contains(c.pers[j], w.period) {
 				others++
 			}
+		}
+		// Reset: when the requests the window counts have all slid out.
+		// This admission is among them, and the newest any of them can
+		// be is the end of the current bucket (a lease's or a
+		// reservation's end, recorded as its bucket's last event,
+		// rounded up to the record's unit).
+		if reset, most := d.Windows[i].Reset.UnixMicro(), x+w.period+w.gran+w.unit; reset < x+w.period || reset > most {
+			t.Fatalf("replica %d (leased %v, reserved %v) at %d µs: the %s window's reset %d µs is not within [%d, %d] (x + period, plus a bucket of %d µs and a unit)",
+				r, d.Leased, d.Reserved, x, time.Duration(w.period)*time.Microsecond, reset, x+w.period, most, w.gran)
 		}
 		room := max(w.limit-log.count(w.period, x), 0)
 		if got := d.Windows[i].Remaining; got > room+others {
@@ -1005,7 +1016,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 			}
 			var log admissionLog
 			var probes []outliveProbe
-			var remaining remainingCheck
+			var fields windowFieldsCheck
 			// ask decides one request of replica r under plan pi, and
 			// checks an admission against the windows of its plan.
 			ask := func(r, pi int) Decision {
@@ -1033,7 +1044,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 					t.Fatalf("%v: replica %d (plan %d, leased %v): %d admissions within %s ending at %d, limit %d",
 						policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 				}
-				remaining.admitted(t, &log, ls[r], r, plans[pi], d)
+				fields.admitted(t, &log, ls[r], r, plans[pi], d)
 				// (Every third leased or reserved admission: a probe costs
 				// a round trip.)
 				if d.Leased && leased%3 == 0 || d.Reserved && reserved%3 == 0 {

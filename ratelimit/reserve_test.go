@@ -306,7 +306,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 			onPlan := make([]int, len(ls))
 			var log admissionLog
 			var probes []outliveProbe
-			var remaining remainingCheck
+			var fields windowFieldsCheck
 			reserved := 0
 			for i := range requests {
 				r := rng.IntN(len(ls))
@@ -352,7 +352,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 						t.Fatalf("%v, %d replicas: request %d (plan %s, reserved %v): %d admissions within %s ending at %s, limit %d",
 							ps, replicas, i, p.Name, d.Reserved, n, time.Duration(w.period)*time.Microsecond, d.Time.Format(time.RFC3339Nano), w.limit)
 					}
-					remaining.admitted(t, &log, ls[r], r, pl, d)
+					fields.admitted(t, &log, ls[r], r, pl, d)
 				}
 				// Mostly paced; now and then a burst (no pause), or a pause
 				// of a few seconds.
