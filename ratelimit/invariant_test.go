@@ -805,7 +805,8 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 }
 
 // windowFieldsCheck checks, over a case's admissions, each admitted
-// Decision's windows: that Reset is when the requests the window counts
+// Decision's windows: that Binding is the one with the fewest remaining
+// (the longer on a tie), that Reset is when the requests the window counts
 // have all slid out (this admission a period on at the earliest, the end
 // of the current bucket a period on at the latest), and that Remaining
 // never tells the client of more room than its window has, beyond what was admitted since the count it reports was read from
@@ -877,6 +878,17 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 			t.Fatalf("replica %d (leased %v, reserved %v) at %d µs: the %s window reports %d remaining; its limit %d leaves %d, and %d were admitted otherwise since its count was read",
 				r, d.Leased, d.Reserved, x, time.Duration(w.period)*time.Microsecond, got, w.limit, room, others)
 		}
+	}
+	// Binding: the window with the fewest remaining, the longer on a tie
+	// (Windows are ordered by period).
+	bind := 0
+	for i, w := range d.Windows {
+		if w.Remaining <= d.Windows[bind].Remaining {
+			bind = i
+		}
+	}
+	if d.Binding != bind {
+		t.Fatalf("replica %d at %d µs: binding window %d of %+v, want %d (the fewest remaining, the longer on a tie)", r, x, d.Binding, d.Windows, bind)
 	}
 	if kind == 0 {
 		c.trip[r] = n
