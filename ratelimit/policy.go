@@ -185,7 +185,9 @@ func (p Policy) Sorted() Policy {
 	return p
 }
 
-// FormatPeriod prints a period compactly: 1m, 24h, 1500ms.
+// FormatPeriod prints a period compactly and exactly, in the largest unit
+// that divides it: 1m, 24h, 1500ms, 1500us. (Exactly: plans, keys and
+// overrides are written with it and read back.)
 func FormatPeriod(d time.Duration) string {
 	return string(AppendPeriod(make([]byte, 0, 8), d))
 }
@@ -193,7 +195,7 @@ func FormatPeriod(d time.Duration) string {
 // AppendPeriod appends FormatPeriod(d) to b. Whole hours stay hours, so
 // "24h" reads as in the plans file.
 func AppendPeriod(b []byte, d time.Duration) []byte {
-	unit, name := time.Millisecond, "ms"
+	unit, name := time.Nanosecond, "ns"
 	switch {
 	case d%time.Hour == 0:
 		unit, name = time.Hour, "h"
@@ -201,6 +203,10 @@ func AppendPeriod(b []byte, d time.Duration) []byte {
 		unit, name = time.Minute, "m"
 	case d%time.Second == 0:
 		unit, name = time.Second, "s"
+	case d%time.Millisecond == 0:
+		unit, name = time.Millisecond, "ms"
+	case d%time.Microsecond == 0:
+		unit, name = time.Microsecond, "us"
 	}
 	return append(strconv.AppendInt(b, int64(d/unit), 10), name...)
 }

@@ -1,6 +1,7 @@
 package plan_test
 
 import (
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,40 @@ func TestParsePeriod(t *testing.T) {
 		}
 		if err != nil || got != tt.want {
 			t.Errorf("ParsePeriod(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+// TestPeriodRoundTrips: every period the limiter accepts, from 1 ms to 366
+// days at any precision, is written by ratelimit.FormatPeriod (plans and
+// keys exported, overrides stored in PostgreSQL, the rate-limit fields'
+// names) as text that ParsePeriod (and time.ParseDuration, for stored
+// overrides) reads back as the same period: none is rounded to a coarser
+// unit on the way.
+func TestPeriodRoundTrips(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	units := []time.Duration{time.Nanosecond, time.Microsecond, time.Millisecond, time.Second, time.Minute, time.Hour, day}
+	periods := []time.Duration{ratelimit.MinPeriod, ratelimit.MaxPeriod, 1500 * time.Microsecond, time.Millisecond + time.Nanosecond, day - time.Nanosecond}
+	for range 20_000 {
+		// A whole number of a random unit, then and now a remainder.
+		u := units[rng.IntN(len(units))]
+		d := time.Duration(1+rng.Int64N(int64(ratelimit.MaxPeriod/u))) * u
+		if rng.IntN(3) == 0 {
+			d += time.Duration(rng.Int64N(int64(u)))
+		}
+		if d >= ratelimit.MinPeriod && d <= ratelimit.MaxPeriod {
+			periods = append(periods, d)
+		}
+	}
+	for _, d := range periods {
+		s := ratelimit.FormatPeriod(d)
+		if got, err := plan.ParsePeriod(s); err != nil || got != d {
+			t.Fatalf("FormatPeriod(%d ns) = %q, read back as %v (%v)", int64(d), s, got, err)
+		}
+		// The key store reads stored overrides with time.ParseDuration.
+		if got, err := time.ParseDuration(s); err != nil || got != d {
+			t.Fatalf("FormatPeriod(%d ns) = %q, which time.ParseDuration reads as %v (%v)", int64(d), s, got, err)
 		}
 	}
 }
