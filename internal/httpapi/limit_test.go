@@ -4,14 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/animal-store/petstore/internal/plan"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -130,6 +134,127 @@ func TestRateLimitHeadersBindingWindow(t *testing.T) {
 		}
 		if errs := spellingErrors(h); len(errs) > 0 {
 			t.Errorf("%s: %v", tt.name, errs)
+		}
+	}
+}
+
+// TestRateLimitHeadersOverGeneratedDecisions checks the rate-limit fields
+// against what the README promises, for decisions generated across the
+// accepted space (one to four windows, periods from 1 ms to 366 days at
+// millisecond or microsecond precision, limits from 1 to MaxLimit, every
+// outcome, the decision's time set or not): the X-RateLimit fields give
+// the binding window's limit, its remaining (0 when refused) and when its
+// counted requests have all slid out, in Unix seconds rounded up (for a
+// ban, no earlier than its end; never before the decision); RateLimit
+// names that window and gives the same remaining and the seconds until
+// then, rounded up; RateLimit-Policy lists every window, named by a
+// period that parses back exactly, with its limit and its period in whole
+// seconds (at least 1). Every value is a valid structured field.
+func TestRateLimitHeadersOverGeneratedDecisions(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(7, 11))
+	item := regexp.MustCompile(`^"([0-9a-z]+)";(r|q)=([0-9]{1,15});(t|w)=([0-9]{1,15})$`)
+	limits := []int64{1, 2, 127, 128, 255, 256, 65_535, 65_536, ratelimit.MaxLimit}
+	for c := range 20_000 {
+		var d ratelimit.Decision
+		for range 1 + rng.IntN(4) {
+			unit := time.Millisecond
+			if rng.IntN(4) == 0 {
+				unit = time.Microsecond
+			}
+			p := max(time.Duration(rng.Int64N(int64(ratelimit.MaxPeriod/unit)))*unit, ratelimit.MinPeriod)
+			if rng.IntN(2) == 0 {
+				p = []time.Duration{time.Millisecond, time.Second, time.Minute, time.Hour, 24 * time.Hour, ratelimit.MaxPeriod}[rng.IntN(6)]
+			}
+			if slices.ContainsFunc(d.Windows, func(w ratelimit.WindowState) bool { return w.Period == p }) {
+				continue
+			}
+			l := 1 + rng.Int64N(ratelimit.MaxLimit)
+			if rng.IntN(2) == 0 {
+				l = limits[rng.IntN(len(limits))]
+			}
+			d.Windows = append(d.Windows, ratelimit.WindowState{Window: ratelimit.Window{Limit: l, Period: p}, Remaining: rng.Int64N(l + 1)})
+		}
+		slices.SortFunc(d.Windows, func(a, b ratelimit.WindowState) int { return int(a.Period - b.Period) })
+		now := time.Unix(1_700_000_000+rng.Int64N(1e8), rng.Int64N(1e9))
+		clock := now
+		if rng.IntN(2) == 0 {
+			d.Time = now
+			clock = now.Add(time.Duration(rng.Int64N(int64(time.Hour)))) // the decision's own time wins
+		}
+		for i := range d.Windows {
+			w := &d.Windows[i]
+			w.Reset = now.Add(time.Duration(rng.Int64N(int64(w.Period+w.Period/200))) / time.Microsecond * time.Microsecond)
+			if w.Remaining <= d.Windows[d.Binding].Remaining {
+				d.Binding = i
+			}
+		}
+		d.Outcome = []ratelimit.Outcome{ratelimit.Allowed, ratelimit.Limited, ratelimit.Banned}[rng.IntN(3)]
+		if !d.Allowed() {
+			d.RetryAfter = time.Duration(1 + rng.Int64N(int64(2*d.Bound().Period)))
+		}
+		h := http.Header{}
+		setLimitHeaders(h, &d, func() time.Time { return clock })
+
+		b := d.Bound()
+		remaining := b.Remaining
+		if !d.Allowed() {
+			remaining = 0
+		}
+		reset := b.Reset
+		if d.Outcome == ratelimit.Banned && now.Add(d.RetryAfter).After(reset) {
+			reset = now.Add(d.RetryAfter)
+		}
+		if now.After(reset) {
+			reset = now
+		}
+		// By the exact spelling (h.Get would canonicalize the name).
+		get := func(name string) string { return strings.Join(h[name], ",") }
+		fail := func(format string, args ...any) {
+			t.Helper()
+			t.Fatalf("decision %d %+v (now %s): %s; fields %v", c, d, now.Format(time.RFC3339Nano), fmt.Sprintf(format, args...), h)
+		}
+		if got := get("X-RateLimit-Limit"); got != strconv.FormatInt(b.Limit, 10) {
+			fail("X-RateLimit-Limit %q, want the binding window's limit %d", got, b.Limit)
+		}
+		if got := get("X-RateLimit-Remaining"); got != strconv.FormatInt(remaining, 10) {
+			fail("X-RateLimit-Remaining %q, want %d", got, remaining)
+		}
+		xr, err := strconv.ParseInt(get("X-RateLimit-Reset"), 10, 64)
+		if err != nil || time.Unix(xr, 0).Before(reset) || !time.Unix(xr-1, 0).Before(reset) {
+			fail("X-RateLimit-Reset %q, want %s rounded up to a whole second", get("X-RateLimit-Reset"), reset.Format(time.RFC3339Nano))
+		}
+		m := item.FindStringSubmatch(get("RateLimit"))
+		if m == nil || m[2] != "r" || m[4] != "t" {
+			fail("RateLimit %q is not an item \"NAME\";r=N;t=N", get("RateLimit"))
+		}
+		if p, err := plan.ParsePeriod(m[1]); err != nil || p != b.Period {
+			fail("RateLimit names %q, not the binding window's period %s", m[1], b.Period)
+		}
+		if m[3] != strconv.FormatInt(remaining, 10) {
+			fail("RateLimit r=%s, want %d", m[3], remaining)
+		}
+		ts, _ := strconv.ParseInt(m[5], 10, 64)
+		if wait := reset.Sub(now); time.Duration(ts)*time.Second < wait || ts > 0 && time.Duration(ts-1)*time.Second >= wait {
+			fail("RateLimit t=%d, want %s rounded up to whole seconds", ts, wait)
+		}
+		items := strings.Split(get("RateLimit-Policy"), ", ")
+		if len(items) != len(d.Windows) {
+			fail("RateLimit-Policy has %d items for %d windows", len(items), len(d.Windows))
+		}
+		for i, it := range items {
+			m := item.FindStringSubmatch(it)
+			w := d.Windows[i]
+			if m == nil || m[2] != "q" || m[4] != "w" {
+				fail("RateLimit-Policy item %q is not \"NAME\";q=N;w=N", it)
+			}
+			if p, err := plan.ParsePeriod(m[1]); err != nil || p != w.Period {
+				fail("RateLimit-Policy item %q names another period than %s", it, w.Period)
+			}
+			ws := int64((w.Period + time.Second - 1) / time.Second)
+			if m[3] != strconv.FormatInt(w.Limit, 10) || m[5] != strconv.FormatInt(ws, 10) {
+				fail("RateLimit-Policy item %q, want q=%d;w=%d", it, w.Limit, ws)
+			}
 		}
 	}
 }
