@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
+
 	"github.com/animal-store/petstore/internal/plan"
 	"github.com/animal-store/petstore/ratelimit"
 )
@@ -149,12 +151,25 @@ func TestRateLimitHeadersBindingWindow(t *testing.T) {
 // names that window and gives the same remaining and the seconds until
 // then, rounded up; RateLimit-Policy lists every window, named by a
 // period that parses back exactly, with its limit and its period in whole
-// seconds (at least 1). Every value is a valid structured field.
+// seconds (at least 1). Every value fits its schema in openapi.yaml.
 func TestRateLimitHeadersOverGeneratedDecisions(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(7, 11))
 	item := regexp.MustCompile(`^"([0-9a-z]+)";(r|q)=([0-9]{1,15});(t|w)=([0-9]{1,15})$`)
 	limits := []int64{1, 2, 127, 128, 255, 256, 65_535, 65_536, ratelimit.MaxLimit}
+	// The fields' schemas in the OpenAPI document.
+	contract := loadContract(t)
+	schema := func(name string) *openapi3.Schema {
+		h := contract.doc.Components.Headers[name]
+		if h == nil || h.Value.Schema == nil {
+			t.Fatalf("openapi.yaml has no schema for the %s header", name)
+		}
+		return h.Value.Schema.Value
+	}
+	schemas := map[string]*openapi3.Schema{}
+	for _, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit", "RateLimit-Policy"} {
+		schemas[name] = schema(name)
+	}
 	for c := range 20_000 {
 		var d ratelimit.Decision
 		for range 1 + rng.IntN(4) {
@@ -213,6 +228,19 @@ func TestRateLimitHeadersOverGeneratedDecisions(t *testing.T) {
 		fail := func(format string, args ...any) {
 			t.Helper()
 			t.Fatalf("decision %d %+v (now %s): %s; fields %v", c, d, now.Format(time.RFC3339Nano), fmt.Sprintf(format, args...), h)
+		}
+		for name, sc := range schemas {
+			var v any = get(name)
+			if sc.Type.Is("integer") {
+				n, err := strconv.ParseInt(get(name), 10, 64)
+				if err != nil {
+					fail("%s %q is not an integer", name, get(name))
+				}
+				v = float64(n)
+			}
+			if err := sc.VisitJSON(v); err != nil {
+				fail("%s %q does not fit openapi.yaml: %v", name, get(name), err)
+			}
 		}
 		if got := get("X-RateLimit-Limit"); got != strconv.FormatInt(b.Limit, 10) {
 			fail("X-RateLimit-Limit %q, want the binding window's limit %d", got, b.Limit)
