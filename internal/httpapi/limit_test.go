@@ -287,6 +287,26 @@ func TestRateLimitHeadersOverGeneratedDecisions(t *testing.T) {
 	}
 }
 
+// TestRetryAfterOverGeneratedWaits: the Retry-After of a refusal, for
+// waits from 1 ns to over a year, is the exact wait rounded up to whole
+// seconds (at least 1): waiting it is always enough, and never a second
+// or more longer than needed (README, 429).
+func TestRetryAfterOverGeneratedWaits(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 5))
+	waits := []time.Duration{1, time.Second - 1, time.Second, time.Second + 1, ratelimit.MaxPeriod}
+	for range 100_000 {
+		unit := []time.Duration{1, time.Microsecond, time.Millisecond, time.Second}[rng.IntN(4)]
+		waits = append(waits, time.Duration(1+rng.Int64N(int64(2*ratelimit.MaxPeriod/unit)))*unit)
+	}
+	for _, d := range waits {
+		s := retryAfterSeconds(d)
+		if time.Duration(s)*time.Second < d || s < 1 || s > 1 && time.Duration(s-1)*time.Second >= d {
+			t.Fatalf("a wait of %v gives Retry-After %d", d, s)
+		}
+	}
+}
+
 func TestRateLimitRefusals(t *testing.T) {
 	t.Parallel()
 	window := []ratelimit.WindowState{{Window: ratelimit.Window{Limit: 60, Period: time.Minute}, Reset: time.Now().Add(time.Minute)}}
