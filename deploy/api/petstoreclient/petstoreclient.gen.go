@@ -198,7 +198,7 @@ type RateLimitWindow struct {
 	// Limit Requests the window admits.
 	Limit int64 `json:"limit"`
 
-	// Period The window's length, named as in `RateLimit-Policy` (`1m`, `24h`, `1500ms`).
+	// Period The window's length, named as in `RateLimit-Policy`, exactly, in the largest unit that divides it (`1m`, `24h`, `1500ms`; `1500us` below a millisecond).
 	//
 	// Example: 1m
 	Period string `json:"period"`
