@@ -806,41 +806,38 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 
 // windowFieldsCheck checks, over a case's admissions, each admitted
 // Decision's windows: that Binding is the one with the fewest remaining
-// (the longer on a tie), that Reset is when the requests the window counts
-// have all slid out (this admission a period on at the earliest, the end
-// of the current bucket a period on at the latest), and that Remaining
-// never tells the client of more room than its window has, beyond what was admitted since the count it reports was read from
-// Redis other than through the same lease or reservation (README, Leases
-// and Reservations): for each window, Remaining <= max(limit - admissions
+// (the longer on a tie), that Reset is when the requests the window
+// counts have all slid out (this admission a period on at the earliest,
+// the end of the current bucket a period on at the latest), and that
+// Remaining never tells the client of more room than its window has,
+// beyond what was admitted since the count it reports was read from Redis
+// other than through the same lease or reservation (README, Leases and
+// Reservations): for each window, Remaining <= max(limit - admissions
 // within (x-p, x], 0) + the admissions since that read not spent from
 // that lease or reservation. The read is the decision's own round trip,
 // and for a reserved decision's short windows; the round trip that took
 // the lease, for a leased one; and for a reserved decision's long windows
 // the round trip after which the reservation was granted. Round trips
-// over-count (unspent leases, buckets), so they never over-report.
+// over-count (unspent leases, buckets), so they never over-report. The
+// admissions' times and windows are the admission log's spans, one per
+// admission, in the same order.
 type windowFieldsCheck struct {
-	by    []int     // each admission's replica, in the order admitted
-	at    []int64   // its time
-	pers  [][]int64 // its windows' periods
-	kind  []int     // 0 a round trip, 1 leased, 2 reserved
+	by    []int // each admission's replica, in the order admitted
+	kind  []int // 0 a round trip, 1 leased, 2 reserved
 	trip  map[int]int
 	grant map[int]int // each replica's reservation: granted after this admission
 	until map[int]time.Time
 }
 
-// admitted logs the admission d of replica l (r) under pl, after
-// log.admit and after any reservation it earned was taken, and checks its
-// windows' Reset and Remaining.
+// admitted checks the admission d of replica l (r) under pl, logged last
+// in log, after any reservation it earned was taken: its windows'
+// Binding, Reset and Remaining.
 func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter, r int, pl *plan, d Decision) {
 	t.Helper()
 	if c.trip == nil {
 		c.trip, c.grant, c.until = map[int]int{}, map[int]int{}, map[int]time.Time{}
 	}
 	x := d.Time.UnixMicro()
-	var pers []int64
-	for _, w := range pl.windows {
-		pers = append(pers, w.period)
-	}
 	kind := 0
 	if d.Leased {
 		kind = 1
@@ -848,7 +845,10 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 		kind = 2
 	}
 	n := len(c.by)
-	c.by, c.at, c.pers, c.kind = append(c.by, r), append(c.at, x), append(c.pers, pers), append(c.kind, kind)
+	if len(log.spans) != n+1 {
+		t.Fatalf("the admission log holds %d spans for %d admissions", len(log.spans), n+1)
+	}
+	c.by, c.kind = append(c.by, r), append(c.kind, kind)
 	for i, w := range pl.windows {
 		read := n // the admissions after read were not seen
 		switch {
@@ -860,7 +860,7 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 		var others int64
 		for j := read + 1; j < n; j++ {
 			own := c.by[j] == r && c.kind[j] == kind
-			if !own && c.at[j] > x-w.period && slices.Contains(c.pers[j], w.period) {
+			if sp := log.spans[j]; !own && sp.start > x-w.period && slices.Contains(sp.periods, w.period) {
 				others++
 			}
 		}
