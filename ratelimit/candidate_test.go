@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -347,8 +348,12 @@ type candidateReq struct {
 
 func TestCandidateIsEnforcementMeasured(t *testing.T) {
 	t.Parallel()
+	// The subtests run in parallel, so the tally is shared under a lock.
+	var mu sync.Mutex
 	bans, banned := 0, 0
 	count := func(c *candidateBanCase) {
+		mu.Lock()
+		defer mu.Unlock()
 		bans, banned = bans+c.bans, banned+c.banned
 	}
 	script := func(t *testing.T, rdb *redis.Client, mini *miniredis.Miniredis, rng *rand.Rand, maxPeriod time.Duration) *candidateBanCase {
