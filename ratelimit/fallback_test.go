@@ -255,7 +255,6 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 						}
 					}
 				}
-				f.l.reserving.Wait()
 			}
 			if last.Reserved {
 				reservedLast++

@@ -97,13 +97,16 @@ func genFastPlans(rng *rand.Rand, maxPeriod time.Duration) []*plan {
 		if len(p.Windows) > 3 && rng.IntN(4) != 0 {
 			p.Windows = p.Windows[:1+rng.IntN(3)]
 		}
-		plans = append(plans, compile(p, DefaultBuckets, DefaultStrikeBuckets))
+		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		plans = append(plans, pl)
 	}
 	return plans
 }
 
 // genFastInput draws one request under plan pl: mostly a plain decision,
-// sometimes a lease, a peek, admissions to add, or extra strikes.
+// sometimes a lease, a peek, admissions to add, extra strikes, or (under a
+// plan of short and long windows) an ask to reserve.
 func genFastInput(rng *rand.Rand, pl *plan) input {
 	in := input{lease: noLease}
 	switch r := rng.IntN(20); {
@@ -123,6 +126,16 @@ func genFastInput(rng *rand.Rand, pl *plan) input {
 		}
 	case r < 8:
 		in.extra = 1 + rng.Int64N(3)
+	case r < 12 && pl.short != nil:
+		// Asked to reserve the long windows (reserve.go), now and then
+		// with admissions to add.
+		in.reserve = &reserveAsk{max: 1 + rng.Int64N(64), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}
+		if rng.IntN(4) == 0 {
+			in.add = make([]int64, len(pl.windows))
+			for i := range in.add {
+				in.add[i] = rng.Int64N(3)
+			}
+		}
 	}
 	return in
 }

@@ -102,8 +102,12 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	ten := compile(Policy{Name: "ten", Windows: []Window{{Limit: 1000, Period: 10 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	hour := compile(Policy{Name: "hour", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	three := compile(Policy{Name: "three", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 20_000, Period: time.Hour}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	// five: a short window short enough that the warm passes' three
+	// requests earn a reservation (3 × 10 s / 5 s = 6).
+	five := compile(Policy{Name: "five", Windows: []Window{{Limit: 1000, Period: 5 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	business.split()
 	banPlan.split()
+	five.split()
 
 	const keys = 1000
 	cases := []struct {
@@ -130,6 +134,9 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-reserved", business.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan-reserved", banPlan.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"reservation", business.long, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-ride-none", business, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-five-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond, 0},
 		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond, 0},
 		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond, 0},
@@ -144,11 +151,17 @@ func BenchmarkRedisInstructions(b *testing.B) {
 				if c.name == "reservation" {
 					ask = leaseAsk{want: 20, need: 80, life: reserveLife.Microseconds()}
 				}
+				var rsv *reserveAsk
+				if strings.Contains(c.name, "-ride") {
+					// Asked to reserve as a replica alone would ask; the
+					// measured pass is asked, the warm ones too.
+					rsv = &reserveAsk{max: 64, replicas: 1}
+				}
 				pass := func(fn string) {
 					for k := 0; k < keys; k += c.per {
 						ds := make([]decision, 0, c.per)
 						for j := k; j < k+c.per && j < keys; j++ {
-							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: ask})})
+							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: ask, reserve: rsv})})
 						}
 						ks, args := batchCommand(ds)
 						if err := cg.rdb.FCall(ctx, fn, ks, args...).Err(); err != nil {

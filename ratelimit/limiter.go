@@ -184,13 +184,10 @@ type Limiter struct {
 	replicas *replicas
 	reg      *registry // nil without Redis
 
-	ctx context.Context // the background work's, until Close
-	// reserving counts the reservation round trips in flight (tests wait
-	// for them to replay a case in order).
-	reserving sync.WaitGroup
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	closed    atomic.Bool
+	ctx    context.Context // the background work's, until Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
 }
 
 // New returns a Limiter sharing state through client, or a purely local
@@ -418,7 +415,7 @@ func (l *Limiter) awaitLease(ctx context.Context, key string, pl *plan, wait <-c
 // settles at (TestRoundTripRequestFitsTheConnectionStack in httpapi).
 func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision) error {
 	var v verdict
-	err := l.decide(ctx, key, pl, start, extra, ask, budget, d, &v)
+	err := l.decide(ctx, key, pl, start, extra, ask, budget, d, &v, nil)
 	if ask.want > 1 {
 		l.lease.done(key, pl, start, &v, d, err == nil && !d.Degraded)
 	}
@@ -427,13 +424,20 @@ func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start tim
 
 // decide asks Redis, or the fallback when it cannot answer, and fills d
 // and, when Redis answered, v.
-func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision, v *verdict) error {
+//
+// With rsv, the round trip also asks to reserve the plan's long windows
+// for the key's next requests (reserve.go), and the lease table learns
+// what it was granted.
+func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision, v *verdict, rsv *reserveAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
 	}
 	if cerr := ctx.Err(); cerr != nil && extra == 0 {
 		// A caller already gone is not sent: nothing counts for it. (One
 		// carrying strikes is: those must reach Redis.)
+		if rsv != nil {
+			l.lease.reserved(key, pl, start, v, false)
+		}
 		*d = Decision{}
 		return cerr
 	}
@@ -442,18 +446,27 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
 	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl)), pl: pl,
-		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd})}, budget)
+		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, reserve: rsv})}, budget)
 	if err == nil {
 		err = decodeInto(pl, reply, v)
 	}
 	if err != nil {
 		*v = verdict{}
+		if rsv != nil {
+			l.lease.reserved(key, pl, start, v, false)
+		}
 		l.fb.restorePending(key, pending)
 		return l.failedTrip(ctx, key, pl, start, extra, d)
 	}
-	// A lease is counted whole, but the rest of it is this process's to
-	// grant.
-	l.answered(key, pl, start, v, 0, max(v.granted-1, 0), d)
+	// A lease or a reservation is counted whole, but the rest of it is
+	// this process's to grant: a lease's in every window, a
+	// reservation's in the long ones.
+	from := 0
+	if rsv != nil {
+		l.lease.reserved(key, pl, start, v, true)
+		from = len(pl.short.windows)
+	}
+	l.answered(key, pl, start, v, from, max(v.granted-1, 0), d)
 	return nil
 }
 

@@ -13,6 +13,8 @@ import (
 const (
 	modeDecide int64 = 0
 	modePeek   int64 = 1
+	// modeReserve decides, and reserves the long windows (reserve.go).
+	modeReserve int64 = 2
 )
 
 // banKey returns the Redis key of key's ban record. The braces make
@@ -90,15 +92,26 @@ func scriptNums(pl *plan, in input) []byte {
 	mode := modeDecide
 	if in.peek {
 		mode = modePeek
+	} else if in.reserve != nil {
+		mode = modeReserve
 	}
 	seed := in.seed.numbers()
 	adds := slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 })
 	if mode == modeDecide && in.extra == 0 && in.lease == noLease && len(seed) == 0 && !adds {
 		return nil
 	}
-	b := make([]byte, 0, 8*(5+len(pl.windows)+len(seed)))
-	for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
-		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	b := make([]byte, 0, 8*(10+len(pl.windows)+len(seed)))
+	if mode == modeReserve {
+		// Asked to reserve: at most max, for reserveLife, then the
+		// reservation's own numbers.
+		for _, v := range [5]int64{mode, in.extra, in.reserve.max, 1, reserveLife.Microseconds()} {
+			b = binary.BigEndian.AppendUint64(b, uint64(v))
+		}
+		b = in.reserve.nums(pl, b)
+	} else {
+		for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
+			b = binary.BigEndian.AppendUint64(b, uint64(v))
+		}
 	}
 	if len(seed) > 0 || adds {
 		for i := range pl.windows {

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/binary"
 	"time"
 )
 
@@ -10,17 +11,19 @@ import (
 // two expected within the current bucket of its shortest window) calls
 // Redis for every request, and most of that call's work is spent on its
 // long windows, whose buckets last minutes (a day window's 7.2) and whose
-// limits it is nowhere near. So a replica that has seen such a key admitted
-// asks the script, in the background, for a block of k admissions of the
-// plan's long windows alone (plan.long), and sends the key's next requests
-// under the plan's short part (plan.short: the short windows and the ban
-// rule), each with one reserved admission in hand. The argument that keeps
-// a lease strict holds for each part:
+// limits it is nowhere near. So a replica asks such a key's round trip
+// under the whole plan to reserve, should it admit the request, a block of
+// k more admissions of the plan's long windows alone (plan.long; k worked
+// out by the script, reserveAsk), and sends the key's next requests under
+// the plan's short part (plan.short: the short windows and the ban rule),
+// each with one reserved admission in hand. The argument that keeps a
+// lease strict holds for each part:
 //
 //   - the reservation counts all k admissions in every long window when it
-//     is granted, in the current bucket, and records the reservation's end
-//     as that bucket's last event, so each admission spent before the end
-//     is counted in every interval that holds it;
+//     is granted (with the request it rides on, which counts once in every
+//     window), in the current bucket, and records the reservation's end as
+//     that bucket's last event, so each admission spent before the end is
+//     counted in every interval that holds it;
 //   - it is granted only while every long window has leaseMargin·k·Replicas
 //     remaining, is capped (the lease cap) at its plan's limits while it
 //     runs, and is spent only under the plan it was taken for, before the
@@ -44,6 +47,9 @@ type reservation struct {
 	deadline time.Time
 	win      []winVerdict // the long windows as the grant left them (the whole reservation counted)
 	asking   bool         // a reservation round trip is in flight
+	// warm: the key's last decision under a whole plan here showed a
+	// demand a reservation would serve (worthAsking).
+	warm bool
 }
 
 // reserveTake hands out one reserved admission of key under pl at now. It
@@ -81,38 +87,66 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 	}
 }
 
-// reserveAsk marks a reservation round trip in flight for key under pl at
-// now and returns true, unless one is in flight or the key holds a usable
+// askReservation marks a reservation round trip in flight for key under pl at
+// now and returns true, unless the key's last whole decision showed no
+// demand for one (noteDemand), one is in flight, or the key holds a usable
 // reservation (or no entry: the table is full).
-func (t *leaseTable) reserveAsk(key string, pl *plan, now time.Time) bool {
+func (t *leaseTable) askReservation(key string, pl *plan, now time.Time) bool {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
-	if e == nil || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
+	if e == nil || !e.res.warm || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
 		return false
 	}
 	e.res.asking = true
 	return true
 }
 
-// minReserve is the smallest reservation asked for: below it, the call
-// that reserves costs Redis about what the reserved decisions save
+// minReserve is the smallest reservation granted: below it, the work a
+// reservation adds to the decision it rides on (its long windows' caps,
+// the whole reply) costs Redis about what the reserved decisions save
 // (BENCHMARKS.md).
 const minReserve = 4
 
-// reserveSize returns the reservation to ask for a key whose round trip
-// under pl, at now, was decided as d (0: none): the requests its longest
-// short window counts (all replicas' over a minute, for the common plan),
-// shared among replicas, scaled to the time a reservation taken now could
-// be spent; at most maxLease, and at most what leaves every long window
-// leaseMargin·k·replicas remaining. So what a reservation can leave
-// unspent, should the key stop, is at most what the key itself sent to
-// this replica over the last reservation's life on average (a sixth of its
-// last minute's requests for a minute window): a burst does not reserve
-// far beyond it, as an estimate from the last few hundred milliseconds
-// would.
-func reserveSize(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) int64 {
+// reserveAsk asks a round trip under a whole plan to reserve, should it
+// admit the request, a block of the plan's long windows for this replica
+// (the script's mode 2). The script works out the block's size from the
+// counts that decision reads, so that it stands on the key's traffic up
+// to that instant: the requests the plan's last short window counts with
+// this one (all replicas' over a minute, for the common plan), per
+// replica, scaled to the time the reservation could be spent (until the
+// end of every long window's current bucket and within reserveLife, less
+// two round trips); at most max, and at most what leaves every long
+// window leaseMargin·k·replicas remaining; none below minReserve. So what
+// a reservation can leave unspent, should the key stop, is at most what
+// the key itself sent this replica over the last reservation's life on
+// average (a sixth of its last minute's requests for a minute window): a
+// burst does not reserve far beyond it, as an estimate from the last few
+// hundred milliseconds would, nor does a size carried over from an
+// earlier decision.
+type reserveAsk struct {
+	max, replicas, rtt int64
+}
+
+// nums appends the ask's numbers for a decision under pl past the five
+// every ask has (script.go): the replicas, the margin, the least granted,
+// the round trips' allowance (µs) and how many of pl's windows are short.
+func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
+	for _, v := range [5]int64{a.replicas, leaseMargin, minReserve, 2 * a.rtt, int64(len(pl.short.windows))} {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return b
+}
+
+// worthAsking reports whether a reservation is worth asking for a key
+// whose round trip under pl, at now, was decided as d: the script's rule
+// (reserveSize in script.go) applied to d's counts, the requests its last
+// short window counts and what its long windows have left. It only saves
+// asking for keys that would be granted nothing (the ask makes the
+// script read and work out more: about 12,000 instructions, BENCHMARKS.md);
+// the script sizes a reservation from the counts it reads itself.
+func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) bool {
 	ns := len(pl.short.windows)
 	us := now.UnixMicro()
 	rest := reserveLife.Microseconds()
@@ -122,22 +156,32 @@ func reserveSize(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt i
 	}
 	rest -= 2 * rtt
 	if rest <= 0 {
-		return 0
+		return false
 	}
 	sw := d.Windows[ns-1]
 	k := min((sw.Limit-sw.Remaining)*rest/(sw.Period.Microseconds()*replicas), maxLease)
 	for _, w := range d.Windows[ns:] {
 		k = min(k, w.Remaining/(leaseMargin*replicas))
 	}
-	if k < minReserve {
-		return 0
-	}
-	return k
+	return k >= minReserve
 }
 
-// reserved ends a reservation round trip for key under pl that started at
-// sent: with ok, v is its verdict, and a grant of more than one admission
-// becomes the key's reservation.
+// noteDemand records whether key's round trip under pl at now, decided as
+// d, shows a reservation worth asking for its next one (worthAsking).
+func (t *leaseTable) noteDemand(key string, pl *plan, d *Decision, now time.Time) {
+	warm := d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load())
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.keys[key]; e != nil {
+		e.res.warm = warm
+	}
+}
+
+// reserved ends a round trip for key under pl, asked to reserve, that
+// started at sent: with ok, v is its verdict, and the admissions it
+// counted beyond the request's own become the key's reservation, of the
+// long windows (from index ns of v's windows, as the grant left them).
 func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict, ok bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -151,10 +195,10 @@ func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict, 
 		return
 	}
 	r := &e.res
-	r.pl, r.left = pl, v.granted
+	r.pl, r.left = pl, v.granted-1
 	// As a lease's: never later than its end on the server's clock.
 	r.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
-	r.win = append(r.win[:0], v.win...)
+	r.win = append(r.win[:0], v.win[len(pl.short.windows):]...)
 }
 
 // dropReservation forgets key's reservation (its admissions stay counted).
@@ -162,50 +206,24 @@ func (e *leaseEntry) dropReservation() {
 	e.res.pl, e.res.left = nil, 0
 }
 
-// reserve asks, in the background, for a reservation of key's long windows
-// under pl when d, the decision a round trip under the whole plan just
-// made at now, shows the key's rate warrants one and every long window the
-// margin it needs. (The script grants a single admission when the margin
-// is gone by the time it decides, which no request can spend: the check
-// makes that rare.)
-func (l *Limiter) reserve(key string, pl *plan, now time.Time, d *Decision) {
-	if l.closed.Load() || l.reg.seeding(pl) != nil {
-		return
-	}
-	n := max(l.replicas.live(), 1)
-	k := reserveSize(pl, d, now, l.lease.maxLease, n, l.lease.rtt.Load())
-	if k == 0 || !l.lease.reserveAsk(key, pl, now) {
-		return
-	}
-	ask := leaseAsk{want: k, need: k * leaseMargin * n, life: reserveLife.Microseconds()}
-	// Not one of the background loops Close waits for: a request may still
-	// start one while Close runs. Close's cancel ends its wait for Redis.
-	l.reserving.Add(1)
-	go func() {
-		defer l.reserving.Done()
-		sent := l.now()
-		var v verdict
-		reply, err := l.batch.do(l.ctx, decision{keys: stateKeys(l.opts.Prefix, key, pl.long), pl: pl.long,
-			nums: scriptNums(pl.long, input{lease: ask})}, l.opts.Timeout)
-		if err == nil {
-			err = decodeInto(pl.long, reply, &v)
-		}
-		l.lease.reserved(key, pl, sent, &v, err == nil)
-	}()
-}
-
 // reservedTrip decides a request of a key too slow to lease under a plan
 // with long windows: under the plan's short part when this replica holds a
 // reservation for the key, else by a round trip under the whole plan,
-// after which it may ask for one. (A function of its own, so that
-// allowShared's frame stays as small for every other request.)
+// asked to reserve for the key's next requests when its last such round
+// trip showed the demand and none is being asked already. (A function of its own, so that allowShared's frame stays as
+// small for every other request.)
 func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, d *Decision) error {
 	if handled, err := l.spendReserved(ctx, key, pl, start, budget, d); handled {
 		return err
 	}
-	err := l.roundTrip(ctx, key, pl, start, 0, noLease, budget, d)
-	if err == nil && d.Outcome == Allowed && !d.Degraded {
-		l.reserve(key, pl, start, d)
+	var v verdict
+	var ask *reserveAsk
+	if l.reg.seeding(pl) == nil && l.lease.askReservation(key, pl, start) {
+		ask = &reserveAsk{max: l.lease.maxLease, replicas: max(l.replicas.live(), 1), rtt: l.lease.rtt.Load()}
+	}
+	err := l.decide(ctx, key, pl, start, 0, noLease, budget, d, &v, ask)
+	if err == nil {
+		l.lease.noteDemand(key, pl, d, start)
 	}
 	return err
 }

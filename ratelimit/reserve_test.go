@@ -3,11 +3,13 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -54,7 +56,6 @@ func TestReservationEndsOnTime(t *testing.T) {
 	var reservedAt time.Time
 	for i := range 40 {
 		d := f.allow(t, "k", coldPlan)
-		f.l.reserving.Wait()
 		if !d.Allowed() || d.Leased || d.Windows[0].Remaining != int64(999-i) || d.Windows[1].Remaining != int64(99_999-i) {
 			t.Fatalf("request %d: %+v, want admitted by a round trip with %d and %d remaining", i, d, 999-i, 99_999-i)
 		}
@@ -163,7 +164,6 @@ func TestReservationGivenBackOnRefusal(t *testing.T) {
 		if d := f.allow(t, "k", p); !d.Allowed() {
 			t.Fatalf("request %d: %+v", i, d)
 		}
-		f.l.reserving.Wait()
 		f.clk.Add(300 * time.Millisecond)
 	}
 	spend := func(want Outcome) {
@@ -326,7 +326,6 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 				if err != nil {
 					t.Fatal(err)
 				}
-				ls[r].reserving.Wait()
 				if d.Degraded {
 					t.Fatalf("request %d degraded: %+v", i, d)
 				}
@@ -391,7 +390,6 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 			t.Fatal("no reservation for a key sending 4 requests/s")
 		}
 		f.allow(t, "k", coldPlan)
-		f.l.reserving.Wait()
 		f.clk.Add(250 * time.Millisecond)
 	}
 	// Subscriptions are set up asynchronously; give them a moment.
@@ -410,5 +408,255 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 	d := f.allow(t, "k", coldPlan)
 	if d.Reserved || !d.Allowed() || d.Windows[1].Remaining != coldPlan.Windows[1].Limit-1 {
 		t.Fatalf("after the Reset: %+v, want decided whole, the day counting this request alone", d)
+	}
+}
+
+// TestReservationSizeRule checks the script's reservation rule (mode 2,
+// reserveSize in script.go) against the rule worked out exactly in Go,
+// over generated plans of one or two short windows and one or two long
+// ones (limits up to MaxLimit, periods from MinPeriod to MaxPeriod), the
+// key's counts from none to each limit, and asks of every size, replica
+// count and round-trip allowance, on miniredis and a real Redis. Each
+// check is one batch at one instant: a peek reads the counts, the round
+// trip asked to reserve decides, a second peek reads what it recorded.
+// The reservation is never larger than the rule's (the bound on what it
+// may leave unspent); smaller only by the one the script takes off when
+// the rule's product passes 2^52, where doubles round; granted only to an
+// admitted request; and counted, with the request, in every long window
+// (in the short ones the request alone) until its end, the end of every
+// long window's current bucket and at most reserveLife after now.
+func TestReservationSizeRule(t *testing.T) {
+	t.Parallel()
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		m := miniredis.RunT(t)
+		m.ClockTTL(true)
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		checkReservationSizes(t, rdb, m, invariantRNG(t, 30), max(*invariantCases*4, 400))
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+		t.Cleanup(func() { _ = rdb.Close() })
+		checkReservationSizes(t, rdb, nil, invariantRNG(t, 31), max(*invariantCases*2, 200))
+	})
+}
+
+// reservationRuleSeen tallies which of the rule's terms bound the
+// generated reservations.
+type reservationRuleSeen struct {
+	granted, byCount, byMost, byMargin, belowLeast, refused, rounded int
+}
+
+func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Miniredis, rng *rand.Rand, cases int) {
+	t.Helper()
+	ctx := context.Background()
+	prefix := randomPrefix(t)
+	var seen reservationRuleSeen
+	for c := range cases {
+		pl, ns := genReservationPlan(rng)
+		nw := len(pl.windows)
+		key := fmt.Sprint("k", c)
+		keys := stateKeys(prefix, key, pl)
+		var at time.Time
+		if mini != nil {
+			at = time.UnixMicro(time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro() + rng.Int64N(int64(100*24*time.Hour/time.Microsecond)))
+			mini.SetTime(at)
+		}
+		// The key's counts: none, a few, near the limit, anything up to it.
+		add := make([]int64, nw)
+		for i, w := range pl.windows {
+			switch rng.IntN(4) {
+			case 0:
+			case 1:
+				add[i] = min(w.limit, rng.Int64N(50))
+			case 2:
+				// Near the limit, with room for the request or none.
+				add[i] = max(w.limit-2-rng.Int64N(3)*rng.Int64N(2), 0)
+			default:
+				add[i] = rng.Int64N(w.limit + 1)
+			}
+		}
+		if _, err := evalDecision(ctx, rdb, keys, pl, input{add: add, lease: noLease}); err != nil {
+			t.Fatal(err)
+		}
+		if mini != nil && rng.IntN(2) == 0 {
+			w := pl.windows[rng.IntN(nw)]
+			mini.SetTime(at.Add(time.Duration(rng.Int64N(w.gran)) * time.Microsecond))
+		}
+		ask := reserveAsk{replicas: 1 + rng.Int64N(8), rtt: rng.Int64N(3000)}
+		switch rng.IntN(4) {
+		case 0:
+			ask.max = 1 + rng.Int64N(64)
+		case 1:
+			ask.max = 1 + rng.Int64N(1_000_000)
+		default:
+			ask.max = 1 + rng.Int64N(1<<40)
+		}
+		if rng.IntN(4) == 0 {
+			ask.replicas = 1 + rng.Int64N(500)
+		}
+		in := input{reserve: &ask, lease: noLease}
+		if rng.IntN(4) == 0 {
+			// Admissions to add as well: decided by decide, not fast.
+			in.add = make([]int64, nw)
+			for i := range in.add {
+				in.add[i] = rng.Int64N(3)
+			}
+		}
+		peek := decision{keys: keys, pl: pl, nums: scriptNums(pl, input{peek: true, lease: noLease})}
+		replies, err := evalBatch(ctx, rdb, []decision{peek, {keys: keys, pl: pl, nums: scriptNums(pl, in)}, peek})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vs [3]verdict
+		for i := range vs {
+			if vs[i], err = decode(pl, replies[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before, v, after := &vs[0], &vs[1], &vs[2]
+		what := fmt.Sprintf("case %d: plan %v (%d short), counts %v, ask %+v, adds %v", c, pl.policy.Windows, ns, add, ask, in.add)
+		if v.now != before.now || v.now != after.now {
+			t.Fatalf("%s: a batch's decisions at different instants: %d %d %d", what, before.now, v.now, after.now)
+		}
+		c0 := make([]int64, nw) // the counts the decision read (with the adds it records)
+		for i := range c0 {
+			c0[i] = before.win[i].used
+			if in.add != nil {
+				c0[i] += min(in.add[i], pl.windows[i].limit)
+			}
+		}
+		if v.outcome != Allowed {
+			seen.refused++
+			if v.granted != 0 {
+				t.Fatalf("%s: refused (%v) and granted %d", what, v.outcome, v.granted)
+			}
+			continue
+		}
+		k := v.granted - 1
+		want, bound, product := reservationRule(pl, ns, c0, v.now, ask)
+		if k > want || k < 0 {
+			t.Fatalf("%s: reserved %d, the rule gives %d", what, k, want)
+		}
+		if k < want {
+			// Only the rounding allowance: one less, or none when that
+			// falls below the least granted.
+			if !(product > 1<<52 && bound == "count" && (k == want-1 || k == 0 && want-1 < minReserve)) {
+				t.Fatalf("%s: reserved %d, the rule gives %d (bound by %s, product %d)", what, k, want, bound, product)
+			}
+			seen.rounded++
+		}
+		switch {
+		case k == 0 && bound == "least":
+			seen.belowLeast++
+		case k > 0:
+			seen.granted++
+			switch bound {
+			case "count":
+				seen.byCount++
+			case "most":
+				seen.byMost++
+			case "margin":
+				seen.byMargin++
+			}
+		}
+		// What the decision recorded: the request in every window, the
+		// reservation in the long ones, until its end.
+		end := v.now + reserveLife.Microseconds()
+		for i := ns; i < nw; i++ {
+			g := pl.windows[i].gran
+			end = min(end, (v.now/g+1)*g)
+		}
+		for i := range nw {
+			counted := int64(1)
+			if i >= ns {
+				counted += k
+			}
+			if after.win[i].used != c0[i]+counted || v.win[i].used != c0[i]+counted {
+				t.Fatalf("%s: window %d counts %d (reply %d), want %d read + %d", what, i, after.win[i].used, v.win[i].used, c0[i], counted)
+			}
+			if k > 0 && i >= ns && v.win[i].reset < end+pl.windows[i].period {
+				t.Fatalf("%s: long window %d resets at %d, before the reservation's end %d plus its period", what, i, v.win[i].reset, end)
+			}
+		}
+		if k > 0 && v.leaseEnd != end {
+			t.Fatalf("%s: reservation ends at %d, want %d (now %d)", what, v.leaseEnd, end, v.now)
+		}
+	}
+	t.Logf("%+v", seen)
+	if seen.byCount == 0 || seen.byMost == 0 || seen.byMargin == 0 || seen.belowLeast == 0 || seen.refused == 0 {
+		t.Fatalf("the generated cases did not meet every term of the rule: %+v", seen)
+	}
+}
+
+// reservationRule is the reservation a request admitted under pl at now
+// (µs) earns, the key's windows counting c before it and the first ns of
+// them short, worked out exactly in integers (reserveAsk, reserveSize in
+// script.go), with the term that bound it and the product sc·rest.
+func reservationRule(pl *plan, ns int, c []int64, now int64, ask reserveAsk) (k int64, bound string, product int64) {
+	end := now + reserveLife.Microseconds()
+	lroom := int64(math.MaxInt64)
+	for i := ns; i < len(pl.windows); i++ {
+		w := pl.windows[i]
+		end = min(end, (now/w.gran+1)*w.gran)
+		lroom = min(lroom, w.limit-c[i]-1)
+	}
+	rest := end - now - 2*ask.rtt
+	sc, sp := c[ns-1]+1, pl.windows[ns-1].period
+	if rest <= 0 || lroom <= 0 {
+		return 0, "least", 0
+	}
+	// sc ≤ 2·MaxLimit, rest ≤ reserveLife: the product fits an int64.
+	product = sc * rest
+	k, bound = product/(sp*ask.replicas), "count"
+	if ask.max < k {
+		k, bound = ask.max, "most"
+	}
+	if m := lroom / (leaseMargin * ask.replicas); m < k {
+		k, bound = m, "margin"
+	}
+	if k < minReserve {
+		return 0, "least", product
+	}
+	return k, bound, product
+}
+
+// genReservationPlan draws a plan of one or two short windows (buckets
+// shorter than reserveLife) and one or two long ones, with a ban rule
+// half the time: of up to three windows the fast path decides, of four
+// decide.
+func genReservationPlan(rng *rand.Rand) (*plan, int) {
+	for {
+		ns, nl := 1+rng.IntN(2), 1+rng.IntN(2)
+		longFrom := reserveLife * DefaultBuckets
+		var ws []Window
+		seen := map[time.Duration]bool{}
+		for len(ws) < ns+nl {
+			var p time.Duration
+			if len(ws) < ns {
+				p = genPeriod(rng, longFrom-time.Microsecond)
+			} else {
+				lo, hi := float64(longFrom), float64(MaxPeriod)
+				p = time.Duration(lo * math.Pow(hi/lo, rng.Float64())).Truncate(time.Microsecond)
+				if rng.IntN(4) == 0 {
+					p = []time.Duration{longFrom, time.Hour, 24 * time.Hour, MaxPeriod}[rng.IntN(4)]
+				}
+			}
+			if !seen[p] {
+				seen[p] = true
+				ws = append(ws, Window{Limit: genLimit(rng), Period: p})
+			}
+		}
+		p := Policy{Name: "rule", Windows: ws}
+		if rng.IntN(2) == 0 {
+			p.Ban = BanPolicy{Threshold: 1 + rng.Int64N(5), StrikeWindow: time.Minute, Base: time.Second, Multiplier: 2, Memory: time.Hour}
+		}
+		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		if pl.short != nil && len(pl.short.windows) == ns {
+			return pl, ns
+		}
 	}
 }

@@ -46,8 +46,12 @@ import (
 //
 // ARGV[1]: the decisions, 8-byte big-endian numbers each: how many KEYS
 // it has, its plan (index among the plans below, from 1), how many
-// numbers follow, then those: mode (0 decide, 1 peek), extra strikes,
-// lease size wanted, lease room needed, lease life (µs), then, when any
+// numbers follow, then those: mode (0 decide, 1 peek, 2 decide and
+// reserve), extra strikes, lease size wanted, lease room needed, lease
+// life (µs) (in mode 2: the most to reserve, 1, the reservation's life,
+// then the replicas, the margin, the least to grant, the round trips'
+// allowance (µs) and how many of the plan's windows are short: reserve.go,
+// reserveSize below), then, when any
 // follow, per window the admissions made without Redis to record
 // (input.add) and, when a plan edit changed periods, the seeding numbers
 // (seeding.nums). None follow (0) for the most common request, asked to
@@ -66,7 +70,11 @@ import (
 // bucket of every window and may be spent until the lease ends: the end of
 // the current bucket of every window, and at most life after now. The
 // lease's end is recorded as the bucket's last event, and that time only
-// ever grows. Otherwise one admission counts.
+// ever grows. Otherwise one admission counts. A reservation (mode 2) is a
+// lease of the long windows alone riding on an admission: the request
+// counts once in every window, and the reservation's admissions with it
+// in the long ones, at the reservation's end; its size and end come back
+// in a lease's fields (granted: 1 + the size).
 //
 // Reply: one string per decision, in order. A decision's string is 8-byte
 // big-endian signed integers (decode reads it), in one of three forms.
@@ -541,6 +549,33 @@ local function strike(key, bs, R, banUntil, offences, offenceAt, sring, k, recor
   return newBan, struck, strikes, banUntil, offences
 end
 
+-- reserveSize returns the admissions of the long windows to reserve
+-- beside a request admitted now (mode 2, reserve.go), worked out from the
+-- counts its decision read: the requests the last short window counts
+-- with this one (sc, over its period sp, µs), per replica (RSV[1]), over
+-- the time the reservation could be spent (rest, µs: until its end) less
+-- the round trips' allowance (RSV[4]); at most RSV[6], and at most what
+-- leaves every long window the margin (RSV[2]) times the size per replica
+-- remaining (lroom: the least any long window has left after this
+-- request); 0 below RSV[3]. Its end is the end of every long window's
+-- current bucket, at most RSV[7] after now.
+local function reserveSize(sc, sp, lroom, rest, RSV)
+  local reps = RSV[1]
+  local num = sc * (rest - RSV[4])
+  if num <= 0 or lroom <= 0 then return 0 end
+  local k = num / (sp * reps)
+  -- A product past 2^52 may be rounded up: one less keeps the floor
+  -- from rising above the exact quotient's (the sizes that matter, at
+  -- most RSV[6], are far smaller than such a quotient's error).
+  if num > 2 ^ 52 then k = k - 1 end
+  k = floor(k)
+  if k > RSV[6] then k = RSV[6] end
+  local m = floor(lroom / (RSV[2] * reps))
+  if m < k then k = m end
+  if k < RSV[3] or k < 1 then return 0 end
+  return k
+end
+
 -- The reply's numbers, reused by every decision.
 local RES = {}
 
@@ -549,7 +584,7 @@ local RES = {}
 -- and TTLs as strings), asked mode, extra, want, need and life, with
 -- ADD[i] admissions to add per window and the seeding numbers SEED (or
 -- nil), and returns its reply.
-local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
+local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   local V = pl.V
   local nw = V[1]
 
@@ -664,9 +699,28 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
   local admitted = admit and not peek
 
+  -- A reservation riding on this admission (RSV, reserveSize): rk more
+  -- admissions of the long windows (those after the first RSV[5]),
+  -- counted with this one at the reservation's end rend.
+  local rk, rend, ns = 0, 0, 0
+  if RSV and admitted and ntx == 0 then
+    ns, rend = RSV[5], now + RSV[7]
+    local lroom = 2 ^ 53
+    for i = ns + 1, nw do
+      local o = 2 + 6 * (i - 1)
+      local limit = V[o]
+      if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+      if limit - WUSED[i] - 1 < lroom then lroom = limit - WUSED[i] - 1 end
+      if (WB[i] + 1) * V[o + 2] < rend then rend = (WB[i] + 1) * V[o + 2] end
+    end
+    rk = reserveSize(WUSED[ns] + 1, V[2 + 6 * (ns - 1) + 1], lroom, rend - now, RSV)
+    if rk == 0 then rend = 0 end
+  end
+
   for i = 1, nw do
     local k, t = WADD[i], now
     if admitted then k, t = k + granted, at end
+    if rk > 0 and i > ns then k, t = k + rk, rend end
     if k > 0 then
       local o = 2 + 6 * (i - 1)
       record(i, k, t, V[o + 2], V[o + 3], V[o + 4], pl.TTL[i])
@@ -682,6 +736,10 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   if admitted and granted > 1 then
     for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
     for j = 1, ntx do writeCap(WKEY[nw + j], TX[j][5], TX[j][2], lend, WCAP[nw + j], WCEND[nw + j]) end
+  end
+  -- And a reservation every long window.
+  if rk > 0 then
+    for i = ns + 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], rend, WCAP[i], WCEND[i]) end
   end
 
   -- Candidate windows: evaluated on every request that reaches the script
@@ -754,9 +812,12 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   end
 
   if not admitted then granted, lend = 0, 0 end
-  -- The reply carries only what the plan has (decode reads it).
+  -- The reply carries only what the plan has (decode reads it). A
+  -- reservation's size and end take a lease's fields: the decision's own
+  -- admission and the rk reserved ones, until rend.
   local rt = 0
   RES[1], RES[2], RES[3], RES[4], RES[5] = 0, 0, now, granted, lend
+  if rk > 0 then RES[4], RES[5] = granted + rk, rend end
   local m = 5
   if R then
     RES[6], RES[7], RES[8], RES[9] = newBan, strikes, banUntil, offences
@@ -775,6 +836,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
     local counted = 0
     if admitted then counted = granted end
+    if rk > 0 and i > ns then counted = counted + rk end
     -- A refused request (banned or limited) waits for every full window
     -- as well as for the ban: Retry-After is the true wait.
     local u, rem, reset_, wait = standing(i, limit, period, g, n, unit, counted, not admit)
@@ -801,7 +863,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED)
   elseif not admit then
     RES[1], RES[2] = 1, rt
   end
-  if admitted and not banned and granted == 1 and nc == 0 then
+  if admitted and not banned and granted == 1 and rk == 0 and nc == 0 then
     -- The short form: one admission, no candidate windows; bare with
     -- nothing of a ban rule to report.
     if not R then return pack_(pl.bfmt, now, unpack(RES, 6, m)) end
@@ -820,7 +882,7 @@ end
 -- tenth of a decision), and its reply packed at once. Where decide would
 -- refuse (a banned key, a full window), it returns nil having written
 -- nothing (its reads change nothing), and decide decides.
-local function fast(base, pl, want, need, life)
+local function fast(base, pl, want, need, life, RSV)
   local V = pl.V
   local nw = V[1]
   -- The ban record, read first as decide reads it (most keys have none).
@@ -845,24 +907,60 @@ local function fast(base, pl, want, need, life)
   end
   local count, at = 1, now
   if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
+  -- A reservation riding on this admission (decide's, reserveSize): the
+  -- long windows are window 3, or windows 2 and 3 (ns, the short ones,
+  -- 1 or 2, fewer than nw).
+  local leased, rk, rend, ns = count, 0, 0, 0
+  if RSV then
+    ns, rend = RSV[5], now + RSV[7]
+    local sc, sp, lroom = c1 + 1, period1, 2 ^ 53
+    if ns == 2 then
+      sc, sp = c2 + 1, period2
+    else
+      local m = l2
+      if cap2 and cap2 < m then m = cap2 end
+      lroom = m - c2 - 1
+      if (b2 + 1) * g2 < rend then rend = (b2 + 1) * g2 end
+    end
+    if nw == 3 then
+      local m = l3
+      if cap3 and cap3 < m then m = cap3 end
+      if m - c3 - 1 < lroom then lroom = m - c3 - 1 end
+      if (b3 + 1) * g3 < rend then rend = (b3 + 1) * g3 end
+    end
+    rk = reserveSize(sc, sp, lroom, rend - now, RSV)
+  end
   local ttl1, off1 = pl.TTL[1]
   --@write(1)
   local reset1, reset2, reset3
   --@reset(1)
   if nw >= 2 then
+    -- From here on the windows are long (count the reservation) when
+    -- the first short ones are behind.
+    if rk > 0 and ns == 1 then count, at = 1 + rk, rend end
     local ttl2, off2 = pl.TTL[2]
     --@write(2)
     --@reset(2)
   end
   if nw == 3 then
+    if rk > 0 then count, at = 1 + rk, rend end
     local ttl3, off3 = pl.TTL[3]
     --@write(3)
     --@reset(3)
   end
-  -- A lease caps every window until it ends.
-  if count > 1 then
+  -- A lease caps every window until it ends; a reservation, every long
+  -- window.
+  if leased > 1 then
     --@capwrite(1)
     if nw >= 2 then
+      --@capwrite(2)
+    end
+    if nw == 3 then
+      --@capwrite(3)
+    end
+  elseif rk > 0 then
+    lend = rend
+    if ns == 1 then
       --@capwrite(2)
     end
     if nw == 3 then
@@ -877,7 +975,19 @@ local function fast(base, pl, want, need, life)
   if bs then _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false) end
   -- The reply: for one admission (a cold key's) the bare form when the
   -- ban rule, if any, has nothing to report, else the short form; the
-  -- whole form for a lease.
+  -- whole form for a lease, or a reservation (its size and end in a
+  -- lease's fields; per window the count with it, 1 + rk in the long
+  -- ones: count's last value).
+  if rk > 0 then
+    local u2 = c2 + count
+    if ns == 2 then u2 = c2 + 1 end
+    if not ban then
+      if nw == 2 then return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, c1 + 1, reset1, u2, reset2) end
+      return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, c1 + 1, reset1, u2, reset2, c3 + count, reset3)
+    end
+    if nw == 2 then return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, 0, strikes, bu, off, c1 + 1, reset1, u2, reset2) end
+    return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, 0, strikes, bu, off, c1 + 1, reset1, u2, reset2, c3 + count, reset3)
+  end
   if count == 1 then
     if strikes == 0 and bu == 0 and off == 0 then
       if nw == 1 then return pack_(pl.bfmt, now, c1 + 1, reset1) end
@@ -951,6 +1061,9 @@ end
 -- and the plans met (planAt).
 local CALLS, POS, BASE, OUT, PLANS
 local ADD = {}
+-- A reservation's numbers (batch), one table for every decision: a table
+-- a decision is work for the collector.
+local RSVS = {}
 
 -- batch makes the call's decisions from POS on, in order, each by fast
 -- where it may (a plan fast serves, asked only to decide), else by
@@ -965,30 +1078,43 @@ local function batch()
     POS, BASE = pos, base + nk
     local pl = planAt(PLANS, p)
     local mode, extra, want, need, life, r = 0, 0, 1, 1, 1
+    -- fixed: how many of the numbers are the ask (the rest: adds, seeding).
+    local fixed, RSV = 5
     if na == 0 then
       -- A plain request: to decide, with no strikes and no lease.
       if pl.fast then r = fast(base, pl, 1, 1, 1) end
     else
       mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
-      POS = pos + 8 * (na - 5)
-      if pl.fast and mode == 0 and na == 5 and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life) end
+      if mode == 2 then
+        -- Asked to decide, and to reserve (reserveSize): the replicas, the
+        -- margin, the least worth granting, the round trips' allowance
+        -- and how many of the plan's windows are short follow; want and
+        -- life are the reservation's most and life, not a lease's.
+        RSV = RSVS
+        RSV[1], RSV[2], RSV[3], RSV[4], RSV[5], pos = unpack_('>I8I8I8I8I8', calls, pos)
+        RSV[6], RSV[7] = want, life
+        if RSV[5] < 1 or RSV[5] >= pl.V[1] then RSV = nil end
+        want, need, life, fixed = 1, 1, 1, 10
+      end
+      POS = pos + 8 * (na - fixed)
+      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life, RSV) end
     end
     if not r then
       PATHS[2] = PATHS[2] + 1
       local nw = pl.V[1]
       -- The admissions to add per window are sent only when there are
       -- any (or seeding numbers follow them).
-      if na > 5 then
+      if na > fixed then
         for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
       else
         for i = 1, nw do ADD[i] = 0 end
       end
       local SEED
-      if na > 5 + nw then
-        SEED = {unpack_('>' .. rep('I8', na - 5 - nw), calls, pos)}
-        SEED[na - 5 - nw + 1] = nil
+      if na > fixed + nw then
+        SEED = {unpack_('>' .. rep('I8', na - fixed - nw), calls, pos)}
+        SEED[na - fixed - nw + 1] = nil
       end
-      r = decide(base, pl, mode, extra, want, need, life, ADD, SEED)
+      r = decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     end
     out[#out + 1] = r
   end
