@@ -103,11 +103,12 @@ func (t *leaseTable) askReservation(key string, pl *plan, now time.Time) bool {
 	return true
 }
 
-// minReserve is the smallest reservation granted: below it, the work a
-// reservation adds to the decision it rides on (its long windows' caps,
-// the whole reply) costs Redis about what the reserved decisions save
-// (BENCHMARKS.md).
-const minReserve = 4
+// minReserve is the smallest reservation granted. The work a reservation
+// adds to the round trip it rides on (its long windows' caps, the whole
+// reply: about 29,000 instructions in Redis) is repaid by two reserved
+// decisions (about 21,000 less each, for a plan of a minute and a day;
+// BENCHMARKS.md), not by one.
+const minReserve = 2
 
 // reserveAsk asks a round trip under a whole plan to reserve, should it
 // admit the request, a block of the plan's long windows for this replica
