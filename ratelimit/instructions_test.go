@@ -133,7 +133,6 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-reserved", business.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan-reserved", banPlan.short, 8, 2, "", 300 * time.Millisecond, 0},
-		{"reservation", business.long, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-ride-none", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
@@ -147,10 +146,6 @@ func BenchmarkRedisInstructions(b *testing.B) {
 			var total int64
 			for it := range b.N {
 				prefix := fmt.Sprintf("petstore:rl:i%d.%d:", ci, it)
-				ask := noLease
-				if c.name == "reservation" {
-					ask = leaseAsk{want: 20, need: 80, life: reserveLife.Microseconds()}
-				}
 				var rsv *reserveAsk
 				if strings.Contains(c.name, "-ride") {
 					// Asked to reserve as a replica alone would ask; the
@@ -161,7 +156,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 					for k := 0; k < keys; k += c.per {
 						ds := make([]decision, 0, c.per)
 						for j := k; j < k+c.per && j < keys; j++ {
-							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: ask, reserve: rsv})})
+							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: noLease, reserve: rsv})})
 						}
 						ks, args := batchCommand(ds)
 						if err := cg.rdb.FCall(ctx, fn, ks, args...).Err(); err != nil {

@@ -426,8 +426,8 @@ func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start tim
 // and, when Redis answered, v.
 //
 // With rsv, the round trip also asks to reserve the plan's long windows
-// for the key's next requests (reserve.go), and the lease table learns
-// what it was granted.
+// for the key's next requests (reserve.go), and the lease table keeps
+// what Redis granted.
 func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision, v *verdict, rsv *reserveAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
@@ -435,9 +435,6 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	if cerr := ctx.Err(); cerr != nil && extra == 0 {
 		// A caller already gone is not sent: nothing counts for it. (One
 		// carrying strikes is: those must reach Redis.)
-		if rsv != nil {
-			l.lease.reserved(key, pl, start, v, false)
-		}
 		*d = Decision{}
 		return cerr
 	}
@@ -452,9 +449,6 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	}
 	if err != nil {
 		*v = verdict{}
-		if rsv != nil {
-			l.lease.reserved(key, pl, start, v, false)
-		}
 		l.fb.restorePending(key, pending)
 		return l.failedTrip(ctx, key, pl, start, extra, d)
 	}
@@ -463,7 +457,7 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	// reservation's in the long ones.
 	from := 0
 	if rsv != nil {
-		l.lease.reserved(key, pl, start, v, true)
+		l.lease.reserved(key, pl, start, v)
 		from = len(pl.short.windows)
 	}
 	l.answered(key, pl, start, v, from, max(v.granted-1, 0), d)

@@ -167,32 +167,34 @@ func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt i
 	return k >= minReserve
 }
 
-// noteDemand records whether key's round trip under pl at now, decided as
-// d, shows a reservation worth asking for its next one (worthAsking).
-func (t *leaseTable) noteDemand(key string, pl *plan, d *Decision, now time.Time) {
-	warm := d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load())
+// noteDemand ends key's round trip under pl at now, which asked to
+// reserve if asked: with ok (Redis or the fallback decided it as d) it
+// records whether d shows a reservation worth asking for the key's next
+// one (worthAsking); without, that none is.
+func (t *leaseTable) noteDemand(key string, pl *plan, d *Decision, now time.Time, ok, asked bool) {
+	warm := ok && d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load())
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.keys[key]; e != nil {
 		e.res.warm = warm
+		if asked {
+			e.res.asking = false
+		}
 	}
 }
 
-// reserved ends a round trip for key under pl, asked to reserve, that
-// started at sent: with ok, v is its verdict, and the admissions it
-// counted beyond the request's own become the key's reservation, of the
-// long windows (from index ns of v's windows, as the grant left them).
-func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict, ok bool) {
+// reserved keeps what Redis's verdict v granted a round trip for key under
+// pl that asked to reserve and started at sent: the admissions it counted
+// beyond the request's own become the key's reservation, of the long
+// windows (v's windows after the plan's short ones, as the grant left
+// them).
+func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
-	if e == nil {
-		return
-	}
-	e.res.asking = false
-	if !ok || v.outcome != Allowed || v.granted <= 1 {
+	if e == nil || v.outcome != Allowed || v.granted <= 1 {
 		return
 	}
 	r := &e.res
@@ -211,8 +213,9 @@ func (e *leaseEntry) dropReservation() {
 // with long windows: under the plan's short part when this replica holds a
 // reservation for the key, else by a round trip under the whole plan,
 // asked to reserve for the key's next requests when its last such round
-// trip showed the demand and none is being asked already. (A function of its own, so that allowShared's frame stays as
-// small for every other request.)
+// trip showed the demand and none is being asked already. (A function of
+// its own, so that allowShared's frame stays as small for every other
+// request.)
 func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, d *Decision) error {
 	if handled, err := l.spendReserved(ctx, key, pl, start, budget, d); handled {
 		return err
@@ -223,9 +226,7 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 		ask = &reserveAsk{max: l.lease.maxLease, replicas: max(l.replicas.live(), 1), rtt: l.lease.rtt.Load()}
 	}
 	err := l.decide(ctx, key, pl, start, 0, noLease, budget, d, &v, ask)
-	if err == nil {
-		l.lease.noteDemand(key, pl, d, start)
-	}
+	l.lease.noteDemand(key, pl, d, start, err == nil, ask != nil)
 	return err
 }
 

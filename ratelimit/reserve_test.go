@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -659,4 +660,41 @@ func genReservationPlan(rng *rand.Rand) (*plan, int) {
 			return pl, ns
 		}
 	}
+}
+
+// TestReservationAskedAgainAfterAFailedTrip: a round trip that asked to
+// reserve and never had Redis's answer (its caller gone before it was
+// sent, here) ends the ask, so that the key's later round trips ask
+// again; one left marked in flight would keep the key from reserving for
+// good.
+func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
+	reserve := func(what string) {
+		t.Helper()
+		for i := 0; reservedLeft(f.l, "k") < 2; i++ {
+			if i == 60 {
+				t.Fatalf("%s: no reservation for a key sending 4 requests/s", what)
+			}
+			f.allow(t, "k", coldPlan)
+			f.clk.Add(250 * time.Millisecond)
+		}
+	}
+	reserve("at first")
+	// Spend it: the key's next round trip is under the whole plan, and
+	// asks (its last one showed the demand).
+	for reservedLeft(f.l, "k") > 0 {
+		if d := f.allow(t, "k", coldPlan); !d.Reserved {
+			t.Fatalf("%+v, want decided under the reservation", d)
+		}
+		f.clk.Add(250 * time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := f.l.Allow(ctx, "k", coldPlan); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a caller gone: %v, want context.Canceled", err)
+	}
+	f.clk.Add(250 * time.Millisecond)
+	reserve("after a round trip whose caller was gone")
 }
