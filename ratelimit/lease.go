@@ -154,6 +154,7 @@ func (t *leaseTable) done(key string, pl *plan, sent time.Time, v *verdict, d *D
 	if !ok || v.granted <= 1 || d.Outcome != Allowed {
 		return
 	}
+	e.drop()
 	e.pl, e.left, e.spent = pl, v.granted-1, 1
 	e.sent, e.redisNow = sent, v.now
 	// The server's remaining lease time, counted from before the round
@@ -227,7 +228,12 @@ func (e *leaseEntry) serve(now time.Time, d *Decision) {
 	e.spent++
 }
 
+// drop forgets the key's lease, counting what it left unspent (its
+// admissions stay counted in Redis).
 func (e *leaseEntry) drop() {
+	if e.left > 0 && e.pl != nil {
+		e.pl.unspent[0].Add(float64(e.left))
+	}
 	e.pl, e.left, e.spent, e.windows = nil, 0, 0, e.windows[:0]
 }
 
@@ -252,6 +258,8 @@ func (t *leaseTable) sweep(now time.Time) {
 		for k, e := range sh.keys {
 			if e.refill == nil && now.Sub(e.curStart) >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) &&
 				!e.res.asking && (e.res.left == 0 || !now.Before(e.res.deadline)) {
+				e.drop()
+				e.dropReservation()
 				delete(sh.keys, k)
 			}
 		}

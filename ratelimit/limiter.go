@@ -686,6 +686,10 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	if l.cache != nil {
 		l.cache.forget(key)
 	}
+	if l.lease != nil {
+		// This replica's own, at once; the others' by the announcement.
+		l.lease.forget(key)
+	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
 	// The records of periods the plan had lately go too: a later decision

@@ -19,6 +19,7 @@ type metrics struct {
 	nearLimit       *prometheus.CounterVec
 	leased          *prometheus.CounterVec
 	reserved        *prometheus.CounterVec
+	unspent         *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
 	queueWait       prometheus.Histogram
 	redisErrors     prometheus.Counter
@@ -63,6 +64,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "reserved_total",
 			Help: "Requests decided by a round trip in the plan's short windows alone, their long windows' admission taken from a reservation held in process (also in decisions_total), by plan.",
 		}, []string{"plan"}),
+		unspent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "unspent_total",
+			Help: "Admissions a replica counted in Redis ahead of requests (a lease's, kind=\"lease\"; a reservation's, kind=\"reservation\") and let go without granting: the lease or reservation ended, was dropped by a Reset, or its plan changed. They count in their windows until they slide out. By plan and kind.",
+		}, []string{"plan", "kind"}),
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "near_limit_total",
 			Help: "Admissions that left some window of the key with less than a tenth of its limit remaining, by plan (plans in shadow mode are not counted).",
@@ -130,6 +135,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.reserved, err = register(reg, m.reserved); err != nil {
 		return nil, err
 	}
+	if m.unspent, err = register(reg, m.unspent); err != nil {
+		return nil, err
+	}
 	if m.nearLimit, err = register(reg, m.nearLimit); err != nil {
 		return nil, err
 	}
@@ -189,6 +197,9 @@ type counters struct {
 	leased prometheus.Counter
 	// reserved counts requests decided under a reservation.
 	reserved prometheus.Counter
+	// unspent counts admissions of leases (0) and reservations (1) let
+	// go without granting.
+	unspent [2]prometheus.Counter
 	// local counts decisions made without Redis, by outcome.
 	localOutcome [3]prometheus.Counter
 }
@@ -219,6 +230,7 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 	}
 	c.leased = m.leased.WithLabelValues(name)
 	c.reserved = m.reserved.WithLabelValues(name)
+	c.unspent = [2]prometheus.Counter{m.unspent.WithLabelValues(name, "lease"), m.unspent.WithLabelValues(name, "reservation")}
 	for o := Allowed; o <= Banned; o++ {
 		c.localOutcome[o] = m.local.WithLabelValues(name, o.String())
 	}

@@ -197,6 +197,7 @@ func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict) 
 	if e == nil || v.outcome != Allowed || v.granted <= 1 {
 		return
 	}
+	e.dropReservation()
 	r := &e.res
 	r.pl, r.left = pl, v.granted-1
 	// As a lease's: never later than its end on the server's clock.
@@ -204,8 +205,12 @@ func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict) 
 	r.win = append(r.win[:0], v.win[len(pl.short.windows):]...)
 }
 
-// dropReservation forgets key's reservation (its admissions stay counted).
+// dropReservation forgets key's reservation, counting what it left
+// unspent (its admissions stay counted in Redis).
 func (e *leaseEntry) dropReservation() {
+	if e.res.left > 0 && e.res.pl != nil {
+		e.res.pl.unspent[1].Add(float64(e.res.left))
+	}
 	e.res.pl, e.res.left = nil, 0
 }
 

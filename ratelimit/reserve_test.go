@@ -698,3 +698,109 @@ func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
 	f.clk.Add(250 * time.Millisecond)
 	reserve("after a round trip whose caller was gone")
 }
+
+// TestUnspentCounted checks petstore_ratelimit_unspent_total: what a lease
+// or a reservation leaves unspent is counted, exactly, when the replica
+// lets it go (a lease dropped for a plan change, a reservation replaced
+// after it ended, one dropped by a Reset, one swept with its idle key),
+// and nothing is for one spent to the last.
+func TestUnspentCounted(t *testing.T) {
+	t.Parallel()
+	unspent := func(t *testing.T, f *fixture, plan, kind string) int64 {
+		t.Helper()
+		return int64(testenv.CounterSum(t, f.reg, "petstore_ratelimit_unspent_total", map[string]string{"plan": plan, "kind": kind}))
+	}
+	// reserve sends the key requests four a second until it holds a
+	// reservation, and returns what it holds.
+	reserve := func(t *testing.T, f *fixture) int64 {
+		t.Helper()
+		for i := 0; reservedLeft(f.l, "k") < 2; i++ {
+			if i == 60 {
+				t.Fatal("no reservation for a key sending 4 requests/s")
+			}
+			f.allow(t, "k", coldPlan)
+			f.clk.Add(250 * time.Millisecond)
+		}
+		return reservedLeft(f.l, "k")
+	}
+	start := epoch.Truncate(432 * time.Second).Add(432 * time.Second)
+	t.Run("lease dropped for a plan change", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{})
+		p := perMinute(10_000)
+		for range 20 {
+			f.allow(t, "k", p)
+		}
+		left := leaseLeft(f.l, "k")
+		if left < 2 {
+			t.Fatal("no lease after 20 requests at once")
+		}
+		if d := f.allow(t, "k", perMinute(20_000)); d.Leased {
+			t.Fatalf("%+v under another plan, want decided by Redis", d)
+		}
+		if got := unspent(t, f, p.Name, "lease"); got != left {
+			t.Fatalf("unspent lease admissions %d, want the %d the lease held", got, left)
+		}
+	})
+	t.Run("reservation replaced after its end", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{})
+		f.clk.Set(start)
+		left := reserve(t, f)
+		f.clk.Set(reservedUntil(f.l, "k").Add(time.Millisecond))
+		if d := f.allow(t, "k", coldPlan); d.Reserved {
+			t.Fatalf("%+v after the reservation's end, want decided whole", d)
+		}
+		if reservedLeft(f.l, "k") < 2 {
+			t.Fatal("the round trip after the reservation's end reserved nothing")
+		}
+		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left {
+			t.Fatalf("unspent reserved admissions %d, want the %d the first reservation held", got, left)
+		}
+	})
+	t.Run("reservation dropped by a Reset", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{})
+		f.clk.Set(start)
+		reserve(t, f)
+		f.clk.Add(250 * time.Millisecond)
+		if d := f.allow(t, "k", coldPlan); !d.Reserved {
+			t.Fatalf("%+v, want decided under the reservation", d)
+		}
+		left := reservedLeft(f.l, "k")
+		if err := f.l.Reset(context.Background(), "k", coldPlan); err != nil {
+			t.Fatal(err)
+		}
+		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left || reservedLeft(f.l, "k") != 0 {
+			t.Fatalf("after a Reset: unspent %d (want %d), %d still held", got, left, reservedLeft(f.l, "k"))
+		}
+	})
+	t.Run("reservation swept with its idle key", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{})
+		f.clk.Set(start)
+		left := reserve(t, f)
+		f.clk.Set(reservedUntil(f.l, "k").Add(time.Second))
+		f.l.lease.sweep(f.clk.Now())
+		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left || leaseEntryField(f.l, "k", func(*leaseEntry) int64 { return 1 }) != 0 {
+			t.Fatalf("after a sweep: unspent %d, want %d, and the key gone", got, left)
+		}
+	})
+	t.Run("reservation spent to the last", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{})
+		f.clk.Set(start)
+		reserve(t, f)
+		for reservedLeft(f.l, "k") > 0 {
+			f.clk.Add(100 * time.Millisecond)
+			if d := f.allow(t, "k", coldPlan); !d.Reserved {
+				t.Fatalf("%+v, want decided under the reservation", d)
+			}
+		}
+		f.clk.Add(100 * time.Millisecond)
+		f.allow(t, "k", coldPlan)
+		if got := unspent(t, f, coldPlan.Name, "reservation"); got != 0 {
+			t.Fatalf("unspent %d of a reservation spent to the last", got)
+		}
+	})
+}
