@@ -671,17 +671,7 @@ func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
-	reserve := func(what string) {
-		t.Helper()
-		for i := 0; reservedLeft(f.l, "k") < 2; i++ {
-			if i == 60 {
-				t.Fatalf("%s: no reservation for a key sending 4 requests/s", what)
-			}
-			f.allow(t, "k", coldPlan)
-			f.clk.Add(250 * time.Millisecond)
-		}
-	}
-	reserve("at first")
+	reserveCold(t, f, "at first")
 	// Spend it: the key's next round trip is under the whole plan, and
 	// asks (its last one showed the demand).
 	for reservedLeft(f.l, "k") > 0 {
@@ -696,7 +686,7 @@ func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
 		t.Fatalf("a caller gone: %v, want context.Canceled", err)
 	}
 	f.clk.Add(250 * time.Millisecond)
-	reserve("after a round trip whose caller was gone")
+	reserveCold(t, f, "after a round trip whose caller was gone")
 }
 
 // TestUnspentCounted checks petstore_ratelimit_unspent_total: what a lease
@@ -709,19 +699,6 @@ func TestUnspentCounted(t *testing.T) {
 	unspent := func(t *testing.T, f *fixture, plan, kind string) int64 {
 		t.Helper()
 		return int64(testenv.CounterSum(t, f.reg, "petstore_ratelimit_unspent_total", map[string]string{"plan": plan, "kind": kind}))
-	}
-	// reserve sends the key requests four a second until it holds a
-	// reservation, and returns what it holds.
-	reserve := func(t *testing.T, f *fixture) int64 {
-		t.Helper()
-		for i := 0; reservedLeft(f.l, "k") < 2; i++ {
-			if i == 60 {
-				t.Fatal("no reservation for a key sending 4 requests/s")
-			}
-			f.allow(t, "k", coldPlan)
-			f.clk.Add(250 * time.Millisecond)
-		}
-		return reservedLeft(f.l, "k")
 	}
 	start := epoch.Truncate(432 * time.Second).Add(432 * time.Second)
 	t.Run("lease dropped for a plan change", func(t *testing.T) {
@@ -746,7 +723,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, Options{})
 		f.clk.Set(start)
-		left := reserve(t, f)
+		left := reserveCold(t, f, "")
 		f.clk.Set(reservedUntil(f.l, "k").Add(time.Millisecond))
 		if d := f.allow(t, "k", coldPlan); d.Reserved {
 			t.Fatalf("%+v after the reservation's end, want decided whole", d)
@@ -762,7 +739,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, Options{})
 		f.clk.Set(start)
-		reserve(t, f)
+		reserveCold(t, f, "")
 		f.clk.Add(250 * time.Millisecond)
 		if d := f.allow(t, "k", coldPlan); !d.Reserved {
 			t.Fatalf("%+v, want decided under the reservation", d)
@@ -779,7 +756,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, Options{})
 		f.clk.Set(start)
-		left := reserve(t, f)
+		left := reserveCold(t, f, "")
 		f.clk.Set(reservedUntil(f.l, "k").Add(time.Second))
 		f.l.lease.sweep(f.clk.Now())
 		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left || leaseEntryField(f.l, "k", func(*leaseEntry) int64 { return 1 }) != 0 {
@@ -790,7 +767,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, Options{})
 		f.clk.Set(start)
-		reserve(t, f)
+		reserveCold(t, f, "")
 		for reservedLeft(f.l, "k") > 0 {
 			f.clk.Add(100 * time.Millisecond)
 			if d := f.allow(t, "k", coldPlan); !d.Reserved {
@@ -803,4 +780,19 @@ func TestUnspentCounted(t *testing.T) {
 			t.Fatalf("unspent %d of a reservation spent to the last", got)
 		}
 	})
+}
+
+// reserveCold sends key "k" of f requests under coldPlan, four a second,
+// until the replica holds a reservation for it, and returns what it holds;
+// what names the moment in a failure.
+func reserveCold(t *testing.T, f *fixture, what string) int64 {
+	t.Helper()
+	for i := 0; reservedLeft(f.l, "k") < 2; i++ {
+		if i == 60 {
+			t.Fatalf("%s: no reservation for a key sending 4 requests/s", what)
+		}
+		f.allow(t, "k", coldPlan)
+		f.clk.Add(250 * time.Millisecond)
+	}
+	return reservedLeft(f.l, "k")
 }
