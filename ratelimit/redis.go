@@ -101,17 +101,17 @@ func scriptNums(pl *plan, in input) []byte {
 		return nil
 	}
 	b := make([]byte, 0, 8*(10+len(pl.windows)+len(seed)))
+	ask := [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life}
 	if mode == modeReserve {
-		// Asked to reserve: at most max, for reserveLife, then the
-		// reservation's own numbers.
-		for _, v := range [5]int64{mode, in.extra, in.reserve.max, 1, reserveLife.Microseconds()} {
-			b = binary.BigEndian.AppendUint64(b, uint64(v))
-		}
+		// Asked to reserve: at most max, for reserveLife; the
+		// reservation's own numbers follow.
+		ask = [5]int64{mode, in.extra, in.reserve.max, 1, reserveLife.Microseconds()}
+	}
+	for _, v := range ask {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	if mode == modeReserve {
 		b = in.reserve.nums(pl, b)
-	} else {
-		for _, v := range [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life} {
-			b = binary.BigEndian.AppendUint64(b, uint64(v))
-		}
 	}
 	if len(seed) > 0 || adds {
 		for i := range pl.windows {

@@ -88,19 +88,23 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 }
 
 // askReservation marks a reservation round trip in flight for key under pl at
-// now and returns true, unless the key's last whole decision showed no
+// now and returns ask true, unless the key's last whole decision showed no
 // demand for one (noteDemand), one is in flight, or the key holds a usable
-// reservation (or no entry: the table is full).
-func (t *leaseTable) askReservation(key string, pl *plan, now time.Time) bool {
+// reservation (or no entry: the table is full). warm is what that last
+// decision showed.
+func (t *leaseTable) askReservation(key string, pl *plan, now time.Time) (ask, warm bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
-	if e == nil || !e.res.warm || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
-		return false
+	if e == nil {
+		return false, false
+	}
+	if !e.res.warm || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
+		return false, e.res.warm
 	}
 	e.res.asking = true
-	return true
+	return true, true
 }
 
 // minReserve is the smallest reservation granted. The work a reservation
@@ -167,12 +171,15 @@ func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt i
 	return k >= minReserve
 }
 
-// noteDemand ends key's round trip under pl at now, which asked to
-// reserve if asked: with ok (Redis or the fallback decided it as d) it
-// records whether d shows a reservation worth asking for the key's next
-// one (worthAsking); without, that none is.
-func (t *leaseTable) noteDemand(key string, pl *plan, d *Decision, now time.Time, ok, asked bool) {
-	warm := ok && d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load())
+// demands reports whether key's round trip under pl at now, decided as d,
+// shows a reservation worth asking for its next one (worthAsking).
+func (t *leaseTable) demands(pl *plan, d *Decision, now time.Time) bool {
+	return d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load())
+}
+
+// noteDemand ends key's round trip under a whole plan, which asked to
+// reserve if asked, recording whether it showed the demand (warm).
+func (t *leaseTable) noteDemand(key string, warm, asked bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -227,11 +234,18 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 	}
 	var v verdict
 	var ask *reserveAsk
-	if l.reg.seeding(pl) == nil && l.lease.askReservation(key, pl, start) {
-		ask = &reserveAsk{max: l.lease.maxLease, replicas: max(l.replicas.live(), 1), rtt: l.lease.rtt.Load()}
+	var asking, warm bool
+	if l.reg.seeding(pl) == nil {
+		if asking, warm = l.lease.askReservation(key, pl, start); asking {
+			ask = &reserveAsk{max: l.lease.maxLease, replicas: max(l.replicas.live(), 1), rtt: l.lease.rtt.Load()}
+		}
 	}
 	err := l.decide(ctx, key, pl, start, 0, noLease, budget, d, &v, ask)
-	l.lease.noteDemand(key, pl, d, start, err == nil, ask != nil)
+	// The table is written only when this changes it: most cold keys show
+	// no demand, decision after decision.
+	if demand := err == nil && l.lease.demands(pl, d, start); demand != warm || asking {
+		l.lease.noteDemand(key, demand, asking)
+	}
 	return err
 }
 
