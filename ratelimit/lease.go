@@ -250,14 +250,23 @@ func (t *leaseTable) forget(key string) {
 }
 
 // sweep drops keys without a usable lease or a round trip in flight that
-// have been idle for two rate periods.
+// have been idle for two rate periods, except a key whose last whole
+// decision showed the demand for a reservation (warm), idle for less than
+// reserveLife: a key sending a few requests a second to a fleet reaches
+// each replica a second or more apart, and would otherwise lose what its
+// last round trip showed before its next request, and never reserve. Such
+// keys are kept only while their shard is at most half full, so that they
+// never crowd out the keys that lease.
 func (t *leaseTable) sweep(now time.Time) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
+		crowded := 2*len(sh.keys) > t.maxPerShard
 		for k, e := range sh.keys {
-			if e.refill == nil && now.Sub(e.curStart) >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) &&
-				!e.res.asking && (e.res.left == 0 || !now.Before(e.res.deadline)) {
+			idle := now.Sub(e.curStart)
+			if e.refill == nil && idle >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) &&
+				!e.res.asking && (e.res.left == 0 || !now.Before(e.res.deadline)) &&
+				(!e.res.warm || crowded || idle >= reserveLife) {
 				e.drop()
 				e.dropReservation()
 				delete(sh.keys, k)

@@ -796,3 +796,112 @@ func reserveCold(t *testing.T, f *fixture, what string) int64 {
 	}
 	return reservedLeft(f.l, "k")
 }
+
+// TestReservationForKeysSlowerThanTheSweep checks the promise "a key
+// reserves once it has sent 12·Replicas requests within a minute" for keys
+// whose requests reach this replica further apart than the lease table
+// keeps an idle key (2·rateSpan): a key sending a few requests a second to
+// a fleet, of which each replica sees one every second or more. Generated
+// cases: 1-4 replicas, this replica's share of the key's traffic one
+// request every 0.55 s up to what a reservation of 2.5 per replica needs,
+// the table swept before every request (the worst case: a sweep in every
+// gap). The key must reserve by its (13·Replicas + 3)th request (13 for a
+// round trip's allowance; the request that shows the demand, the one that
+// asks, one more), and keep reserving: at least half of its later
+// decisions under a reservation.
+func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 31)
+	for c := range 8 {
+		replicas := 1 + rng.IntN(4)
+		lo, hi := 550*time.Millisecond, 4*time.Second/time.Duration(replicas)
+		gap := lo + time.Duration(rng.Int64N(int64(hi-lo)))
+		gap = gap.Truncate(time.Millisecond)
+		t.Run(fmt.Sprintf("%d/replicas=%d,gap=%v", c, replicas, gap), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, Options{Replicas: replicas})
+			// The start of a bucket of the day window (432 s): the test's
+			// two minutes never reach its end, which would shorten what a
+			// reservation could be.
+			f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
+			first, after, reserved := -1, 0, 0
+			n := int(2 * time.Minute / gap)
+			for i := range n {
+				f.l.lease.sweep(f.clk.Now())
+				d := f.allow(t, "k", coldPlan)
+				if !d.Allowed() {
+					t.Fatalf("request %d refused: %+v", i, d)
+				}
+				if first < 0 && d.Reserved {
+					first = i
+				}
+				if first >= 0 && i > first {
+					after++
+					if d.Reserved {
+						reserved++
+					}
+				}
+				f.clk.Add(gap)
+			}
+			if first < 0 || first > 13*replicas+3 {
+				t.Fatalf("first reserved decision: request %d of %d, want by request %d", first, n, 13*replicas+3)
+			}
+			if 2*reserved < after {
+				t.Fatalf("%d of the %d decisions after the first reservation were reserved, want half or more", reserved, after)
+			}
+		})
+	}
+}
+
+// TestSweepKeepsWarmKeysOnlyWhileRoomLasts checks the lease table's sweep
+// on one shard of eight places: an idle key that showed no demand goes
+// after two rate periods; one that did (warm) stays until reserveLife,
+// but only while the shard is at most half full; and a key holding a
+// reservation stays until it ends, crowded or not.
+func TestSweepKeepsWarmKeysOnlyWhileRoomLasts(t *testing.T) {
+	t.Parallel()
+	now := epoch
+	tbl := newLeaseTable(64, func() int64 { return 1 })
+	tbl.maxPerShard = 8
+	// Keys that fall in shard 0.
+	var keys []string
+	for i := 0; len(keys) < 8; i++ {
+		if k := fmt.Sprint("key-", i); tbl.shard(k) == &tbl.shards[0] {
+			keys = append(keys, k)
+		}
+	}
+	sh := &tbl.shards[0]
+	fill := func(n int, idle time.Duration, warm bool) {
+		clear(sh.keys)
+		for _, k := range keys[:n] {
+			sh.keys[k] = &leaseEntry{curStart: now.Add(-idle), res: reservation{warm: warm}}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		n    int
+		idle time.Duration
+		warm bool
+		kept bool
+	}{
+		{"cold, idle two rate periods", 2, 2 * rateSpan, false, false},
+		{"cold, idle under two rate periods", 2, 2*rateSpan - time.Millisecond, false, true},
+		{"warm, half full", 4, 3 * time.Second, true, true},
+		{"warm, idle a reservation's life", 4, reserveLife, true, false},
+		{"warm, over half full", 5, 3 * time.Second, true, false},
+	} {
+		fill(c.n, c.idle, c.warm)
+		tbl.sweep(now)
+		if kept := len(sh.keys) == c.n; kept != c.kept || len(sh.keys) != 0 && len(sh.keys) != c.n {
+			t.Errorf("%s: %d of %d keys kept, want kept %v", c.name, len(sh.keys), c.n, c.kept)
+		}
+	}
+	// A reservation still usable keeps its key in a crowded shard.
+	fill(8, 3*time.Second, true)
+	pl := &plan{}
+	sh.keys[keys[0]].res = reservation{pl: pl, left: 3, deadline: now.Add(time.Second), warm: true}
+	tbl.sweep(now)
+	if len(sh.keys) != 1 || sh.keys[keys[0]] == nil {
+		t.Fatalf("crowded shard after a sweep: %d keys, want the one holding a reservation", len(sh.keys))
+	}
+}
