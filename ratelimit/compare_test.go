@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strconv"
@@ -32,7 +33,10 @@ import (
 // its day window (README, Reservations), as a key sending a few requests
 // a second does in service; there this limiter runs beside itself with
 // reservations (and leases) off, MaxLease 1, as "petstore-whole": what
-// reservations save. The limiters take turns in rounds of
+// reservations save; and steady-fleet, the same on a fleet of four
+// replicas sharing the Redis, each decision sent to one of them at random
+// as a load balancer would, so that each replica sees a key a second or
+// more apart. The limiters take turns in rounds of
 // b.N decisions from compareCallers goroutines, in a rotating order, so
 // that load from elsewhere on the machine weighs on all alike. Reported
 // per limiter: decisions/s, Redis CPU per decision (the server process's
@@ -56,18 +60,20 @@ func BenchmarkCompareLimiters(b *testing.B) {
 	cold := Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
 	others := []string{"redis_rate", "httprate-redis"}
 	workloads := []struct {
-		name    string
-		keys    int
-		p       Policy
-		warm    time.Duration // each limiter decides the workload this long, untimed, first
-		against []string      // the contenders beside this limiter
+		name     string
+		keys     int
+		p        Policy
+		warm     time.Duration // each limiter decides the workload this long, untimed, first
+		against  []string      // the contenders beside this limiter
+		replicas int           // this limiter's (and petstore-whole's) replicas; 0 or 1: one
 	}{
-		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others},
-		{"cold", 20_000, cold, 0, others},
+		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others, 1},
+		{"cold", 20_000, cold, 0, others, 1},
 		// (Against itself alone: the longer the others' rounds, the more
 		// of a key's minute slides out before its next, and the less
 		// steady the workload.)
-		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}},
+		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1},
+		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4},
 	}
 	for _, wl := range workloads {
 		b.Run(wl.name, func(b *testing.B) {
@@ -77,7 +83,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			// No heartbeats or registry refreshes: their scripts would be
 			// counted in other limiters' rounds.
 			limiter := func(prefix string, maxLease int, reg *prometheus.Registry) *Limiter {
-				l, err := New(rdb, Options{Timeout: time.Second, Prefix: prefix, noHeartbeat: true, MaxLease: maxLease, Registerer: reg})
+				l, err := New(rdb, Options{Timeout: time.Second, Prefix: prefix, noHeartbeat: true, MaxLease: maxLease, Registerer: reg, Replicas: max(wl.replicas, 1)})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -100,12 +106,43 @@ func BenchmarkCompareLimiters(b *testing.B) {
 					return d.Allowed(), err
 				}
 			}
+			// fleet is wl.replicas limiters on one prefix, each decision
+			// made by one of them at random, each with a registry of its
+			// own (regs).
+			fleet := func(prefix string, maxLease int, regs []*prometheus.Registry) func(ctx context.Context, key string) (bool, error) {
+				n := max(wl.replicas, 1)
+				if len(regs) == 0 {
+					regs = make([]*prometheus.Registry, n)
+					for i := range regs {
+						regs[i] = prometheus.NewRegistry()
+					}
+				}
+				replicas := make([]func(ctx context.Context, key string) (bool, error), n)
+				for i := range replicas {
+					replicas[i] = allow(limiter(prefix, maxLease, regs[i]))
+				}
+				if n == 1 {
+					return replicas[0]
+				}
+				return func(ctx context.Context, key string) (bool, error) {
+					return replicas[rand.IntN(n)](ctx, key)
+				}
+			}
 			scripts := []string{"fcall", "evalsha", "eval"}
 			// Ours keeps its metrics apart: what its leases and
 			// reservations left unspent is read from them.
-			reg := prometheus.NewRegistry()
-			unspent := func() float64 { return testenv.CounterSum(b, reg, "petstore_ratelimit_unspent_total", nil) }
-			contenders := []contender{{name: "petstore", commands: scripts, allow: allow(limiter("ours:", 0, reg))}}
+			regs := make([]*prometheus.Registry, max(wl.replicas, 1))
+			for i := range regs {
+				regs[i] = prometheus.NewRegistry()
+			}
+			unspent := func() float64 {
+				var sum float64
+				for _, reg := range regs {
+					sum += testenv.CounterSum(b, reg, "petstore_ratelimit_unspent_total", nil)
+				}
+				return sum
+			}
+			contenders := []contender{{name: "petstore", commands: scripts, allow: fleet("ours:", 0, regs)}}
 			for _, name := range wl.against {
 				c := contender{name: name}
 				switch name {
@@ -119,7 +156,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 					}
 				case "petstore-whole":
 					// Leases and reservations off: every decision whole.
-					c.commands, c.allow = scripts, allow(limiter("whole:", 1, prometheus.NewRegistry()))
+					c.commands, c.allow = scripts, fleet("whole:", 1, nil)
 				}
 				contenders = append(contenders, c)
 			}
