@@ -16,8 +16,11 @@
 # CLUSTER_REDIS_URL (redis://127.0.0.1:6379/2 when that Redis answers,
 # else a private redis-server), CLUSTER_DATABASE_URL (database
 # petstore_cluster on 127.0.0.1:5432 when it answers, else pets in memory
-# and keys in a static keys file). Nothing listens beyond 127.0.0.1; no
-# root is needed.
+# and keys in a static keys file), BALANCE (roundrobin; key: each API key
+# to one replica, by a consistent hash of its Authorization header, so that
+# a replica sees all of a key's traffic and its leases and reservations
+# are as large as one replica's; see the README, "Key affinity"). Nothing
+# listens beyond 127.0.0.1; no root is needed.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,6 +29,7 @@ PORT=${PORT:-18080}
 STATE=${CLUSTER_DIR:-$ROOT/.cluster}
 BIN=${PETSTORE_BIN:-$ROOT/bin/petstore}
 PROMETHEUS=${PROMETHEUS:-0}
+BALANCE=${BALANCE:-roundrobin}
 LOADTEST_KEYS=${LOADTEST_KEYS:-20}
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
@@ -157,9 +161,21 @@ make_keys() {
   fi
 }
 
+# balance_lines: HAProxy's balancing for BALANCE.
+balance_lines() {
+  case "$BALANCE" in
+    roundrobin) echo '  balance roundrobin' ;;
+    # The bearer key is the whole header; requests without one (the
+    # OpenAPI document) fall back to round robin.
+    key) printf '  balance hdr(Authorization)\n  hash-type consistent\n' ;;
+    *) die "BALANCE=$BALANCE: want roundrobin or key" ;;
+  esac
+}
+
 write_haproxy_config() {
+  balance_lines >/dev/null # an unknown BALANCE stops here
   # The same balancing and checks as the fleet system tests
-  # (internal/fleettest): round robin, /readyz on each replica's ops port
+  # (internal/fleettest): round robin (or by key), /readyz on each replica's ops port
   # every 300 ms, out after one failed check, and a failed connection or
   # an empty answer retried once on another replica.
   {
@@ -182,7 +198,7 @@ frontend api
   default_backend replicas
 
 backend replicas
-  balance roundrobin
+$(balance_lines)
   option httpchk GET /readyz
   http-check expect status 200
   default-server inter 300ms fall 1 rise 1
@@ -297,7 +313,7 @@ status() {
 
 petstore fleet: $n of $REPLICAS replicas behind HAProxy (state in $STATE)
 
-  load balancer   http://127.0.0.1:$PORT
+  load balancer   http://127.0.0.1:$PORT (balance $(sed -n 's/^  balance //p' "$STATE/haproxy.cfg"))
 EOF
   for i in $(seq 1 "$REPLICAS"); do
     printf '  replica r%d      API http://127.0.0.1:%d  ops http://127.0.0.1:%d/metrics\n' "$i" "$(api_port "$i")" "$(ops_port "$i")"

@@ -240,6 +240,7 @@ type fleetOptions struct {
 	perReplicaPlan bool           // each replica reads its own copy of the plans file
 	binaries       map[int]string // replica index -> a petstore binary other than this tree's
 	maxLease       int            // --ratelimit-max-lease (0: the default)
+	byKey          bool           // HAProxy sends each API key to one replica (make cluster BALANCE=key)
 }
 
 // fleet is N replicas of one build sharing a private Redis, behind
@@ -329,7 +330,7 @@ func newFleet(t testing.TB, o fleetOptions) *fleet {
 	for _, r := range f.replicas {
 		r.start()
 	}
-	f.lb = startHAProxy(t, dir, f.replicas)
+	f.lb = startHAProxy(t, dir, f.replicas, o.byKey)
 	return f
 }
 
@@ -570,7 +571,7 @@ type haproxy struct {
 	p      *proc
 }
 
-func startHAProxy(t testing.TB, dir string, replicas []*replica) *haproxy {
+func startHAProxy(t testing.TB, dir string, replicas []*replica, byKey bool) *haproxy {
 	t.Helper()
 	port := testenv.FreePort(t)
 	h := &haproxy{url: fmt.Sprintf("http://127.0.0.1:%d", port), socket: filepath.Join(dir, "haproxy.sock")}
@@ -578,7 +579,11 @@ func startHAProxy(t testing.TB, dir string, replicas []*replica) *haproxy {
 	for _, r := range replicas {
 		fmt.Fprintf(&servers, "  server %s 127.0.0.1:%d check port %d\n", r.name, r.apiPort, r.ops)
 	}
-	cfg := fmt.Sprintf(haproxyConfig, h.socket, port, checkInterval.Milliseconds(), servers.String())
+	balance := balanceRoundRobin
+	if byKey {
+		balance = balanceByKey
+	}
+	cfg := fmt.Sprintf(haproxyConfig, h.socket, port, balance, checkInterval.Milliseconds(), servers.String())
 	path := filepath.Join(dir, "haproxy.cfg")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -598,7 +603,7 @@ func startHAProxy(t testing.TB, dir string, replicas []*replica) *haproxy {
 }
 
 // haproxyConfig is the load balancer of the fleet, the same as
-// deploy/local's: round robin, /readyz checked on each replica's ops port,
+// deploy/local's: round robin (or by key), /readyz checked on each replica's ops port,
 // and a failed connection or an empty answer (a replica that died with the
 // request) retried once on another replica for idempotent requests.
 const haproxyConfig = `global
@@ -619,11 +624,17 @@ frontend api
   default_backend replicas
 
 backend replicas
-  balance roundrobin
+%s
   option httpchk GET /readyz
   http-check expect status 200
   default-server inter %dms fall 1 rise 1
 %s`
+
+// The balancing of deploy/local's BALANCE=roundrobin and BALANCE=key.
+const (
+	balanceRoundRobin = "  balance roundrobin"
+	balanceByKey      = "  balance hdr(Authorization)\n  hash-type consistent"
+)
 
 // serversUp returns the names of the servers HAProxy has in rotation.
 func (h *haproxy) serversUp() ([]string, error) {
