@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -36,7 +37,10 @@ import (
 // reservations save; and steady-fleet, the same on a fleet of four
 // replicas sharing the Redis, each decision sent to one of them at random
 // as a load balancer would, so that each replica sees a key a second or
-// more apart. The limiters take turns in rounds of
+// more apart; and steady-fleet-affinity, the same fleet behind a balancer
+// that sends each key to one replica (by a hash of the key, as HAProxy's
+// balance hdr(Authorization) does), so that each replica sees all of its
+// keys' traffic. The limiters take turns in rounds of
 // b.N decisions from compareCallers goroutines, in a rotating order, so
 // that load from elsewhere on the machine weighs on all alike. Reported
 // per limiter: decisions/s, Redis CPU per decision (the server process's
@@ -66,14 +70,16 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		warm     time.Duration // each limiter decides the workload this long, untimed, first
 		against  []string      // the contenders beside this limiter
 		replicas int           // this limiter's (and petstore-whole's) replicas; 0 or 1: one
+		affinity bool          // each key's decisions all made by one replica, chosen by its hash
 	}{
-		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others, 1},
-		{"cold", 20_000, cold, 0, others, 1},
+		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others, 1, false},
+		{"cold", 20_000, cold, 0, others, 1, false},
 		// (Against itself alone: the longer the others' rounds, the more
 		// of a key's minute slides out before its next, and the less
 		// steady the workload.)
-		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1},
-		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4},
+		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1, false},
+		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false},
+		{"steady-fleet-affinity", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true},
 	}
 	for _, wl := range workloads {
 		b.Run(wl.name, func(b *testing.B) {
@@ -123,6 +129,12 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				}
 				if n == 1 {
 					return replicas[0]
+				}
+				if wl.affinity {
+					seed := maphash.MakeSeed()
+					return func(ctx context.Context, key string) (bool, error) {
+						return replicas[maphash.String(seed, key)%uint64(n)](ctx, key)
+					}
 				}
 				return func(ctx context.Context, key string) (bool, error) {
 					return replicas[rand.IntN(n)](ctx, key)
