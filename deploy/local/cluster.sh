@@ -173,7 +173,6 @@ balance_lines() {
 }
 
 write_haproxy_config() {
-  balance_lines >/dev/null # an unknown BALANCE stops here
   # The same balancing and checks as the fleet system tests
   # (internal/fleettest): round robin (or by key), /readyz on each replica's ops port
   # every 300 ms, out after one failed check, and a failed connection or
@@ -230,6 +229,7 @@ EOF
 
 up() {
   [ -x "$BIN" ] || die "no petstore binary at $BIN: run make build (make cluster does)"
+  balance_lines >/dev/null # an unknown BALANCE stops here, before anything starts
   need haproxy "install Debian's haproxy package (as root: make services, or apt-get install haproxy)"
   need curl "install curl"
   if [ "$PROMETHEUS" = 1 ]; then
