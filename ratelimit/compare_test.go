@@ -40,7 +40,9 @@ import (
 // more apart; and steady-fleet-affinity, the same fleet behind a balancer
 // that sends each key to one replica (by a hash of the key, as HAProxy's
 // balance hdr(Authorization) does), so that each replica sees all of its
-// keys' traffic. The limiters take turns in rounds of
+// keys' traffic; and warm-fleet and warm-fleet-affinity, both fleets with
+// 1,000 keys, tens to hundreds of requests a second each: where leases
+// form on one replica and less often on a quarter of its traffic. The limiters take turns in rounds of
 // b.N decisions from compareCallers goroutines, in a rotating order, so
 // that load from elsewhere on the machine weighs on all alike. Reported
 // per limiter: decisions/s, Redis CPU per decision (the server process's
@@ -62,6 +64,9 @@ import (
 func BenchmarkCompareLimiters(b *testing.B) {
 	testenv.RedisAddr(b)
 	cold := Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
+	// warm: keys that lease on one replica (tens of requests a second
+	// each) but seldom when spread over four.
+	warm := Policy{Name: "warm", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
 	others := []string{"redis_rate", "httprate-redis"}
 	workloads := []struct {
 		name     string
@@ -80,6 +85,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1, false},
 		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false},
 		{"steady-fleet-affinity", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true},
+		{"warm-fleet", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, false},
+		{"warm-fleet-affinity", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, true},
 	}
 	for _, wl := range workloads {
 		b.Run(wl.name, func(b *testing.B) {
