@@ -42,9 +42,10 @@ import (
 // balance hdr(Authorization) does), so that each replica sees all of its
 // keys' traffic; and warm-fleet and warm-fleet-affinity, both fleets with
 // 1,000 keys, tens to hundreds of requests a second each: where leases
-// form on one replica and less often on a quarter of its traffic. The limiters take turns in rounds of
-// b.N decisions from compareCallers goroutines, in a rotating order, so
-// that load from elsewhere on the machine weighs on all alike. Reported
+// form on one replica and less often on a quarter of its traffic. The
+// limiters take turns in rounds of b.N decisions from compareCallers
+// goroutines, in a rotating order, so that load from elsewhere on the
+// machine weighs on all alike. Reported
 // per limiter: decisions/s, Redis CPU per decision (the server process's
 // own user and system time, from INFO CPU, around each round), Redis
 // command time per decision (INFO commandstats, usec of the commands the
@@ -120,40 +121,33 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				}
 			}
 			// fleet is wl.replicas limiters on one prefix, each decision
-			// made by one of them at random, each with a registry of its
-			// own (regs).
-			fleet := func(prefix string, maxLease int, regs []*prometheus.Registry) func(ctx context.Context, key string) (bool, error) {
+			// made by one of them (at random, or by the key's hash), and
+			// their registries, one each.
+			fleet := func(prefix string, maxLease int) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
 				n := max(wl.replicas, 1)
-				if len(regs) == 0 {
-					regs = make([]*prometheus.Registry, n)
-					for i := range regs {
-						regs[i] = prometheus.NewRegistry()
-					}
-				}
+				regs := make([]*prometheus.Registry, n)
 				replicas := make([]func(ctx context.Context, key string) (bool, error), n)
 				for i := range replicas {
+					regs[i] = prometheus.NewRegistry()
 					replicas[i] = allow(limiter(prefix, maxLease, regs[i]))
 				}
 				if n == 1 {
-					return replicas[0]
+					return replicas[0], regs
 				}
 				if wl.affinity {
 					seed := maphash.MakeSeed()
 					return func(ctx context.Context, key string) (bool, error) {
 						return replicas[maphash.String(seed, key)%uint64(n)](ctx, key)
-					}
+					}, regs
 				}
 				return func(ctx context.Context, key string) (bool, error) {
 					return replicas[rand.IntN(n)](ctx, key)
-				}
+				}, regs
 			}
 			scripts := []string{"fcall", "evalsha", "eval"}
 			// Ours keeps its metrics apart: what its leases and
 			// reservations left unspent is read from them.
-			regs := make([]*prometheus.Registry, max(wl.replicas, 1))
-			for i := range regs {
-				regs[i] = prometheus.NewRegistry()
-			}
+			ours, regs := fleet("ours:", 0)
 			unspent := func() float64 {
 				var sum float64
 				for _, reg := range regs {
@@ -161,7 +155,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				}
 				return sum
 			}
-			contenders := []contender{{name: "petstore", commands: scripts, allow: fleet("ours:", 0, regs)}}
+			contenders := []contender{{name: "petstore", commands: scripts, allow: ours}}
 			for _, name := range wl.against {
 				c := contender{name: name}
 				switch name {
@@ -175,7 +169,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 					}
 				case "petstore-whole":
 					// Leases and reservations off: every decision whole.
-					c.commands, c.allow = scripts, fleet("whole:", 1, nil)
+					c.commands = scripts
+					c.allow, _ = fleet("whole:", 1)
 				}
 				contenders = append(contenders, c)
 			}
