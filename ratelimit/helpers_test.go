@@ -119,6 +119,22 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	return f
 }
 
+// fleet returns f's limiter and n-1 more on its Redis and clock, each
+// counting n replicas: a fleet on the fake clock.
+func (f *fixture) fleet(t *testing.T, n int) []*Limiter {
+	t.Helper()
+	ls := []*Limiter{f.l}
+	for range n - 1 {
+		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		ls = append(ls, l)
+	}
+	return ls
+}
+
 func (f *fixture) allow(t *testing.T, key string, p Policy) Decision {
 	t.Helper()
 	d, err := f.l.Allow(context.Background(), key, p)

@@ -55,6 +55,13 @@ type leaseEntry struct {
 	cur, prev int64
 	curStart  time.Time
 
+	// This replica's own requests for the key in the current reservation
+	// period (from ownStart; reserveLife or more) and in the one before it
+	// (from ownPrevStart, zero while there is none): what a reservation's
+	// size stands on (ownShare).
+	own, ownPrev           int64
+	ownStart, ownPrevStart time.Time
+
 	// The lease: left admissions to spend before deadline (local clock),
 	// granted under pl by a round trip that started at sent and ran at
 	// redisNow (µs, server clock).
@@ -108,7 +115,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		if len(sh.keys) >= t.maxPerShard {
 			return false, noLease, nil
 		}
-		e = &leaseEntry{curStart: now}
+		e = &leaseEntry{curStart: now, ownStart: now}
 		sh.keys[key] = e
 	}
 	if first {
@@ -187,6 +194,11 @@ func (e *leaseEntry) note(now time.Time) {
 		e.cur, e.curStart = 0, now
 	}
 	e.cur++
+	if now.Sub(e.ownStart) >= reserveLife {
+		e.ownPrev, e.ownPrevStart = e.own, e.ownStart
+		e.own, e.ownStart = 0, now
+	}
+	e.own++
 }
 
 // size returns the lease to ask for: the requests expected within the

@@ -87,24 +87,61 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 	}
 }
 
-// askReservation marks a reservation round trip in flight for key under pl at
-// now and returns ask true, unless the key's last whole decision showed no
-// demand for one (noteDemand), one is in flight, or the key holds a usable
-// reservation (or no entry: the table is full). warm is what that last
+// askReservation marks a reservation round trip in flight for key under pl
+// at now and returns ask true with the most to reserve (this replica's own
+// demand, ownShare, at most MaxLease), unless the key's last whole
+// decision showed no demand for one (noteDemand), one is in flight, the
+// key holds a usable reservation (or no entry: the table is full), or its
+// own demand here is below the least granted. warm is what that last
 // decision showed.
-func (t *leaseTable) askReservation(key string, pl *plan, now time.Time) (ask, warm bool) {
+func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int64) (ask, warm bool, most int64) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil {
-		return false, false
+		return false, false, 0
 	}
 	if !e.res.warm || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
-		return false, e.res.warm
+		return false, e.res.warm, 0
+	}
+	if most = min(e.ownShare(now, reserveRest(pl, now.UnixMicro(), rtt)), t.maxLease); most < minReserve {
+		return false, true, 0
 	}
 	e.res.asking = true
-	return true, true
+	return true, true, most
+}
+
+// ownShare returns this replica's own requests for the key at their
+// average rate since the start of the previous reservation period (of the
+// current one while there is none), over rest µs. The span is a
+// reserveLife at least, so that a new entry's first few requests do not
+// read as a high rate. A reservation of this many leaves unspent, should
+// the key stop, at most what the key itself sent this replica over the
+// reservation's life at its recent rate; and what the replicas reserve
+// together stays within the key's demand, however a balancer spreads it.
+func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
+	if rest <= 0 {
+		return 0
+	}
+	from := e.ownStart
+	if !e.ownPrevStart.IsZero() {
+		from = e.ownPrevStart
+	}
+	return (e.own + e.ownPrev) * rest / max(now.Sub(from), reserveLife).Microseconds()
+}
+
+// reserveRest returns the time, µs, a reservation asked at us (µs) could
+// be spent: until the end of every long window of pl's current bucket, at
+// most reserveLife, less two round trips of rtt µs (the script works the
+// same out on the server's clock).
+func reserveRest(pl *plan, us, rtt int64) int64 {
+	rest := reserveLife.Microseconds()
+	for i := len(pl.short.windows); i < len(pl.windows); i++ {
+		g := pl.windows[i].gran
+		rest = min(rest, (us/g+1)*g-us)
+	}
+	return rest - 2*rtt
 }
 
 // minReserve is the smallest reservation granted. The work a reservation
@@ -119,17 +156,19 @@ const minReserve = 2
 // (the script's mode 2). The script works out the block's size from the
 // counts that decision reads, so that it stands on the key's traffic up
 // to that instant: the requests the plan's last short window counts with
-// this one (all replicas' over a minute, for the common plan), per
-// replica, scaled to the time the reservation could be spent (until the
-// end of every long window's current bucket and within reserveLife, less
-// two round trips); at most max, and at most what leaves every long
-// window leaseMargin·k·replicas remaining; none below minReserve. So what
-// a reservation can leave unspent, should the key stop, is at most what
-// the key itself sent this replica over the last reservation's life on
-// average (a sixth of its last minute's requests for a minute window): a
-// burst does not reserve far beyond it, as an estimate from the last few
-// hundred milliseconds would, nor does a size carried over from an
-// earlier decision.
+// this one (all replicas' over a minute, for the common plan), scaled to
+// the time the reservation could be spent (until the end of every long
+// window's current bucket and within reserveLife, less two round trips);
+// at most max, this replica's own share of that demand (ownShare), and at
+// most what leaves every long window leaseMargin·k·replicas remaining;
+// none below minReserve. So what a reservation can leave unspent, should
+// the key stop, is at most what the key itself sent this replica over the
+// reservation's life at its recent rate, and what the replicas reserve
+// together stays within the key's demand: a quarter of it each on four
+// replicas a balancer spreads the key over, all of it on the one replica
+// a balancer by key sends it to. A burst does not reserve far beyond it,
+// as an estimate from the last few hundred milliseconds would, nor does a
+// size carried over from an earlier decision.
 type reserveAsk struct {
 	max, replicas, rtt int64
 }
@@ -147,24 +186,21 @@ func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
 // worthAsking reports whether a reservation is worth asking for a key
 // whose round trip under pl, at now, was decided as d: the script's rule
 // (reserveSize in script.go) applied to d's counts, the requests its last
-// short window counts and what its long windows have left. It only saves
-// asking for keys that would be granted nothing (the ask makes the
-// script read and work out more: about 12,000 instructions, BENCHMARKS.md);
-// the script sizes a reservation from the counts it reads itself.
+// short window counts and what its long windows have left, as if all the
+// key's requests came to this replica. It only saves asking for keys that
+// would be granted nothing (the ask makes the script read and work out
+// more: about 12,000 instructions, BENCHMARKS.md), and keeps such keys in
+// the lease table (warm) while this replica's own share of their demand,
+// which bounds the ask (askReservation), builds up; the script sizes a
+// reservation from the counts it reads itself.
 func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) bool {
 	ns := len(pl.short.windows)
-	us := now.UnixMicro()
-	rest := reserveLife.Microseconds()
-	for i := ns; i < len(pl.windows); i++ {
-		g := pl.windows[i].gran
-		rest = min(rest, (us/g+1)*g-us)
-	}
-	rest -= 2 * rtt
+	rest := reserveRest(pl, now.UnixMicro(), rtt)
 	if rest <= 0 {
 		return false
 	}
 	sw := d.Windows[ns-1]
-	k := min((sw.Limit-sw.Remaining)*rest/(sw.Period.Microseconds()*replicas), maxLease)
+	k := min((sw.Limit-sw.Remaining)*rest/sw.Period.Microseconds(), maxLease)
 	for _, w := range d.Windows[ns:] {
 		k = min(k, w.Remaining/(leaseMargin*replicas))
 	}
@@ -236,8 +272,10 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 	var ask *reserveAsk
 	var asking, warm bool
 	if l.reg.seeding(pl) == nil {
-		if asking, warm = l.lease.askReservation(key, pl, start); asking {
-			ask = &reserveAsk{max: l.lease.maxLease, replicas: max(l.replicas.live(), 1), rtt: l.lease.rtt.Load()}
+		rtt := l.lease.rtt.Load()
+		var most int64
+		if asking, warm, most = l.lease.askReservation(key, pl, start, rtt); asking {
+			ask = &reserveAsk{max: most, replicas: max(l.replicas.live(), 1), rtt: rtt}
 		}
 	}
 	err := l.decide(ctx, key, pl, start, 0, noLease, budget, d, &v, ask)

@@ -206,15 +206,7 @@ func TestReservationsHoldEveryWindow(t *testing.T) {
 	rng := invariantRNG(t, 60)
 	reserved := runReservationCases(t, rng, max(*invariantCases, 60), func(t *testing.T, replicas int) reservationReplicas {
 		f := newFixture(t, Options{Replicas: replicas})
-		ls := []*Limiter{f.l}
-		for range replicas - 1 {
-			l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: replicas, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = l.Close() })
-			ls = append(ls, l)
-		}
+		ls := f.fleet(t, replicas)
 		return reservationReplicas{
 			ls:    ls,
 			sleep: func(d time.Duration) { f.clk.Add(d) },
@@ -305,6 +297,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 				pls = append(pls, compile(p, DefaultBuckets, DefaultStrikeBuckets))
 			}
 			onPlan := make([]int, len(ls))
+			sent := make([][]time.Time, len(ls)) // each replica's requests, by when they were sent
 			var log admissionLog
 			var probes []outliveProbe
 			var fields windowFieldsCheck
@@ -321,7 +314,8 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 						h.sleep(d)
 					}
 				}
-				nearEnd := until.Sub(h.now()) < 2*time.Millisecond
+				at := h.now()
+				nearEnd := until.Sub(at) < 2*time.Millisecond
 				before := reservedLeft(ls[r], "k")
 				d, err := ls[r].Allow(context.Background(), "k", p)
 				if err != nil {
@@ -331,14 +325,21 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 					t.Fatalf("request %d degraded: %+v", i, d)
 				}
 				// A reservation granted after this request holds no more
-				// than the key's own traffic over the short window, per
-				// replica, scaled to the reservation's life: what it could
+				// than the key's traffic over the short window, scaled to
+				// the reservation's life, nor more than this replica's own
+				// requests for the key at their rate over some interval of
+				// a reservation's life or more up to now: what it could
 				// leave unspent, should the key stop now.
+				sent[r] = append(sent[r], at)
 				if k := reservedLeft(ls[r], "k"); k > before {
 					sw := d.Windows[0]
-					if most := (sw.Limit - sw.Remaining) * int64(reserveLife) / (int64(sw.Period) * int64(replicas)); k > most {
+					if most := (sw.Limit - sw.Remaining) * int64(reserveLife) / int64(sw.Period); k > most {
 						t.Fatalf("%v, %d replicas: request %d (%+v) earned a reservation of %d, more than the %d its short window's count allows",
 							ps, replicas, i, d, k, most)
+					}
+					if own := ownDemandBound(sent[r], at); k > own {
+						t.Fatalf("%v, %d replicas: request %d (%+v) earned a reservation of %d, more than the %d its replica's own requests %v allow",
+							ps, replicas, i, d, k, own, sent[r])
 					}
 				}
 				if d.Allowed() {
@@ -372,6 +373,22 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 	}
 	t.Logf("%d admissions came from reservations", total)
 	return total
+}
+
+// ownDemandBound is the most reservation a replica may grant itself at
+// now, its requests for the key sent at the times in sent (the last at
+// now): over every interval from one of them to now, the requests in it
+// at their average rate over the interval (a reservation's life at
+// least), scaled to a reservation's life (ownShare). A millisecond of
+// the interval is allowed for the time between a request's sending and
+// its decision's clock reading, on a real clock.
+func ownDemandBound(sent []time.Time, now time.Time) int64 {
+	var most int64
+	for j, from := range sent {
+		span := max(now.Sub(from)-time.Millisecond, reserveLife)
+		most = max(most, int64(len(sent)-j)*int64(reserveLife)/int64(span))
+	}
+	return most
 }
 
 // TestResetDropsReservationsOnEveryReplica: a Reset on one replica reaches
@@ -611,7 +628,7 @@ func reservationRule(pl *plan, ns int, c []int64, now int64, ask reserveAsk) (k 
 	}
 	// sc ≤ 2·MaxLimit, rest ≤ reserveLife: the product fits an int64.
 	product = sc * rest
-	k, bound = product/(sp*ask.replicas), "count"
+	k, bound = product/sp, "count"
 	if ask.max < k {
 		k, bound = ask.max, "most"
 	}
@@ -798,28 +815,31 @@ func reserveCold(t *testing.T, f *fixture, what string) int64 {
 }
 
 // TestReservationForKeysSlowerThanTheSweep checks the promise "a key
-// reserves once it has sent 12·Replicas requests within a minute" for keys
-// whose requests reach this replica further apart than the lease table
-// keeps an idle key (2·rateSpan): a key sending a few requests a second to
-// a fleet, of which each replica sees one every second or more. Generated
-// cases: 1-4 replicas, this replica's share of the key's traffic one
-// request every 0.55 s up to what a reservation of 2.5 per replica needs,
-// the table swept before every request (the worst case: a sweep in every
-// gap). The key must reserve by its (13·Replicas + 3)th request (13 for a
-// round trip's allowance; the request that shows the demand, the one that
-// asks, one more), and keep reserving: at least half of its later
+// reserves once its last short window counts 12 requests and this replica
+// has seen it at a rate of 2 in a reservation's life" for keys whose
+// requests reach each replica further apart than the lease table keeps an
+// idle key (2·rateSpan): a key sending a few requests a second to a fleet
+// that spreads them evenly. Generated cases: 1-4 replicas, each replica
+// seeing the key once every 0.55 s up to once every 4 s (a reservation of
+// 2.5), every table swept before every request (the worst case: a sweep
+// in every gap). The key must be served under a reservation by its
+// (4·Replicas + 12)th request (12 for the short window, then on the
+// replica that takes it: the request that shows the demand, two more for
+// its own rate over a reservation's life of at least 10 s, the request
+// that asks, one more), and keep reserving: at least half of its later
 // decisions under a reservation.
 func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 31)
 	for c := range 8 {
 		replicas := 1 + rng.IntN(4)
-		lo, hi := 550*time.Millisecond, 4*time.Second/time.Duration(replicas)
-		gap := lo + time.Duration(rng.Int64N(int64(hi-lo)))
-		gap = gap.Truncate(time.Millisecond)
-		t.Run(fmt.Sprintf("%d/replicas=%d,gap=%v", c, replicas, gap), func(t *testing.T) {
+		lo, hi := 550*time.Millisecond, 4*time.Second
+		each := (lo + time.Duration(rng.Int64N(int64(hi-lo)))).Truncate(time.Millisecond)
+		gap := each / time.Duration(replicas)
+		t.Run(fmt.Sprintf("%d/replicas=%d,each=%v", c, replicas, each), func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, Options{Replicas: replicas})
+			ls := f.fleet(t, replicas)
 			// The start of a bucket of the day window (432 s): the test's
 			// two minutes never reach its end, which would shorten what a
 			// reservation could be.
@@ -827,10 +847,12 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 			first, after, reserved := -1, 0, 0
 			n := int(2 * time.Minute / gap)
 			for i := range n {
-				f.l.lease.sweep(f.clk.Now())
-				d := f.allow(t, "k", coldPlan)
-				if !d.Allowed() {
-					t.Fatalf("request %d refused: %+v", i, d)
+				for _, l := range ls {
+					l.lease.sweep(f.clk.Now())
+				}
+				d, err := ls[i%replicas].Allow(context.Background(), "k", coldPlan)
+				if err != nil || !d.Allowed() {
+					t.Fatalf("request %d: %+v, %v", i, d, err)
 				}
 				if first < 0 && d.Reserved {
 					first = i
@@ -843,8 +865,8 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 				}
 				f.clk.Add(gap)
 			}
-			if first < 0 || first > 13*replicas+3 {
-				t.Fatalf("first reserved decision: request %d of %d, want by request %d", first, n, 13*replicas+3)
+			if first < 0 || first > 4*replicas+12 {
+				t.Fatalf("first reserved decision: request %d of %d, want by request %d", first, n, 4*replicas+12)
 			}
 			if 2*reserved < after {
 				t.Fatalf("%d of the %d decisions after the first reservation were reserved, want half or more", reserved, after)

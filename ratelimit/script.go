@@ -552,18 +552,19 @@ end
 -- reserveSize returns the admissions of the long windows to reserve
 -- beside a request admitted now (mode 2, reserve.go), worked out from the
 -- counts its decision read: the requests the last short window counts
--- with this one (sc, over its period sp, µs), per replica (RSV[1]), over
--- the time the reservation could be spent (rest, µs: until its end) less
--- the round trips' allowance (RSV[4]); at most RSV[6], and at most what
--- leaves every long window the margin (RSV[2]) times the size per replica
--- remaining (lroom: the least any long window has left after this
--- request); 0 below RSV[3]. Its end is the end of every long window's
--- current bucket, at most RSV[7] after now.
+-- with this one (sc, over its period sp, µs), over the time the
+-- reservation could be spent (rest, µs: until its end) less the round
+-- trips' allowance (RSV[4]); at most RSV[6] (the replica's own share of
+-- that demand), and at most what leaves every long window the margin
+-- (RSV[2]) times the size times the replicas (RSV[1]) remaining (lroom:
+-- the least any long window has left after this request); 0 below
+-- RSV[3]. Its end is the end of every long window's current bucket, at
+-- most RSV[7] after now.
 local function reserveSize(sc, sp, lroom, rest, RSV)
   local reps = RSV[1]
   local num = sc * (rest - RSV[4])
   if num <= 0 or lroom <= 0 then return 0 end
-  local k = num / (sp * reps)
+  local k = num / sp
   -- A product past 2^52 may be rounded up: one less keeps the floor
   -- from rising above the exact quotient's (the sizes that matter, at
   -- most RSV[6], are far smaller than such a quotient's error).
