@@ -40,7 +40,12 @@ import (
 // more apart; and steady-fleet-affinity, the same fleet behind a balancer
 // that sends each key to one replica (by a hash of the key, as HAProxy's
 // balance hdr(Authorization) does), so that each replica sees all of its
-// keys' traffic; and warm-fleet and warm-fleet-affinity, both fleets with
+// keys' traffic; and slow-fleet and slow-fleet-affinity, both fleets with
+// 40,000 keys, a few requests a second each (at the decisions a second of
+// a machine of two cores): too slow to lease even on one replica, where a
+// reservation on the one replica a key reaches is four times one a
+// replica takes of a key spread over four; and warm-fleet and
+// warm-fleet-affinity, both fleets with
 // 1,000 keys, tens to hundreds of requests a second each: where leases
 // form on one replica and less often on a quarter of its traffic. The
 // limiters take turns in rounds of b.N decisions from compareCallers
@@ -86,6 +91,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1, false},
 		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false},
 		{"steady-fleet-affinity", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true},
+		{"slow-fleet", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false},
+		{"slow-fleet-affinity", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true},
 		{"warm-fleet", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, false},
 		{"warm-fleet-affinity", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, true},
 	}
