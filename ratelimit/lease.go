@@ -261,6 +261,28 @@ func (t *leaseTable) forget(key string) {
 	sh.mu.Unlock()
 }
 
+// release drops every lease and reservation the table holds, counting
+// what they leave unspent (drop, dropReservation), and returns how many
+// admissions of each that was.
+func (t *leaseTable) release() (leased, reserved int64) {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.keys {
+			if e.pl != nil {
+				leased += max(e.left, 0)
+			}
+			if e.res.pl != nil {
+				reserved += max(e.res.left, 0)
+			}
+			e.drop()
+			e.dropReservation()
+		}
+		sh.mu.Unlock()
+	}
+	return leased, reserved
+}
+
 // sweep drops keys without a usable lease or a round trip in flight that
 // have been idle for two rate periods, except a key whose last whole
 // decision showed the demand for a reservation (warm), idle for less than

@@ -62,7 +62,8 @@ type Options struct {
 	Replicas int
 	// Registerer receives the metrics; nil exports none.
 	Registerer prometheus.Registerer
-	// Logger receives one line per change of Redis reachability (default: discard).
+	// Logger receives one line per change of Redis reachability, and one at
+	// Close when leases or reservations are let go (default: discard).
 	Logger *slog.Logger
 
 	// Buckets is the number of buckets a window is split into (default 200):
@@ -291,6 +292,14 @@ func (l *Limiter) Close() error {
 	if l.closed.CompareAndSwap(false, true) {
 		l.cancel()
 		waitBounded(&l.wg, time.Second)
+		// A replica going away lets its leases and reservations go: what
+		// they leave unspent stays counted in Redis until it slides out.
+		if l.lease != nil {
+			if leased, reserved := l.lease.release(); leased+reserved > 0 {
+				l.log.Info("ratelimit: closed; leases and reservations let go",
+					"unspent_leased", leased, "unspent_reserved", reserved)
+			}
+		}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -795,6 +796,40 @@ func TestUnspentCounted(t *testing.T) {
 		f.allow(t, "k", coldPlan)
 		if got := unspent(t, f, coldPlan.Name, "reservation"); got != 0 {
 			t.Fatalf("unspent %d of a reservation spent to the last", got)
+		}
+	})
+	t.Run("lease and reservation let go at Close", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{})
+		f.clk.Set(start)
+		reserved := reserveCold(t, f, "")
+		busy := perMinute(10_000)
+		for range 20 {
+			f.allow(t, "busy", busy)
+		}
+		leased := leaseLeft(f.l, "busy")
+		if leased < 2 {
+			t.Fatal("no lease after 20 requests at once")
+		}
+		if err := f.l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got := unspent(t, f, coldPlan.Name, "reservation"); got != reserved {
+			t.Errorf("unspent reserved admissions after Close %d, want the %d held", got, reserved)
+		}
+		if got := unspent(t, f, busy.Name, "lease"); got != leased {
+			t.Errorf("unspent leased admissions after Close %d, want the %d held", got, leased)
+		}
+		want := fmt.Sprintf("unspent_leased=%d unspent_reserved=%d", leased, reserved)
+		if !strings.Contains(f.logs.String(), want) {
+			t.Errorf("log after Close: %q, want a line with %q", f.logs.String(), want)
+		}
+		// Closing again counts nothing twice.
+		if err := f.l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got := unspent(t, f, coldPlan.Name, "reservation") + unspent(t, f, busy.Name, "lease"); got != reserved+leased {
+			t.Errorf("after a second Close: %d unspent, want %d", got, reserved+leased)
 		}
 	})
 }
