@@ -723,13 +723,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, Options{})
 		p := perMinute(10_000)
-		for range 20 {
-			f.allow(t, "k", p)
-		}
-		left := leaseLeft(f.l, "k")
-		if left < 2 {
-			t.Fatal("no lease after 20 requests at once")
-		}
+		left := leaseBusy(t, f, "k", p)
 		if d := f.allow(t, "k", perMinute(20_000)); d.Leased {
 			t.Fatalf("%+v under another plan, want decided by Redis", d)
 		}
@@ -804,13 +798,7 @@ func TestUnspentCounted(t *testing.T) {
 		f.clk.Set(start)
 		reserved := reserveCold(t, f, "")
 		busy := perMinute(10_000)
-		for range 20 {
-			f.allow(t, "busy", busy)
-		}
-		leased := leaseLeft(f.l, "busy")
-		if leased < 2 {
-			t.Fatal("no lease after 20 requests at once")
-		}
+		leased := leaseBusy(t, f, "busy", busy)
 		if err := f.l.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -832,6 +820,20 @@ func TestUnspentCounted(t *testing.T) {
 			t.Errorf("after a second Close: %d unspent, want %d", got, reserved+leased)
 		}
 	})
+}
+
+// leaseBusy sends key of f 20 requests under p at one instant and returns
+// the lease they leave the replica holding (2 or more).
+func leaseBusy(t *testing.T, f *fixture, key string, p Policy) int64 {
+	t.Helper()
+	for range 20 {
+		f.allow(t, key, p)
+	}
+	left := leaseLeft(f.l, key)
+	if left < 2 {
+		t.Fatal("no lease after 20 requests at once")
+	}
+	return left
 }
 
 // reserveCold sends key "k" of f requests under coldPlan, four a second,
