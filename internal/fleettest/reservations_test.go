@@ -1,0 +1,99 @@
+package fleettest
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReservationsOnTheFleet runs keys too slow to lease, under a plan of a
+// minute and a long window (2000 s: buckets of 10 s, so the replicas
+// reserve it), through HAProxy's round robin over three replicas, until
+// the long window's limit is reached, and stops one replica halfway, as a
+// rollout does. Reservations are taken, spent and let go on real
+// processes: the test fails unless a fifth of the admissions or more were
+// reserved (0.37 in a run). What it checks is the promise whatever reservations do: no
+// failed request, no interval of the long window (the whole run) holding
+// more than its limit for any key, by the clients' send and receive times,
+// and each key admitted at least half of it (not starved by admissions
+// reserved and left unspent); the stopped replica's reservations are let
+// go at its shutdown, counted and logged.
+func TestReservationsOnTheFleet(t *testing.T) {
+	const (
+		minute, long = 1000, 240
+		period       = 2000 * time.Second
+		keysN        = 4
+		perKey       = 8.0 // requests a second: about 2.7 a replica, too few to lease
+	)
+	f := newFleet(t, fleetOptions{
+		accessLog: true,
+		plans:     fmt.Sprintf("plans:\n  reserve: {quotas: [{limit: %d, period: 1m}, {limit: %d, period: %s}], ban: off}\n", minute, long, period),
+		keys:      map[string]int{"reserve": keysN},
+	})
+	keys := f.keys["reserve"]
+	l := f.startLoad(loadSpec{rate: perKey * keysN, workers: 16, targets: []string{f.lb.url}, keys: keys})
+
+	// Halfway to the long limit, stop a replica: what it holds reserved is
+	// let go with it.
+	time.Sleep(time.Duration(float64(long) / perKey / 2 * float64(time.Second)))
+	victim := f.replicas[0]
+	victimReserved := reservedOn(t, victim)
+	victim.stop()
+	if !strings.Contains(victim.p.logs(), "leases and reservations let go") {
+		t.Logf("%s held no lease or reservation when it stopped", victim.name)
+	} else {
+		t.Logf("%s stopped holding reservations: its log says %q", victim.name, lastLine(victim.p.logs(), "let go"))
+	}
+	// Run until every key has met its long limit, and a little past it.
+	time.Sleep(time.Duration(float64(long)/perKey/2*float64(time.Second)) + 8*time.Second)
+	run := time.Since(l.start)
+	rs := l.stop()
+
+	reserved := victimReserved
+	for _, r := range f.replicas[1:] {
+		reserved += reservedOn(t, r)
+	}
+	admitted := 0
+	for i := range keys {
+		var mine []result
+		for _, r := range rs {
+			if r.key == i {
+				mine = append(mine, r)
+			}
+		}
+		name := fmt.Sprintf("key %d", i)
+		adm := judgeLoad(t, name, mine, run)
+		admitted += len(adm)
+		// (The minute's limit is never near: the long window's is a
+		// quarter of it.)
+		judgeWindow(t, name, adm, long, period, run)
+	}
+	t.Logf("%d admissions, %.0f of them reserved (%.2f)", admitted, reserved, reserved/float64(admitted))
+	if reserved < 0.2*float64(admitted) {
+		t.Errorf("%.0f of %d admissions reserved, want 20%% or more: reservations did not form on the fleet", reserved, admitted)
+	}
+}
+
+// reservedOn reads a replica's count of requests decided under a
+// reservation on the plan "reserve".
+func reservedOn(t *testing.T, r *replica) float64 {
+	t.Helper()
+	v, err := r.metric(`petstore_ratelimit_reserved_total{plan="reserve"}`)
+	if err != nil && !errors.Is(err, errNoSample) {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// lastLine returns the last line of logs that contains s.
+func lastLine(logs, s string) string {
+	lines := strings.Split(logs, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], s) {
+			return lines[i]
+		}
+	}
+	return ""
+}
