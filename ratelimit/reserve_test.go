@@ -912,6 +912,63 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 	}
 }
 
+// TestReservationSizedByOwnDemand: on four replicas, a key a balancer
+// sends to one replica (by key) reserves its whole demand there, and a key
+// spread evenly over all four reserves a quarter of it on each, at the
+// same fleet-wide rate: a reservation stands on the replica's own
+// requests, so what the replicas reserve together stays the key's demand
+// over a reservation's life however the balancer spreads it.
+func TestReservationSizedByOwnDemand(t *testing.T) {
+	t.Parallel()
+	const replicas = 4
+	f := newFixture(t, Options{Replicas: replicas})
+	ls := f.fleet(t, replicas)
+	// The start of a bucket of the day window: its end never shortens
+	// what a reservation could be within the test's two minutes.
+	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
+	// Two requests a second for each key: a reservation of the whole
+	// demand is 20 (a reservation's life of 10 s), a quarter of it 5.
+	const gap = 500 * time.Millisecond
+	grants := map[string][]int64{}
+	for i := range int(2 * time.Minute / gap) {
+		for _, c := range []struct {
+			key string
+			r   int
+		}{{"by-key", 0}, {"spread", i % replicas}} {
+			l := ls[c.r]
+			before := reservedLeft(l, c.key)
+			d, err := l.Allow(context.Background(), c.key, coldPlan)
+			if err != nil || !d.Allowed() {
+				t.Fatalf("request %d of %s: %+v, %v", i, c.key, d, err)
+			}
+			// Grants after the first minute, when the minute window counts
+			// a whole minute of the key's requests.
+			if k := reservedLeft(l, c.key); k > before && time.Duration(i)*gap >= time.Minute {
+				grants[c.key] = append(grants[c.key], k)
+			}
+		}
+		f.clk.Add(gap)
+	}
+	mean := func(ks []int64) float64 {
+		if len(ks) == 0 {
+			t.Fatalf("no reservation granted: %v", grants)
+		}
+		var sum int64
+		for _, k := range ks {
+			sum += k
+		}
+		return float64(sum) / float64(len(ks))
+	}
+	byKey, spread := mean(grants["by-key"]), mean(grants["spread"])
+	t.Logf("mean reservation: by key %.1f (%d grants), spread %.1f (%d grants)", byKey, len(grants["by-key"]), spread, len(grants["spread"]))
+	if byKey < 16 || byKey > 20 {
+		t.Errorf("by key: mean reservation %.1f, want the demand over a reservation's life, 16 to 20", byKey)
+	}
+	if spread < 3.5 || spread > 5 {
+		t.Errorf("spread over %d replicas: mean reservation %.1f, want a quarter of the demand, 3.5 to 5", replicas, spread)
+	}
+}
+
 // TestSweepKeepsWarmKeysOnlyWhileRoomLasts checks the lease table's sweep
 // on one shard of eight places: an idle key that showed no demand goes
 // after two rate periods; one that did (warm) stays until reserveLife,
