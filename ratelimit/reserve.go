@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"encoding/binary"
+	"math"
 	"time"
 )
 
@@ -112,14 +113,20 @@ func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int
 	return true, true, most
 }
 
-// ownShare returns this replica's own requests for the key at their
-// average rate since the start of the previous reservation period (of the
-// current one while there is none), over rest µs. The span is a
-// reserveLife at least, so that a new entry's first few requests do not
-// read as a high rate. A reservation of this many leaves unspent, should
-// the key stop, at most what the key itself sent this replica over the
-// reservation's life at its recent rate; and what the replicas reserve
-// together stays within the key's demand, however a balancer spreads it.
+// ownShare returns what this replica can expect to spend of a reservation
+// for the key over rest µs, on the evidence of its own requests for it
+// since the start of the previous reservation period (of the current one
+// while there is none): their count at their average rate over rest, m,
+// less √m, one standard deviation of a Poisson count of mean m. Sized at
+// m, a reservation would be left partly unspent about half the time (a
+// quarter of a reservation of 2 on average, a twelfth of one of 20, under
+// Poisson arrivals); at m - √m, seldom (TestReservationWasteUnderRandomArrivals).
+// The span is a reserveLife at least, so that a new entry's first few
+// requests do not read as a high rate. So a reservation leaves unspent,
+// should the key stop, at most what the key itself sent this replica over
+// the reservation's life at its recent rate; and what the replicas
+// reserve together stays within the key's demand, however a balancer
+// spreads it.
 func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 	if rest <= 0 {
 		return 0
@@ -128,7 +135,9 @@ func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 	if !e.ownPrevStart.IsZero() {
 		from = e.ownPrevStart
 	}
-	return (e.own + e.ownPrev) * rest / max(now.Sub(from), reserveLife).Microseconds()
+	span := float64(max(now.Sub(from), reserveLife).Microseconds())
+	m := float64(e.own+e.ownPrev) * float64(rest) / span
+	return int64(m - math.Sqrt(m*(1+float64(rest)/span)))
 }
 
 // reserveRest returns the time, µs, a reservation asked at us (µs) could

@@ -853,24 +853,23 @@ func reserveCold(t *testing.T, f *fixture, what string) int64 {
 
 // TestReservationForKeysSlowerThanTheSweep checks the promise "a key
 // reserves once its last short window counts 12 requests and this replica
-// has seen it at a rate of 2 in a reservation's life" for keys whose
-// requests reach each replica further apart than the lease table keeps an
-// idle key (2·rateSpan): a key sending a few requests a second to a fleet
-// that spreads them evenly. Generated cases: 1-4 replicas, each replica
-// seeing the key once every 0.55 s up to once every 4 s (a reservation of
-// 2.5), every table swept before every request (the worst case: a sweep
-// in every gap). The key must be served under a reservation by its
-// (4·Replicas + 12)th request (12 for the short window, then on the
-// replica that takes it: the request that shows the demand, two more for
-// its own rate over a reservation's life of at least 10 s, the request
-// that asks, one more), and keep reserving: at least half of its later
-// decisions under a reservation.
+// has seen it 6 times within a reservation's life" for keys whose requests
+// reach each replica further apart than the lease table keeps an idle key
+// (2·rateSpan): a key sending a few requests a second to a fleet that
+// spreads them evenly. Generated cases: 1-4 replicas, each replica seeing
+// the key once every 0.55 s up to once every 1.6 s (6 in 10 s), every
+// table swept before every request (the worst case: a sweep in every
+// gap). The key must be served under a reservation by its (7·Replicas +
+// 12)th request (12 for the short window, then on the replica that takes
+// it: the request that shows the demand, five more for its own count
+// within a reservation's life, the request that asks, one more), and keep
+// reserving: at least half of its later decisions under a reservation.
 func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 31)
 	for c := range 8 {
 		replicas := 1 + rng.IntN(4)
-		lo, hi := 550*time.Millisecond, 4*time.Second
+		lo, hi := 550*time.Millisecond, 1600*time.Millisecond
 		each := (lo + time.Duration(rng.Int64N(int64(hi-lo)))).Truncate(time.Millisecond)
 		gap := each / time.Duration(replicas)
 		t.Run(fmt.Sprintf("%d/replicas=%d,each=%v", c, replicas, each), func(t *testing.T) {
@@ -902,8 +901,8 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 				}
 				f.clk.Add(gap)
 			}
-			if first < 0 || first > 4*replicas+12 {
-				t.Fatalf("first reserved decision: request %d of %d, want by request %d", first, n, 4*replicas+12)
+			if first < 0 || first > 7*replicas+12 {
+				t.Fatalf("first reserved decision: request %d of %d, want by request %d", first, n, 7*replicas+12)
 			}
 			if 2*reserved < after {
 				t.Fatalf("%d of the %d decisions after the first reservation were reserved, want half or more", reserved, after)
@@ -913,9 +912,9 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 }
 
 // TestReservationSizedByOwnDemand: on four replicas, a key a balancer
-// sends to one replica (by key) reserves its whole demand there, and a key
-// spread evenly over all four reserves a quarter of it on each, at the
-// same fleet-wide rate: a reservation stands on the replica's own
+// sends to one replica (by key) reserves for its whole demand there, and a
+// key spread evenly over all four for a quarter of it on each, at the same
+// fleet-wide rate: a reservation stands on the replica's own
 // requests, so what the replicas reserve together stays the key's demand
 // over a reservation's life however the balancer spreads it.
 func TestReservationSizedByOwnDemand(t *testing.T) {
@@ -926,9 +925,11 @@ func TestReservationSizedByOwnDemand(t *testing.T) {
 	// The start of a bucket of the day window: its end never shortens
 	// what a reservation could be within the test's two minutes.
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
-	// Two requests a second for each key: a reservation of the whole
-	// demand is 20 (a reservation's life of 10 s), a quarter of it 5.
-	const gap = 500 * time.Millisecond
+	// Four requests a second for each key: the whole demand over a
+	// reservation's life (10 s) is 40, a quarter of it 10; a reservation
+	// is the demand less a standard deviation of the count to come and of
+	// its estimate (ownShare): 31-32 and 6.
+	const gap = 250 * time.Millisecond
 	grants := map[string][]int64{}
 	for i := range int(2 * time.Minute / gap) {
 		for _, c := range []struct {
@@ -961,11 +962,72 @@ func TestReservationSizedByOwnDemand(t *testing.T) {
 	}
 	byKey, spread := mean(grants["by-key"]), mean(grants["spread"])
 	t.Logf("mean reservation: by key %.1f (%d grants), spread %.1f (%d grants)", byKey, len(grants["by-key"]), spread, len(grants["spread"]))
-	if byKey < 16 || byKey > 20 {
-		t.Errorf("by key: mean reservation %.1f, want the demand over a reservation's life, 16 to 20", byKey)
+	if byKey < 28 || byKey > 34 {
+		t.Errorf("by key: mean reservation %.1f, want the rule's for the whole demand (40): 28 to 34", byKey)
 	}
-	if spread < 3.5 || spread > 5 {
-		t.Errorf("spread over %d replicas: mean reservation %.1f, want a quarter of the demand, 3.5 to 5", replicas, spread)
+	if spread < 4 || spread > 7 {
+		t.Errorf("spread over %d replicas: mean reservation %.1f, want the rule's for a quarter of the demand (10): 4 to 7", replicas, spread)
+	}
+}
+
+// TestReservationWasteUnderRandomArrivals sends keys at random (Poisson)
+// arrivals to a fleet of one to four replicas that spreads them at random,
+// at generated rates from 8 to 40 of a replica's requests in a
+// reservation's life (from 6 a replica reserves), for three minutes each, and checks what
+// reservations leave unspent: admissions counted in the long windows that
+// no request used, which bring the key nearer its long limits for nothing.
+// Sized by the expected demand, a reservation is left partly unspent about
+// half the time (15% of reserved admissions unspent here, pooled; 9-18% a
+// case); sized one standard deviation below it (ownShare), seldom (3.5-4.9%
+// pooled over eight seeds, at most 7.6% a case). Pooled over the cases, at
+// most 6% of reserved admissions may go unspent, and no case more than 10%.
+func TestReservationWasteUnderRandomArrivals(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 71)
+	var granted, unspent int64
+	for c := range 12 {
+		replicas := 1 + rng.IntN(4)
+		// Each replica's requests for the key in a reservation's life (10 s).
+		m := 8 + rng.Float64()*32
+		rate := m / reserveLife.Seconds() * float64(replicas) // the fleet's, a second
+		f := newFixture(t, Options{Replicas: replicas})
+		ls := f.fleet(t, replicas)
+		f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
+		var g, spent int64
+		for f.clk.Now().Sub(epoch) < 432*time.Second+3*time.Minute {
+			l := ls[rng.IntN(replicas)]
+			before := reservedLeft(l, "k")
+			d, err := l.Allow(context.Background(), "k", coldPlan)
+			if err != nil || !d.Allowed() {
+				t.Fatalf("case %d: %+v, %v", c, d, err)
+			}
+			if d.Reserved {
+				spent++
+			} else if k := reservedLeft(l, "k"); k > before {
+				g += k
+			}
+			f.clk.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+		}
+		// What every replica still holds is spent or lost within its life.
+		var held int64
+		for _, l := range ls {
+			held += reservedLeft(l, "k")
+		}
+		g -= held
+		waste := g - spent
+		t.Logf("case %d: %d replicas, %.1f requests a replica in 10 s: %d reserved admissions granted, %d unspent (%.1f%%)",
+			c, replicas, m, g, waste, 100*float64(waste)/float64(max(g, 1)))
+		if g == 0 {
+			t.Errorf("case %d: %d replicas, %.1f requests a replica in 10 s: no reservation", c, replicas, m)
+		} else if float64(waste) > 0.10*float64(g) {
+			t.Errorf("case %d: %d replicas, %.1f requests a replica in 10 s: %d of %d reserved admissions unspent, want at most 10%%", c, replicas, m, waste, g)
+		}
+		granted += g
+		unspent += waste
+	}
+	t.Logf("pooled: %d of %d reserved admissions unspent (%.1f%%)", unspent, granted, 100*float64(unspent)/float64(granted))
+	if float64(unspent) > 0.06*float64(granted) {
+		t.Errorf("pooled: %d of %d reserved admissions unspent, want at most 6%%", unspent, granted)
 	}
 }
 
