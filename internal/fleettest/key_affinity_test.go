@@ -74,15 +74,8 @@ func TestKeyAffinity(t *testing.T) {
 	if len(used) < 2 {
 		t.Errorf("six keys all served by %v: not spread over the replicas", used)
 	}
-	for i := range keys {
-		var mine []result
-		for _, r := range rs {
-			if r.key == i {
-				mine = append(mine, r)
-			}
-		}
-		name := fmt.Sprintf("key %d", i)
-		judgeWindow(t, name, judgeLoad(t, name, mine, run), limit, period, run)
+	for i, adm := range judgeKeys(t, rs, len(keys), run) {
+		judgeWindow(t, fmt.Sprintf("key %d", i), adm, limit, period, run)
 	}
 }
 

@@ -56,19 +56,11 @@ func TestReservationsOnTheFleet(t *testing.T) {
 		reserved += reservedOn(t, r)
 	}
 	admitted := 0
-	for i := range keys {
-		var mine []result
-		for _, r := range rs {
-			if r.key == i {
-				mine = append(mine, r)
-			}
-		}
-		name := fmt.Sprintf("key %d", i)
-		adm := judgeLoad(t, name, mine, run)
+	for i, adm := range judgeKeys(t, rs, len(keys), run) {
 		admitted += len(adm)
 		// (The minute's limit is never near: the long window's is a
 		// quarter of it.)
-		judgeWindow(t, name, adm, long, period, run)
+		judgeWindow(t, fmt.Sprintf("key %d", i), adm, long, period, run)
 	}
 	t.Logf("%d admissions, %.0f of them reserved (%.2f)", admitted, reserved, reserved/float64(admitted))
 	if reserved < 0.2*float64(admitted) {

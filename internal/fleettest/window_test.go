@@ -1,6 +1,7 @@
 package fleettest
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -20,6 +21,21 @@ func judgeLoad(t *testing.T, name string, rs []result, run time.Duration) []span
 	t.Logf("%s: %s; %d admitted", name, summarize(rs, run), len(adm))
 	if fs := failures(rs); len(fs) > 0 {
 		t.Errorf("%s: %d failed requests, e.g. %s", name, len(fs), describe(fs[0]))
+	}
+	return adm
+}
+
+// judgeKeys splits the results of a load over n keys by key and judges
+// each (judgeLoad, named "key i"), returning each key's admissions.
+func judgeKeys(t *testing.T, rs []result, n int, run time.Duration) [][]span {
+	t.Helper()
+	byKey := make([][]result, n)
+	for _, r := range rs {
+		byKey[r.key] = append(byKey[r.key], r)
+	}
+	adm := make([][]span, n)
+	for i, mine := range byKey {
+		adm[i] = judgeLoad(t, fmt.Sprintf("key %d", i), mine, run)
 	}
 	return adm
 }
