@@ -241,12 +241,14 @@ func (e *leaseEntry) serve(now time.Time, d *Decision) {
 }
 
 // drop forgets the key's lease, counting what it left unspent (its
-// admissions stay counted in Redis).
-func (e *leaseEntry) drop() {
+// admissions stay counted in Redis), and returns that.
+func (e *leaseEntry) drop() (unspent int64) {
 	if e.left > 0 && e.pl != nil {
-		e.pl.unspent[0].Add(float64(e.left))
+		unspent = e.left
+		e.pl.unspent[0].Add(float64(unspent))
 	}
 	e.pl, e.left, e.spent, e.windows = nil, 0, 0, e.windows[:0]
+	return unspent
 }
 
 // forget drops key's lease and reservation (their admissions stay
@@ -269,14 +271,8 @@ func (t *leaseTable) release() (leased, reserved int64) {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		for _, e := range sh.keys {
-			if e.pl != nil {
-				leased += max(e.left, 0)
-			}
-			if e.res.pl != nil {
-				reserved += max(e.res.left, 0)
-			}
-			e.drop()
-			e.dropReservation()
+			leased += e.drop()
+			reserved += e.dropReservation()
 		}
 		sh.mu.Unlock()
 	}

@@ -89,28 +89,28 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 }
 
 // askReservation marks a reservation round trip in flight for key under pl
-// at now and returns ask true with the most to reserve (this replica's own
-// demand, ownShare, at most MaxLease), unless the key's last whole
+// at now and returns the most to reserve (this replica's own demand,
+// ownShare, at most MaxLease), or 0 when it asks none: the key's last whole
 // decision showed no demand for one (noteDemand), one is in flight, the
 // key holds a usable reservation (or no entry: the table is full), or its
 // own demand here is below the least granted. warm is what that last
 // decision showed.
-func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int64) (ask, warm bool, most int64) {
+func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int64) (most int64, warm bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil {
-		return false, false, 0
+		return 0, false
 	}
 	if !e.res.warm || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
-		return false, e.res.warm, 0
+		return 0, e.res.warm
 	}
 	if most = min(e.ownShare(now, reserveRest(pl, now.UnixMicro(), rtt)), t.maxLease); most < minReserve {
-		return false, true, 0
+		return 0, true
 	}
 	e.res.asking = true
-	return true, true, most
+	return most, true
 }
 
 // ownShare returns what this replica can expect to spend of a reservation
@@ -258,12 +258,14 @@ func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict) 
 }
 
 // dropReservation forgets key's reservation, counting what it left
-// unspent (its admissions stay counted in Redis).
-func (e *leaseEntry) dropReservation() {
+// unspent (its admissions stay counted in Redis), and returns that.
+func (e *leaseEntry) dropReservation() (unspent int64) {
 	if e.res.left > 0 && e.res.pl != nil {
-		e.res.pl.unspent[1].Add(float64(e.res.left))
+		unspent = e.res.left
+		e.res.pl.unspent[1].Add(float64(unspent))
 	}
 	e.res.pl, e.res.left = nil, 0
+	return unspent
 }
 
 // reservedTrip decides a request of a key too slow to lease under a plan
@@ -283,7 +285,8 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 	if l.reg.seeding(pl) == nil {
 		rtt := l.lease.rtt.Load()
 		var most int64
-		if asking, warm, most = l.lease.askReservation(key, pl, start, rtt); asking {
+		if most, warm = l.lease.askReservation(key, pl, start, rtt); most > 0 {
+			asking = true
 			ask = &reserveAsk{max: most, replicas: max(l.replicas.live(), 1), rtt: rtt}
 		}
 	}
