@@ -74,7 +74,7 @@ api-test:
 	bash deploy/api/lint
 	cd deploy/api && $(GO) mod tidy && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
 
-## cluster: a local fleet behind HAProxy (REPLICAS=3, PROMETHEUS=1 for Prometheus, BALANCE=key for key affinity); see deploy/local
+## cluster: a local fleet behind HAProxy (REPLICAS=3, PROMETHEUS=1 for Prometheus, BALANCE=key for key affinity, key-bounded with bounded loads); see deploy/local
 cluster: build
 	@bash deploy/local/cluster.sh up
 

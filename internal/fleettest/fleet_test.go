@@ -3,6 +3,7 @@ package fleettest
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -240,7 +241,7 @@ type fleetOptions struct {
 	perReplicaPlan bool           // each replica reads its own copy of the plans file
 	binaries       map[int]string // replica index -> a petstore binary other than this tree's
 	maxLease       int            // --ratelimit-max-lease (0: the default)
-	byKey          bool           // HAProxy sends each API key to one replica (make cluster BALANCE=key)
+	balance        string         // HAProxy's balancing lines (default balanceRoundRobin; make cluster BALANCE=...)
 }
 
 // fleet is N replicas of one build sharing a private Redis, behind
@@ -330,7 +331,7 @@ func newFleet(t testing.TB, o fleetOptions) *fleet {
 	for _, r := range f.replicas {
 		r.start()
 	}
-	f.lb = startHAProxy(t, dir, f.replicas, o.byKey)
+	f.lb = startHAProxy(t, dir, f.replicas, cmp.Or(o.balance, balanceRoundRobin))
 	return f
 }
 
@@ -571,17 +572,13 @@ type haproxy struct {
 	p      *proc
 }
 
-func startHAProxy(t testing.TB, dir string, replicas []*replica, byKey bool) *haproxy {
+func startHAProxy(t testing.TB, dir string, replicas []*replica, balance string) *haproxy {
 	t.Helper()
 	port := testenv.FreePort(t)
 	h := &haproxy{url: fmt.Sprintf("http://127.0.0.1:%d", port), socket: filepath.Join(dir, "haproxy.sock")}
 	var servers strings.Builder
 	for _, r := range replicas {
 		fmt.Fprintf(&servers, "  server %s 127.0.0.1:%d check port %d\n", r.name, r.apiPort, r.ops)
-	}
-	balance := balanceRoundRobin
-	if byKey {
-		balance = balanceByKey
 	}
 	cfg := fmt.Sprintf(haproxyConfig, h.socket, port, balance, checkInterval.Milliseconds(), servers.String())
 	path := filepath.Join(dir, "haproxy.cfg")
@@ -630,10 +627,15 @@ backend replicas
   default-server inter %dms fall 1 rise 1
 %s`
 
-// The balancing of deploy/local's BALANCE=roundrobin and BALANCE=key.
+// The balancing of deploy/local's BALANCE=roundrobin, BALANCE=key and
+// BALANCE=key-bounded (cluster.sh's balance_lines).
 const (
 	balanceRoundRobin = "  balance roundrobin"
 	balanceByKey      = "  balance hdr(Authorization)\n  hash-type consistent"
+	// By key, no replica holding more than 1.5 times the fleet's average
+	// of requests in flight: past it, requests go on to the next replica
+	// on the hash ring (HAProxy's consistent hashing with bounded loads).
+	balanceByKeyBounded = balanceByKey + "\n  hash-balance-factor 150"
 )
 
 // serversUp returns the names of the servers HAProxy has in rotation.

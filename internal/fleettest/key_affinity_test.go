@@ -2,7 +2,10 @@ package fleettest
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -20,7 +23,7 @@ import (
 func TestKeyAffinity(t *testing.T) {
 	const limit, period = 40, 4 * time.Second
 	f := newFleet(t, fleetOptions{
-		byKey:     true,
+		balance:   balanceByKey,
 		accessLog: true,
 		plans:     "plans:\n  affine: {quotas: [{limit: 40, period: 4s}], ban: off}\n",
 		keys:      map[string]int{"affine": 6},
@@ -92,4 +95,93 @@ func servedBy(log []served, from, to time.Time) map[string][]string {
 		}
 	}
 	return out
+}
+
+// TestBalanceMatchesCluster checks that the fleet tests balance as make
+// cluster does: the HAProxy lines of each BALANCE, as cluster.sh prints
+// them, are the tests' own.
+func TestBalanceMatchesCluster(t *testing.T) {
+	for balance, want := range map[string]string{
+		"roundrobin":  balanceRoundRobin,
+		"key":         balanceByKey,
+		"key-bounded": balanceByKeyBounded,
+	} {
+		cmd := exec.Command("bash", "../../deploy/local/cluster.sh", "balance")
+		cmd.Env = append(os.Environ(), "BALANCE="+balance)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("BALANCE=%s cluster.sh balance: %v", balance, err)
+		}
+		if got := strings.TrimSuffix(string(out), "\n"); got != want {
+			t.Errorf("BALANCE=%s: cluster.sh balances with\n%s\nthe fleet tests with\n%s", balance, got, want)
+		}
+	}
+}
+
+// TestHotKeyUnderBoundedLoad runs the fleet behind HAProxy balancing by
+// key with bounded loads (make cluster BALANCE=key-bounded: no replica
+// holds more than 1.5 times the fleet's average of requests in flight, the
+// excess going on to the next replicas on the hash ring), one key sent by
+// 24 callers as fast as the fleet answers them, past its limit of 1000 a
+// second, and four keys at 20 requests a second under theirs. Balanced by
+// key alone, the hot key's requests would all load one replica
+// (TestKeyAffinity: each key served by one). It checks that the hot key
+// was spread: served by more than one replica, no replica serving more
+// than three quarters of it; and what the limiter promises however
+// requests are spread: no failed request, and no interval of a window
+// holding more than its limit, for any key. The keys that shared the hot
+// key's replica are passed on too while it is full: bounded loads move
+// whatever arrives at a full replica, not the hot key alone.
+func TestHotKeyUnderBoundedLoad(t *testing.T) {
+	const (
+		hotLimit, hotPeriod = 1000, time.Second
+		limit, period       = 40, 4 * time.Second
+	)
+	f := newFleet(t, fleetOptions{
+		balance:   balanceByKeyBounded,
+		accessLog: true,
+		plans: "plans:\n  hot: {quotas: [{limit: 1000, period: 1s}], ban: off}\n" +
+			"  affine: {quotas: [{limit: 40, period: 4s}], ban: off}\n",
+		keys: map[string]int{"hot": 1, "affine": 4},
+	})
+	hotKey, keys := f.keys["hot"][0], f.keys["affine"]
+	leased := f.leasedAdmissions(t, "hot")
+	// A rate no fleet of this size answers: the 24 callers are always busy.
+	hot := f.startLoad(loadSpec{rate: 20_000, workers: 24, targets: []string{f.lb.url}, keys: []apiKey{hotKey}})
+	cold := f.startLoad(loadSpec{rate: 20 * float64(len(keys)), workers: 8, targets: []string{f.lb.url}, keys: keys})
+	time.Sleep(8 * time.Second)
+	run := time.Since(hot.start)
+	hrs, crs := hot.stop(), cold.stop()
+	leased = f.leasedAdmissions(t, "hot") - leased
+
+	perReplica := map[string]int{}
+	total := 0
+	for _, s := range f.accessLog() {
+		if s.keyID == hotKey.ID {
+			perReplica[s.replica]++
+			total++
+		}
+	}
+	busiest := 0
+	for _, n := range perReplica {
+		busiest = max(busiest, n)
+	}
+	t.Logf("hot key: %d requests served, by replica %v; busiest %.2f of them", total, perReplica, float64(busiest)/float64(max(total, 1)))
+	if len(perReplica) < 2 {
+		t.Errorf("hot key served by %v alone: bounded loads passed nothing on", perReplica)
+	} else if 4*busiest > 3*total {
+		t.Errorf("hot key: one replica served %d of its %d requests, more than three quarters", busiest, total)
+	}
+	for r, cs := range servedBy(f.accessLog(), time.Time{}, time.Now()) {
+		t.Logf("key %s served by %v", r, cs)
+	}
+
+	adm := judgeLoad(t, "hot key", hrs, run)
+	// Past its limit most of the run, the key is decided near it, where
+	// leases stop: logged, not judged.
+	t.Logf("hot key: %.0f of %d admissions from leases", leased, len(adm))
+	judgeWindow(t, "hot key", adm, hotLimit, hotPeriod, run)
+	for i, a := range judgeKeys(t, crs, len(keys), run) {
+		judgeWindow(t, fmt.Sprintf("key %d", i), a, limit, period, run)
+	}
 }
