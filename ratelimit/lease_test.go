@@ -217,7 +217,9 @@ func TestLeasesStrictAcrossReplicas(t *testing.T) {
 	}
 	cmds := f.cmds.scripts.Load() - before
 	t.Logf("%d admitted (%d leased), %d limited, %d commands", len(admitted), leased, limited, cmds)
-	if leased < len(admitted)/4 || limited == 0 {
+	// (A quarter to a fifth of admissions are leased: the key bursts at
+	// 400/s on three replicas, with 100 ms buckets.)
+	if leased < len(admitted)/5 || limited == 0 {
 		t.Fatalf("%d of %d admissions leased, %d limited: traffic did not exercise leases near the limit", leased, len(admitted), limited)
 	}
 }
@@ -529,14 +531,15 @@ func TestLeaseCapHoldsGeneratedPlansOnRedis(t *testing.T) {
 // checks both sides of a lease's size: what leases leave unspent
 // (admissions counted in every window of the key that no request used,
 // which bring it nearer its limits for nothing, its day's too), and how
-// many requests leases answer (each other one is a round trip). Sized by
-// the last 250-500 ms alone, leases left 10.9-11.6% of their admissions
-// unspent here (up to 29% a case; four seeds) and answered 88-89% of
-// requests; by the last 10-20 s alone, 14-16%, a key that slows down
-// wasting its leases; by the lower of the two rates, 5.3-5.9% (at most
-// 12.7% a case) and 83.5-87% (ten seeds). Pooled over the cases, at most
-// 7% of leased admissions may go unspent, and no case more than 16%;
-// leases must answer at least 78% of requests.
+// many requests leases answer (each other one is a round trip). Sized at
+// the expected demand, leases left 10.9-11.6% of their admissions unspent
+// here (up to 29% a case; four seeds) and answered 88-89% of requests;
+// half a deviation below it, 5.6-6.6% (at most 19% a case, at the lowest
+// rates, where a lease is two or three) and 83-86% (ten seeds). Sized by
+// the key's rate over 10-20 s alone, 14-16%: a key that slows down wastes
+// its leases. Pooled over the cases, at most 8% of leased admissions may
+// go unspent, and no case more than 25%; leases must answer at least 78%
+// of requests.
 func TestLeaseWasteUnderRandomArrivals(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 73)
@@ -578,8 +581,8 @@ func TestLeaseWasteUnderRandomArrivals(t *testing.T) {
 		waste := g - spent
 		t.Logf("case %2d: %d replicas, %5.1f requests a second each (stepping %v): %5d leased admissions, %4d unspent (%4.1f%%); %.3f of requests leased",
 			c, replicas, per, steps, g, waste, 100*float64(waste)/float64(max(g, 1)), float64(spent)/float64(n))
-		if float64(waste) > 0.16*float64(g) {
-			t.Errorf("case %d: %d replicas, %.1f requests a second each (stepping %v): %d of %d leased admissions unspent, want at most 16%%", c, replicas, per, steps, waste, g)
+		if float64(waste) > 0.25*float64(g) {
+			t.Errorf("case %d: %d replicas, %.1f requests a second each (stepping %v): %d of %d leased admissions unspent, want at most 25%%", c, replicas, per, steps, waste, g)
 		}
 		granted += g
 		unspent += waste
@@ -587,8 +590,8 @@ func TestLeaseWasteUnderRandomArrivals(t *testing.T) {
 		leased += spent
 	}
 	t.Logf("pooled: %d of %d leased admissions unspent (%.1f%%); %.3f of requests leased", unspent, granted, 100*float64(unspent)/float64(granted), float64(leased)/float64(requests))
-	if float64(unspent) > 0.07*float64(granted) {
-		t.Errorf("pooled: %d of %d leased admissions unspent, want at most 7%%", unspent, granted)
+	if float64(unspent) > 0.08*float64(granted) {
+		t.Errorf("pooled: %d of %d leased admissions unspent, want at most 8%%", unspent, granted)
 	}
 	if float64(leased) < 0.78*float64(requests) {
 		t.Errorf("pooled: %d of %d requests leased, want at least 78%%", leased, requests)

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"encoding/binary"
-	"math"
 	"time"
 )
 
@@ -131,9 +130,8 @@ func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 	if rest <= 0 {
 		return 0
 	}
-	span := float64(max(e.ownSpan(now), reserveLife).Microseconds())
-	m := float64(e.own+e.ownPrev) * float64(rest) / span
-	return int64(m - math.Sqrt(m*(1+float64(rest)/span)))
+	span := max(e.ownSpan(now), reserveLife).Microseconds()
+	return belowDemand(float64(e.own+e.ownPrev), float64(rest)/float64(span), 1)
 }
 
 // ownSpan returns the time own and ownPrev count this replica's requests
