@@ -543,6 +543,27 @@ func TestFailClosed(t *testing.T) {
 	}
 }
 
+// TestFailClosedSpendsHeldLeases: failing closed admits nothing Redis
+// has not counted. A lease granted before Redis failed was counted when
+// granted, so its admissions are spent from memory, to the last; the
+// request after them is refused as unavailable.
+func TestFailClosedSpendsHeldLeases(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{FailureMode: FailClosed, Timeout: time.Second})
+	busy := perMinute(10_000)
+	left := leaseBusy(t, f, "k", busy)
+	f.mini.SetError("LOADING Redis is loading the dataset in memory")
+	for i := range left {
+		d, err := f.l.Allow(context.Background(), "k", busy)
+		if err != nil || !d.Allowed() || !d.Leased {
+			t.Fatalf("leased admission %d of %d: %+v %v, want spent from the lease", i+1, left, d, err)
+		}
+	}
+	if _, err := f.l.Allow(context.Background(), "k", busy); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("after the lease: err %v, want ErrUnavailable", err)
+	}
+}
+
 func TestCacheBatchesStrikesAndBansOnTime(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
