@@ -244,11 +244,15 @@ const leaseDeviations = 0.5
 // expected, less d standard deviations of the count to come and of its
 // estimate together, √(m·(1 + scale)), as both are under random arrivals
 // (a Poisson count's variance is its mean; the estimate's, scaled, is
-// m·scale). Sized at m, a block is left partly unspent about half the
-// time, and what it leaves counts in the key's windows for nothing.
+// m·scale), and never below 0. Sized at m, a block is left partly unspent
+// about half the time, and what it leaves counts in the key's windows for
+// nothing.
 func belowDemand(n, scale, d float64) int64 {
 	m := n * scale
-	return int64(m - d*math.Sqrt(m*(1+scale)))
+	if m <= 0 {
+		return 0
+	}
+	return int64(max(m-d*math.Sqrt(m*(1+scale)), 0))
 }
 
 // serve puts in d the decision for one admission from the lease.

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -595,5 +596,37 @@ func TestLeaseWasteUnderRandomArrivals(t *testing.T) {
 	}
 	if float64(leased) < 0.78*float64(requests) {
 		t.Errorf("pooled: %d of %d requests leased, want at least 78%%", leased, requests)
+	}
+}
+
+// TestBelowDemand checks the sizing rule leases and reservations share
+// over generated counts and scales: never above the expected demand m
+// (floored), exactly d deviations below it (floored) but never below 0,
+// never less for more requests, and 0, not a wild conversion of NaN, for a
+// count of 0 or less.
+func TestBelowDemand(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 79)
+	for range 20_000 {
+		// Counts and scales over many orders of magnitude, a few of
+		// them none.
+		n := math.Floor(math.Exp(rng.Float64()*14)) - float64(rng.IntN(3))
+		scale := math.Exp(rng.Float64()*14 - 9)
+		d := []float64{0, leaseDeviations, 1}[rng.IntN(3)]
+		k := belowDemand(n, scale, d)
+		m := n * scale
+		if m <= 0 {
+			if k != 0 {
+				t.Fatalf("belowDemand(%v, %v, %v) = %d, want 0", n, scale, d, k)
+			}
+			continue
+		}
+		want := max(math.Floor(m-d*math.Sqrt(m*(1+scale))), 0)
+		if float64(k) != want || float64(k) > math.Floor(m) {
+			t.Fatalf("belowDemand(%v, %v, %v) = %d, want %v (m %v)", n, scale, d, k, want, m)
+		}
+		if k2 := belowDemand(n+1, scale, d); k2 < k {
+			t.Fatalf("belowDemand(%v, ...) = %d, less than %d for one request fewer", n+1, k2, k)
+		}
 	}
 }
