@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestWindowEdges(t *testing.T) {
@@ -561,6 +563,66 @@ func TestFailClosedSpendsHeldLeases(t *testing.T) {
 	}
 	if _, err := f.l.Allow(context.Background(), "k", busy); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("after the lease: err %v, want ErrUnavailable", err)
+	}
+}
+
+// TestFailClosedAdmitsOnlyWhatRedisCounted checks the fail-closed
+// promise over generated plans (one window, or a short one and a day),
+// replica counts and rates: once Redis fails, a replica admits only from
+// leases it held (each admission Leased, no more of them than the leases
+// held when Redis failed), and nothing once they end, a second at most.
+func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 89)
+	for c := range 24 {
+		replicas := 1 + rng.IntN(3)
+		w := Window{Limit: 200 + rng.Int64N(100_000), Period: time.Second * time.Duration(1+rng.IntN(3600))}
+		p := Policy{Name: "closed", Windows: []Window{w}}
+		if rng.IntN(2) == 0 {
+			p.Windows = append(p.Windows, Window{Limit: 100 * w.Limit, Period: 24 * time.Hour})
+		}
+		rate := 50 + rng.Float64()*350 // the fleet's requests a second
+		f := newFixture(t, Options{FailureMode: FailClosed, Replicas: replicas})
+		ls := []*Limiter{f.l}
+		for range replicas - 1 {
+			l, err := New(f.rdb, Options{FailureMode: FailClosed, clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: replicas, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			ls = append(ls, l)
+		}
+		next := func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
+		for end := f.clk.Now().Add(time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))); f.clk.Now().Before(end); f.clk.Add(next()) {
+			if _, err := ls[rng.IntN(replicas)].Allow(context.Background(), "k", p); err != nil {
+				t.Fatalf("case %d before the failure: %v", c, err)
+			}
+		}
+		var held int64
+		for _, l := range ls {
+			held += leaseLeft(l, "k")
+		}
+		f.mini.SetError("LOADING Redis is loading the dataset in memory")
+		failed := f.clk.Now()
+		var admitted int64
+		for ; f.clk.Now().Sub(failed) < 2*time.Second; f.clk.Add(next()) {
+			d, err := ls[rng.IntN(replicas)].Allow(context.Background(), "k", p)
+			switch {
+			case err == nil && d.Allowed() && !d.Leased:
+				t.Fatalf("case %d: %s after Redis failed: admitted without a lease: %+v", c, f.clk.Now().Sub(failed), d)
+			case err == nil && d.Allowed():
+				admitted++
+				if el := f.clk.Now().Sub(failed); el >= leaseLife {
+					t.Fatalf("case %d: admitted from a lease %s after Redis failed, past any lease's life", c, el)
+				}
+			case err != nil && !errors.Is(err, ErrUnavailable):
+				t.Fatalf("case %d: err %v, want ErrUnavailable", c, err)
+			}
+		}
+		t.Logf("case %d: %d replicas, %v at %.0f/s: %d admitted from the %d leased admissions held when Redis failed", c, replicas, p.Windows, rate, admitted, held)
+		if admitted > held {
+			t.Fatalf("case %d: %d admitted after Redis failed, more than the %d leases held", c, admitted, held)
+		}
 	}
 }
 
