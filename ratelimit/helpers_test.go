@@ -120,12 +120,12 @@ func newFixture(t *testing.T, opts Options) *fixture {
 }
 
 // fleet returns f's limiter and n-1 more on its Redis and clock, each
-// counting n replicas: a fleet on the fake clock.
+// counting n replicas and failing as f's does: a fleet on the fake clock.
 func (f *fixture) fleet(t *testing.T, n int) []*Limiter {
 	t.Helper()
 	ls := []*Limiter{f.l}
 	for range n - 1 {
-		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, FailureMode: f.l.opts.FailureMode, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}

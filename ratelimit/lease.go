@@ -233,7 +233,7 @@ func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
 // decided by a round trip (TestLeaseWasteUnderRandomArrivals). A whole
 // one, as reservations take, would cost twice that: a lease's rate is
 // measured over a few hundred milliseconds, so its estimate is as noisy
-// as the demand itself. The key's slower rates (ownSpan), steadier,
+// as the demand itself. The key's slower rates (own, ownPrev), steadier,
 // were tried in its place: a key resuming after a pause of a few
 // seconds then leased little until they caught up (a benchmark's keys
 // sending in rounds leased 0.62-0.81 of their requests, against 0.87).

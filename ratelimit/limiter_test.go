@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestWindowEdges(t *testing.T) {
@@ -583,15 +581,7 @@ func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 		}
 		rate := 50 + rng.Float64()*350 // the fleet's requests a second
 		f := newFixture(t, Options{FailureMode: FailClosed, Replicas: replicas})
-		ls := []*Limiter{f.l}
-		for range replicas - 1 {
-			l, err := New(f.rdb, Options{FailureMode: FailClosed, clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: replicas, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = l.Close() })
-			ls = append(ls, l)
-		}
+		ls := f.fleet(t, replicas)
 		next := func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
 		for end := f.clk.Now().Add(time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))); f.clk.Now().Before(end); f.clk.Add(next()) {
 			if _, err := ls[rng.IntN(replicas)].Allow(context.Background(), "k", p); err != nil {

@@ -114,12 +114,13 @@ func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int
 
 // ownShare returns what this replica can expect to spend of a reservation
 // for the key over rest µs, on the evidence of its own requests for it
-// over the last reservation period or two (ownSpan): their count at their
-// average rate over rest, m, less √(m·(1 + rest/span)), a standard
-// deviation of the count to come and of its estimate, as both are under
-// random arrivals (a Poisson count's variance is its mean; the estimate's,
-// scaled, is m·rest/span). Sized at m, a reservation would be left partly
-// unspent about half the time; a deviation below, seldom
+// since the start of the previous reservation period (of the current one
+// while there is none): their count at their average rate over rest, m,
+// less √(m·(1 + rest/span)), a standard deviation of the count to come
+// and of its estimate, as both are under random arrivals (a Poisson
+// count's variance is its mean; the estimate's, scaled, is m·rest/span;
+// belowDemand). Sized at m, a reservation would be left partly unspent
+// about half the time; a deviation below, seldom
 // (TestReservationWasteUnderRandomArrivals). The span is a reserveLife at
 // least, so that a new entry's first few requests do not read as a high
 // rate. So a reservation leaves unspent, should the key stop, at most what
@@ -130,18 +131,12 @@ func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 	if rest <= 0 {
 		return 0
 	}
-	span := max(e.ownSpan(now), reserveLife).Microseconds()
-	return belowDemand(float64(e.own+e.ownPrev), float64(rest)/float64(span), 1)
-}
-
-// ownSpan returns the time own and ownPrev count this replica's requests
-// for the key over: since the start of the previous reservation period,
-// of the current one while there is none.
-func (e *leaseEntry) ownSpan(now time.Time) time.Duration {
-	if e.ownPrevStart.IsZero() {
-		return now.Sub(e.ownStart)
+	from := e.ownStart
+	if !e.ownPrevStart.IsZero() {
+		from = e.ownPrevStart
 	}
-	return now.Sub(e.ownPrevStart)
+	span := max(now.Sub(from), reserveLife).Microseconds()
+	return belowDemand(float64(e.own+e.ownPrev), float64(rest)/float64(span), 1)
 }
 
 // reserveRest returns the time, µs, a reservation asked at us (µs) could

@@ -154,9 +154,10 @@ func TestHotKeyUnderBoundedLoad(t *testing.T) {
 	hrs, crs := hot.stop(), cold.stop()
 	leased = f.leasedAdmissions(t, "hot") - leased
 
+	log := f.accessLog()
 	perReplica := map[string]int{}
 	total := 0
-	for _, s := range f.accessLog() {
+	for _, s := range log {
 		if s.keyID == hotKey.ID {
 			perReplica[s.replica]++
 			total++
@@ -172,7 +173,7 @@ func TestHotKeyUnderBoundedLoad(t *testing.T) {
 	} else if 4*busiest > 3*total {
 		t.Errorf("hot key: one replica served %d of its %d requests, more than three quarters", busiest, total)
 	}
-	for r, cs := range servedBy(f.accessLog(), time.Time{}, time.Now()) {
+	for r, cs := range servedBy(log, time.Time{}, time.Now()) {
 		t.Logf("key %s served by %v", r, cs)
 	}
 
