@@ -125,7 +125,7 @@ func (f *fixture) fleet(t *testing.T, n int) []*Limiter {
 	t.Helper()
 	ls := []*Limiter{f.l}
 	for range n - 1 {
-		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, FailureMode: f.l.opts.FailureMode, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, FailureMode: f.l.opts.FailureMode, MaxLease: f.l.opts.MaxLease, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}

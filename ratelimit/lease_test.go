@@ -218,9 +218,10 @@ func TestLeasesStrictAcrossReplicas(t *testing.T) {
 	}
 	cmds := f.cmds.scripts.Load() - before
 	t.Logf("%d admitted (%d leased), %d limited, %d commands", len(admitted), leased, limited, cmds)
-	// (A quarter to a fifth of admissions are leased: the key bursts at
-	// 400/s on three replicas, with 100 ms buckets.)
-	if leased < len(admitted)/5 || limited == 0 {
+	// (About a tenth of admissions are leased: the key bursts at 400/s
+	// against 300/s on three replicas, with 100 ms buckets, and leases
+	// form only beyond a tenth of every window's limit.)
+	if leased < len(admitted)/20 || limited == 0 {
 		t.Fatalf("%d of %d admissions leased, %d limited: traffic did not exercise leases near the limit", leased, len(admitted), limited)
 	}
 }
@@ -632,54 +633,113 @@ func TestBelowDemand(t *testing.T) {
 }
 
 // TestLeasesRefuseLittleBelowTheLimit sends a key at random (Poisson)
-// arrivals at 80-95% of its per-minute limit (600 to 6,000 a minute,
-// generated) to one to three replicas spreading it at random, for two and
-// a half minutes a case, and counts the requests refused after the first
-// minute. What leases leave unspent counts in the window with what was
-// admitted, so a key below its limit is refused for it: sized at the
-// expected demand, leases had such keys refused 0.49-1.45% of their
-// requests here (four seeds); half a deviation below it, 0-0.16% (ten
-// seeds), for about a tenth more requests admitted by a round trip (0.38-0.42
-// against 0.34-0.39). Pooled over the cases, at most 0.35% of requests may
-// be refused.
+// arrivals at 80-99% of its per-minute limit (600 to 6,000 a minute,
+// generated) to one to three replicas spreading it at random, for three
+// minutes a case; then the same arrivals to a limiter that decides every
+// request exactly (the same algorithm, in process, with no leases): what
+// any limiter refuses of such a key anyway. What leases
+// leave unspent counts in the window with what was admitted, so a key
+// below its limit may be refused for it. Its requests are counted in two
+// phases: the second minute, when the window first holds a whole minute
+// of the key's traffic, including the leases taken while it filled
+// (rising), and the third, when it holds only traffic at the key's
+// steady rate (steady). Pooled over the cases, leases may refuse at most 0.1% of
+// the steady requests more than exact decisions did, and must still
+// answer at least a twentieth of them.
+//
+// Sized at the expected demand, leases refused 0.49-1.45% of the
+// requests of keys at 80-95% here (four seeds); half a deviation below
+// it, 0-0.16%; but keys at 95-99% still had 1-3% refused, with leases
+// granted whenever the margin allowed. Granted only beyond a tenth of
+// every window's limit (leaseMargin), leases form for no key past 90% of
+// its limit once its window holds its steady traffic: over six seeds the
+// steady requests were refused within 0.02% as often as exact decisions
+// refused them; the rising ones, 0.01-0.48% more (the leases taken while
+// the window filled, which the steady phase shows sliding out).
 func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 97)
-	var requests, refused, trips, leased int64
+	// Per phase (rising, steady), pooled: requests, refused by the
+	// leasing fleet and by the exact one, leased, admitted by a round trip.
+	var requests, refused, exactRefused, leased, trips [2]int64
 	for c := range 10 {
 		replicas := 1 + rng.IntN(3)
 		limit := 600 + rng.Int64N(5400)
-		frac := 0.8 + rng.Float64()*0.15
+		frac := 0.8 + rng.Float64()*0.19
 		p := Policy{Name: "near", Windows: []Window{{Limit: limit, Period: time.Minute}}}
 		rate := float64(limit) / 60 * frac // a second
-		f := newFixture(t, Options{Replicas: replicas})
-		ls := f.fleet(t, replicas)
-		var n, r int64
-		for el := time.Duration(0); el < 150*time.Second; el = f.clk.Now().Sub(epoch) {
-			d, err := ls[rng.IntN(replicas)].Allow(context.Background(), "k", p)
-			if err != nil || d.Degraded {
-				t.Fatalf("case %d: %+v, %v", c, d, err)
-			}
-			if el >= time.Minute {
-				n++
+		// The arrivals: the gap before each, and its replica.
+		var gaps []time.Duration
+		var to []int
+		for el := time.Duration(0); el < 180*time.Second; {
+			gap := time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+			el += gap
+			gaps, to = append(gaps, gap), append(to, rng.IntN(replicas))
+		}
+		// run sends them to ls, on clk, and counts, per phase, the
+		// requests, those refused, those leased and those admitted by a
+		// round trip.
+		run := func(ls []*Limiter, clk *fakeClock) (n, r, l, tr [2]int64) {
+			for i, gap := range gaps {
+				clk.Add(gap)
+				d, err := ls[to[i]%len(ls)].Allow(context.Background(), "k", p)
+				if err != nil || d.Degraded {
+					t.Fatalf("case %d: %+v, %v", c, d, err)
+				}
+				el := clk.Now().Sub(epoch)
+				if el < time.Minute {
+					continue
+				}
+				ph := 0
+				if el >= 2*time.Minute {
+					ph = 1
+				}
+				n[ph]++
 				switch {
 				case !d.Allowed():
-					r++
+					r[ph]++
 				case d.Leased:
-					leased++
+					l[ph]++
 				default:
-					trips++
+					tr[ph]++
 				}
 			}
-			f.clk.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+			return n, r, l, tr
 		}
-		t.Logf("case %d: %d replicas, %d a minute at %.0f%%: %d of %d requests refused", c, replicas, limit, 100*frac, r, n)
-		requests += n
-		refused += r
+		f := newFixture(t, Options{Replicas: replicas})
+		n, r, l, tr := run(f.fleet(t, replicas), f.clk)
+		// Exact decisions, by the same algorithm in process: the same
+		// for any number of replicas sharing one state.
+		clk := &fakeClock{}
+		clk.Set(epoch)
+		exact, err := New(nil, Options{clock: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = exact.Close() })
+		_, er, _, _ := run([]*Limiter{exact}, clk)
+		t.Logf("case %d: %d replicas, %d a minute at %.1f%%: refused %d of %d rising (exact %d), %d of %d steady (exact %d); %.2f of the steady leased",
+			c, replicas, limit, 100*frac, r[0], n[0], er[0], r[1], n[1], er[1], float64(l[1])/float64(n[1]))
+		for ph := range 2 {
+			requests[ph] += n[ph]
+			refused[ph] += r[ph]
+			exactRefused[ph] += er[ph]
+			leased[ph] += l[ph]
+			trips[ph] += tr[ph]
+		}
 	}
-	t.Logf("pooled: %d of %d requests refused (%.3f%%); %.3f leased, %.3f admitted by a round trip",
-		refused, requests, 100*float64(refused)/float64(requests), float64(leased)/float64(requests), float64(trips)/float64(requests))
-	if refused*2000 > requests*7 {
-		t.Errorf("pooled: %d of %d requests refused at 80-95%% of their limit, want at most 0.35%%", refused, requests)
+	for ph, name := range []string{"rising", "steady"} {
+		t.Logf("pooled, %s: %d of %d requests refused (%.3f%%; exact %.3f%%); %.3f leased, %.3f admitted by a round trip",
+			name, refused[ph], requests[ph], 100*float64(refused[ph])/float64(requests[ph]), 100*float64(exactRefused[ph])/float64(requests[ph]),
+			float64(leased[ph])/float64(requests[ph]), float64(trips[ph])/float64(requests[ph]))
+	}
+	if (refused[1]-exactRefused[1])*1000 > requests[1] {
+		t.Errorf("pooled, steady: %d of %d requests refused at 80-99%% of their limit, %d by exact decisions: want at most 0.1%% more",
+			refused[1], requests[1], exactRefused[1])
+	}
+	// (How much is leased depends on the cases drawn: 8-38% over six
+	// seeds. Leases are used, not switched off.)
+	if leased[1]*20 < requests[1] {
+		t.Errorf("pooled, steady: %d of %d requests leased, want at least a twentieth", leased[1], requests[1])
 	}
 }

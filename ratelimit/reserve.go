@@ -25,7 +25,7 @@ import (
 //     that bucket's last event, so each admission spent before the end is
 //     counted in every interval that holds it;
 //   - it is granted only while every long window has leaseMargin·k·Replicas
-//     remaining, is capped (the lease cap) at its plan's limits while it
+//     remaining beyond a tenth of its limit, is capped (the lease cap) at its plan's limits while it
 //     runs, and is spent only under the plan it was taken for, before the
 //     end of its bucket in every long window, within reserveLife of the
 //     round trip's start and on this process's monotonic clock;
@@ -168,8 +168,8 @@ const minReserve = 2
 // the time the reservation could be spent (until the end of every long
 // window's current bucket and within reserveLife, less two round trips);
 // at most max, this replica's own share of that demand (ownShare), and at
-// most what leaves every long window leaseMargin·k·replicas remaining;
-// none below minReserve. So what a reservation can leave unspent, should
+// most what leaves every long window leaseMargin·k·replicas remaining
+// beyond a tenth of its limit; none below minReserve. So what a reservation can leave unspent, should
 // the key stop, is at most what the key itself sent this replica over the
 // reservation's life at its recent rate, and what the replicas reserve
 // together stays within the key's demand: a quarter of it each on four
@@ -210,7 +210,9 @@ func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt i
 	sw := d.Windows[ns-1]
 	k := min((sw.Limit-sw.Remaining)*rest/sw.Period.Microseconds(), maxLease)
 	for _, w := range d.Windows[ns:] {
-		k = min(k, w.Remaining/(leaseMargin*replicas))
+		// What the window has beyond a tenth of its limit (the script's
+		// 0.9·limit - count), in tenths: exact in integers.
+		k = min(k, (10*w.Remaining-w.Limit)/(10*leaseMargin*replicas))
 	}
 	return k >= minReserve
 }

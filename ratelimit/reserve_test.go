@@ -620,7 +620,8 @@ func reservationRule(pl *plan, ns int, c []int64, now int64, ask reserveAsk) (k 
 	for i := ns; i < len(pl.windows); i++ {
 		w := pl.windows[i]
 		end = min(end, (now/w.gran+1)*w.gran)
-		lroom = min(lroom, w.limit-c[i]-1)
+		// Beyond a tenth of the limit, in tenths of an admission.
+		lroom = min(lroom, 9*w.limit-10*(c[i]+1))
 	}
 	rest := end - now - 2*ask.rtt
 	sc, sp := c[ns-1]+1, pl.windows[ns-1].period
@@ -633,7 +634,7 @@ func reservationRule(pl *plan, ns int, c []int64, now int64, ask reserveAsk) (k 
 	if ask.max < k {
 		k, bound = ask.max, "most"
 	}
-	if m := lroom / (leaseMargin * ask.replicas); m < k {
+	if m := lroom / (10 * leaseMargin * ask.replicas); m < k {
 		k, bound = m, "margin"
 	}
 	if k < minReserve {
