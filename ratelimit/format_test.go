@@ -121,22 +121,12 @@ func TestRecordsAtTheirMaxima(t *testing.T) {
 			}
 			// A long period, so that real time does not slide anything out.
 			pl := compile(Policy{Name: "max", Windows: []Window{{Limit: MaxLimit, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
-			// A whole limit in two calls: the largest lease a window
-			// grants (beyond a tenth of its limit), then the tenth less
-			// one reconciled, with the request.
-			fill := func(what string) {
-				t.Helper()
-				big := input{lease: leaseAsk{want: MaxLimit / 10 * 9, need: MaxLimit / 10 * 9, life: 1}}
-				if v := eval(pl, big); v.granted != MaxLimit/10*9 {
-					t.Fatalf("%s, the lease: %+v", what, v)
-				}
-				if v := eval(pl, input{add: []int64{MaxLimit/10 - 1}, lease: noLease}); v.outcome != Allowed || v.win[0].remaining != 0 {
-					t.Fatalf("%s, the rest: %+v", what, v)
-				}
-			}
+			big := input{lease: leaseAsk{want: MaxLimit, need: MaxLimit, life: 1}}
 			start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 			set(start)
-			fill("a whole limit")
+			if v := eval(pl, big); v.granted != MaxLimit {
+				t.Fatalf("a whole limit at once: %+v", v)
+			}
 			if v := eval(pl, input{lease: noLease}); v.outcome != Limited {
 				t.Fatalf("past the limit: %+v", v)
 			}
@@ -145,7 +135,9 @@ func TestRecordsAtTheirMaxima(t *testing.T) {
 				// A period later the first limit is still stored in the
 				// oldest bucket while a second one is admitted.
 				set(start.Add(time.Hour + time.Millisecond))
-				fill("a second limit a period later")
+				if v := eval(pl, big); v.granted != MaxLimit {
+					t.Fatalf("a second limit a period later: %+v", v)
+				}
 				if v := eval(pl, input{add: []int64{MaxLimit}, lease: noLease}); v.outcome != Limited {
 					t.Fatalf("with a limit reconciled: %+v", v)
 				}

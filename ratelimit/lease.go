@@ -26,13 +26,11 @@ import (
 //     MaxLease, so that little of a lease is left when it ends; no lease
 //     is asked when that time is too short;
 //   - the script grants k only while every window has at least
-//     leaseMargin·k·Replicas remaining beyond a tenth of its limit, and
-//     one admission otherwise: near its limit a key is decided exactly,
-//     one request per round trip. (What leases leave unspent counts in the
-//     window with what was admitted: a key sending at 95-99% of its limit,
-//     leased whenever the margin allowed, had 1-3% of its requests refused
-//     for it, where exact decisions refused none. Within the last tenth,
-//     where the near-limit metric counts, no lease forms.)
+//     leaseMargin·k·Replicas remaining, and one admission otherwise: near
+//     its limit a key is decided exactly, one request per round trip;
+//   - what a lease leaves unspent is given back when the replica lets it
+//     go (giveback.go): it no longer counts against the key, near its
+//     limit or in its day.
 const (
 	leaseMargin = 4
 	leaseLife   = time.Second
@@ -49,6 +47,9 @@ type leaseTable struct {
 	maxLease    int64
 	replicas    func() int64 // live replica count
 	rtt         atomic.Int64 // moving average of decision round trips, µs
+	// back, when set, is given what leases and reservations leave
+	// unspent (giveback.go).
+	back func(giveBack)
 }
 
 type leaseShard struct {
@@ -134,7 +135,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 			e.serve(now, d)
 			return true, noLease, nil
 		}
-		e.drop()
+		t.dropLease(key, e)
 	}
 	if e.refill != nil {
 		if first {
@@ -168,7 +169,7 @@ func (t *leaseTable) done(key string, pl *plan, sent time.Time, v *verdict, d *D
 	if !ok || v.granted <= 1 || d.Outcome != Allowed {
 		return
 	}
-	e.drop()
+	t.dropLease(key, e)
 	e.pl, e.left, e.spent = pl, v.granted-1, 1
 	e.sent, e.redisNow = sent, v.now
 	// The server's remaining lease time, counted from before the round
@@ -287,8 +288,18 @@ func (e *leaseEntry) drop() (unspent int64) {
 	return unspent
 }
 
-// forget drops key's lease and reservation (their admissions stay
-// counted).
+// dropLease is e.drop, giving back what the lease leaves unspent.
+func (t *leaseTable) dropLease(key string, e *leaseEntry) int64 {
+	pl, at := e.pl, e.redisNow
+	n := e.drop()
+	if n > 0 && t.back != nil {
+		t.back(giveBack{key: key, windows: pl.windows, at: at, n: n, counter: pl.givenBack[0].Add})
+	}
+	return n
+}
+
+// forget drops key's lease and reservation, without giving back what they
+// leave unspent: after a Reset their records are new (giveback.go).
 func (t *leaseTable) forget(key string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -306,9 +317,9 @@ func (t *leaseTable) release() (leased, reserved int64) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, e := range sh.keys {
-			leased += e.drop()
-			reserved += e.dropReservation()
+		for k, e := range sh.keys {
+			leased += t.dropLease(k, e)
+			reserved += t.dropReserved(k, e)
 		}
 		sh.mu.Unlock()
 	}
@@ -333,8 +344,8 @@ func (t *leaseTable) sweep(now time.Time) {
 			if e.refill == nil && idle >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) &&
 				!e.res.asking && (e.res.left == 0 || !now.Before(e.res.deadline)) &&
 				(!e.res.warm || crowded || idle >= reserveLife) {
-				e.drop()
-				e.dropReservation()
+				t.dropLease(k, e)
+				t.dropReserved(k, e)
 				delete(sh.keys, k)
 			}
 		}

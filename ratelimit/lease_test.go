@@ -218,10 +218,9 @@ func TestLeasesStrictAcrossReplicas(t *testing.T) {
 	}
 	cmds := f.cmds.scripts.Load() - before
 	t.Logf("%d admitted (%d leased), %d limited, %d commands", len(admitted), leased, limited, cmds)
-	// (About a tenth of admissions are leased: the key bursts at 400/s
-	// against 300/s on three replicas, with 100 ms buckets, and leases
-	// form only beyond a tenth of every window's limit.)
-	if leased < len(admitted)/20 || limited == 0 {
+	// (A quarter to a fifth of admissions are leased: the key bursts at
+	// 400/s on three replicas, with 100 ms buckets.)
+	if leased < len(admitted)/5 || limited == 0 {
 		t.Fatalf("%d of %d admissions leased, %d limited: traffic did not exercise leases near the limit", leased, len(admitted), limited)
 	}
 }
@@ -637,25 +636,25 @@ func TestBelowDemand(t *testing.T) {
 // generated) to one to three replicas spreading it at random, for three
 // minutes a case; then the same arrivals to a limiter that decides every
 // request exactly (the same algorithm, in process, with no leases): what
-// any limiter refuses of such a key anyway. What leases
-// leave unspent counts in the window with what was admitted, so a key
-// below its limit may be refused for it. Its requests are counted in two
-// phases: the second minute, when the window first holds a whole minute
-// of the key's traffic, including the leases taken while it filled
-// (rising), and the third, when it holds only traffic at the key's
-// steady rate (steady). Pooled over the cases, leases may refuse at most 0.1% of
-// the steady requests more than exact decisions did, and must still
-// answer at least a twentieth of them.
+// any limiter refuses of such a key anyway. What a lease leaves unspent
+// was counted with what was admitted, and a key below its limit would be
+// refused for it, but for the give-back (giveback.go). Its requests are
+// counted in two phases: the second minute, when the window first holds a
+// whole minute of the key's traffic, with the leases taken while it
+// filled (rising), and the third (steady). Pooled over the cases, leases
+// may refuse at most 0.1% of the requests of either phase more than exact
+// decisions did, and must still answer at least a fifth of them. (The
+// give-backs are sent in the background: a seed replays its arrivals,
+// not always its exact figures.)
 //
-// Sized at the expected demand, leases refused 0.49-1.45% of the
-// requests of keys at 80-95% here (four seeds); half a deviation below
-// it, 0-0.16%; but keys at 95-99% still had 1-3% refused, with leases
-// granted whenever the margin allowed. Granted only beyond a tenth of
-// every window's limit (leaseMargin), leases form for no key past 90% of
-// its limit once its window holds its steady traffic: over six seeds the
-// steady requests were refused within 0.02% as often as exact decisions
-// refused them; the rising ones, 0.01-0.48% more (the leases taken while
-// the window filled, which the steady phase shows sliding out).
+// Before give-backs, leases sized at the expected demand refused
+// 0.49-1.45% of the requests of keys at 80-95% here (four seeds); half a
+// deviation below it, 0-0.16%, but keys at 95-99% still had 1-3% of their
+// requests refused. Keeping a tenth of every limit free of leases took
+// the steady phase to within 0.02% of exact decisions, and left 0.01-0.48%
+// more in the rising one, with 8-38% of requests leased. With
+// give-backs and no tenth kept, both phases came within 0.005% of exact
+// decisions over six seeds, with 41-70% leased.
 func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 97)
@@ -733,13 +732,13 @@ func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
 			name, refused[ph], requests[ph], 100*float64(refused[ph])/float64(requests[ph]), 100*float64(exactRefused[ph])/float64(requests[ph]),
 			float64(leased[ph])/float64(requests[ph]), float64(trips[ph])/float64(requests[ph]))
 	}
-	if (refused[1]-exactRefused[1])*1000 > requests[1] {
-		t.Errorf("pooled, steady: %d of %d requests refused at 80-99%% of their limit, %d by exact decisions: want at most 0.1%% more",
-			refused[1], requests[1], exactRefused[1])
-	}
-	// (How much is leased depends on the cases drawn: 8-38% over six
-	// seeds. Leases are used, not switched off.)
-	if leased[1]*20 < requests[1] {
-		t.Errorf("pooled, steady: %d of %d requests leased, want at least a twentieth", leased[1], requests[1])
+	for ph, name := range []string{"rising", "steady"} {
+		if (refused[ph]-exactRefused[ph])*1000 > requests[ph] {
+			t.Errorf("pooled, %s: %d of %d requests refused at 80-99%% of their limit, %d by exact decisions: want at most 0.1%% more",
+				name, refused[ph], requests[ph], exactRefused[ph])
+		}
+		if leased[ph]*5 < requests[ph] {
+			t.Errorf("pooled, %s: %d of %d requests leased, want at least a fifth", name, leased[ph], requests[ph])
+		}
 	}
 }

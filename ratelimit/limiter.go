@@ -178,6 +178,7 @@ type Limiter struct {
 	fb    *fallback // decisions without Redis when it has one
 	cache *rejectCache
 	lease *leaseTable // nil when leasing is off
+	back  *giveBacks  // what leases leave unspent, sent back; nil when leasing is off
 	batch *batcher
 	now   func() time.Time
 
@@ -229,6 +230,8 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
+		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
+		l.lease.back = l.back.add
 	}
 	l.fb = newFallback(fallbackSize, l.replicas.live)
 	l.breaker = &breaker{
@@ -255,6 +258,9 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	}
 	l.goBackground(ctx, l.sweepLoop)
 	l.goBackground(ctx, l.breaker.run)
+	if l.back != nil {
+		l.goBackground(ctx, func(ctx context.Context) { l.back.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
+	}
 	if !opts.noHeartbeat {
 		l.goBackground(ctx, func(ctx context.Context) { l.replicas.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
 		l.goBackground(ctx, func(ctx context.Context) {
@@ -292,10 +298,12 @@ func (l *Limiter) Close() error {
 	if l.closed.CompareAndSwap(false, true) {
 		l.cancel()
 		waitBounded(&l.wg, time.Second)
-		// A replica going away lets its leases and reservations go: what
-		// they leave unspent stays counted in Redis until it slides out.
+		// A replica going away lets its leases and reservations go and
+		// gives back what they leave unspent, within a second; what it
+		// cannot give back stays counted in Redis until it slides out.
 		if l.lease != nil {
 			if leased, reserved := l.lease.release(); leased+reserved > 0 {
+				l.back.flush(min(max(l.opts.Timeout, 100*time.Millisecond), time.Second))
 				l.log.Info("ratelimit: closed; leases and reservations let go",
 					"unspent_leased", leased, "unspent_reserved", reserved)
 			}

@@ -20,6 +20,7 @@ type metrics struct {
 	leased          *prometheus.CounterVec
 	reserved        *prometheus.CounterVec
 	unspent         *prometheus.CounterVec
+	givenBack       *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
 	queueWait       prometheus.Histogram
 	redisErrors     prometheus.Counter
@@ -67,6 +68,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		unspent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "unspent_total",
 			Help: "Admissions a replica counted in Redis ahead of requests (a lease's, kind=\"lease\"; a reservation's, kind=\"reservation\") and let go without granting: the lease or reservation ended, was dropped by a Reset, or its plan changed. They count in their windows until they slide out. By plan and kind.",
+		}, []string{"plan", "kind"}),
+		givenBack: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "given_back_total",
+			Help: "Admissions of unspent_total that Redis took back off the counts of the windows they were counted in, where their bucket was still stored: they no longer count against the key. By plan and kind.",
 		}, []string{"plan", "kind"}),
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "near_limit_total",
@@ -138,6 +143,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.unspent, err = register(reg, m.unspent); err != nil {
 		return nil, err
 	}
+	if m.givenBack, err = register(reg, m.givenBack); err != nil {
+		return nil, err
+	}
 	if m.nearLimit, err = register(reg, m.nearLimit); err != nil {
 		return nil, err
 	}
@@ -200,6 +208,9 @@ type counters struct {
 	// unspent counts admissions of leases (0) and reservations (1) let
 	// go without granting.
 	unspent [2]prometheus.Counter
+	// givenBack counts admissions of leases (0) and reservations (1)
+	// given back, taken off their windows' counts (giveback.go).
+	givenBack [2]prometheus.Counter
 	// local counts decisions made without Redis, by outcome.
 	localOutcome [3]prometheus.Counter
 }
@@ -231,6 +242,7 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 	c.leased = m.leased.WithLabelValues(name)
 	c.reserved = m.reserved.WithLabelValues(name)
 	c.unspent = [2]prometheus.Counter{m.unspent.WithLabelValues(name, "lease"), m.unspent.WithLabelValues(name, "reservation")}
+	c.givenBack = [2]prometheus.Counter{m.givenBack.WithLabelValues(name, "lease"), m.givenBack.WithLabelValues(name, "reservation")}
 	for o := Allowed; o <= Banned; o++ {
 		c.localOutcome[o] = m.local.WithLabelValues(name, o.String())
 	}

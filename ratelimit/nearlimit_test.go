@@ -57,25 +57,22 @@ func TestNearLimitCounted(t *testing.T) {
 	}
 }
 
-// TestNearLimitCountedOnLeases drives a busy key into its limit: leases
-// form while it is far from it, and none within a tenth of it (a lease
-// needs that tenth left besides its margin: leaseMargin), so the near-limit
-// admissions, exactly the last tenth of the limit, are all decided by the
-// script and all count, while the leased ones before them count none.
+// TestNearLimitCountedOnLeases drives a busy key into its limit, so that
+// admissions near it are answered from leases as well as by the script:
+// both count, exactly the last tenth of the limit.
 func TestNearLimitCountedOnLeases(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
+	// Leases of up to 64 need 4 x 64 left: 256 to 499 left is near the
+	// limit and leased.
 	p := Policy{Name: "busy", Windows: []Window{{Limit: 5000, Period: 10 * time.Minute}}}
-	var allowed, leased, leasedNear int
+	var allowed, leasedNear int
 	for range 5100 {
 		d := f.allow(t, "k", p)
 		if d.Allowed() {
 			allowed++
-			if d.Leased {
-				leased++
-				if d.Windows[0].Remaining*10 < 5000 {
-					leasedNear++
-				}
+			if d.Leased && d.Windows[0].Remaining*10 < 5000 {
+				leasedNear++
 			}
 		}
 		f.clk.Add(10 * time.Millisecond)
@@ -83,12 +80,12 @@ func TestNearLimitCountedOnLeases(t *testing.T) {
 	if allowed != 5000 {
 		t.Fatalf("%d admitted, want 5000", allowed)
 	}
-	if leased < 2500 || leasedNear != 0 {
-		t.Fatalf("%d admissions leased, %d of them near the limit: want most leased, none near", leased, leasedNear)
+	if leasedNear == 0 {
+		t.Fatal("no admission near the limit was answered from a lease; the test does not reach that path")
 	}
 	// 499 down to 0 left: 500 admissions.
 	if got := metricValue(t, f.l.met.nearLimit.WithLabelValues("busy")); got != 500 {
-		t.Errorf("near_limit_total = %v, want 500", got)
+		t.Errorf("near_limit_total = %v, want 500 (%d of them leased)", got, leasedNear)
 	}
 }
 

@@ -22,6 +22,9 @@ const (
 // in one slot and one script can touch them (format.go).
 func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
 
+// windowKey is the name of key's record of window r (stateKeys' name).
+func windowKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:w:" + r.name }
+
 // candidateBanKey returns the Redis key of key's candidate ban record
 // (Policy.CandidateBan).
 func candidateBanKey(prefix, key string) string { return prefix + "{" + key + "}:cban" }

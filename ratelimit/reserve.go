@@ -25,7 +25,7 @@ import (
 //     that bucket's last event, so each admission spent before the end is
 //     counted in every interval that holds it;
 //   - it is granted only while every long window has leaseMargin·k·Replicas
-//     remaining beyond a tenth of its limit, is capped (the lease cap) at its plan's limits while it
+//     remaining, is capped (the lease cap) at its plan's limits while it
 //     runs, and is spent only under the plan it was taken for, before the
 //     end of its bucket in every long window, within reserveLife of the
 //     round trip's start and on this process's monotonic clock;
@@ -45,6 +45,7 @@ type reservation struct {
 	pl       *plan // the whole plan it was taken for
 	left     int64
 	deadline time.Time
+	redisNow int64        // the grant's server time, µs
 	win      []winVerdict // the long windows as the grant left them (the whole reservation counted)
 	asking   bool         // a reservation round trip is in flight
 	// warm: the key's last decision under a whole plan here showed a
@@ -168,8 +169,8 @@ const minReserve = 2
 // the time the reservation could be spent (until the end of every long
 // window's current bucket and within reserveLife, less two round trips);
 // at most max, this replica's own share of that demand (ownShare), and at
-// most what leaves every long window leaseMargin·k·replicas remaining
-// beyond a tenth of its limit; none below minReserve. So what a reservation can leave unspent, should
+// most what leaves every long window leaseMargin·k·replicas remaining;
+// none below minReserve. So what a reservation can leave unspent, should
 // the key stop, is at most what the key itself sent this replica over the
 // reservation's life at its recent rate, and what the replicas reserve
 // together stays within the key's demand: a quarter of it each on four
@@ -210,9 +211,7 @@ func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt i
 	sw := d.Windows[ns-1]
 	k := min((sw.Limit-sw.Remaining)*rest/sw.Period.Microseconds(), maxLease)
 	for _, w := range d.Windows[ns:] {
-		// What the window has beyond a tenth of its limit (the script's
-		// 0.9·limit - count), in tenths: exact in integers.
-		k = min(k, (10*w.Remaining-w.Limit)/(10*leaseMargin*replicas))
+		k = min(k, w.Remaining/(leaseMargin*replicas))
 	}
 	return k >= minReserve
 }
@@ -250,12 +249,23 @@ func (t *leaseTable) reserved(key string, pl *plan, sent time.Time, v *verdict) 
 	if e == nil || v.outcome != Allowed || v.granted <= 1 {
 		return
 	}
-	e.dropReservation()
+	t.dropReserved(key, e)
 	r := &e.res
-	r.pl, r.left = pl, v.granted-1
+	r.pl, r.left, r.redisNow = pl, v.granted-1, v.now
 	// As a lease's: never later than its end on the server's clock.
 	r.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
 	r.win = append(r.win[:0], v.win[len(pl.short.windows):]...)
+}
+
+// dropReserved is e.dropReservation, giving back what the reservation
+// leaves unspent: its admissions were counted in the plan's long windows.
+func (t *leaseTable) dropReserved(key string, e *leaseEntry) int64 {
+	pl, at := e.res.pl, e.res.redisNow
+	n := e.dropReservation()
+	if n > 0 && t.back != nil {
+		t.back(giveBack{key: key, windows: pl.windows[len(pl.short.windows):], at: at, n: n, counter: pl.givenBack[1].Add})
+	}
+	return n
 }
 
 // dropReservation forgets key's reservation, counting what it left

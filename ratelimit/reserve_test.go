@@ -620,8 +620,7 @@ func reservationRule(pl *plan, ns int, c []int64, now int64, ask reserveAsk) (k 
 	for i := ns; i < len(pl.windows); i++ {
 		w := pl.windows[i]
 		end = min(end, (now/w.gran+1)*w.gran)
-		// Beyond a tenth of the limit, in tenths of an admission.
-		lroom = min(lroom, 9*w.limit-10*(c[i]+1))
+		lroom = min(lroom, w.limit-c[i]-1)
 	}
 	rest := end - now - 2*ask.rtt
 	sc, sp := c[ns-1]+1, pl.windows[ns-1].period
@@ -634,7 +633,7 @@ func reservationRule(pl *plan, ns int, c []int64, now int64, ask reserveAsk) (k 
 	if ask.max < k {
 		k, bound = ask.max, "most"
 	}
-	if m := lroom / (10 * leaseMargin * ask.replicas); m < k {
+	if m := lroom / (leaseMargin * ask.replicas); m < k {
 		k, bound = m, "margin"
 	}
 	if k < minReserve {
@@ -712,12 +711,28 @@ func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
 // or a reservation leaves unspent is counted, exactly, when the replica
 // lets it go (a lease dropped for a plan change, a reservation replaced
 // after it ended, one dropped by a Reset, one swept with its idle key),
-// and nothing is for one spent to the last.
+// and nothing is for one spent to the last; and
+// petstore_ratelimit_given_back_total: all of it is given back, but for
+// what a Reset drops (giveback.go).
 func TestUnspentCounted(t *testing.T) {
 	t.Parallel()
 	unspent := func(t *testing.T, f *fixture, plan, kind string) int64 {
 		t.Helper()
 		return int64(testenv.CounterSum(t, f.reg, "petstore_ratelimit_unspent_total", map[string]string{"plan": plan, "kind": kind}))
+	}
+	// givenBack waits up to 5 s for want admissions of plan's kind to be
+	// given back (they are sent in the background), then for nothing
+	// more for 100 ms, and returns what was.
+	givenBack := func(t *testing.T, f *fixture, plan, kind string, want int64) int64 {
+		t.Helper()
+		read := func() int64 {
+			return int64(testenv.CounterSum(t, f.reg, "petstore_ratelimit_given_back_total", map[string]string{"plan": plan, "kind": kind}))
+		}
+		for end := time.Now().Add(5 * time.Second); read() < want && time.Now().Before(end); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		return read()
 	}
 	start := epoch.Truncate(432 * time.Second).Add(432 * time.Second)
 	t.Run("lease dropped for a plan change", func(t *testing.T) {
@@ -730,6 +745,9 @@ func TestUnspentCounted(t *testing.T) {
 		}
 		if got := unspent(t, f, p.Name, "lease"); got != left {
 			t.Fatalf("unspent lease admissions %d, want the %d the lease held", got, left)
+		}
+		if got := givenBack(t, f, p.Name, "lease", left); got != left {
+			t.Fatalf("%d lease admissions given back, want the %d it held", got, left)
 		}
 	})
 	t.Run("reservation replaced after its end", func(t *testing.T) {
@@ -746,6 +764,9 @@ func TestUnspentCounted(t *testing.T) {
 		}
 		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left {
 			t.Fatalf("unspent reserved admissions %d, want the %d the first reservation held", got, left)
+		}
+		if got := givenBack(t, f, coldPlan.Name, "reservation", left); got != left {
+			t.Fatalf("%d reserved admissions given back, want the %d the first reservation held", got, left)
 		}
 	})
 	t.Run("reservation dropped by a Reset", func(t *testing.T) {
@@ -764,6 +785,10 @@ func TestUnspentCounted(t *testing.T) {
 		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left || reservedLeft(f.l, "k") != 0 {
 			t.Fatalf("after a Reset: unspent %d (want %d), %d still held", got, left, reservedLeft(f.l, "k"))
 		}
+		// Its records are new: nothing is taken off them.
+		if got := givenBack(t, f, coldPlan.Name, "reservation", 0); got != 0 {
+			t.Fatalf("after a Reset: %d reserved admissions given back, want none", got)
+		}
 	})
 	t.Run("reservation swept with its idle key", func(t *testing.T) {
 		t.Parallel()
@@ -774,6 +799,9 @@ func TestUnspentCounted(t *testing.T) {
 		f.l.lease.sweep(f.clk.Now())
 		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left || leaseEntryField(f.l, "k", func(*leaseEntry) int64 { return 1 }) != 0 {
 			t.Fatalf("after a sweep: unspent %d, want %d, and the key gone", got, left)
+		}
+		if got := givenBack(t, f, coldPlan.Name, "reservation", left); got != left {
+			t.Fatalf("after a sweep: %d reserved admissions given back, want %d", got, left)
 		}
 	})
 	t.Run("reservation spent to the last", func(t *testing.T) {
@@ -808,6 +836,13 @@ func TestUnspentCounted(t *testing.T) {
 		}
 		if got := unspent(t, f, busy.Name, "lease"); got != leased {
 			t.Errorf("unspent leased admissions after Close %d, want the %d held", got, leased)
+		}
+		// Given back before Close returns.
+		if got := givenBack(t, f, busy.Name, "lease", 0); got != leased {
+			t.Errorf("leased admissions given back by Close %d, want the %d held", got, leased)
+		}
+		if got := givenBack(t, f, coldPlan.Name, "reservation", 0); got != reserved {
+			t.Errorf("reserved admissions given back by Close %d, want the %d held", got, reserved)
 		}
 		want := fmt.Sprintf("unspent_leased=%d unspent_reserved=%d", leased, reserved)
 		if !strings.Contains(f.logs.String(), want) {

@@ -66,8 +66,7 @@ import (
 // window; the candidate ban rule, like the ban rule.
 //
 // Leases: an admission counts want admissions at once (a lease) when every
-// window has at least need (>= want) remaining beyond a tenth of its limit
-// (worked out in tenths of an admission, exact); they count in the current
+// window has at least need (>= want) remaining; they count in the current
 // bucket of every window and may be spent until the lease ends: the end of
 // the current bucket of every window, and at most life after now. The
 // lease's end is recorded as the bucket's last event, and that time only
@@ -557,9 +556,8 @@ end
 -- reservation could be spent (rest, µs: until its end) less the round
 -- trips' allowance (RSV[4]); at most RSV[6] (the replica's own share of
 -- that demand), and at most what leaves every long window the margin
--- (RSV[2]) times the size times the replicas (RSV[1]) remaining beyond a
--- tenth of its limit (lroom: the least any long window has left beyond
--- that after this request, in tenths of an admission); 0 below
+-- (RSV[2]) times the size times the replicas (RSV[1]) remaining (lroom:
+-- the least any long window has left after this request); 0 below
 -- RSV[3]. Its end is the end of every long window's current bucket, at
 -- most RSV[7] after now.
 local function reserveSize(sc, sp, lroom, rest, RSV)
@@ -573,7 +571,7 @@ local function reserveSize(sc, sp, lroom, rest, RSV)
   if num > 2 ^ 52 then k = k - 1 end
   k = floor(k)
   if k > RSV[6] then k = RSV[6] end
-  local m = floor(lroom / (RSV[2] * reps * 10))
+  local m = floor(lroom / (RSV[2] * reps))
   if m < k then k = m end
   if k < RSV[3] or k < 1 then return 0 end
   return k
@@ -631,7 +629,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   end
   local banned = R and banUntil > now
   local admit = not banned
-  local room, lend = 2 ^ 53, now + life
+  local room, lend = -1, now + life
 
   -- Windows.
   for i = 1, nw do
@@ -668,8 +666,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
     local c = WUSED[i]
     if c >= limit then admit = false end
-    local spare = limit * 9 - c * 10
-    if spare < room then room = spare end
+    if room < 0 or limit - c < room then room = limit - c end
     if (WB[i] + 1) * g < lend then lend = (WB[i] + 1) * g end
   end
 
@@ -692,8 +689,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
         local limit = tr[2]
         if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
         if WUSED[x] >= limit then admit = false end
-        local spare = limit * 9 - WUSED[x] * 10
-        if spare < room then room = spare end
+        if room < 0 or limit - WUSED[x] < room then room = limit - WUSED[x] end
         if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
       end
     end
@@ -701,7 +697,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
 
   -- granted admissions count at once; at is the time recorded for them.
   local granted, at = 1, now
-  if want > 1 and room >= need * 10 and room >= want * 10 then granted, at = want, lend else lend = 0 end
+  if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
   local admitted = admit and not peek
 
   -- A reservation riding on this admission (RSV, reserveSize): rk more
@@ -715,8 +711,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       local o = 2 + 6 * (i - 1)
       local limit = V[o]
       if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
-      local spare = limit * 9 - (WUSED[i] + 1) * 10
-      if spare < lroom then lroom = spare end
+      if limit - WUSED[i] - 1 < lroom then lroom = limit - WUSED[i] - 1 end
       if (WB[i] + 1) * V[o + 2] < rend then rend = (WB[i] + 1) * V[o + 2] end
     end
     rk = reserveSize(WUSED[ns] + 1, V[2 + 6 * (ns - 1) + 1], lroom, rend - now, RSV)
@@ -899,8 +894,7 @@ local function fast(base, pl, want, need, life, RSV)
     if banUntil > now then return nil end
   end
   -- The windows, each read (takeLua) into locals of its own; room is
-  -- what every window has left beyond a tenth of its limit, in tenths of
-  -- an admission (9·MaxLimit is far from 2^53).
+  -- what every window has left (no limit is near 2^53).
   local room, lend = 2 ^ 53, now + life
   local l1, period1, g1, n1, unit1, key1, h1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1, cap1, cend1
   --@take(1)
@@ -913,7 +907,7 @@ local function fast(base, pl, want, need, life, RSV)
     --@take(3)
   end
   local count, at = 1, now
-  if want > 1 and room >= need * 10 and room >= want * 10 then count, at = want, lend else lend = 0 end
+  if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
   -- A reservation riding on this admission (decide's, reserveSize): the
   -- long windows are window 3, or windows 2 and 3 (ns, the short ones,
   -- 1 or 2, fewer than nw).
@@ -926,14 +920,13 @@ local function fast(base, pl, want, need, life, RSV)
     else
       local m = l2
       if cap2 and cap2 < m then m = cap2 end
-      lroom = m * 9 - (c2 + 1) * 10
+      lroom = m - c2 - 1
       if (b2 + 1) * g2 < rend then rend = (b2 + 1) * g2 end
     end
     if nw == 3 then
       local m = l3
       if cap3 and cap3 < m then m = cap3 end
-      m = m * 9 - (c3 + 1) * 10
-      if m < lroom then lroom = m end
+      if m - c3 - 1 < lroom then lroom = m - c3 - 1 end
       if (b3 + 1) * g3 < rend then rend = (b3 + 1) * g3 end
     end
     rk = reserveSize(sc, sp, lroom, rend - now, RSV)
@@ -1261,8 +1254,7 @@ const takeLua = `do
   local m = l$
   if cap$ and cap$ < m then m = cap$ end
   if c$ >= m then return nil end
-  m = m * 9 - c$ * 10
-  if m < room then room = m end
+  if m - c$ < room then room = m - c$ end
   if (b$ + 1) * g$ < lend then lend = (b$ + 1) * g$ end
 end
 `

@@ -1,7 +1,5 @@
 package ratelimit
 
-import "math"
-
 // This file holds the decision algorithm as plain Go, on the same records
 // as the Lua script (script.go, format.go) but in memory. It is what the
 // limiter runs without a shared store, and the fallback runs it while the
@@ -283,8 +281,7 @@ type verdict struct {
 }
 
 // leaseAsk asks a decision to count want admissions at once (a lease)
-// when every window has at least need of them remaining beyond a tenth of
-// its limit (leaseMargin), to be spent
+// when every window has at least need of them remaining, to be spent
 // within life µs and before the current bucket of any window ends. A
 // want of 1 or less asks for the request alone.
 type leaseAsk struct {
@@ -337,7 +334,7 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 	buckets := make([]int64, len(pl.windows))
 	froms := make([]int64, len(pl.windows))
 	admit := !banned
-	room, end := int64(math.MaxInt64), now+ask.life
+	room, end := int64(-1), now+ask.life
 	for i := range pl.windows {
 		r := &pl.windows[i]
 		s, fresh := st.ringFor(r, !peek)
@@ -363,12 +360,13 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 		if c >= r.limit {
 			admit = false
 		}
-		// Beyond a tenth of the limit, in tenths of an admission (exact).
-		room = min(room, 9*r.limit-10*c)
+		if room < 0 || r.limit-c < room {
+			room = r.limit - c
+		}
 		end = min(end, (b+1)*r.gran)
 	}
 	granted, at := int64(1), now
-	if ask.want > 1 && room >= 10*ask.need && room >= 10*ask.want {
+	if ask.want > 1 && room >= ask.need && room >= ask.want {
 		granted, at = ask.want, end
 	} else {
 		end = 0

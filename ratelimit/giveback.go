@@ -1,0 +1,232 @@
+package ratelimit
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Giving back: what a lease or a reservation leaves unspent was counted in
+// Redis with what was admitted, in the bucket that was current when it was
+// granted, and would count there until the bucket slides out: against the
+// key's limits in every interval that holds it (the day's window too), so
+// that a key sending close to its limit could be refused for admissions
+// nobody made. A replica that lets a lease or a reservation go with
+// admissions left (its end passed, its plan changed, the key's entry was
+// swept, the replica closes) therefore sends them back: a script takes
+// them off that bucket's count and off the window's total, in every window
+// the block was counted in, where the bucket is still stored.
+//
+// The windows stay strict: a record only ever counts at least what was
+// admitted in each of its buckets, because
+//
+//   - an admission is given back only once the replica can no longer spend
+//     it: it leaves the lease table (drop, dropReservation, under the
+//     shard's lock) before it is queued, and it is queued once;
+//   - it is taken off the bucket it was counted in (the grant's server
+//     time over the window's bucket width: the script counted it in
+//     floor(now/g)), and only while the record stores that bucket (the head
+//     or one of the n before it); a bucket that slid out is left alone;
+//   - no more is taken off a bucket than it counts, and nothing off a
+//     saturated count or total (their true values are unknown);
+//   - the bucket's last event, where the block's end was recorded, is left
+//     as it is: an event later than the true last only keeps the bucket in
+//     the window longer.
+//
+// A Reset deletes a key's records: a block granted before it was counted
+// in records that no longer exist, and giving it back would take it off
+// counts made since. So the replica that resets, and every replica the
+// announcement reaches, drops the key's blocks without giving them back
+// (forget). A replica the announcement misses gives back, when its block
+// ends, at most what it held, from the new records' same bucket: with the
+// block spent uncounted meanwhile (Reset), at most twice the block.
+//
+// Giving back is best effort: a give-back that finds its queue full, Redis
+// unreachable or the circuit open is dropped, and its admissions count
+// until they slide out, as they did before. The windows it did reach are
+// strict either way.
+
+// giveBackQueue is how many give-backs wait to be sent before more are
+// dropped; giveBackBatch, how many go in one pipeline.
+const (
+	giveBackQueue = 4096
+	giveBackBatch = 64
+)
+
+// giveBack is a block's unspent admissions, n, to take off the bucket at
+// of each of windows (the records under prefix for key).
+type giveBack struct {
+	key     string
+	windows []ring
+	at      int64 // the grant's server time, µs
+	n       int64
+	counter func(float64) // counts what Redis took back
+}
+
+// giveBacks queues give-backs and sends them.
+type giveBacks struct {
+	rdb    redis.UniversalClient
+	prefix string
+	log    *slog.Logger
+	open   func() bool // the circuit is open: Redis is not tried
+	queue  chan giveBack
+	send   sync.Mutex // one sender at a time: the loop, or Close's flush
+	// applied counts the give-backs that took something off a window.
+	applied atomic.Int64
+}
+
+func newGiveBacks(rdb redis.UniversalClient, prefix string, log *slog.Logger, open func() bool) *giveBacks {
+	return &giveBacks{rdb: rdb, prefix: prefix, log: log, open: open, queue: make(chan giveBack, giveBackQueue)}
+}
+
+// add queues g, or drops it when the queue is full.
+func (q *giveBacks) add(g giveBack) {
+	select {
+	case q.queue <- g:
+	default:
+	}
+}
+
+// run sends what is queued as it comes, until ctx ends.
+func (q *giveBacks) run(ctx context.Context, timeout time.Duration) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case g := <-q.queue:
+			q.sendBatch(ctx, timeout, g)
+		}
+	}
+}
+
+// flush sends everything queued, within timeout in all.
+func (q *giveBacks) flush(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		select {
+		case g := <-q.queue:
+			q.sendBatch(ctx, timeout, g)
+			if ctx.Err() != nil {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// sendBatch sends first and whatever else is queued, up to giveBackBatch,
+// in one pipeline.
+func (q *giveBacks) sendBatch(ctx context.Context, timeout time.Duration, first giveBack) {
+	batch := []giveBack{first}
+	for len(batch) < giveBackBatch {
+		select {
+		case g := <-q.queue:
+			batch = append(batch, g)
+			continue
+		default:
+		}
+		break
+	}
+	if q.open() {
+		return
+	}
+	q.send.Lock()
+	defer q.send.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(batch))
+	exec := func() error {
+		pipe := q.rdb.Pipeline()
+		for i, g := range batch {
+			keys, args := g.command(q.prefix)
+			cmds[i] = giveBackScript.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	err := exec()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err = giveBackScript.Load(ctx, q.rdb).Err(); err == nil {
+			err = exec()
+		}
+	}
+	if err != nil {
+		q.log.Debug("ratelimit: unspent admissions not given back", "err", err, "blocks", len(batch))
+	}
+	for i, g := range batch {
+		if n, err := cmds[i].Int64(); err == nil && n > 0 {
+			q.applied.Add(1)
+			if g.counter != nil {
+				g.counter(float64(n))
+			}
+		}
+	}
+}
+
+// command returns g's script keys and arguments: n, then per window its
+// bucket and its ring's n.
+func (g *giveBack) command(prefix string) ([]string, []any) {
+	keys := make([]string, len(g.windows))
+	args := make([]any, 0, 1+2*len(g.windows))
+	args = append(args, g.n)
+	for i := range g.windows {
+		w := &g.windows[i]
+		keys[i] = windowKey(prefix, g.key, w)
+		args = append(args, g.at/w.gran, w.n)
+	}
+	return keys, args
+}
+
+// giveBackScript takes KEYS' unspent admissions back (format.go's window
+// record: the version, then head 8, total 4, head count 4, head offset 2
+// bytes, then per older bucket a count of 4 and an offset of 2 at slot
+// bucket mod (n+1)). ARGV: the admissions, then per key the bucket they
+// were counted in and the ring's n. It returns the most taken off any
+// window.
+var giveBackScript = redis.NewScript(`
+local MAXC = 4294967295
+local function be(s, p, w)
+  local v = 0
+  for i = p, p + w - 1 do v = v * 256 + string.byte(s, i) end
+  return v
+end
+local function u32(v)
+  return string.char(math.floor(v / 16777216) % 256, math.floor(v / 65536) % 256, math.floor(v / 256) % 256, v % 256)
+end
+local k, most = tonumber(ARGV[1]), 0
+for i = 1, #KEYS do
+  local key, b, n = KEYS[i], tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local h = redis.call('GETRANGE', key, '0', '18')
+  if #h == 19 and string.byte(h, 1) == ` + strconv.Itoa(formatVersion) + ` then
+    local vh, total, hc = be(h, 2, 8), be(h, 10, 4), be(h, 14, 4)
+    if total < MAXC then
+      if b == vh then
+        local d = math.min(k, hc)
+        if d > 0 and hc < MAXC then
+          redis.call('SETRANGE', key, '9', u32(total - d) .. u32(hc - d))
+          if d > most then most = d end
+        end
+      elseif b < vh and b >= vh - n then
+        local at = 19 + 6 * (b % (n + 1))
+        local s = redis.call('GETRANGE', key, tostring(at), tostring(at + 3))
+        local c = 0
+        if #s == 4 then c = be(s, 1, 4) end
+        local d = math.min(k, c)
+        if d > 0 and c < MAXC then
+          redis.call('SETRANGE', key, tostring(at), u32(c - d))
+          redis.call('SETRANGE', key, '9', u32(total - d))
+          if d > most then most = d end
+        end
+      end
+    end
+  end
+end
+return most
+`)
