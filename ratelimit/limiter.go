@@ -686,10 +686,13 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 // a request. (Counts of windows that p does not have, kept from an
 // earlier plan, expire with their period.) Every
 // replica drops what it cached for the key through the same announcement
-// as Unban, and drops any lease or reservation it holds for the key: until
-// the announcement reaches a replica (or, if it is missed, until they end:
-// at most 1 s for a lease, 10 s for a reservation) those are spent
-// uncounted.
+// as Unban, and drops any lease or reservation it holds for the key
+// without giving back what it leaves unspent (the records it was counted
+// in are gone): until the announcement reaches a replica (or, if it is
+// missed, until they end: at most 1 s for a lease, 10 s for a
+// reservation) those are spent uncounted, and a replica that missed it
+// gives back, when its block ends, what it left from the new records
+// (giveback.go).
 func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {
