@@ -125,14 +125,14 @@ func (q *giveBacks) flush(timeout time.Duration) {
 // in one pipeline.
 func (q *giveBacks) sendBatch(ctx context.Context, timeout time.Duration, first giveBack) {
 	batch := []giveBack{first}
+fill:
 	for len(batch) < giveBackBatch {
 		select {
 		case g := <-q.queue:
 			batch = append(batch, g)
-			continue
 		default:
+			break fill
 		}
-		break
 	}
 	if q.open() {
 		return
@@ -142,31 +142,53 @@ func (q *giveBacks) sendBatch(ctx context.Context, timeout time.Duration, first 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(batch))
-	exec := func() error {
+	// exec sends the give-backs of batch at idx in one pipeline.
+	exec := func(idx []int) {
 		pipe := q.rdb.Pipeline()
-		for i, g := range batch {
-			keys, args := g.command(q.prefix)
+		for _, i := range idx {
+			keys, args := batch[i].command(q.prefix)
 			cmds[i] = giveBackScript.EvalSha(ctx, pipe, keys, args...)
 		}
-		_, err := pipe.Exec(ctx)
-		return err
+		_, _ = pipe.Exec(ctx)
 	}
-	err := exec()
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err = giveBackScript.Load(ctx, q.rdb).Err(); err == nil {
-			err = exec()
+	all := make([]int, len(batch))
+	for i := range all {
+		all[i] = i
+	}
+	exec(all)
+	// Only those the server did not run are sent again, once the script
+	// is loaded (on every shard of a cluster): another would be given
+	// back twice.
+	var missing []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			missing = append(missing, i)
 		}
 	}
-	if err != nil {
-		q.log.Debug("ratelimit: unspent admissions not given back", "err", err, "blocks", len(batch))
+	if len(missing) > 0 {
+		if err := giveBackScript.Load(ctx, q.rdb).Err(); err != nil {
+			q.log.Debug("ratelimit: unspent admissions not given back", "err", err, "blocks", len(missing))
+			return
+		}
+		exec(missing)
 	}
+	var failed int
+	var lastErr error
 	for i, g := range batch {
-		if n, err := cmds[i].Int64(); err == nil && n > 0 {
+		n, err := cmds[i].Int64()
+		if err != nil {
+			failed, lastErr = failed+1, err
+			continue
+		}
+		if n > 0 {
 			q.applied.Add(1)
 			if g.counter != nil {
 				g.counter(float64(n))
 			}
 		}
+	}
+	if failed > 0 {
+		q.log.Debug("ratelimit: unspent admissions not given back", "err", lastErr, "blocks", failed)
 	}
 }
 

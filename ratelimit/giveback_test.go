@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"context"
 	"encoding/binary"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -249,5 +251,98 @@ func TestGiveBackLeavesOddRecordsAlone(t *testing.T) {
 	rdb.Set(ctx, keys[1], base, 0)
 	if got := run(1); got != 1 {
 		t.Fatalf("took %d of the record as written, want 1", got)
+	}
+}
+
+// TestGiveBackOnceAfterScriptFlush: give-backs sent to a server that has
+// lost the script (a restart, SCRIPT FLUSH) are run once the script is
+// loaded again, each once: a batch of them takes exactly their sum off
+// the bucket, and counts each as applied.
+func TestGiveBackOnceAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, rdb := newMini(t, start)
+	pl := compile(Policy{Name: "f", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	keys := stateKeys("t:", "k", pl) // evalScript's
+	v := evalScript(t, rdb, "k", pl, input{lease: leaseAsk{want: 40, need: 40, life: 1_000_000}})
+	if v.granted != 40 {
+		t.Fatalf("lease of 40 not granted: %+v", v)
+	}
+	q := newGiveBacks(rdb, "t:", slog.New(slog.NewTextHandler(io.Discard, nil)), func() bool { return false })
+	for round, flush := range []bool{true, false, true} {
+		if flush {
+			if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := q.applied.Load()
+		q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 3})
+		q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 2})
+		q.flush(time.Second)
+		_, total, hc, _ := readRing(t, rdb.Get(ctx, keys[1]).Val(), windowRingAt)
+		if want := int64(40 - 5*(round+1)); total != want || hc != want || q.applied.Load()-before != 2 {
+			t.Fatalf("round %d (script flushed: %v): total %d, head count %d, %d applied; want %d, %d, 2",
+				round, flush, total, hc, q.applied.Load()-before, want, want)
+		}
+	}
+}
+
+// TestGiveBackRetriesOnlyWhatWasNotRun: when part of a batch ran and part
+// found the script missing (a shard of a cluster restarted), only the
+// part that did not run is sent again: each give-back is applied once.
+func TestGiveBackRetriesOnlyWhatWasNotRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, rdb := newMini(t, start)
+	pl := compile(Policy{Name: "f", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	keys := stateKeys("t:", "k", pl) // evalScript's
+	v := evalScript(t, rdb, "k", pl, input{lease: leaseAsk{want: 40, need: 40, life: 1_000_000}})
+	if v.granted != 40 {
+		t.Fatalf("lease of 40 not granted: %+v", v)
+	}
+	if err := giveBackScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The first pipeline of two or more runs its first command and
+	// answers NOSCRIPT for the rest, as a server without the script would.
+	rdb.AddHook(&noScriptAfterFirst{})
+	q := newGiveBacks(rdb, "t:", slog.New(slog.NewTextHandler(io.Discard, nil)), func() bool { return false })
+	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 3})
+	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 2})
+	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 4})
+	q.flush(time.Second)
+	_, total, hc, _ := readRing(t, rdb.Get(ctx, keys[1]).Val(), windowRingAt)
+	if total != 40-9 || hc != 40-9 || q.applied.Load() != 3 {
+		t.Fatalf("total %d, head count %d, %d applied; want 31, 31, 3", total, hc, q.applied.Load())
+	}
+}
+
+// noScriptAfterFirst fails, in the first pipeline of two commands or
+// more, every command after the first with NOSCRIPT, unsent.
+type noScriptAfterFirst struct{ done bool }
+
+type noScriptError struct{}
+
+func (noScriptError) Error() string { return "NOSCRIPT No matching script." }
+func (noScriptError) RedisError()   {}
+
+func (h *noScriptAfterFirst) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *noScriptAfterFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *noScriptAfterFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.done || len(cmds) < 2 {
+			return next(ctx, cmds)
+		}
+		h.done = true
+		err := next(ctx, cmds[:1])
+		for _, c := range cmds[1:] {
+			c.SetErr(noScriptError{})
+		}
+		if err == nil {
+			err = noScriptError{}
+		}
+		return err
 	}
 }
