@@ -98,14 +98,14 @@ bench:
 
 ## fuzz: the createPet fuzzer, the hand-written JSON encoders' fuzzers (pets, the access log line), the
 ## access-log scanner against encoding/json and time.Parse, the limiter's invariant tests (and the replay
-## Simulator's) over 2000 generated plans and the per-key override property over 200000 keys, with random seeds
+## Simulator's, and the give-back's) over 2000 generated plans and the per-key override property over 200000 keys, with random seeds
 fuzz: services
 	$(GO) test -run '^$$' -fuzz FuzzCreatePet -fuzztime 60s ./internal/httpapi/
 	$(GO) test -run '^$$' -fuzz FuzzAppendPet -fuzztime 30s ./internal/httpapi/
 	$(GO) test -run '^$$' -fuzz FuzzAccessLine -fuzztime 30s ./internal/httpapi/
 	$(GO) test -run '^$$' -fuzz FuzzParseLine -fuzztime 60s ./internal/accesslog/
 	$(GO) test -run '^$$' -fuzz FuzzParseTime -fuzztime 30s ./internal/accesslog/
-	$(GO) test -count=1 -timeout 60m -run 'Invariant|SimulatorMatches' ./ratelimit/ -args -invariant.cases 2000 -invariant.seed 0
+	$(GO) test -count=1 -timeout 60m -run 'Invariant|SimulatorMatches|GiveBackKeeps' ./ratelimit/ -args -invariant.cases 2000 -invariant.seed 0
 	$(GO) test -count=1 -run OverrideProperty ./internal/plan/ -args -override.cases 200000 -override.seed 0
 
 clean:

@@ -31,9 +31,10 @@ func TestGiveBackKeepsEveryBucketAtLeastAdmitted(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			rng := invariantRNG(t, 113)
-			cases, steps := 40, 300
+			// (make fuzz runs 50 times as many.)
+			cases, steps := *invariantCases, 300
 			if backend == "redis" {
-				cases, steps = 8, 200
+				cases, steps = max(*invariantCases/5, 8), 200
 			}
 			var taken, gone int
 			for c := range cases {
