@@ -27,7 +27,10 @@ import (
 //
 //   - an admission is given back only once the replica can no longer spend
 //     it: it leaves the lease table (drop, dropReservation, under the
-//     shard's lock) before it is queued, and it is queued once;
+//     shard's lock) before it is queued, and it is queued once, and sent
+//     again only when the server answered NOSCRIPT (ran nothing): never
+//     after a network error or a timeout, when the server may have run it
+//     (onceCmd);
 //   - it is taken off the bucket it was counted in (the grant's server
 //     time over the window's bucket width: the script counted it in
 //     floor(now/g)), and only while the record stores that bucket (the head
@@ -146,8 +149,8 @@ fill:
 	exec := func(idx []int) {
 		pipe := q.rdb.Pipeline()
 		for _, i := range idx {
-			keys, args := batch[i].command(q.prefix)
-			cmds[i] = giveBackScript.EvalSha(ctx, pipe, keys, args...)
+			cmds[i] = batch[i].evalSha(ctx, q.prefix)
+			_ = pipe.Process(ctx, onceCmd{cmds[i]})
 		}
 		_, _ = pipe.Exec(ctx)
 	}
@@ -190,6 +193,30 @@ fill:
 	if failed > 0 {
 		q.log.Debug("ratelimit: unspent admissions not given back", "err", lastErr, "blocks", failed)
 	}
+}
+
+// onceCmd is a command go-redis does not send again after a network error
+// or a timeout (Cmder's NoRetry): the server may have run it before its
+// reply was lost, and a give-back run twice would take its admissions off
+// twice. (NOSCRIPT, which the server answers without running anything, is
+// retried by sendBatch itself.)
+type onceCmd struct{ *redis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
+
+// evalSha returns g as an EVALSHA of giveBackScript, unsent.
+func (g *giveBack) evalSha(ctx context.Context, prefix string) *redis.Cmd {
+	keys, args := g.command(prefix)
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", giveBackScript.Hash(), len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
+	// Where the keys begin, for a cluster's routing by slot (as go-redis's
+	// own EvalSha marks it).
+	cmd.SetFirstKeyPos(3)
+	return cmd
 }
 
 // command returns g's script keys and arguments: n, then per window its

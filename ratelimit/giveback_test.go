@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -345,5 +346,47 @@ func (h *noScriptAfterFirst) ProcessPipelineHook(next redis.ProcessPipelineHook)
 			err = noScriptError{}
 		}
 		return err
+	}
+}
+
+// TestGiveBackNeverRetriedByTheClient: every give-back goes to Redis as a
+// command go-redis does not send again after a network error or a
+// timeout, when the server may have run it before its reply was lost:
+// run twice, it would take its admissions off twice.
+func TestGiveBackNeverRetriedByTheClient(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, rdb := newMini(t, start)
+	pl := compile(Policy{Name: "r", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 9000, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	seen := &pipelineRecorder{}
+	rdb.AddHook(seen)
+	q := newGiveBacks(rdb, "t:", slog.New(slog.NewTextHandler(io.Discard, nil)), func() bool { return false })
+	for i := range 5 {
+		q.add(giveBack{key: "k" + strconv.Itoa(i), windows: pl.windows, at: start.UnixMicro(), n: 2})
+	}
+	q.flush(time.Second)
+	if seen.sent == 0 || seen.retryable != 0 {
+		t.Fatalf("%d give-backs sent, %d of them retryable by the client: want some, none", seen.sent, seen.retryable)
+	}
+}
+
+// pipelineRecorder counts the EVALSHA commands of the pipelines a client
+// sends, and those go-redis would send again after a network error.
+type pipelineRecorder struct{ sent, retryable int }
+
+func (h *pipelineRecorder) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipelineRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipelineRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if c.Name() != "evalsha" {
+				continue // a new connection's own set-up
+			}
+			h.sent++
+			if !c.NoRetry() {
+				h.retryable++
+			}
+		}
+		return next(ctx, cmds)
 	}
 }

@@ -373,6 +373,37 @@ func TestIntegrationCluster(t *testing.T) {
 	if l.batch.noFunctions.Load() {
 		t.Error("Functions turned off on a Redis 7 cluster")
 	}
+	// Give-backs across the masters, in one batch: each routed to its
+	// key's slot, the script loaded on every master that lacks it, each
+	// run once.
+	gp := compile(Policy{Name: "g", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	applied := l.back.applied.Load()
+	for i := range 30 {
+		key := fmt.Sprint("g-", i)
+		reply, err := evalDecision(ctx, cc, stateKeys(l.opts.Prefix, key, gp), gp, input{lease: leaseAsk{want: 10, need: 10, life: 1_000_000}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := decode(gp, reply)
+		if err != nil || v.granted != 10 {
+			t.Fatalf("%s: lease of 10: %+v %v", key, v, err)
+		}
+		l.back.add(giveBack{key: key, windows: gp.windows, at: v.now, n: 4})
+	}
+	// (The limiter's own sender may take some of them: wait for all.)
+	l.back.flush(2 * time.Second)
+	for end := time.Now().Add(5 * time.Second); l.back.applied.Load() < applied+30 && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range 30 {
+		rec, err := cc.Get(ctx, stateKeys(l.opts.Prefix, fmt.Sprint("g-", i), gp)[1]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, total, hc, _ := readRing(t, rec, windowRingAt); total != 6 || hc != 6 {
+			t.Fatalf("g-%d after giving back 4 of 10: total %d, head count %d, want 6", i, total, hc)
+		}
+	}
 	// A ban, lifted through another limiter on the same cluster.
 	if d, _ := l.Allow(ctx, "key-0", p); d.Outcome != Banned {
 		t.Fatalf("want key-0 banned after two rejections over threshold 1: %+v", d)
