@@ -263,14 +263,7 @@ func TestGiveBackLeavesOddRecordsAlone(t *testing.T) {
 func TestGiveBackOnceAfterScriptFlush(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, rdb := newMini(t, start)
-	pl := compile(Policy{Name: "f", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
-	keys := stateKeys("t:", "k", pl) // evalScript's
-	v := evalScript(t, rdb, "k", pl, input{lease: leaseAsk{want: 40, need: 40, life: 1_000_000}})
-	if v.granted != 40 {
-		t.Fatalf("lease of 40 not granted: %+v", v)
-	}
+	rdb, pl, record, v := leasedForty(t)
 	q := newGiveBacks(rdb, "t:", slog.New(slog.NewTextHandler(io.Discard, nil)), func() bool { return false })
 	for round, flush := range []bool{true, false, true} {
 		if flush {
@@ -282,12 +275,26 @@ func TestGiveBackOnceAfterScriptFlush(t *testing.T) {
 		q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 3})
 		q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 2})
 		q.flush(time.Second)
-		_, total, hc, _ := readRing(t, rdb.Get(ctx, keys[1]).Val(), windowRingAt)
+		_, total, hc, _ := readRing(t, rdb.Get(ctx, record).Val(), windowRingAt)
 		if want := int64(40 - 5*(round+1)); total != want || hc != want || q.applied.Load()-before != 2 {
 			t.Fatalf("round %d (script flushed: %v): total %d, head count %d, %d applied; want %d, %d, 2",
 				round, flush, total, hc, q.applied.Load()-before, want, want)
 		}
 	}
+}
+
+// leasedForty grants key "k" a lease of 40 under a plan of one window on a
+// fresh miniredis, and returns the client, the plan, the window's record
+// and the grant.
+func leasedForty(t *testing.T) (*redis.Client, *plan, string, verdict) {
+	t.Helper()
+	_, rdb := newMini(t, time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC))
+	pl := compile(Policy{Name: "f", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	v := evalScript(t, rdb, "k", pl, input{lease: leaseAsk{want: 40, need: 40, life: 1_000_000}})
+	if v.granted != 40 {
+		t.Fatalf("lease of 40 not granted: %+v", v)
+	}
+	return rdb, pl, stateKeys("t:", "k", pl)[1], v // evalScript's prefix
 }
 
 // TestGiveBackRetriesOnlyWhatWasNotRun: when part of a batch ran and part
@@ -296,14 +303,7 @@ func TestGiveBackOnceAfterScriptFlush(t *testing.T) {
 func TestGiveBackRetriesOnlyWhatWasNotRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, rdb := newMini(t, start)
-	pl := compile(Policy{Name: "f", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
-	keys := stateKeys("t:", "k", pl) // evalScript's
-	v := evalScript(t, rdb, "k", pl, input{lease: leaseAsk{want: 40, need: 40, life: 1_000_000}})
-	if v.granted != 40 {
-		t.Fatalf("lease of 40 not granted: %+v", v)
-	}
+	rdb, pl, record, v := leasedForty(t)
 	if err := giveBackScript.Load(ctx, rdb).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestGiveBackRetriesOnlyWhatWasNotRun(t *testing.T) {
 	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 2})
 	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 4})
 	q.flush(time.Second)
-	_, total, hc, _ := readRing(t, rdb.Get(ctx, keys[1]).Val(), windowRingAt)
+	_, total, hc, _ := readRing(t, rdb.Get(ctx, record).Val(), windowRingAt)
 	if total != 40-9 || hc != 40-9 || q.applied.Load() != 3 {
 		t.Fatalf("total %d, head count %d, %d applied; want 31, 31, 3", total, hc, q.applied.Load())
 	}
