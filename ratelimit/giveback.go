@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -68,7 +69,7 @@ type giveBack struct {
 	windows []ring
 	at      int64 // the grant's server time, µs
 	n       int64
-	counter func(float64) // counts what Redis took back
+	counter prometheus.Counter // counts what Redis took back (nil: nothing)
 }
 
 // giveBacks queues give-backs and sends them.
@@ -186,7 +187,7 @@ fill:
 		if n > 0 {
 			q.applied.Add(1)
 			if g.counter != nil {
-				g.counter(float64(n))
+				g.counter.Add(float64(n))
 			}
 		}
 	}
@@ -234,43 +235,39 @@ func (g *giveBack) command(prefix string) ([]string, []any) {
 }
 
 // giveBackScript takes KEYS' unspent admissions back (format.go's window
-// record: the version, then head 8, total 4, head count 4, head offset 2
-// bytes, then per older bucket a count of 4 and an offset of 2 at slot
-// bucket mod (n+1)). ARGV: the admissions, then per key the bucket they
-// were counted in and the ring's n. It returns the most taken off any
-// window.
+// record: the version, then the ring's header of head 8, total 4, head
+// count 4 and head offset 2 bytes, then per older bucket a count of 4 and
+// an offset of 2 at slot bucket mod (n+1)), its numbers read and written
+// by the decision code's own codec (codecLua). ARGV: the admissions, then
+// per key the bucket they were counted in and the ring's n. It returns
+// the most taken off any window.
 var giveBackScript = redis.NewScript(`
-local MAXC = 4294967295
-local function be(s, p, w)
-  local v = 0
-  for i = p, p + w - 1 do v = v * 256 + string.byte(s, i) end
-  return v
-end
-local function u32(v)
-  return string.char(math.floor(v / 16777216) % 256, math.floor(v / 65536) % 256, math.floor(v / 256) % 256, v % 256)
-end
+local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
+local unpack_, pack_
+` + codecLua + `
+local VERSION, HDR, SLOT, MAXC = ` + strconv.Itoa(formatVersion) + `, ` + strconv.Itoa(ringHeader) + `, ` + strconv.Itoa(slotBytes) + `, ` + strconv.Itoa(maxCount) + `
 local k, most = tonumber(ARGV[1]), 0
 for i = 1, #KEYS do
   local key, b, n = KEYS[i], tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local h = redis.call('GETRANGE', key, '0', '18')
-  if #h == 19 and string.byte(h, 1) == ` + strconv.Itoa(formatVersion) + ` then
-    local vh, total, hc = be(h, 2, 8), be(h, 10, 4), be(h, 14, 4)
+  local h = redis.call('GETRANGE', key, '0', tostring(HDR))
+  if #h == 1 + HDR and byte(h, 1) == VERSION then
+    local vh, total, hc = unpack_('>I8I4I4', h, 2)
     if total < MAXC then
       if b == vh then
         local d = math.min(k, hc)
         if d > 0 and hc < MAXC then
-          redis.call('SETRANGE', key, '9', u32(total - d) .. u32(hc - d))
+          redis.call('SETRANGE', key, '9', pack_('>I4I4', total - d, hc - d))
           if d > most then most = d end
         end
       elseif b < vh and b >= vh - n then
-        local at = 19 + 6 * (b % (n + 1))
+        local at = 1 + HDR + SLOT * (b % (n + 1))
         local s = redis.call('GETRANGE', key, tostring(at), tostring(at + 3))
         local c = 0
-        if #s == 4 then c = be(s, 1, 4) end
+        if #s == 4 then c = unpack_('>I4', s, 1) end
         local d = math.min(k, c)
         if d > 0 and c < MAXC then
-          redis.call('SETRANGE', key, tostring(at), u32(c - d))
-          redis.call('SETRANGE', key, '9', u32(total - d))
+          redis.call('SETRANGE', key, tostring(at), pack_('>I4', c - d))
+          redis.call('SETRANGE', key, '9', pack_('>I4', total - d))
           if d > most then most = d end
         end
       end

@@ -293,7 +293,7 @@ func (t *leaseTable) dropLease(key string, e *leaseEntry) int64 {
 	pl, at := e.pl, e.redisNow
 	n := e.drop()
 	if n > 0 && t.back != nil {
-		t.back(giveBack{key: key, windows: pl.windows, at: at, n: n, counter: pl.givenBack[0].Add})
+		t.back(giveBack{key: key, windows: pl.windows, at: at, n: n, counter: pl.givenBack[0]})
 	}
 	return n
 }

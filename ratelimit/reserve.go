@@ -263,7 +263,7 @@ func (t *leaseTable) dropReserved(key string, e *leaseEntry) int64 {
 	pl, at := e.res.pl, e.res.redisNow
 	n := e.dropReservation()
 	if n > 0 && t.back != nil {
-		t.back(giveBack{key: key, windows: pl.windows[len(pl.short.windows):], at: at, n: n, counter: pl.givenBack[1].Add})
+		t.back(giveBack{key: key, windows: pl.windows[len(pl.short.windows):], at: at, n: n, counter: pl.givenBack[1]})
 	}
 	return n
 }
