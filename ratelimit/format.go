@@ -25,6 +25,8 @@ import "time"
 //	PREFIX{KEY}:ban             ban record
 //	PREFIX{KEY}:c:PERIOD:GRAN   candidate window record (the window record's layout)
 //	PREFIX{KEY}:cban            candidate ban record (the ban record's layout)
+//	PREFIX{KEY}:reset           reset mark: the server time of the key's
+//	                            last Reset, µs, in decimal (resetRecords)
 //
 // A window record that does not exist yet may be started from the key's
 // record of another period (seed in script.go), when a plan edit changed

@@ -2,7 +2,9 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -46,9 +48,9 @@ import (
 // in records that no longer exist, and giving it back would take it off
 // counts made since. So the replica that resets, and every replica the
 // announcement reaches, drops the key's blocks without giving them back
-// (forget). A replica the announcement misses gives back, when its block
-// ends, at most what it held, from the new records' same bucket: with the
-// block spent uncounted meanwhile (Reset), at most twice the block.
+// (forget); and since an announcement can be missed, the Reset also marks
+// the key with the server's time (resetRecords), and the script takes
+// nothing back for a block granted at or before it.
 //
 // Giving back is best effort: a give-back that finds its queue full, Redis
 // unreachable or the circuit open is dropped, and its admissions count
@@ -80,12 +82,15 @@ type giveBacks struct {
 	open   func() bool // the circuit is open: Redis is not tried
 	queue  chan giveBack
 	send   sync.Mutex // one sender at a time: the loop, or Close's flush
+	// bySlot: Redis Cluster, where a call's keys must share a slot.
+	bySlot bool
 	// applied counts the give-backs that took something off a window.
 	applied atomic.Int64
 }
 
 func newGiveBacks(rdb redis.UniversalClient, prefix string, log *slog.Logger, open func() bool) *giveBacks {
-	return &giveBacks{rdb: rdb, prefix: prefix, log: log, open: open, queue: make(chan giveBack, giveBackQueue)}
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &giveBacks{rdb: rdb, prefix: prefix, log: log, open: open, queue: make(chan giveBack, giveBackQueue), bySlot: cluster}
 }
 
 // add queues g, or drops it when the queue is full.
@@ -126,7 +131,8 @@ func (q *giveBacks) flush(timeout time.Duration) {
 }
 
 // sendBatch sends first and whatever else is queued, up to giveBackBatch,
-// in one pipeline.
+// in one pipeline: one call of giveBackScript for them all, or under Redis
+// Cluster one per hash slot, since a script touches one slot.
 func (q *giveBacks) sendBatch(ctx context.Context, timeout time.Duration, first giveBack) {
 	batch := []giveBack{first}
 fill:
@@ -145,24 +151,28 @@ fill:
 	defer q.send.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(batch))
-	// exec sends the give-backs of batch at idx in one pipeline.
+	groups := [][]giveBack{batch}
+	if q.bySlot {
+		groups = slotGroups(batch)
+	}
+	cmds := make([]*redis.Cmd, len(groups))
+	// exec sends the calls of groups at idx in one pipeline.
 	exec := func(idx []int) {
 		pipe := q.rdb.Pipeline()
 		for _, i := range idx {
-			cmds[i] = batch[i].evalSha(ctx, q.prefix)
+			cmds[i] = giveBackCall(ctx, q.prefix, groups[i])
 			_ = pipe.Process(ctx, onceCmd{cmds[i]})
 		}
 		_, _ = pipe.Exec(ctx)
 	}
-	all := make([]int, len(batch))
+	all := make([]int, len(groups))
 	for i := range all {
 		all[i] = i
 	}
 	exec(all)
-	// Only those the server did not run are sent again, once the script
-	// is loaded (on every shard of a cluster): another would be given
-	// back twice.
+	// Only the calls the server did not run are sent again, once the
+	// script is loaded (on every shard of a cluster): another would be
+	// given back twice.
 	var missing []int
 	for i, c := range cmds {
 		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
@@ -171,29 +181,57 @@ fill:
 	}
 	if len(missing) > 0 {
 		if err := giveBackScript.Load(ctx, q.rdb).Err(); err != nil {
-			q.log.Debug("ratelimit: unspent admissions not given back", "err", err, "blocks", len(missing))
+			q.log.Debug("ratelimit: unspent admissions not given back", "err", err, "calls", len(missing))
 			return
 		}
 		exec(missing)
 	}
 	var failed int
 	var lastErr error
-	for i, g := range batch {
-		n, err := cmds[i].Int64()
+	for i, gs := range groups {
+		taken, err := giveBackReplies(cmds[i], len(gs))
 		if err != nil {
-			failed, lastErr = failed+1, err
+			failed, lastErr = failed+len(gs), err
 			continue
 		}
-		if n > 0 {
-			q.applied.Add(1)
-			if g.counter != nil {
-				g.counter.Add(float64(n))
+		for j, n := range taken {
+			if n > 0 {
+				q.applied.Add(1)
+				if gs[j].counter != nil {
+					gs[j].counter.Add(float64(n))
+				}
 			}
 		}
 	}
 	if failed > 0 {
 		q.log.Debug("ratelimit: unspent admissions not given back", "err", lastErr, "blocks", failed)
 	}
+}
+
+// slotGroups splits batch into runs of one Redis Cluster slot each.
+func slotGroups(batch []giveBack) [][]giveBack {
+	slot := func(g *giveBack) int { return keySlot(g.key) }
+	slices.SortStableFunc(batch, func(x, y giveBack) int { return slot(&x) - slot(&y) })
+	var groups [][]giveBack
+	for from := 0; from < len(batch); {
+		to := from + 1
+		for to < len(batch) && slot(&batch[to]) == slot(&batch[from]) {
+			to++
+		}
+		groups = append(groups, batch[from:to])
+		from = to
+	}
+	return groups
+}
+
+// giveBackReplies returns what a call of giveBackScript for n give-backs
+// took off, per give-back: the most it took off any of its windows.
+func giveBackReplies(c *redis.Cmd, n int) ([]int64, error) {
+	taken, err := c.Int64Slice()
+	if err == nil && len(taken) != n {
+		err = fmt.Errorf("ratelimit: %d replies to %d give-backs", len(taken), n)
+	}
+	return taken, err
 }
 
 // onceCmd is a command go-redis does not send again after a network error
@@ -205,9 +243,10 @@ type onceCmd struct{ *redis.Cmd }
 
 func (onceCmd) NoRetry() bool { return true }
 
-// evalSha returns g as an EVALSHA of giveBackScript, unsent.
-func (g *giveBack) evalSha(ctx context.Context, prefix string) *redis.Cmd {
-	keys, args := g.command(prefix)
+// giveBackCall returns gs, give-backs of keys of one slot, as one EVALSHA
+// of giveBackScript, unsent.
+func giveBackCall(ctx context.Context, prefix string, gs []giveBack) *redis.Cmd {
+	keys, args := giveBackCommand(prefix, gs)
 	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
 	cmdArgs = append(cmdArgs, "evalsha", giveBackScript.Hash(), len(keys))
 	for _, k := range keys {
@@ -220,59 +259,82 @@ func (g *giveBack) evalSha(ctx context.Context, prefix string) *redis.Cmd {
 	return cmd
 }
 
-// command returns g's script keys and arguments: n, then per window its
-// bucket and its ring's n.
-func (g *giveBack) command(prefix string) ([]string, []any) {
-	keys := make([]string, len(g.windows))
-	args := make([]any, 0, 1+2*len(g.windows))
-	args = append(args, g.n)
-	for i := range g.windows {
-		w := &g.windows[i]
-		keys[i] = windowKey(prefix, g.key, w)
-		args = append(args, g.at/w.gran, w.n)
+// giveBackCommand returns the script keys and arguments of gs: per
+// give-back, the key's reset mark and its windows' records; and its
+// admissions, the grant's server time and the number of its windows, then
+// per window the bucket they were counted in and the ring's n.
+func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
+	var nk, na int
+	for i := range gs {
+		nk += 1 + len(gs[i].windows)
+		na += 3 + 2*len(gs[i].windows)
+	}
+	keys := make([]string, 0, nk)
+	args := make([]any, 0, na)
+	for i := range gs {
+		g := &gs[i]
+		keys = append(keys, resetMarkKey(prefix, g.key))
+		args = append(args, g.n, g.at, len(g.windows))
+		for j := range g.windows {
+			w := &g.windows[j]
+			keys = append(keys, windowKey(prefix, g.key, w))
+			args = append(args, g.at/w.gran, w.n)
+		}
 	}
 	return keys, args
 }
 
-// giveBackScript takes KEYS' unspent admissions back (format.go's window
-// record: the version, then the ring's header of head 8, total 4, head
-// count 4 and head offset 2 bytes, then per older bucket a count of 4 and
-// an offset of 2 at slot bucket mod (n+1)), its numbers read and written
-// by the decision code's own codec (codecLua). ARGV: the admissions, then
-// per key the bucket they were counted in and the ring's n. It returns
-// the most taken off any window.
+// giveBackScript takes unspent admissions back (format.go's window record:
+// the version, then the ring's header of head 8, total 4, head count 4
+// and head offset 2 bytes, then per older bucket a count of 4 and an
+// offset of 2 at slot bucket mod (n+1)), its numbers read and written by
+// the decision code's own codec (codecLua). KEYS and ARGV: per give-back
+// (giveBackCommand), its key's reset mark and window records; its
+// admissions, the grant's server time, the number of its windows, then
+// per window the bucket they were counted in and the ring's n. A
+// give-back granted at or before the key's last reset (its mark) takes
+// nothing: the records it was counted in are gone. It returns, per
+// give-back, the most taken off any of its windows.
 var giveBackScript = redis.NewScript(`
 local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
 local unpack_, pack_
 ` + codecLua + `
 local VERSION, HDR, SLOT, MAXC = ` + strconv.Itoa(formatVersion) + `, ` + strconv.Itoa(ringHeader) + `, ` + strconv.Itoa(slotBytes) + `, ` + strconv.Itoa(maxCount) + `
-local k, most = tonumber(ARGV[1]), 0
-for i = 1, #KEYS do
-  local key, b, n = KEYS[i], tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local h = redis.call('GETRANGE', key, '0', tostring(HDR))
-  if #h == 1 + HDR and byte(h, 1) == VERSION then
-    local vh, total, hc = unpack_('>I8I4I4', h, 2)
-    if total < MAXC then
-      if b == vh then
-        local d = math.min(k, hc)
-        if d > 0 and hc < MAXC then
-          redis.call('SETRANGE', key, '9', pack_('>I4I4', total - d, hc - d))
-          if d > most then most = d end
-        end
-      elseif b < vh and b >= vh - n then
-        local at = 1 + HDR + SLOT * (b % (n + 1))
-        local s = redis.call('GETRANGE', key, tostring(at), tostring(at + 3))
-        local c = 0
-        if #s == 4 then c = unpack_('>I4', s, 1) end
-        local d = math.min(k, c)
-        if d > 0 and c < MAXC then
-          redis.call('SETRANGE', key, tostring(at), pack_('>I4', c - d))
-          redis.call('SETRANGE', key, '9', pack_('>I4', total - d))
-          if d > most then most = d end
+local out, ki, ai = {}, 1, 1
+while ai <= #ARGV do
+  local k, at, m = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+  local mark = redis.call('GET', KEYS[ki])
+  local live = not mark or tonumber(mark) < at
+  local most = 0
+  for i = 1, m do
+    local key, b, n = KEYS[ki + i], tonumber(ARGV[ai + 1 + 2 * i]), tonumber(ARGV[ai + 2 + 2 * i])
+    local h = live and redis.call('GETRANGE', key, '0', tostring(HDR)) or ''
+    if #h == 1 + HDR and byte(h, 1) == VERSION then
+      local vh, total, hc = unpack_('>I8I4I4', h, 2)
+      if total < MAXC then
+        if b == vh then
+          local d = math.min(k, hc)
+          if d > 0 and hc < MAXC then
+            redis.call('SETRANGE', key, '9', pack_('>I4I4', total - d, hc - d))
+            if d > most then most = d end
+          end
+        elseif b < vh and b >= vh - n then
+          local pos = 1 + HDR + SLOT * (b % (n + 1))
+          local s = redis.call('GETRANGE', key, tostring(pos), tostring(pos + 3))
+          local c = 0
+          if #s == 4 then c = unpack_('>I4', s, 1) end
+          local d = math.min(k, c)
+          if d > 0 and c < MAXC then
+            redis.call('SETRANGE', key, tostring(pos), pack_('>I4', c - d))
+            redis.call('SETRANGE', key, '9', pack_('>I4', total - d))
+            if d > most then most = d end
+          end
         end
       end
     end
   end
+  out[#out + 1] = most
+  ki, ai = ki + 1 + m, ai + 3 + 2 * m
 end
-return most
+return out
 `)

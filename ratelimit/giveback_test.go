@@ -18,14 +18,17 @@ import (
 // TestGiveBackKeepsEveryBucketAtLeastAdmitted checks what giving back
 // promises (giveback.go) on the records themselves, over generated plans
 // and traffic, on miniredis and on real Redis: leases of every size are
-// granted at random times, part of each is spent, and the rest is given
-// back at once or after the head has moved, perhaps past the bucket's
-// slot. After every step, every bucket a window record stores counts
-// exactly what the test admitted in it plus what it did not give back
-// (so never less than what was admitted: the windows stay strict), and
-// the window's total is the sum of those buckets: a give-back taken off
-// the wrong slot, taken twice, taken from a bucket already slid out (whose
-// slot now holds a later bucket), or left off the total is caught.
+// granted to two keys at random times, part of each is spent, and the rest
+// is given back, one to five blocks of either key in one call, at once or
+// after the head has moved, perhaps past the bucket's slot, or after the
+// key was reset. After every step, every bucket a window record stores
+// counts exactly what the test admitted in it since the key's last Reset
+// plus what it did not give back (so never less than what was admitted:
+// the windows stay strict), and the window's total is the sum of those
+// buckets: a give-back taken off the wrong slot or key, taken twice, taken
+// from a bucket already slid out (whose slot now holds a later bucket),
+// left off the total, or of a block granted before a Reset taken off the
+// records made after it is caught.
 func TestGiveBackKeepsEveryBucketAtLeastAdmitted(t *testing.T) {
 	t.Parallel()
 	for _, backend := range []string{"miniredis", "redis"} {
@@ -37,23 +40,30 @@ func TestGiveBackKeepsEveryBucketAtLeastAdmitted(t *testing.T) {
 			if backend == "redis" {
 				cases, steps = max(*invariantCases/5, 8), 200
 			}
-			var taken, gone int
+			var seen giveBackSeen
 			for c := range cases {
-				tk, gn := giveBackCase(t, backend, rng, c, steps)
-				taken, gone = taken+tk, gone+gn
+				seen.add(giveBackCase(t, backend, rng, c, steps))
 			}
-			// Both kinds of give-back must have been tried.
-			t.Logf("%d windows given back to, %d whose bucket had slid out", taken, gone)
-			if taken == 0 || gone == 0 {
-				t.Fatalf("%d windows given back to, %d whose bucket had slid out: want both", taken, gone)
+			// Every kind of give-back must have been tried.
+			t.Logf("%+v", seen)
+			if seen.taken == 0 || seen.gone == 0 || seen.reset == 0 || seen.batched == 0 {
+				t.Fatalf("%+v: want some of each", seen)
 			}
 		})
 	}
 }
 
-// giveBackCase runs one case and returns how many windows were given
-// back to and how many found their bucket gone.
-func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (taken, gone int) {
+// giveBackSeen counts the windows given back to, those whose bucket had
+// slid out and those of blocks granted before a Reset, and the calls that
+// gave back more than one block.
+type giveBackSeen struct{ taken, gone, reset, batched int }
+
+func (s *giveBackSeen) add(o giveBackSeen) {
+	s.taken, s.gone, s.reset, s.batched = s.taken+o.taken, s.gone+o.gone, s.reset+o.reset, s.batched+o.batched
+}
+
+// giveBackCase runs one case.
+func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (seen giveBackSeen) {
 	ctx := context.Background()
 	var rdb *redis.Client
 	var advance func(d time.Duration)
@@ -78,18 +88,35 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (t
 		ws = append(ws, Window{Limit: 20 + rng.Int64N(5000), Period: period})
 	}
 	pl := compile(Policy{Name: "g", Windows: ws}, 2+rng.IntN(20), DefaultStrikeBuckets)
-	keys := stateKeys(prefix, "k", pl)
-	// want[i][b]: what window i's bucket b must count.
-	want := make([]map[int64]int64, len(pl.windows))
-	for i := range want {
-		want[i] = map[int64]int64{}
+	names := []string{"a", "b"}
+	keys := map[string][]string{}
+	// want[key][i][b]: what window i's bucket b of key must count.
+	want := map[string][]map[int64]int64{}
+	clear := func(key string) {
+		want[key] = make([]map[int64]int64, len(pl.windows))
+		for i := range want[key] {
+			want[key][i] = map[int64]int64{}
+		}
 	}
-	var pending []giveBack // granted, partly spent, not yet given back
+	for _, k := range names {
+		keys[k] = stateKeys(prefix, k, pl)
+		clear(k)
+	}
+	// A block granted, partly spent, not yet given back; stale once its
+	// key was reset after the grant.
+	type block struct {
+		giveBack
+		stale bool
+	}
+	var pending []block
 	for step := range steps {
 		// Time moves by a few µs to a few buckets, now and then past a
-		// whole period.
+		// whole period; before half the Resets, not at all (on miniredis,
+		// a Reset in the µs of the grant before it).
+		act := rng.IntN(40)
 		g := pl.windows[rng.IntN(len(pl.windows))].gran
 		switch r := rng.IntN(10); {
+		case act < 2 && r < 5:
 		case r < 5:
 			advance(time.Duration(rng.Int64N(g/4+1)) * time.Microsecond)
 		case r < 9:
@@ -97,31 +124,65 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (t
 		default:
 			advance(time.Duration(rng.Int64N(pl.windows[0].period*2+1)) * time.Microsecond)
 		}
-		if len(pending) > 0 && rng.IntN(2) == 0 {
-			// Give back a block granted earlier.
-			j := rng.IntN(len(pending))
-			gb := pending[j]
-			pending = append(pending[:j], pending[j+1:]...)
-			before := readBuckets(t, rdb, keys, pl)
-			k, args := gb.command(prefix)
+		key := names[rng.IntN(len(names))]
+		switch r := act; {
+		case r < 2:
+			// Reset: the key's records go; blocks granted before it are
+			// never to be given back to the records made after it.
+			if err := resetRecords(ctx, rdb, prefix, key, pl, nil); err != nil {
+				t.Fatal(err)
+			}
+			clear(key)
+			for i := range pending {
+				if pending[i].key == key {
+					pending[i].stale = true
+				}
+			}
+			// A grant after the Reset lies after it on the server's
+			// clock, as it always does on real Redis.
+			advance(time.Microsecond)
+		case r < 20 && len(pending) > 0:
+			// Give back one to five blocks granted earlier, in one call.
+			var gs []giveBack
+			var stale []bool
+			for range 1 + rng.IntN(min(5, len(pending))) {
+				j := rng.IntN(len(pending))
+				gs, stale = append(gs, pending[j].giveBack), append(stale, pending[j].stale)
+				pending = append(pending[:j], pending[j+1:]...)
+			}
+			if len(gs) > 1 {
+				seen.batched++
+			}
+			before := map[string]map[int]storedRing{}
+			for _, k := range names {
+				before[k] = readBuckets(t, rdb, keys[k], pl)
+			}
+			k, args := giveBackCommand(prefix, gs)
 			if err := giveBackScript.Run(ctx, rdb, k, args...).Err(); err != nil {
 				t.Fatal(err)
 			}
-			for i, w := range pl.windows {
-				b := gb.at / w.gran
-				if head, ok := before[i]; ok && b <= head.vh && b >= head.vh-w.n {
-					want[i][b] -= gb.n
-					taken++
-				} else {
-					gone++
+			for j, gb := range gs {
+				for i, w := range pl.windows {
+					b := gb.at / w.gran
+					switch head, ok := before[gb.key][i]; {
+					case stale[j]:
+						seen.reset++
+					case ok && b <= head.vh && b >= head.vh-w.n:
+						// (Blocks of one key given back in one call take
+						// from the same counts in turn.)
+						want[gb.key][i][b] -= gb.n
+						seen.taken++
+					default:
+						seen.gone++
+					}
 				}
 			}
-		} else {
-			k := int64(1 + rng.IntN(64))
+		default:
+			n := int64(1 + rng.IntN(64))
 			if rng.IntN(4) == 0 {
-				k = 1
+				n = 1
 			}
-			reply, err := evalDecision(ctx, rdb, keys, pl, input{lease: leaseAsk{want: k, need: k, life: int64(1 + rng.IntN(1_000_000))}})
+			reply, err := evalDecision(ctx, rdb, keys[key], pl, input{lease: leaseAsk{want: n, need: n, life: int64(1 + rng.IntN(1_000_000))}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -131,35 +192,37 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (t
 			}
 			if v.outcome == Allowed {
 				for i, w := range pl.windows {
-					want[i][v.now/w.gran] += v.granted
+					want[key][i][v.now/w.gran] += v.granted
 				}
 				// The request and some of the lease spent; the rest to
 				// give back.
 				if spent := 1 + rng.Int64N(v.granted); spent < v.granted {
-					pending = append(pending, giveBack{key: "k", windows: pl.windows, at: v.now, n: v.granted - spent})
+					pending = append(pending, block{giveBack: giveBack{key: key, windows: pl.windows, at: v.now, n: v.granted - spent}})
 				}
 			}
 		}
-		got := readBuckets(t, rdb, keys, pl)
-		for i, w := range pl.windows {
-			rec, ok := got[i]
-			if !ok {
-				continue
-			}
-			var sum int64
-			for b := rec.vh - w.n; b <= rec.vh; b++ {
-				if rec.count[b] != want[i][b] {
-					t.Fatalf("%s case %d step %d, window %d (%+v): bucket %d counts %d, want %d (head %d)",
-						backend, c, step, i, w, b, rec.count[b], want[i][b], rec.vh)
+		for _, k := range names {
+			got := readBuckets(t, rdb, keys[k], pl)
+			for i, w := range pl.windows {
+				rec, ok := got[i]
+				if !ok {
+					continue
 				}
-				sum += rec.count[b]
-			}
-			if rec.total != sum {
-				t.Fatalf("%s case %d step %d, window %d: total %d, its buckets %d", backend, c, step, i, rec.total, sum)
+				var sum int64
+				for b := rec.vh - w.n; b <= rec.vh; b++ {
+					if rec.count[b] != want[k][i][b] {
+						t.Fatalf("%s case %d step %d, key %s, window %d (%+v): bucket %d counts %d, want %d (head %d)",
+							backend, c, step, k, i, w, b, rec.count[b], want[k][i][b], rec.vh)
+					}
+					sum += rec.count[b]
+				}
+				if rec.total != sum {
+					t.Fatalf("%s case %d step %d, key %s, window %d: total %d, its buckets %d", backend, c, step, k, i, rec.total, sum)
+				}
 			}
 		}
 	}
-	return taken, gone
+	return seen
 }
 
 // storedRing is a window record as stored: its head, total and the count
@@ -206,13 +269,12 @@ func TestGiveBackLeavesOddRecordsAlone(t *testing.T) {
 	keys := stateKeys("t:", "k", pl) // evalScript's
 	run := func(n int64) int64 {
 		t.Helper()
-		gb := giveBack{key: "k", windows: pl.windows, at: start.UnixMicro(), n: n}
-		k, args := gb.command("t:")
-		got, err := giveBackScript.Run(ctx, rdb, k, args...).Int64()
+		k, args := giveBackCommand("t:", []giveBack{{key: "k", windows: pl.windows, at: start.UnixMicro(), n: n}})
+		got, err := giveBackScript.Run(ctx, rdb, k, args...).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return got
+		return got[0]
 	}
 	if got := run(5); got != 0 || rdb.Exists(ctx, keys[1]).Val() != 0 {
 		t.Fatalf("a give-back to no record took %d and left %d records", got, rdb.Exists(ctx, keys[1]).Val())
@@ -297,27 +359,49 @@ func leasedForty(t *testing.T) (*redis.Client, *plan, string, verdict) {
 	return rdb, pl, stateKeys("t:", "k", pl)[1], v // evalScript's prefix
 }
 
-// TestGiveBackRetriesOnlyWhatWasNotRun: when part of a batch ran and part
-// found the script missing (a shard of a cluster restarted), only the
-// part that did not run is sent again: each give-back is applied once.
+// TestGiveBackRetriesOnlyWhatWasNotRun: when part of a pipeline ran and
+// part found the script missing (a shard of a cluster restarted), only the
+// calls that did not run are sent again: each give-back is applied once.
 func TestGiveBackRetriesOnlyWhatWasNotRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rdb, pl, record, v := leasedForty(t)
+	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, rdb := newMini(t, start)
+	pl := compile(Policy{Name: "f", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	// Three keys of three slots, each leased 40.
+	names := []string{"k", "l", "m"}
+	var now int64
+	for _, k := range names {
+		v := evalScript(t, rdb, k, pl, input{lease: leaseAsk{want: 40, need: 40, life: 1_000_000}})
+		if v.granted != 40 {
+			t.Fatalf("lease of 40 not granted: %+v", v)
+		}
+		now = v.now
+	}
+	if keySlot(names[0]) == keySlot(names[1]) || keySlot(names[1]) == keySlot(names[2]) || keySlot(names[0]) == keySlot(names[2]) {
+		t.Fatal("keys share a slot")
+	}
 	if err := giveBackScript.Load(ctx, rdb).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// The first pipeline of two or more runs its first command and
-	// answers NOSCRIPT for the rest, as a server without the script would.
+	// answers NOSCRIPT for the rest, as a cluster with a restarted shard
+	// would.
 	rdb.AddHook(&noScriptAfterFirst{})
 	q := newGiveBacks(rdb, "t:", slog.New(slog.NewTextHandler(io.Discard, nil)), func() bool { return false })
-	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 3})
-	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 2})
-	q.add(giveBack{key: "k", windows: pl.windows, at: v.now, n: 4})
+	q.bySlot = true // a call a slot, as on a cluster
+	for i, k := range names {
+		q.add(giveBack{key: k, windows: pl.windows, at: now, n: int64(2 + i)})
+	}
 	q.flush(time.Second)
-	_, total, hc, _ := readRing(t, rdb.Get(ctx, record).Val(), windowRingAt)
-	if total != 40-9 || hc != 40-9 || q.applied.Load() != 3 {
-		t.Fatalf("total %d, head count %d, %d applied; want 31, 31, 3", total, hc, q.applied.Load())
+	for i, k := range names {
+		_, total, hc, _ := readRing(t, rdb.Get(ctx, stateKeys("t:", k, pl)[1]).Val(), windowRingAt)
+		if want := int64(40 - 2 - i); total != want || hc != want {
+			t.Fatalf("key %s: total %d, head count %d; want %d", k, total, hc, want)
+		}
+	}
+	if q.applied.Load() != 3 {
+		t.Fatalf("%d applied, want 3", q.applied.Load())
 	}
 }
 

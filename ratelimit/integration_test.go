@@ -373,9 +373,9 @@ func TestIntegrationCluster(t *testing.T) {
 	if l.batch.noFunctions.Load() {
 		t.Error("Functions turned off on a Redis 7 cluster")
 	}
-	// Give-backs across the masters, in one batch: each routed to its
-	// key's slot, the script loaded on every master that lacks it, each
-	// run once.
+	// Give-backs across the masters, in one batch, two a key: a call a
+	// slot, each routed to its slot, the script loaded on every master
+	// that lacks it, each run once.
 	gp := compile(Policy{Name: "g", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
 	applied := l.back.applied.Load()
 	for i := range 30 {
@@ -388,11 +388,12 @@ func TestIntegrationCluster(t *testing.T) {
 		if err != nil || v.granted != 10 {
 			t.Fatalf("%s: lease of 10: %+v %v", key, v, err)
 		}
-		l.back.add(giveBack{key: key, windows: gp.windows, at: v.now, n: 4})
+		l.back.add(giveBack{key: key, windows: gp.windows, at: v.now, n: 3})
+		l.back.add(giveBack{key: key, windows: gp.windows, at: v.now, n: 1})
 	}
 	// (The limiter's own sender may take some of them: wait for all.)
 	l.back.flush(2 * time.Second)
-	for end := time.Now().Add(5 * time.Second); l.back.applied.Load() < applied+30 && time.Now().Before(end); {
+	for end := time.Now().Add(5 * time.Second); l.back.applied.Load() < applied+60 && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)
 	}
 	for i := range 30 {
@@ -403,6 +404,17 @@ func TestIntegrationCluster(t *testing.T) {
 		if _, total, hc, _ := readRing(t, rec, windowRingAt); total != 6 || hc != 6 {
 			t.Fatalf("g-%d after giving back 4 of 10: total %d, head count %d, want 6", i, total, hc)
 		}
+	}
+	// A Reset on a cluster: the records go and the key is marked, in one
+	// script on its slot.
+	if err := l.Reset(ctx, "g-0", Policy{Name: "g", Windows: []Window{{Limit: 1000, Period: time.Minute}}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := cc.Exists(ctx, stateKeys(l.opts.Prefix, "g-0", gp)[1]).Result(); err != nil || n != 0 {
+		t.Fatalf("g-0's record after a Reset: %d, %v", n, err)
+	}
+	if mark, err := cc.Get(ctx, resetMarkKey(l.opts.Prefix, "g-0")).Int64(); err != nil || mark <= 0 {
+		t.Fatalf("g-0's reset mark: %d, %v", mark, err)
 	}
 	// A ban, lifted through another limiter on the same cluster.
 	if d, _ := l.Allow(ctx, "key-0", p); d.Outcome != Banned {

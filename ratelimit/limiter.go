@@ -690,9 +690,10 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 // without giving back what it leaves unspent (the records it was counted
 // in are gone): until the announcement reaches a replica (or, if it is
 // missed, until they end: at most 1 s for a lease, 10 s for a
-// reservation) those are spent uncounted, and a replica that missed it
-// gives back, when its block ends, what it left from the new records
-// (giveback.go).
+// reservation) those are spent uncounted. Nothing granted before the
+// Reset is given back to the records made after it: the Reset marks the
+// key with the server's time, and a give-back of an earlier grant takes
+// nothing (giveback.go).
 func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {
@@ -714,8 +715,7 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	defer cancel()
 	// The records of periods the plan had lately go too: a later decision
 	// would otherwise take its past from them.
-	keys := seedKeys(l.opts.Prefix, key, l.reg.seeding(pl), stateKeys(l.opts.Prefix, key, pl))
-	if err := l.rdb.Del(ctx, keys...).Err(); err != nil {
+	if err := resetRecords(ctx, l.rdb, l.opts.Prefix, key, pl, l.reg.seeding(pl)); err != nil {
 		return fmt.Errorf("ratelimit: reset %q: %w", key, err)
 	}
 	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {

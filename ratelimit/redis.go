@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -24,6 +25,10 @@ func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
 
 // windowKey is the name of key's record of window r (stateKeys' name).
 func windowKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:w:" + r.name }
+
+// resetMarkKey is the name of key's reset mark: the server time of its
+// last Reset (format.go).
+func resetMarkKey(prefix, key string) string { return prefix + "{" + key + "}:reset" }
 
 // candidateBanKey returns the Redis key of key's candidate ban record
 // (Policy.CandidateBan).
@@ -330,3 +335,32 @@ func decodeInto(pl *plan, reply any, out *verdict) error {
 func isNoScript(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || strings.Contains(err.Error(), "NOSCRIPT"))
 }
+
+// resetRecords deletes key's records under pl (and the records of the
+// periods sd seeds from) and marks the key reset at the server's time, so
+// that no block granted before (a lease or a reservation of a replica the
+// Reset's announcement missed) is given back to the records made after
+// (giveback.go). The mark lasts as long as the longest of those records
+// would have: after that no bucket from before the Reset can be stored
+// in a record of theirs. A mark already there is overwritten by the later
+// time and keeps the longer of the two lives.
+func resetRecords(ctx context.Context, rdb redis.Cmdable, prefix, key string, pl *plan, sd *seeding) error {
+	var ttl int64
+	for _, rs := range [][]ring{pl.windows, pl.candidates, sd.rings()} {
+		for i := range rs {
+			ttl = max(ttl, rs[i].ttlMS)
+		}
+	}
+	keys := append([]string{resetMarkKey(prefix, key)}, seedKeys(prefix, key, sd, stateKeys(prefix, key, pl))...)
+	return resetScript.Run(ctx, rdb, keys, max(ttl, 1000)).Err()
+}
+
+// resetScript deletes KEYS[2..] and sets the reset mark KEYS[1] to the
+// server's time in µs, to live ARGV[1] ms or what it had left if more.
+var resetScript = redis.NewScript(`
+if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
+local t = redis.call('TIME')
+local ttl = math.max(tonumber(ARGV[1]), redis.call('PTTL', KEYS[1]))
+redis.call('SET', KEYS[1], t[1] .. string.format('%06d', tonumber(t[2])), 'PX', ttl)
+return 1
+`)

@@ -234,6 +234,14 @@ type seeding struct {
 	nums  []int64
 }
 
+// rings returns the records sd seeds from (none for nil).
+func (sd *seeding) rings() []ring {
+	if sd == nil {
+		return nil
+	}
+	return sd.extra
+}
+
 // other is a period the fleet listed for a plan's name that the plan does
 // not have, with the limit to enforce it at while the edit spreads (0:
 // not in use any more).

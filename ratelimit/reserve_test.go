@@ -790,6 +790,40 @@ func TestUnspentCounted(t *testing.T) {
 			t.Fatalf("after a Reset: %d reserved admissions given back, want none", got)
 		}
 	})
+	t.Run("reservation of a replica a Reset's announcement missed", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, Options{})
+		f.clk.Set(start)
+		left := reserveCold(t, f, "")
+		other := f.fleet(t, 2)[1]
+		// Another replica resets the key, and this one misses the
+		// announcement: it holds its reservation on.
+		pl, err := f.l.plans.get(&coldPlan, &f.l.opts, f.l.met)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := resetRecords(context.Background(), f.rdb, f.l.opts.Prefix, "k", pl, nil); err != nil {
+			t.Fatal(err)
+		}
+		// The other replica admits the key again, counted in the new
+		// records' bucket the reservation was counted in.
+		for range 3 {
+			f.clk.Add(time.Millisecond)
+			if d, err := other.Allow(context.Background(), "k", coldPlan); err != nil || !d.Allowed() {
+				t.Fatalf("%+v, %v: want admitted after the Reset", d, err)
+			}
+		}
+		// The reservation ends and is swept: nothing of it is taken off
+		// the new records.
+		f.clk.Set(reservedUntil(f.l, "k").Add(time.Second))
+		f.l.lease.sweep(f.clk.Now())
+		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left {
+			t.Fatalf("unspent reserved admissions %d, want the %d the reservation held", got, left)
+		}
+		if got := givenBack(t, f, coldPlan.Name, "reservation", 0); got != 0 {
+			t.Fatalf("%d reserved admissions given back after a Reset, want none", got)
+		}
+	})
 	t.Run("reservation swept with its idle key", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t, Options{})
