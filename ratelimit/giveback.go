@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -260,26 +261,31 @@ func giveBackCall(ctx context.Context, prefix string, gs []giveBack) *redis.Cmd 
 }
 
 // giveBackCommand returns the script keys and arguments of gs: per
-// give-back, the key's reset mark and its windows' records; and its
-// admissions, the grant's server time and the number of its windows, then
-// per window the bucket they were counted in and the ring's n.
+// give-back, the key's reset mark and its windows' records, and one
+// argument of big-endian 8-byte numbers: its admissions, the grant's
+// server time and the number of its windows, then per window the bucket
+// they were counted in and the ring's n.
 func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
-	var nk, na int
+	var nk int
 	for i := range gs {
 		nk += 1 + len(gs[i].windows)
-		na += 3 + 2*len(gs[i].windows)
 	}
 	keys := make([]string, 0, nk)
-	args := make([]any, 0, na)
+	args := make([]any, len(gs))
 	for i := range gs {
 		g := &gs[i]
 		keys = append(keys, resetMarkKey(prefix, g.key))
-		args = append(args, g.n, g.at, len(g.windows))
+		nums := make([]byte, 0, 8*(3+2*len(g.windows)))
+		nums = binary.BigEndian.AppendUint64(nums, uint64(g.n))
+		nums = binary.BigEndian.AppendUint64(nums, uint64(g.at))
+		nums = binary.BigEndian.AppendUint64(nums, uint64(len(g.windows)))
 		for j := range g.windows {
 			w := &g.windows[j]
 			keys = append(keys, windowKey(prefix, g.key, w))
-			args = append(args, g.at/w.gran, w.n)
+			nums = binary.BigEndian.AppendUint64(nums, uint64(g.at/w.gran))
+			nums = binary.BigEndian.AppendUint64(nums, uint64(w.n))
 		}
+		args[i] = nums
 	}
 	return keys, args
 }
@@ -289,9 +295,10 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 // and head offset 2 bytes, then per older bucket a count of 4 and an
 // offset of 2 at slot bucket mod (n+1)), its numbers read and written by
 // the decision code's own codec (codecLua). KEYS and ARGV: per give-back
-// (giveBackCommand), its key's reset mark and window records; its
-// admissions, the grant's server time, the number of its windows, then
-// per window the bucket they were counted in and the ring's n. A
+// (giveBackCommand), its key's reset mark and window records; and one
+// argument of 8-byte numbers: its admissions, the grant's server time,
+// the number of its windows, then per window the bucket they were counted
+// in and the ring's n. A
 // give-back granted at or before the key's last reset (its mark) takes
 // nothing: the records it was counted in are gone. It returns, per
 // give-back, the most taken off any of its windows.
@@ -300,15 +307,19 @@ local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor
 local unpack_, pack_
 ` + codecLua + `
 local VERSION, HDR, SLOT, MAXC = ` + strconv.Itoa(formatVersion) + `, ` + strconv.Itoa(ringHeader) + `, ` + strconv.Itoa(slotBytes) + `, ` + strconv.Itoa(maxCount) + `
-local out, ki, ai = {}, 1, 1
-while ai <= #ARGV do
-  local k, at, m = tonumber(ARGV[ai]), tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+local HDRS, OFS = tostring(HDR), {}
+local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end
+local out, ki = {}, 1
+for gi = 1, #ARGV do
+  local A = ARGV[gi]
+  local k, at, m = unpack_('>I8I8I8', A, 1)
   local mark = redis.call('GET', KEYS[ki])
   local live = not mark or tonumber(mark) < at
   local most = 0
   for i = 1, m do
-    local key, b, n = KEYS[ki + i], tonumber(ARGV[ai + 1 + 2 * i]), tonumber(ARGV[ai + 2 + 2 * i])
-    local h = live and redis.call('GETRANGE', key, '0', tostring(HDR)) or ''
+    local key = KEYS[ki + i]
+    local b, n = unpack_('>I8I8', A, 9 + 16 * i)
+    local h = live and redis.call('GETRANGE', key, '0', HDRS) or ''
     if #h == 1 + HDR and byte(h, 1) == VERSION then
       local vh, total, hc = unpack_('>I8I4I4', h, 2)
       if total < MAXC then
@@ -320,12 +331,12 @@ while ai <= #ARGV do
           end
         elseif b < vh and b >= vh - n then
           local pos = 1 + HDR + SLOT * (b % (n + 1))
-          local s = redis.call('GETRANGE', key, tostring(pos), tostring(pos + 3))
+          local s = redis.call('GETRANGE', key, ofs(pos), ofs(pos + 3))
           local c = 0
           if #s == 4 then c = unpack_('>I4', s, 1) end
           local d = math.min(k, c)
           if d > 0 and c < MAXC then
-            redis.call('SETRANGE', key, tostring(pos), pack_('>I4', c - d))
+            redis.call('SETRANGE', key, ofs(pos), pack_('>I4', c - d))
             redis.call('SETRANGE', key, '9', pack_('>I4', total - d))
             if d > most then most = d end
           end
@@ -333,8 +344,8 @@ while ai <= #ARGV do
       end
     end
   end
-  out[#out + 1] = most
-  ki, ai = ki + 1 + m, ai + 3 + 2 * m
+  out[gi] = most
+  ki = ki + 1 + m
 end
 return out
 `)

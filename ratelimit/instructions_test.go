@@ -374,3 +374,82 @@ redis.register_function('floor_4', function(keys, args)
   return out
 end)
 `
+
+// BenchmarkGiveBackInstructions counts, as BenchmarkRedisInstructions
+// does, the instructions a redis-server runs per give-back (giveback.go):
+// 1,000 keys of the business plan each leased 20, their minute heads
+// moved on by a decision 400 ms later, then 5 of each lease given back
+// (from a slot of the minute window and the head of the day's), one
+// give-back a call (alone) or as the sender batches them, 64 a call
+// (batched).
+//
+//	go test ./ratelimit -run '^$' -bench GiveBackInstructions -benchtime 1x
+func BenchmarkGiveBackInstructions(b *testing.B) {
+	testenv.RedisAddr(b)
+	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if testenv.InCI() {
+				b.Fatalf("%s not installed: %v", tool, err)
+			}
+			b.Skipf("%s not installed: %v", tool, err)
+		}
+	}
+	cg := startCallgrindRedis(b)
+	ctx := context.Background()
+	if err := giveBackScript.Load(ctx, cg.rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	business := compile(benchPlans[2], DefaultBuckets, DefaultStrikeBuckets)
+	const keys = 1000
+	for ci, per := range []int{1, giveBackBatch} {
+		name := "alone"
+		if per > 1 {
+			name = "batched"
+		}
+		b.Run(name, func(b *testing.B) {
+			var total int64
+			for it := range b.N {
+				prefix := fmt.Sprintf("petstore:rl:g%d.%d:", ci, it)
+				decide := func(ask leaseAsk) []int64 {
+					at := make([]int64, keys)
+					for k := range keys {
+						reply, err := evalDecision(ctx, cg.rdb, stateKeys(prefix, "k"+strconv.Itoa(k), business), business, input{lease: ask})
+						if err != nil {
+							b.Fatal(err)
+						}
+						v, err := decode(business, reply)
+						if err != nil || v.outcome != Allowed || v.granted != ask.want {
+							b.Fatalf("%+v %v: want %d granted", v, err, ask.want)
+						}
+						at[k] = v.now
+					}
+					return at
+				}
+				granted := decide(leaseAsk{want: 20, need: 20, life: 1_000_000})
+				time.Sleep(400 * time.Millisecond)
+				decide(noLease)
+				cg.control(b, "-i", "on")
+				for k := 0; k < keys; k += per {
+					var gs []giveBack
+					for j := k; j < k+per && j < keys; j++ {
+						gs = append(gs, giveBack{key: "k" + strconv.Itoa(j), windows: business.windows, at: granted[j], n: 5})
+					}
+					ks, args := giveBackCommand(prefix, gs)
+					taken, err := giveBackScript.EvalSha(ctx, cg.rdb, ks, args...).Int64Slice()
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, n := range taken {
+						if n != 5 {
+							b.Fatalf("took %d, want 5", n)
+						}
+					}
+				}
+				cg.control(b, "-i", "off")
+				total += cg.dump(b)
+			}
+			b.ReportMetric(float64(total)/float64(b.N*keys), "instr/give-back")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
