@@ -264,7 +264,7 @@ func giveBackCall(ctx context.Context, prefix string, gs []giveBack) *redis.Cmd 
 // give-back, the key's reset mark and its windows' records, and one
 // argument of big-endian 8-byte numbers: its admissions, the grant's
 // server time and the number of its windows, then per window the bucket
-// they were counted in and the ring's n.
+// they were counted in, the ring's n and its bucket width.
 func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 	var nk int
 	for i := range gs {
@@ -275,7 +275,7 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 	for i := range gs {
 		g := &gs[i]
 		keys = append(keys, resetMarkKey(prefix, g.key))
-		nums := make([]byte, 0, 8*(3+2*len(g.windows)))
+		nums := make([]byte, 0, 8*(3+3*len(g.windows)))
 		nums = binary.BigEndian.AppendUint64(nums, uint64(g.n))
 		nums = binary.BigEndian.AppendUint64(nums, uint64(g.at))
 		nums = binary.BigEndian.AppendUint64(nums, uint64(len(g.windows)))
@@ -284,6 +284,7 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 			keys = append(keys, windowKey(prefix, g.key, w))
 			nums = binary.BigEndian.AppendUint64(nums, uint64(g.at/w.gran))
 			nums = binary.BigEndian.AppendUint64(nums, uint64(w.n))
+			nums = binary.BigEndian.AppendUint64(nums, uint64(w.gran))
 		}
 		args[i] = nums
 	}
@@ -298,10 +299,13 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 // (giveBackCommand), its key's reset mark and window records; and one
 // argument of 8-byte numbers: its admissions, the grant's server time,
 // the number of its windows, then per window the bucket they were counted
-// in and the ring's n. A
-// give-back granted at or before the key's last reset (its mark) takes
-// nothing: the records it was counted in are gone. It returns, per
-// give-back, the most taken off any of its windows.
+// in, the ring's n and its bucket width. Only a bucket the window still
+// holds at the server's time is taken from (one the record stores but
+// time has slid out of the window counts against nothing, and may lie
+// before a Reset whose mark has expired). A give-back granted at or
+// before the key's last reset (its mark) takes nothing: the records it
+// was counted in are gone. It returns, per give-back, the most taken off
+// any of its windows.
 var giveBackScript = redis.NewScript(`
 local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
 local unpack_, pack_
@@ -309,6 +313,8 @@ local unpack_, pack_
 local VERSION, HDR, SLOT, MAXC = ` + strconv.Itoa(formatVersion) + `, ` + strconv.Itoa(ringHeader) + `, ` + strconv.Itoa(slotBytes) + `, ` + strconv.Itoa(maxCount) + `
 local HDRS, OFS = tostring(HDR), {}
 local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local out, ki = {}, 1
 for gi = 1, #ARGV do
   local A = ARGV[gi]
@@ -318,8 +324,10 @@ for gi = 1, #ARGV do
   local most = 0
   for i = 1, m do
     local key = KEYS[ki + i]
-    local b, n = unpack_('>I8I8', A, 9 + 16 * i)
-    local h = live and redis.call('GETRANGE', key, '0', HDRS) or ''
+    local b, n, g = unpack_('>I8I8I8', A, 1 + 24 * i)
+    -- the oldest bucket the window holds now
+    local lo = (now - now % g) / g - n
+    local h = live and b >= lo and redis.call('GETRANGE', key, '0', HDRS) or ''
     if #h == 1 + HDR and byte(h, 1) == VERSION then
       local vh, total, hc = unpack_('>I8I4I4', h, 2)
       if total < MAXC then
