@@ -38,7 +38,8 @@ import (
 //   - it is taken off the bucket it was counted in (the grant's server
 //     time over the window's bucket width: the script counted it in
 //     floor(now/g)), and only while the record stores that bucket (the head
-//     or one of the n before it); a bucket that slid out is left alone;
+//     or one of the n before it) and the window still holds it at the
+//     server's time; a bucket that slid out is left alone;
 //   - no more is taken off a bucket than it counts, and nothing off a
 //     saturated count or total (their true values are unknown);
 //   - the bucket's last event, where the block's end was recorded, is left
