@@ -341,8 +341,9 @@ func isNoScript(err error) bool {
 // that no block granted before (a lease or a reservation of a replica the
 // Reset's announcement missed) is given back to the records made after
 // (giveback.go). The mark lasts as long as the longest of those records
-// would have: after that no bucket from before the Reset can be stored
-// in a record of theirs. A mark already there is overwritten by the later
+// would have: after that no bucket from before the Reset lies in any of
+// their windows, and a give-back takes only from buckets a window holds
+// at the server's time. A mark already there is overwritten by the later
 // time and keeps the longer of the two lives.
 func resetRecords(ctx context.Context, rdb redis.Cmdable, prefix, key string, pl *plan, sd *seeding) error {
 	var ttl int64
