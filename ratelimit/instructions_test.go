@@ -78,15 +78,6 @@ import (
 //     headers together and refreshing TTLs rarely.
 //   - floor-no-commands: the call, its arguments and a reply per decision.
 func BenchmarkRedisInstructions(b *testing.B) {
-	testenv.RedisAddr(b)
-	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if testenv.InCI() {
-				b.Fatalf("%s not installed: %v", tool, err)
-			}
-			b.Skipf("%s not installed: %v", tool, err)
-		}
-	}
 	cg := startCallgrindRedis(b)
 	ctx := context.Background()
 	sc := decisionScript()
@@ -206,8 +197,19 @@ type callgrindRedis struct {
 	rdb   *redis.Client
 }
 
+// startCallgrindRedis starts a redis-server under callgrind, skipping the
+// benchmark (failing it in CI) without the tools.
 func startCallgrindRedis(b *testing.B) *callgrindRedis {
 	b.Helper()
+	testenv.RedisAddr(b)
+	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if testenv.InCI() {
+				b.Fatalf("%s not installed: %v", tool, err)
+			}
+			b.Skipf("%s not installed: %v", tool, err)
+		}
+	}
 	dir := b.TempDir()
 	// BENCH_CALLGRIND_DIR keeps the dumps, one per measured pass and one
 	// per warm-up (callgrind.out.N, in order), for callgrind_annotate.
@@ -385,15 +387,6 @@ end)
 //
 //	go test ./ratelimit -run '^$' -bench GiveBackInstructions -benchtime 1x
 func BenchmarkGiveBackInstructions(b *testing.B) {
-	testenv.RedisAddr(b)
-	for _, tool := range []string{"valgrind", "callgrind_control", "redis-server"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if testenv.InCI() {
-				b.Fatalf("%s not installed: %v", tool, err)
-			}
-			b.Skipf("%s not installed: %v", tool, err)
-		}
-	}
 	cg := startCallgrindRedis(b)
 	ctx := context.Background()
 	if err := giveBackScript.Load(ctx, cg.rdb).Err(); err != nil {
