@@ -98,7 +98,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 	keys := map[string][]string{}
 	// want[key][i][b]: what window i's bucket b of key must count.
 	want := map[string][]map[int64]int64{}
-	clear := func(key string) {
+	fresh := func(key string) {
 		want[key] = make([]map[int64]int64, len(pl.windows))
 		for i := range want[key] {
 			want[key][i] = map[int64]int64{}
@@ -106,7 +106,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 	}
 	for _, k := range names {
 		keys[k] = stateKeys(prefix, k, pl)
-		clear(k)
+		fresh(k)
 	}
 	// A block granted, partly spent, not yet given back; stale once its
 	// key was reset after the grant.
@@ -131,14 +131,14 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 			advance(time.Duration(rng.Int64N(pl.windows[0].period*2+1)) * time.Microsecond)
 		}
 		key := names[rng.IntN(len(names))]
-		switch r := act; {
-		case r < 2:
+		switch {
+		case act < 2:
 			// Reset: the key's records go; blocks granted before it are
 			// never to be given back to the records made after it.
 			if err := resetRecords(ctx, rdb, prefix, key, pl, nil); err != nil {
 				t.Fatal(err)
 			}
-			clear(key)
+			fresh(key)
 			for i := range pending {
 				if pending[i].key == key {
 					pending[i].stale = true
@@ -147,7 +147,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 			// A grant after the Reset lies after it on the server's
 			// clock, as it always does on real Redis.
 			advance(time.Microsecond)
-		case r < 20 && len(pending) > 0:
+		case act < 20 && len(pending) > 0:
 			// Give back one to five blocks granted earlier, in one call.
 			var gs []giveBack
 			var stale []bool
