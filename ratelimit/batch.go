@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -23,7 +24,7 @@ var errOverloaded = errors.New("ratelimit: too many decisions waiting for redis"
 type call struct {
 	decision
 	slot  int // the key's Redis Cluster slot (0 outside a cluster)
-	reply any
+	reply string
 	err   error
 	done  chan struct{}
 	// queued is when the decision joined the queue.
@@ -88,7 +89,7 @@ func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout, h
 
 // do makes decision d and waits at most wait for its reply: the script's
 // string for it.
-func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, error) {
+func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (string, error) {
 	c := callPool.Get().(*call)
 	c.decision = d
 	if b.cluster {
@@ -100,7 +101,7 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 	default:
 		c.decision = decision{}
 		callPool.Put(c)
-		return nil, errOverloaded
+		return "", errOverloaded
 	}
 	if b.hold > 0 && len(b.queue) >= scriptBatch-1 {
 		select {
@@ -118,10 +119,10 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (any, 
 		return reply, err
 	case <-c.timer.C:
 		// The worker still owns c and will signal it later; c is not reused.
-		return nil, errTimeout
+		return "", errTimeout
 	case <-ctx.Done():
 		c.timer.Stop()
-		return nil, ctx.Err()
+		return "", ctx.Err()
 	}
 }
 
@@ -240,7 +241,10 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		b.waited(start.Sub(c.queued))
 	}
 	pipe := b.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(groups))
+	// A call's reply is an array of strings, one a decision, read as
+	// such: a reply read as any would box each string (an allocation a
+	// decision).
+	cmds := make([]*redis.StringSliceCmd, len(groups))
 	ds := make([]decision, 0, len(batch))
 	command, name := "fcall", b.sc.fn
 	if b.noFunctions.Load() {
@@ -251,7 +255,8 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		for _, c := range batch[g.from:g.to] {
 			ds = append(ds, c.decision)
 		}
-		cmds[i] = pipe.Do(ctx, batchCall(command, name, ds)...)
+		cmds[i] = redis.NewStringSliceCmd(ctx, batchCall(command, name, ds)...)
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, err := pipe.Exec(ctx)
 	if err != nil {
@@ -259,10 +264,9 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	}
 	b.observe(time.Since(start), err)
 	for i, g := range groups {
-		replies, err := cmds[i].Val(), cmds[i].Err()
-		var rs []any
-		if err == nil {
-			rs, err = batchReplies(replies, g.to-g.from)
+		rs, err := cmds[i].Val(), cmds[i].Err()
+		if err == nil && len(rs) != g.to-g.from {
+			err = fmt.Errorf("ratelimit: %d script replies for %d decisions", len(rs), g.to-g.from)
 		}
 		for j, c := range batch[g.from:g.to] {
 			if err == nil {
@@ -277,7 +281,7 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 // retry sends again the calls of a pipeline (batchCall) that Redis
 // refused for want of the decision code, once it has it, and returns the
 // pipeline's error after: the first call's error, if any.
-func (b *batcher) retry(ctx context.Context, cmds []*redis.Cmd) error {
+func (b *batcher) retry(ctx context.Context, cmds []*redis.StringSliceCmd) error {
 	var missing, unsupported, noscript bool
 	for _, c := range cmds {
 		switch err := c.Err(); {
@@ -309,18 +313,22 @@ func (b *batcher) retry(ctx context.Context, cmds []*redis.Cmd) error {
 	}
 	// The same call under another command and name: its key count, keys
 	// and arguments as they were.
-	again := func(command, name string, c *redis.Cmd) []any {
-		return append([]any{command, name}, c.Args()[2:]...)
+	again := func(command, name string, c *redis.StringSliceCmd) *redis.StringSliceCmd {
+		return redis.NewStringSliceCmd(ctx, append([]any{command, name}, c.Args()[2:]...)...)
 	}
 	pipe := b.rdb.Pipeline()
 	for i, c := range cmds {
 		switch err := c.Err(); {
 		case err == nil:
+			continue
 		case isFunctionMissing(err) && !unsupported:
-			cmds[i] = pipe.Do(ctx, again("fcall", b.sc.fn, c)...)
+			cmds[i] = again("fcall", b.sc.fn, c)
 		case isNoScript(err) || isFunctionMissing(err) || isFunctionUnsupported(err):
-			cmds[i] = pipe.Do(ctx, again("eval", b.sc.src, c)...)
+			cmds[i] = again("eval", b.sc.src, c)
+		default:
+			continue
 		}
+		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, _ = pipe.Exec(ctx)
 	return firstError(cmds)
@@ -343,7 +351,7 @@ func (b *batcher) loadFunction(ctx context.Context) error {
 }
 
 // firstError returns the first error of cmds.
-func firstError(cmds []*redis.Cmd) error {
+func firstError(cmds []*redis.StringSliceCmd) error {
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
 			return err

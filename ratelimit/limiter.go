@@ -625,12 +625,12 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 	default:
 		err := ErrUnavailable
 		if !l.breaker.isOpen() {
-			var reply any
+			var reply string
 			sd := l.reg.seeding(pl)
 			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl))
 			d := decision{keys: keys, pl: pl, nums: scriptNums(pl, input{peek: true, lease: noLease, seed: sd})}
 			if reply, err = l.batch.do(ctx, d, l.opts.Timeout); err == nil {
-				v, err = decode(pl, reply)
+				err = decodeInto(pl, reply, &v)
 			}
 		}
 		if err != nil {

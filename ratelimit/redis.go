@@ -251,20 +251,23 @@ func (pl *plan) shortReply(n int) (short, banFields bool) {
 // is what its limit leaves of used.
 func decode(pl *plan, reply any) (verdict, error) {
 	var v verdict
-	err := decodeInto(pl, reply, &v)
+	s, ok := reply.(string)
+	if !ok {
+		return v, fmt.Errorf("ratelimit: unexpected script reply %T", reply)
+	}
+	err := decodeInto(pl, s, &v)
 	return v, err
 }
 
-// decodeInto is decode into the caller's v (left as it was on an error),
-// for a caller that keeps its frame small.
-func decodeInto(pl *plan, reply any, out *verdict) error {
-	s, ok := reply.(string)
-	if ok && strings.HasPrefix(s, "E") {
+// decodeInto is decode of the reply s into the caller's v (left as it
+// was on an error), for a caller that keeps its frame small.
+func decodeInto(pl *plan, s string, out *verdict) error {
+	if strings.HasPrefix(s, "E") {
 		return fmt.Errorf("ratelimit: script: %s", s[1:])
 	}
 	short, banFields := pl.shortReply(len(s))
-	if !ok || !short && len(s) != 8*pl.replyFields() {
-		return fmt.Errorf("ratelimit: unexpected script reply %T (%d bytes)", reply, len(s))
+	if !short && len(s) != 8*pl.replyFields() {
+		return fmt.Errorf("ratelimit: unexpected script reply (%d bytes)", len(s))
 	}
 	at := 0
 	next := func() int64 {
