@@ -2,6 +2,8 @@ package ratelimit
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -453,5 +455,40 @@ func TestPipelineHoldEndsWhenACallIsQueued(t *testing.T) {
 	// flight, its whole timeout. Generous bound for a loaded machine.
 	if mean := testenv.Histogram(t, reg, "petstore_ratelimit_queue_wait_seconds").GetSampleSum() / scriptBatch; mean > timeout.Seconds()/4 {
 		t.Errorf("queued decisions waited %.3f s on average, want well under the %v a stuck call takes", mean, timeout)
+	}
+}
+
+// TestBatchAnswersEveryDecisionOfAMalformedReply: a script call whose
+// reply is not one string a decision (too few strings, too many, or not
+// an array at all: a server running other code under the decision code's
+// name) fails every decision it carried with an error, none with another
+// decision's reply, and the batcher goes on.
+func TestBatchAnswersEveryDecisionOfAMalformedReply(t *testing.T) {
+	t.Parallel()
+	pl := compile(perMinute(10), DefaultBuckets, DefaultStrikeBuckets)
+	for _, c := range []struct{ name, src, want string }{
+		{"one string fewer", "return {'x'}", "1 script replies for 2 decisions"},
+		{"one string more", "return {'x', 'y', 'z'}", "3 script replies for 2 decisions"},
+		{"not an array", "return 7", "parse"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, rdb := newMini(t, time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC))
+			sum := sha1.Sum([]byte(c.src))
+			b := &batcher{rdb: rdb, sc: script{src: c.src, sha: hex.EncodeToString(sum[:])}, timeout: 5 * time.Second,
+				log: discardLogger, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
+			b.noFunctions.Store(true)
+			calls := make([]*call, 2)
+			for i := range calls {
+				calls[i] = &call{decision: decision{keys: stateKeys("p:", fmt.Sprint("k", i), pl), pl: pl}, done: make(chan struct{}, 1)}
+			}
+			b.exec(context.Background(), calls)
+			for i, cl := range calls {
+				<-cl.done
+				if cl.err == nil || !strings.Contains(cl.err.Error(), c.want) {
+					t.Fatalf("decision %d: reply %q, error %v; want an error saying %q", i, cl.reply, cl.err, c.want)
+				}
+			}
+		})
 	}
 }

@@ -312,3 +312,14 @@ func replicasOn(t *testing.T, rdb redis.UniversalClient, n, replicas int) []*Lim
 	}
 	return ls
 }
+
+// batchReplies returns the replies of a script call that decided n
+// decisions, one per decision, as a test reads them (the batcher reads a
+// call as an array of strings).
+func batchReplies(reply any, n int) ([]any, error) {
+	rs, ok := reply.([]any)
+	if !ok || len(rs) != n {
+		return nil, fmt.Errorf("ratelimit: unexpected script reply %T for %d decisions", reply, n)
+	}
+	return rs, nil
+}

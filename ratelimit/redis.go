@@ -201,16 +201,6 @@ func appendBatchArgs(args []any, ds []decision) []any {
 	return args
 }
 
-// batchReplies returns the replies of a script call that decided n
-// decisions, one per decision.
-func batchReplies(reply any, n int) ([]any, error) {
-	rs, ok := reply.([]any)
-	if !ok || len(rs) != n {
-		return nil, fmt.Errorf("ratelimit: unexpected script reply %T for %d decisions", reply, n)
-	}
-	return rs, nil
-}
-
 // replyFields is the number of 8-byte integers in the script's reply for
 // a decision under pl (script.go): only what the plan has.
 func (pl *plan) replyFields() int {
