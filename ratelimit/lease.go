@@ -50,6 +50,9 @@ type leaseTable struct {
 	// back, when set, is given what leases and reservations leave
 	// unspent (giveback.go).
 	back func(giveBack)
+	// prefix is the limiter's key prefix, for the record names each
+	// entry keeps (names).
+	prefix string
 }
 
 type leaseShard struct {
@@ -88,6 +91,12 @@ type leaseEntry struct {
 
 	// res is the key's reservation of its plan's long windows (reserve.go).
 	res reservation
+
+	// names are the key's record names under namesPl (stateKeys), made
+	// once rather than for every round trip; never changed in place, so
+	// a round trip may hold them after the shard's lock is released.
+	names   []string
+	namesPl *plan
 }
 
 func newLeaseTable(maxLease int, replicas func() int64) *leaseTable {
@@ -108,20 +117,21 @@ func (t *leaseTable) shard(key string) *leaseShard {
 }
 
 // take answers one request for key under pl from its lease (served, the
-// decision in d). When it cannot, it returns what to ask the script for;
-// wait, when not nil, is a lease round trip for the key already in
-// flight, which the caller may wait for and then call take again with
-// first false. first also counts the request toward the key's demand. A
-// caller given an ask with want > 1 must call done when its round trip
-// ends.
-func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}) {
+// decision in d). When it cannot, it returns what to ask the script for
+// and the key's record names under pl (nil when the table has no room
+// for the key); wait, when not nil, is a lease round trip for the key
+// already in flight, which the caller may wait for and then call take
+// again with first false. first also counts the request toward the key's
+// demand. A caller given an ask with want > 1 must call done when its
+// round trip ends.
+func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}, names []string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil {
 		if len(sh.keys) >= t.maxPerShard {
-			return false, noLease, nil
+			return false, noLease, nil, nil
 		}
 		e = &leaseEntry{curStart: now, ownStart: now}
 		sh.keys[key] = e
@@ -133,22 +143,32 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		if e.pl == pl && now.Before(e.deadline) {
 			e.left--
 			e.serve(now, d)
-			return true, noLease, nil
+			return true, noLease, nil, nil
 		}
 		t.dropLease(key, e)
 	}
 	if e.refill != nil {
 		if first {
-			return false, noLease, e.refill
+			return false, noLease, e.refill, nil
 		}
-		return false, noLease, nil
+		return false, noLease, nil, e.namesOf(t.prefix, key, pl)
 	}
 	k := e.size(pl, now, t.maxLease, t.rtt.Load())
 	if k <= 1 {
-		return false, noLease, nil
+		return false, noLease, nil, e.namesOf(t.prefix, key, pl)
 	}
 	e.refill = make(chan struct{})
-	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil
+	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil, e.namesOf(t.prefix, key, pl)
+}
+
+// namesOf returns the key's record names under pl (stateKeys), made
+// when the entry has none for pl. The caller holds the shard's lock.
+func (e *leaseEntry) namesOf(prefix, key string, pl *plan) []string {
+	if e.namesPl != pl {
+		ns := stateKeys(prefix, key, pl)
+		e.names, e.namesPl = ns[:len(ns):len(ns)], pl
+	}
+	return e.names
 }
 
 // done ends a lease round trip for key that started at sent. With ok, v

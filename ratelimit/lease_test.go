@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -739,6 +740,75 @@ func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
 		}
 		if leased[ph]*5 < requests[ph] {
 			t.Errorf("pooled, %s: %d of %d requests leased, want at least a fifth", name, leased[ph], requests[ph])
+		}
+	}
+}
+
+// TestRecordNamesFollowTheKeysPlan: the lease table keeps each key's
+// record names for the plan it last saw the key under (leaseEntry.names),
+// and a key that moves to another plan is decided on the records of that
+// plan's windows. Over generated pairs of plans with small limits, a key
+// is admitted a few times under the first, then under the second until
+// refused, on a frozen clock: the second admits exactly what its windows
+// leave, a window sharing the first's period (and so its record) counting
+// the first's admissions too, and once it admits, its records exist under
+// their names.
+// Names kept from the first plan would decide the second on the first's
+// records.
+func TestRecordNamesFollowTheKeysPlan(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 71)
+	small := func(ws []Window) []Window {
+		out := make([]Window, len(ws))
+		for i, w := range ws {
+			out[i] = Window{Limit: 1 + rng.Int64N(12), Period: w.Period}
+		}
+		return out
+	}
+	for c := range *invariantCases {
+		a := Policy{Name: "a", Windows: small(genPolicies(rng, 30*24*time.Hour)[0].Windows)}
+		b := Policy{Name: "b", Windows: small(genPolicies(rng, 30*24*time.Hour)[0].Windows)}
+		if rng.IntN(2) == 0 {
+			// A window of the first plan's period, with another limit.
+			w := a.Windows[rng.IntN(len(a.Windows))]
+			if !slices.ContainsFunc(b.Windows, func(x Window) bool { return x.Period == w.Period }) {
+				b.Windows = append(b.Windows, Window{Limit: 1 + rng.Int64N(12), Period: w.Period})
+			}
+		}
+		f := newFixture(t, Options{})
+		key := fmt.Sprint("k", c)
+		first := rng.Int64N(1 + slices.MinFunc(a.Windows, func(x, y Window) int { return cmp.Compare(x.Limit, y.Limit) }).Limit)
+		for i := range first {
+			if d := f.allow(t, key, a); !d.Allowed() {
+				t.Fatalf("case %d: request %d of %d under %v refused: %+v", c, i+1, first, a.Windows, d)
+			}
+		}
+		want := int64(math.MaxInt64)
+		for _, w := range b.Windows {
+			left := w.Limit
+			if slices.ContainsFunc(a.Windows, func(x Window) bool { return x.Period == w.Period }) {
+				left -= first
+			}
+			want = min(want, max(left, 0))
+		}
+		var got int64
+		for got <= want {
+			if !f.allow(t, key, b).Allowed() {
+				break
+			}
+			got++
+		}
+		if got != want {
+			t.Fatalf("case %d: %d admitted under %v after %d under %v; want %d", c, got, b.Windows, first, a.Windows, want)
+		}
+		pl := compile(b, DefaultBuckets, DefaultStrikeBuckets)
+		for i := range pl.windows {
+			if got == 0 {
+				break // a refusal writes no window
+			}
+			if name := windowKey(f.l.opts.Prefix, key, &pl.windows[i]); !f.mini.Exists(name) {
+				t.Fatalf("case %d: no record %s after deciding under %v (records %v)", c, name, b.Windows, f.mini.Keys())
+			}
 		}
 	}
 }

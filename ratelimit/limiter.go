@@ -230,6 +230,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
+		l.lease.prefix = opts.Prefix
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
 	}
@@ -387,8 +388,9 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 	// carrying them makes the round trip. Candidate windows evaluate every
 	// request: no leases for their keys.
 	ask := noLease
+	var names []string
 	if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
-		served, a, wait := l.lease.take(key, pl, start, first, d)
+		served, a, wait, ns := l.lease.take(key, pl, start, first, d)
 		if served {
 			pl.outcome[Allowed].Inc()
 			pl.leased.Inc()
@@ -398,16 +400,16 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 		if wait != nil {
 			return l.awaitLease(ctx, key, pl, wait, d)
 		}
-		ask = a
+		ask, names = a, ns
 	}
 	budget := l.opts.Timeout
 	if !entered.IsZero() {
 		budget -= time.Since(entered)
 	}
 	if pl.short != nil && extra == 0 && ask == noLease && l.lease != nil {
-		return l.reservedTrip(ctx, key, pl, start, budget, d)
+		return l.reservedTrip(ctx, key, pl, start, budget, names, d)
 	}
-	return l.roundTrip(ctx, key, pl, start, extra, ask, budget, d)
+	return l.roundTrip(ctx, key, pl, start, extra, ask, budget, names, d)
 }
 
 // awaitLease waits for the round trip in flight that is asking a lease
@@ -430,9 +432,9 @@ func (l *Limiter) awaitLease(ctx context.Context, key string, pl *plan, wait <-c
 // its own verdict by pointer, as allow's do: a request that makes a round
 // trip then waits for Redis within the stack a keep-alive connection
 // settles at (TestRoundTripRequestFitsTheConnectionStack in httpapi).
-func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision) error {
+func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision) error {
 	var v verdict
-	err := l.decide(ctx, key, pl, start, extra, ask, budget, d, &v, nil)
+	err := l.decide(ctx, key, pl, start, extra, ask, budget, names, d, &v, nil)
 	if ask.want > 1 {
 		l.lease.done(key, pl, start, &v, d, err == nil && !d.Degraded)
 	}
@@ -440,12 +442,13 @@ func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start tim
 }
 
 // decide asks Redis, or the fallback when it cannot answer, and fills d
-// and, when Redis answered, v.
+// and, when Redis answered, v. names are the key's record names under pl
+// when the caller has them (the lease table keeps them), nil otherwise.
 //
 // With rsv, the round trip also asks to reserve the plan's long windows
 // for the key's next requests (reserve.go), and the lease table keeps
 // what Redis granted.
-func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision, v *verdict, rsv *reserveAsk) error {
+func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision, v *verdict, rsv *reserveAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
 	}
@@ -459,7 +462,10 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	// next round trip.
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
-	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl)), pl: pl,
+	if names == nil {
+		names = stateKeys(l.opts.Prefix, key, pl)
+	}
+	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: pl,
 		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, reserve: rsv})}, budget)
 	if err == nil {
 		err = decodeInto(pl, reply, v)

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,10 @@ type plan struct {
 	// They name the same records as the plan, decide under its name and
 	// never reach the metrics, the plan cache or the registry.
 	short, long *plan
+	// shortNamesFirst: short's record names are the first of the plan's
+	// (stateKeys), as its windows are: a key's names under the plan, cut,
+	// serve its short part.
+	shortNamesFirst bool
 
 	counters
 }
@@ -130,6 +135,9 @@ func (pl *plan) split() {
 	}
 	pl.short = compile(Policy{Name: p.Name, Windows: p.Windows[:s], Ban: p.Ban, Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)
 	pl.long = compile(Policy{Name: p.Name, Windows: p.Windows[s:], Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)
+	// The names are the same for every key and prefix but for those.
+	whole, short := stateKeys("", "", pl), stateKeys("", "", pl.short)
+	pl.shortNamesFirst = len(short) <= len(whole) && slices.Equal(short, whole[:len(short)])
 }
 
 // banRule is a BanPolicy compiled: its strike window as a ring whose

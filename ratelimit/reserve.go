@@ -286,8 +286,8 @@ func (e *leaseEntry) dropReservation() (unspent int64) {
 // trip showed the demand and none is being asked already. (A function of
 // its own, so that allowShared's frame stays as small for every other
 // request.)
-func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, d *Decision) error {
-	if handled, err := l.spendReserved(ctx, key, pl, start, budget, d); handled {
+func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, names []string, d *Decision) error {
+	if handled, err := l.spendReserved(ctx, key, pl, start, budget, names, d); handled {
 		return err
 	}
 	var v verdict
@@ -301,7 +301,7 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 			ask = &reserveAsk{max: most, replicas: max(l.replicas.live(), 1), rtt: rtt}
 		}
 	}
-	err := l.decide(ctx, key, pl, start, 0, noLease, budget, d, &v, ask)
+	err := l.decide(ctx, key, pl, start, 0, noLease, budget, names, d, &v, ask)
 	// The table is written only when this changes it: most cold keys show
 	// no demand, decision after decision.
 	if demand := err == nil && l.lease.demands(pl, d, start); demand != warm || asking {
@@ -315,7 +315,7 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 // when it holds none, or the request must be decided whole (admissions
 // made without Redis to report, a plan being seeded): the caller then
 // decides as usual.
-func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, d *Decision) (handled bool, err error) {
+func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, names []string, d *Decision) (handled bool, err error) {
 	if l.breaker.isOpen() || budget <= 0 || l.reg.seeding(pl) != nil {
 		return false, nil
 	}
@@ -334,7 +334,13 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 	}
 	// The short windows are decided into their places in win.
 	sv := verdict{win: win[:len(pl.short.windows)]}
-	reply, err := l.batch.do(ctx, decision{keys: stateKeys(l.opts.Prefix, key, pl.short), pl: pl.short}, budget)
+	// The short part's records are the first of the whole plan's.
+	if n := pl.short.keyCount(); names != nil && pl.shortNamesFirst {
+		names = names[:n:n]
+	} else {
+		names = stateKeys(l.opts.Prefix, key, pl.short)
+	}
+	reply, err := l.batch.do(ctx, decision{keys: names, pl: pl.short}, budget)
 	if err == nil {
 		err = decodeInto(pl.short, reply, &sv)
 	}

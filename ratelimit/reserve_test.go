@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -1151,5 +1152,46 @@ func TestSweepKeepsWarmKeysOnlyWhileRoomLasts(t *testing.T) {
 	tbl.sweep(now)
 	if len(sh.keys) != 1 || sh.keys[keys[0]] == nil {
 		t.Fatalf("crowded shard after a sweep: %d keys, want the one holding a reservation", len(sh.keys))
+	}
+}
+
+// TestShortNamesAreTheFirstOfThePlans: a reserved decision sends the
+// first of the key's record names under the whole plan (the lease table
+// keeps those) as its short part's: over generated plans of short and
+// long windows, with a ban rule or none, the short part's names are
+// exactly the whole plan's first ones, whatever the key and prefix.
+func TestShortNamesAreTheFirstOfThePlans(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 72)
+	split := 0
+	for c := range 20 * *invariantCases {
+		p := genPolicies(rng, MaxPeriod)[0]
+		if rng.IntN(2) == 0 {
+			// A short and a long window at least, so that most plans split.
+			p.Windows = append(p.Windows, Window{Limit: genLimit(rng), Period: time.Duration(1+rng.Int64N(900)) * time.Second},
+				Window{Limit: genLimit(rng), Period: time.Duration(1+rng.Int64N(400)) * 24 * time.Hour})
+			p.Windows = slices.CompactFunc(slices.SortedFunc(slices.Values(p.Windows), func(x, y Window) int { return cmp.Compare(x.Period, y.Period) }),
+				func(x, y Window) bool { return x.Period == y.Period })
+		}
+		if err := p.Validate(); err != nil {
+			continue
+		}
+		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		if pl.short == nil {
+			continue
+		}
+		split++
+		if !pl.shortNamesFirst {
+			t.Fatalf("case %d: %v: the short part's names are not the plan's first", c, p.Windows)
+		}
+		prefix, key := fmt.Sprint("p", rng.IntN(3), ":"), fmt.Sprint("key-", rng.Uint64())
+		whole, short := stateKeys(prefix, key, pl), stateKeys(prefix, key, pl.short)
+		if n := pl.short.keyCount(); len(short) != n || !slices.Equal(short, whole[:n]) {
+			t.Fatalf("case %d: %v: short names %q, the plan's %q", c, p.Windows, short, whole)
+		}
+	}
+	if split < *invariantCases {
+		t.Fatalf("only %d of the generated plans split into a short and a long part", split)
 	}
 }
