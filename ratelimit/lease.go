@@ -147,18 +147,19 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		}
 		t.dropLease(key, e)
 	}
+	names = e.namesOf(t.prefix, key, pl)
 	if e.refill != nil {
 		if first {
-			return false, noLease, e.refill, nil
+			return false, noLease, e.refill, names
 		}
-		return false, noLease, nil, e.namesOf(t.prefix, key, pl)
+		return false, noLease, nil, names
 	}
 	k := e.size(pl, now, t.maxLease, t.rtt.Load())
 	if k <= 1 {
-		return false, noLease, nil, e.namesOf(t.prefix, key, pl)
+		return false, noLease, nil, names
 	}
 	e.refill = make(chan struct{})
-	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil, e.namesOf(t.prefix, key, pl)
+	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil, names
 }
 
 // namesOf returns the key's record names under pl (stateKeys), made
