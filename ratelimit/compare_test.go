@@ -57,8 +57,10 @@ import (
 // clients sent: a script's inner commands count in the script's time),
 // the commands a script called per decision and their own time (a part
 // of the script's: the rest is the script's code and its calls'
-// plumbing), and the client's allocations per decision; and the ratio of
-// this limiter's Redis CPU to redis_rate's.
+// plumbing), and the client's allocations and CPU per decision (this
+// process's user and system time around each round, the collector's
+// included: what a server spends on deciding, HTTP aside); and the ratio
+// of this limiter's Redis CPU to redis_rate's.
 //
 //	PETSTORE_TEST_REDIS_ADDR=127.0.0.1:6379 go test ./ratelimit -run '^$' -bench CompareLimiters -benchtime 100000x
 //
@@ -212,6 +214,9 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				b.ReportMetric(float64(c.inner)/n, c.name+"-script-cmds/decision")
 				b.ReportMetric(c.innerUsec/n, c.name+"-script-cmd-us/decision")
 				b.ReportMetric(float64(c.mallocs)/n, c.name+"-allocs/decision")
+				if _, ok := testenv.ProcessCPU(); ok {
+					b.ReportMetric(c.client.Seconds()*1e6/n, c.name+"-client-cpu-us/decision")
+				}
 			}
 			// The ratios of one machine's figures, measured in the same
 			// rounds: steadier from machine to machine than either.
@@ -272,6 +277,9 @@ type contender struct {
 	inner     int64
 	innerUsec float64
 	mallocs   uint64
+	// client is this process's CPU over its rounds: the limiter's own,
+	// its pipelines' and the collector's, without Redis's.
+	client time.Duration
 }
 
 // run makes b.N decisions over keys, in turn, from compareCallers
@@ -281,6 +289,7 @@ func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
 	cpu0, stats0 := redisCPU(b, rdb), allCommandStats(b, rdb)
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
+	client0, _ := testenv.ProcessCPU()
 	var denied atomic.Int64
 	elapsed := inParallel(int64(b.N), func(i int64) bool {
 		ok, err := c.allow(ctx, keys[i%int64(len(keys))])
@@ -294,6 +303,8 @@ func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
 		return true
 	})
 	c.elapsed += elapsed
+	client1, _ := testenv.ProcessCPU()
+	c.client += client1 - client0
 	runtime.ReadMemStats(&ms1)
 	c.mallocs += ms1.Mallocs - ms0.Mallocs
 	c.cpu += redisCPU(b, rdb) - cpu0

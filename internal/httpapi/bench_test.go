@@ -16,6 +16,7 @@ import (
 
 	"github.com/animal-store/petstore/internal/memstore"
 	"github.com/animal-store/petstore/internal/pet"
+	"github.com/animal-store/petstore/internal/testenv"
 	"github.com/animal-store/petstore/ratelimit"
 )
 
@@ -110,18 +111,18 @@ func BenchmarkStackVsBareChi(b *testing.B) {
 	const block = 2000
 	var spent, cpu [2]time.Duration
 	var n [2]int
-	_, haveCPU := processCPU()
+	_, haveCPU := testenv.ProcessCPU()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i += 2 * block {
 		for k, h := range []http.Handler{stack, bare} {
 			start := time.Now()
-			cpuStart, _ := processCPU()
+			cpuStart, _ := testenv.ProcessCPU()
 			for j := 0; j < block && i+j < b.N; j++ {
 				serve(h)
 				n[k]++
 			}
-			cpuEnd, _ := processCPU()
+			cpuEnd, _ := testenv.ProcessCPU()
 			spent[k] += time.Since(start)
 			cpu[k] += cpuEnd - cpuStart
 		}

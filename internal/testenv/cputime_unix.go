@@ -1,15 +1,15 @@
 //go:build unix
 
-package httpapi
+package testenv
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the CPU time this process has used so far, user and
+// ProcessCPU returns the CPU time this process has used so far, user and
 // system, in all its threads (so the garbage collector's too).
-func processCPU() (time.Duration, bool) {
+func ProcessCPU() (time.Duration, bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false
