@@ -18,7 +18,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -602,7 +601,7 @@ func BenchmarkSimulate(b *testing.B) {
 		}
 		b.Run(map[bool]string{false: "plain", true: "gzip"}[compressed], func(b *testing.B) {
 			b.SetBytes(size)
-			cpu0 := cpuTime(b)
+			cpu0 := processCPU(b)
 			for b.Loop() {
 				if err := run(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard); err != nil {
 					b.Fatal(err)
@@ -611,16 +610,7 @@ func BenchmarkSimulate(b *testing.B) {
 			// Wall time depends on what else the machine runs; the CPU
 			// time the process spent (all goroutines) much less so.
 			b.ReportMetric(float64(lines)*float64(b.N)/b.Elapsed().Seconds(), "lines/s")
-			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(lines)/float64(b.N), "cpu-ns/line")
+			b.ReportMetric(float64(processCPU(b)-cpu0)/float64(lines)/float64(b.N), "cpu-ns/line")
 		})
 	}
-}
-
-// cpuTime returns the CPU time the process has used, user and system.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -498,11 +497,11 @@ func medianPing(b *testing.B, rdb *redis.Client) time.Duration {
 
 // processCPU returns this process's user and system CPU time.
 func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
+	cpu, ok := testenv.ProcessCPU()
+	if !ok {
+		b.Fatal("this system's CPU time is not read")
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return cpu
 }
 
 // gcCPU returns the CPU seconds the collector has spent so far, as the
