@@ -323,3 +323,15 @@ func batchReplies(reply any, n int) ([]any, error) {
 	}
 	return rs, nil
 }
+
+// decode is decodeInto for a test holding a reply as go-redis returns an
+// untyped one (the batcher reads replies as strings).
+func decode(pl *plan, reply any) (verdict, error) {
+	var v verdict
+	s, ok := reply.(string)
+	if !ok {
+		return v, fmt.Errorf("ratelimit: unexpected script reply %T", reply)
+	}
+	err := decodeInto(pl, s, &v)
+	return v, err
+}

@@ -236,21 +236,10 @@ func (pl *plan) shortReply(n int) (short, banFields bool) {
 	return false, false
 }
 
-// decode turns the script's reply for a decision under pl (8-byte
-// big-endian integers, see script.go) into a verdict. A window's remaining
-// is what its limit leaves of used.
-func decode(pl *plan, reply any) (verdict, error) {
-	var v verdict
-	s, ok := reply.(string)
-	if !ok {
-		return v, fmt.Errorf("ratelimit: unexpected script reply %T", reply)
-	}
-	err := decodeInto(pl, s, &v)
-	return v, err
-}
-
-// decodeInto is decode of the reply s into the caller's v (left as it
-// was on an error), for a caller that keeps its frame small.
+// decodeInto turns the script's reply s for a decision under pl (8-byte
+// big-endian integers, see script.go) into the caller's verdict out (left
+// as it was on an error). A window's remaining is what its limit leaves
+// of used.
 func decodeInto(pl *plan, s string, out *verdict) error {
 	if strings.HasPrefix(s, "E") {
 		return fmt.Errorf("ratelimit: script: %s", s[1:])
