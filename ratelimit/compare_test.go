@@ -220,8 +220,12 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			}
 			// The ratios of one machine's figures, measured in the same
 			// rounds: steadier from machine to machine than either.
+			_, clientCPU := testenv.ProcessCPU()
 			for _, c := range contenders[1:] {
 				b.ReportMetric(contenders[0].cpu.Seconds()/c.cpu.Seconds(), "petstore/"+c.name+"-redis-cpu")
+				if clientCPU {
+					b.ReportMetric(contenders[0].client.Seconds()/c.client.Seconds(), "petstore/"+c.name+"-client-cpu")
+				}
 			}
 			// (Counted from this limiter's decisions only: the whole
 			// one's take neither.)
