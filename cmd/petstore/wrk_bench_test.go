@@ -237,6 +237,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric((rr.requests/rr.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "redis_rate/off")
 			b.ReportMetric(perReq(rr.cpu, rr.requests)-perReq(off.cpu, off.requests), "redis_rate-server-cpu-us/req")
 			b.ReportMetric(perReq(rr.rcp, rr.requests), "redis_rate-redis-cpu-us/req")
+			// The same as shares of redis_rate's: what moves least from one
+			// machine to the next, where the absolute figures move twofold.
+			b.ReportMetric(perReq(on.rcp, on.requests)/perReq(rr.rcp, rr.requests), "on/redis_rate-redis-cpu")
+			b.ReportMetric((perReq(on.cpu, on.requests)-perReq(off.cpu, off.requests))/
+				(perReq(rr.cpu, rr.requests)-perReq(off.cpu, off.requests)), "on/redis_rate-server-cpu-added")
 			// The rate-limit fields alone, no limiter behind them: what the
 			// contract's fields cost the stack, the ceiling of on/off for
 			// any limiter; on/fields is the limiter's own share.
