@@ -207,6 +207,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			}
 			b.StopTimer()
 			n := float64(rounds * b.N)
+			_, clientCPU := testenv.ProcessCPU()
 			for _, c := range contenders {
 				b.ReportMetric(n/c.elapsed.Seconds(), c.name+"-decisions/s")
 				b.ReportMetric(c.cpu.Seconds()*1e6/n, c.name+"-redis-cpu-us/decision")
@@ -214,13 +215,12 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				b.ReportMetric(float64(c.inner)/n, c.name+"-script-cmds/decision")
 				b.ReportMetric(c.innerUsec/n, c.name+"-script-cmd-us/decision")
 				b.ReportMetric(float64(c.mallocs)/n, c.name+"-allocs/decision")
-				if _, ok := testenv.ProcessCPU(); ok {
+				if clientCPU {
 					b.ReportMetric(c.client.Seconds()*1e6/n, c.name+"-client-cpu-us/decision")
 				}
 			}
 			// The ratios of one machine's figures, measured in the same
 			// rounds: steadier from machine to machine than either.
-			_, clientCPU := testenv.ProcessCPU()
 			for _, c := range contenders[1:] {
 				b.ReportMetric(contenders[0].cpu.Seconds()/c.cpu.Seconds(), "petstore/"+c.name+"-redis-cpu")
 				if clientCPU {
