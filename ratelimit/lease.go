@@ -53,6 +53,9 @@ type leaseTable struct {
 	// prefix is the limiter's key prefix, for the record names each
 	// entry keeps (names).
 	prefix string
+	// untracked counts the requests of keys the table had no room for
+	// (their shard full), until the sweep hands them to the metrics.
+	untracked atomic.Int64
 }
 
 type leaseShard struct {
@@ -131,6 +134,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 	e := sh.keys[key]
 	if e == nil {
 		if len(sh.keys) >= t.maxPerShard {
+			t.untracked.Add(1)
 			return false, noLease, nil, nil
 		}
 		e = &leaseEntry{curStart: now, ownStart: now}
@@ -355,7 +359,7 @@ func (t *leaseTable) release() (leased, reserved int64) {
 // last round trip showed before its next request, and never reserve. Such
 // keys are kept only while their shard is at most half full, so that they
 // never crowd out the keys that lease.
-func (t *leaseTable) sweep(now time.Time) {
+func (t *leaseTable) sweep(now time.Time) (kept int) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
@@ -370,6 +374,8 @@ func (t *leaseTable) sweep(now time.Time) {
 				delete(sh.keys, k)
 			}
 		}
+		kept += len(sh.keys)
 		sh.mu.Unlock()
 	}
+	return kept
 }

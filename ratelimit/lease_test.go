@@ -812,3 +812,65 @@ func TestRecordNamesFollowTheKeysPlan(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseTableCountsKeysItHasNoRoomFor: a key whose shard is full gets no
+// entry (no record names, so no lease or reservation) and is counted as
+// untracked; the sweep reports the keys it keeps and frees idle ones.
+func TestLeaseTableCountsKeysItHasNoRoomFor(t *testing.T) {
+	t.Parallel()
+	lt := newLeaseTable(64, func() int64 { return 1 })
+	lt.maxPerShard = 1
+	pl := compile(perMinute(1000), DefaultBuckets, DefaultStrikeBuckets)
+	full := map[*leaseShard]bool{}
+	tracked, untracked := 0, 0
+	var d Decision
+	for i := 0; untracked < 5; i++ {
+		k := fmt.Sprint("k", i)
+		sh := lt.shard(k)
+		served, _, _, names := lt.take(k, pl, epoch, true, &d)
+		switch {
+		case served:
+			t.Fatalf("%s served with no lease granted", k)
+		case full[sh] && names != nil:
+			t.Fatalf("%s given an entry in a full shard", k)
+		case full[sh]:
+			untracked++
+		case names == nil:
+			t.Fatalf("%s refused an entry in an empty shard", k)
+		default:
+			full[sh] = true
+			tracked++
+		}
+	}
+	if got := lt.untracked.Load(); got != int64(untracked) {
+		t.Errorf("untracked %d, want %d", got, untracked)
+	}
+	if kept := lt.sweep(epoch); kept != tracked {
+		t.Errorf("the sweep kept %d keys, want the %d tracked", kept, tracked)
+	}
+	if kept := lt.sweep(epoch.Add(time.Hour)); kept != 0 {
+		t.Errorf("the sweep kept %d keys idle for an hour", kept)
+	}
+}
+
+// TestTrackedKeysReported: the sweep publishes the lease table's size and
+// the requests it had no room for.
+func TestTrackedKeysReported(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	p := perMinute(1000)
+	for i := range 3 {
+		if d := f.allow(t, fmt.Sprint("k", i), p); !d.Allowed() {
+			t.Fatalf("k%d: %+v", i, d)
+		}
+	}
+	// Stands in for requests a full table turned away (two keys' worth).
+	f.l.lease.untracked.Add(2)
+	f.l.sweep(f.clk.Now())
+	if got := testenv.MetricValue(t, f.l.met.trackedKeys); got != 3 {
+		t.Errorf("petstore_ratelimit_tracked_keys %v, want 3", got)
+	}
+	if got := testenv.CounterSum(t, f.reg, "petstore_ratelimit_untracked_total", nil); got != 2 {
+		t.Errorf("petstore_ratelimit_untracked_total %v, want 2", got)
+	}
+}

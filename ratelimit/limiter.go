@@ -769,17 +769,25 @@ func (l *Limiter) sweepLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			now := l.now()
-			l.local.sweep(now.UnixMicro())
-			if l.fb != nil {
-				l.fb.sweep(now.UnixMicro())
-			}
-			if l.cache != nil {
-				l.cache.sweep(now)
-			}
-			if l.lease != nil {
-				l.lease.sweep(now)
-			}
+			l.sweep(l.now())
+		}
+	}
+}
+
+// sweep drops the state of keys idle at now and reports how full the
+// lease table is.
+func (l *Limiter) sweep(now time.Time) {
+	l.local.sweep(now.UnixMicro())
+	if l.fb != nil {
+		l.fb.sweep(now.UnixMicro())
+	}
+	if l.cache != nil {
+		l.cache.sweep(now)
+	}
+	if l.lease != nil {
+		l.met.trackedKeys.Set(float64(l.lease.sweep(now)))
+		if n := l.lease.untracked.Swap(0); n > 0 {
+			l.met.untracked.Add(float64(n))
 		}
 	}
 }

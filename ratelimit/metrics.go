@@ -29,6 +29,8 @@ type metrics struct {
 	breakerTrips    prometheus.Counter
 	local           *prometheus.CounterVec
 	replicasLive    prometheus.Gauge
+	trackedKeys     prometheus.Gauge
+	untracked       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -111,6 +113,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "replicas_live",
 			Help: "Live replicas last counted through Redis heartbeats; the fallback divides limits by it.",
 		}),
+		trackedKeys: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "tracked_keys",
+			Help: "Keys this replica tracks for leases and reservations after its last sweep (at most 65536).",
+		}),
+		untracked: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "untracked_total",
+			Help: "Requests of keys this replica had no room to track: each decided by its own Redis round trip, never leased or reserved.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -171,6 +181,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.replicasLive, err = register(reg, m.replicasLive); err != nil {
+		return nil, err
+	}
+	if m.trackedKeys, err = register(reg, m.trackedKeys); err != nil {
+		return nil, err
+	}
+	if m.untracked, err = register(reg, m.untracked); err != nil {
 		return nil, err
 	}
 	return m, nil
