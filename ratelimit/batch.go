@@ -74,6 +74,9 @@ type batcher struct {
 	// full is signalled when a script call's worth of decisions is
 	// queued: a held batch then goes at once.
 	full chan struct{}
+	// finalized is the script's finalize argument (finalize.go); nil:
+	// never finalized.
+	finalized func() any
 }
 
 func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout, hold time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
@@ -250,12 +253,16 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	if b.noFunctions.Load() {
 		command, name = "evalsha", b.sc.sha
 	}
+	fin := notFinalized
+	if b.finalized != nil {
+		fin = b.finalized()
+	}
 	for i, g := range groups {
 		ds = ds[:0]
 		for _, c := range batch[g.from:g.to] {
 			ds = append(ds, c.decision)
 		}
-		cmds[i] = redis.NewStringSliceCmd(ctx, batchCall(command, name, ds)...)
+		cmds[i] = redis.NewStringSliceCmd(ctx, batchCall(command, name, ds, fin)...)
 		_ = pipe.Process(ctx, cmds[i])
 	}
 	_, err := pipe.Exec(ctx)

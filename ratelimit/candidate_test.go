@@ -241,9 +241,12 @@ func TestCandidateThroughTheLimiter(t *testing.T) {
 			return
 		}
 		// Dropped from the plan, the candidate's record expires with its
-		// period.
-		key := stateKeys(l.opts.Prefix, "k", compile(p, DefaultBuckets, DefaultStrikeBuckets))[2]
-		if ttl, err := l.rdb.PTTL(ctx, key).Result(); err != nil || ttl <= 0 || ttl > time.Minute+10*time.Second {
+		// period: by the end of its head's epoch (a quarter of a period)
+		// and a period and two buckets.
+		cpl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
+		key, r := stateKeys(l.opts.Prefix, "k", cpl)[2], cpl.candidates[0]
+		most := time.Duration(r.n/4*r.gran+r.ttlMS*1000) * time.Microsecond
+		if ttl, err := l.rdb.PTTL(ctx, key).Result(); err != nil || ttl <= 0 || ttl > most {
 			t.Fatalf("candidate record %s TTL %s %v", key, ttl, err)
 		}
 	})

@@ -63,7 +63,13 @@ func loadPathLibrary(t testing.TB, rdb *redis.Client) *pathLibrary {
 }
 
 func (p *pathLibrary) decide(ctx context.Context, ds []decision) ([]any, error) {
-	keys, args := batchCommand(ds)
+	return p.decideAt(ctx, ds, 0)
+}
+
+// decideAt is decide on a replica that finalized records at fin (µs; 0:
+// not finalized).
+func (p *pathLibrary) decideAt(ctx context.Context, ds []decision, fin int64) ([]any, error) {
+	keys, args := batchCommandAt(ds, fin)
 	reply, err := p.rdb.FCall(ctx, p.fn, keys, args...).Result()
 	if err != nil {
 		return nil, err

@@ -56,8 +56,12 @@ import "time"
 // threshold.
 //
 // Window record: version (1), ring, and once a lease has been granted on
-// it, the lease cap (an extension, below). TTL: refreshed to period + 2
-// buckets whenever its head moves.
+// it, the lease cap (an extension, below). TTL: until the end of its head
+// bucket's epoch (n/4 buckets) plus the period, two buckets and a
+// millisecond; set whenever its head moves, and once records are
+// finalized (finalize.go) only when it moves into a new epoch. Releases
+// before finalizing refresh it to the period, two buckets and a
+// millisecond from now on every head move, never later than this.
 //
 // Lease cap (window record, after the ring; absent until a lease is
 // granted on the window):

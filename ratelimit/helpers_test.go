@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -231,11 +234,17 @@ func evalDecision(ctx context.Context, rdb redis.Scripter, keys []string, pl *pl
 // (loading its library first), as the batcher does on a Redis with
 // Functions, and returns their replies.
 func fcallBatch(ctx context.Context, rdb redis.UniversalClient, ds []decision) ([]any, error) {
+	return fcallBatchAt(ctx, rdb, ds, 0)
+}
+
+// fcallBatchAt is fcallBatch on a replica that finalized records at fin
+// (µs; 0: not finalized).
+func fcallBatchAt(ctx context.Context, rdb redis.UniversalClient, ds []decision, fin int64) ([]any, error) {
 	b := &batcher{rdb: rdb, sc: decisionScript()}
 	if err := b.loadFunction(ctx); err != nil {
 		return nil, err
 	}
-	keys, args := batchCommand(ds)
+	keys, args := batchCommandAt(ds, fin)
 	reply, err := rdb.FCall(ctx, b.sc.fn, keys, args...).Result()
 	if err != nil {
 		return nil, err
@@ -246,12 +255,46 @@ func fcallBatch(ctx context.Context, rdb redis.UniversalClient, ds []decision) (
 // evalBatch makes the decisions ds in one script call, as the batcher
 // does where Redis has no Functions, and returns their replies.
 func evalBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, error) {
+	return evalBatchAt(ctx, rdb, ds, 0)
+}
+
+// evalBatchAt is evalBatch on a replica that finalized records at fin
+// (µs; 0: not finalized).
+func evalBatchAt(ctx context.Context, rdb redis.Scripter, ds []decision, fin int64) ([]any, error) {
 	sc := decisionScript()
-	keys, args := batchCommand(ds)
+	keys, args := batchCommandAt(ds, fin)
 	reply, err := rdb.EvalSha(ctx, sc.sha, keys, args...).Result()
 	if isNoScript(err) {
 		reply, err = rdb.Eval(ctx, sc.src, keys, args...).Result()
 	}
+	if err != nil {
+		return nil, err
+	}
+	return batchReplies(reply, len(ds))
+}
+
+// olderScript is the decision script of the release before records could
+// be finalized (testdata/decide-before-finalize.lua).
+var olderScript = sync.OnceValues(func() (*redis.Script, error) {
+	src, err := os.ReadFile("testdata/decide-before-finalize.lua")
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewScript(string(src)), nil
+})
+
+// olderBatch makes the decisions ds in one call of the release before
+// records could be finalized, as its replicas do where Redis has no
+// Functions: its arguments are this release's without the finalize
+// argument (ARGV[2]), its records and replies the same.
+func olderBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, error) {
+	sc, err := olderScript()
+	if err != nil {
+		return nil, err
+	}
+	keys, args := batchCommand(ds)
+	args = slices.Delete(args, 1, 2)
+	reply, err := sc.Run(ctx, rdb, keys, args...).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -289,11 +332,17 @@ func silentServer(t *testing.T) string {
 // batchCommand returns the KEYS and ARGV of the script call batchCall
 // makes, for calls made through go-redis's FCall and Eval.
 func batchCommand(ds []decision) ([]string, []any) {
+	return batchCommandAt(ds, 0)
+}
+
+// batchCommandAt is batchCommand for a replica that finalized records
+// at fin (µs; 0: not finalized).
+func batchCommandAt(ds []decision, fin int64) ([]string, []any) {
 	var keys []string
 	for i := range ds {
 		keys = append(keys, ds[i].keys...)
 	}
-	return keys, appendBatchArgs(nil, ds)
+	return keys, appendBatchArgs(nil, ds, strconv.FormatInt(fin, 10))
 }
 
 // replicasOn returns n limiters sharing rdb under a fresh key prefix, as

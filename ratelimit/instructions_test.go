@@ -323,7 +323,7 @@ redis.register_function('flat_sketch', function(keys, args)
   local t = call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local calls, pos = args[1], 1
-  local V = {u('>' .. rep('I8', #args[2] / 8), args[2], 1)}
+  local V = {u('>' .. rep('I8', #args[3] / 8), args[3], 1)}
   local l1, P1, g1, n1, u1, ttl1 = V[2], V[3], V[4], V[5], V[6], tostring(V[7])
   local l2, P2, g2, n2, u2 = V[8], V[9], V[10], V[11], V[12]
   local out = {}

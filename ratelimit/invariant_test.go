@@ -238,6 +238,49 @@ type invariantDriver struct {
 	banUntil            int64
 	offences, offenceAt int64
 	bans                int
+	// finAt is when the case's records were finalized (µs; 0: never),
+	// and older whether replicas of the release before finalizing
+	// decide too, until then (finalize.go): a rolling upgrade, then the
+	// operator's step. Of the decisions after finAt, some are made by
+	// replicas that have not yet read the mark. calls counts the calls
+	// made finalized, not yet knowing it, and by the older release.
+	finAt      int64
+	finalizeAt int
+	older      bool
+	calls      [3]int
+}
+
+// finalizeCase draws how the case's replicas write records, over its
+// steps: never finalized (a third of cases), finalized from the start,
+// or at a step drawn (finalizeAt), with replicas of the release before
+// finalizing deciding beside this one's until then in half of the cases
+// not finalized from the start.
+func (d *invariantDriver) finalizeCase(steps int) {
+	d.finalizeAt = -1
+	switch d.rng.IntN(3) {
+	case 1:
+		d.finAt = 1
+	case 2:
+		d.finalizeAt = 1 + d.rng.IntN(steps-1)
+	}
+	d.older = d.finAt == 0 && d.rng.IntN(2) == 0
+}
+
+// stepTo is called before each step: the operator finalizes at step
+// finalizeAt, once the older release is gone.
+func (d *invariantDriver) stepTo(step int) {
+	if step == d.finalizeAt {
+		d.finAt = d.clock() + 1
+	}
+}
+
+// clock is the time a call is made at: the test's on miniredis, the
+// server's (this machine's) on a real Redis.
+func (d *invariantDriver) clock() int64 {
+	if d.mini != nil {
+		return d.now
+	}
+	return time.Now().UnixMicro()
 }
 
 func newInvariantDriver(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, policies []Policy) *invariantDriver {
@@ -299,14 +342,33 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 // decide makes the decisions ds in one call: on a real Redis as the
 // Function the limiter calls there (FCALL), on miniredis as the script
 // (EVAL), its fallback.
+//
+// Before finAt (or with none) a third of the calls are the older
+// release's when the case has one; after it a quarter are made by
+// replicas that have not read the mark yet.
 func (d *invariantDriver) decide(ds []decision) ([]any, error) {
+	ctx := context.Background()
+	fin := d.finAt
+	if fin == 0 {
+		if d.older && d.rng.IntN(3) == 0 {
+			d.calls[2]++
+			return olderBatch(ctx, d.rdb, ds)
+		}
+	} else if d.rng.IntN(4) == 0 {
+		fin = 0
+	}
+	if fin > 0 {
+		d.calls[0]++
+	} else {
+		d.calls[1]++
+	}
 	if d.lib != nil {
-		return d.lib.decide(context.Background(), ds)
+		return d.lib.decideAt(ctx, ds, fin)
 	}
 	if d.mini == nil {
-		return fcallBatch(context.Background(), d.rdb, ds)
+		return fcallBatchAt(ctx, d.rdb, ds, fin)
 	}
-	return evalBatch(context.Background(), d.rdb, ds)
+	return evalBatchAt(ctx, d.rdb, ds, fin)
 }
 
 // batch decides one request under each plan is[j], asking for wants[j]
@@ -661,8 +723,10 @@ func (d *invariantDriver) step(lastPlan int) int {
 func runInvariantCase(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, policies []Policy, steps int) *invariantDriver {
 	d := newInvariantDriver(t, rng, rdb, mini, policies)
 	d.now = time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	d.finalizeCase(steps)
 	plan := 0
-	for range steps {
+	for i := range steps {
+		d.stepTo(i)
 		plan = d.step(plan)
 	}
 	return d
@@ -679,7 +743,7 @@ func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
 	m.ClockTTL(true)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	var total [3]int
+	var total, calls [3]int
 	leases, honoured, bans := 0, 0, 0
 	for c := range *invariantCases {
 		policies := genPolicies(rng, MaxPeriod)
@@ -692,12 +756,14 @@ func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
 		}
 		for i := range total {
 			total[i] += d.stats[i]
+			calls[i] += d.calls[i]
 		}
 		leases, honoured, bans = leases+d.leases, honoured+d.honoured, bans+d.bans
 	}
-	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After; %d bans begun", total[0], total[1], total[2], leases, honoured, bans)
-	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 || bans == 0 {
-		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured, %d bans", total, leases, honoured, bans)
+	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After; %d bans begun; calls %d finalized, %d not, %d by the release before",
+		total[0], total[1], total[2], leases, honoured, bans, calls[0], calls[1], calls[2])
+	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 || bans == 0 || calls[0] == 0 || calls[1] == 0 || calls[2] == 0 {
+		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured, %d bans, calls %v", total, leases, honoured, bans, calls)
 	}
 }
 
@@ -715,9 +781,9 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 	// decisions each of its paths makes: both must be checked here.
 	lib := loadPathLibrary(t, rdb)
 	var (
-		mu       sync.Mutex
-		total    [3]int
-		honoured int
+		mu           sync.Mutex
+		total, calls [3]int
+		honoured     int
 	)
 	for c := range cases {
 		// Periods up to 50 ms half the time, so that real time moves them.
@@ -732,8 +798,10 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 3))
 			d := newInvariantDriver(t, rng, rdb, nil, policies)
 			d.lib = lib
+			d.finalizeCase(120)
 			plan := 0
-			for range 120 {
+			for i := range 120 {
+				d.stepTo(i)
 				plan = d.step(plan)
 				// Honour the last Retry-After by sleeping it, when short.
 				if r := d.refused[plan]; r.ok && r.seq == d.seq && r.retry < int64(30*time.Millisecond/time.Microsecond) && rng.IntN(3) == 0 {
@@ -750,15 +818,16 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 			defer mu.Unlock()
 			for i := range total {
 				total[i] += d.stats[i]
+				calls[i] += d.calls[i]
 			}
 		})
 	}
 	t.Cleanup(func() {
 		fast, general := lib.paths(t)
-		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After; %d by the fast path, %d by decide",
-			total[0], total[1], total[2], honoured, fast, general)
-		if fast == 0 || general == 0 {
-			t.Errorf("the generated traffic left a path unchecked: fast %d, decide %d", fast, general)
+		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After; %d by the fast path, %d by decide; calls %d finalized, %d not, %d by the release before",
+			total[0], total[1], total[2], honoured, fast, general, calls[0], calls[1], calls[2])
+		if fast == 0 || general == 0 || calls[0] == 0 || calls[1] == 0 || calls[2] == 0 {
+			t.Errorf("the generated traffic left a path unchecked: fast %d, decide %d, calls %v", fast, general, calls)
 		}
 	})
 }

@@ -226,7 +226,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	if opts.CacheSize > 0 {
 		l.cache = newRejectCache(opts.CacheSize, opts.FlushEvery, opts.FlushInterval, opts.BanRevalidate)
 	}
-	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, met)
+	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, met, opts.Logger)
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
@@ -254,6 +254,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 			l.breaker.succeeded()
 		}
 	}, func(d time.Duration) { met.queueWait.Observe(d.Seconds()) })
+	l.batch.finalized = l.replicas.finalized
 	for range opts.Pipelines {
 		l.goBackground(ctx, l.batch.run)
 	}

@@ -29,6 +29,8 @@ type metrics struct {
 	breakerTrips    prometheus.Counter
 	local           *prometheus.CounterVec
 	replicasLive    prometheus.Gauge
+	olderReplicas   prometheus.Gauge
+	finalized       prometheus.Gauge
 	trackedKeys     prometheus.Gauge
 	untracked       prometheus.Counter
 }
@@ -113,6 +115,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "replicas_live",
 			Help: "Live replicas last counted through Redis heartbeats; the fallback divides limits by it.",
 		}),
+		olderReplicas: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "older_replicas",
+			Help: "Live replicas, last counted through Redis heartbeats, of a release before finalizing was possible; 'petstore limits finalize' refuses while any run, and finalized records are not in force.",
+		}),
+		finalized: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "records_finalized",
+			Help: "1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of half its window, not on every head move.",
+		}),
 		trackedKeys: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "tracked_keys",
 			Help: "Keys this replica tracks for leases and reservations after its last sweep (at most 65536).",
@@ -181,6 +191,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.replicasLive, err = register(reg, m.replicasLive); err != nil {
+		return nil, err
+	}
+	if m.olderReplicas, err = register(reg, m.olderReplicas); err != nil {
+		return nil, err
+	}
+	if m.finalized, err = register(reg, m.finalized); err != nil {
 		return nil, err
 	}
 	if m.trackedKeys, err = register(reg, m.trackedKeys); err != nil {

@@ -152,30 +152,32 @@ const scriptBatch = 64
 // batchCall returns the whole command of one script call that decides
 // ds in order (script.go): command and name (FCALL and the function, or
 // EVALSHA and the script's SHA1), the key count, every decision's keys,
-// one after the other, then the arguments (appendBatchArgs). Each key
+// one after the other, then the arguments (appendBatchArgs, with the
+// finalize argument fin). Each key
 // goes as a pointer into its decision's own keys, which go-redis writes as
 // the string it points to: no key is copied or boxed on its way.
-func batchCall(command, name string, ds []decision) []any {
+func batchCall(command, name string, ds []decision, fin any) []any {
 	nkeys := 0
 	for i := range ds {
 		nkeys += len(ds[i].keys)
 	}
 	// (Room for the arguments of one plan, as a batch mostly has.)
-	cmd := make([]any, 0, 3+nkeys+4)
+	cmd := make([]any, 0, 3+nkeys+5)
 	cmd = append(cmd, command, name, nkeys)
 	for i := range ds {
 		for j := range ds[i].keys {
 			cmd = append(cmd, &ds[i].keys[j])
 		}
 	}
-	return appendBatchArgs(cmd, ds)
+	return appendBatchArgs(cmd, ds, fin)
 }
 
 // appendBatchArgs appends to args the ARGV of the script call that
 // decides ds: the decisions' numbers, each behind its key count, plan
-// index and number count; and each distinct plan's numbers and ban
-// multipliers, once.
-func appendBatchArgs(args []any, ds []decision) []any {
+// index and number count; the finalize argument fin (finalize.go: when
+// the records were finalized, in µs, or "0"); and each distinct plan's
+// numbers and ban multipliers, once.
+func appendBatchArgs(args []any, ds []decision, fin any) []any {
 	nbytes := 0
 	for i := range ds {
 		nbytes += 24 + len(ds[i].nums)
@@ -194,7 +196,7 @@ func appendBatchArgs(args []any, ds []decision) []any {
 		calls = binary.BigEndian.AppendUint64(calls, uint64(len(d.nums)/8))
 		calls = append(calls, d.nums...)
 	}
-	args = append(args, calls)
+	args = append(args, calls, fin)
 	for _, pl := range plans {
 		args = append(args, pl.argv[:]...)
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +30,13 @@ type replicas struct {
 	started time.Time
 	count   atomic.Int64
 	met     *metrics
+	log     *slog.Logger
+	// final is the census of this release's replicas and mark the
+	// finalize mark (finalize.go); fin is this replica's view of it, and
+	// warnedOlder whether its warning about older replicas was logged.
+	final, mark string
+	fin         atomic.Pointer[finState]
+	warnedOlder atomic.Bool
 }
 
 const (
@@ -34,20 +44,31 @@ const (
 	heartbeatTTL   = 3 * time.Second
 )
 
+// heartbeatScript announces replica ARGV[1] in the census KEYS[1] and in
+// this release's own, KEYS[2] (finalize.go), drops members silent for
+// ARGV[2] ms from both, and returns the live count, how many of them are
+// of older releases (in the first census alone) and the finalize mark
+// KEYS[3] (” when none). Releases before this one write KEYS[1] alone.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
-redis.call('PEXPIRE', KEYS[1], 2 * ttl)
-return redis.call('ZCARD', KEYS[1])
+for i = 1, 2 do
+  redis.call('ZADD', KEYS[i], now, ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - ttl)
+  redis.call('PEXPIRE', KEYS[i], 2 * ttl)
+end
+local n = redis.call('ZCARD', KEYS[1])
+local older = n - redis.call('ZCARD', KEYS[2])
+if older < 0 then older = 0 end
+return {n, older, redis.call('GET', KEYS[3]) or ''}
 `)
 
-func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *metrics) *replicas {
+func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *metrics, log *slog.Logger) *replicas {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: hex.EncodeToString(b), met: met,
+	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: hex.EncodeToString(b), met: met, log: log,
+		final: prefix + finalCensusSuffix, mark: prefix + finalMarkSuffix,
 		initial: int64(max(initial, 1)), started: time.Now()}
 	r.set(r.initial)
 	return r
@@ -64,10 +85,20 @@ func (r *replicas) set(n int64) {
 func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	n, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key}, r.id, heartbeatTTL.Milliseconds()).Int64()
+	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.mark}, r.id, heartbeatTTL.Milliseconds()).Slice()
+	if err == nil && len(res) != 3 {
+		err = fmt.Errorf("ratelimit: unexpected heartbeat reply %v", res)
+	}
 	if err != nil {
+		r.forget()
 		return err
 	}
+	at := time.Now()
+	n, _ := res[0].(int64)
+	older, _ := res[1].(int64)
+	markText, _ := res[2].(string)
+	mark, _ := strconv.ParseInt(markText, 10, 64)
+	r.observeFinal(mark, older, at)
 	if time.Since(r.started) < heartbeatTTL {
 		n = max(n, r.initial)
 	}
@@ -85,7 +116,10 @@ func (r *replicas) run(ctx context.Context, timeout time.Duration) {
 		select {
 		case <-ctx.Done():
 			wctx, cancel := context.WithTimeout(context.Background(), timeout)
-			_ = r.rdb.ZRem(wctx, r.key, r.id).Err()
+			pipe := r.rdb.TxPipeline()
+			pipe.ZRem(wctx, r.key, r.id)
+			pipe.ZRem(wctx, r.final, r.id)
+			_, _ = pipe.Exec(wctx)
 			cancel()
 			return
 		case <-t.C:

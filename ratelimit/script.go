@@ -32,8 +32,9 @@ import (
 // that reaches Lua costs in proportion to its length (Redis's Lua hashes
 // every byte of a string it makes), so the code reads, builds and compares
 // as few bytes as it can. It writes only the bytes that change (SETRANGE), and
-// refreshes a record's TTL when its head moves; strikes rewrite the small
-// ban record with its TTL. No key is ever left without a TTL. Decisions
+// sets a record's expiry when its head moves (once finalized, only when
+// it moves into a new epoch: expiry, in the code); strikes rewrite the
+// small ban record with its TTL. No key is ever left without a TTL. Decisions
 // of one batch for the same key see each other's writes, in the batch's
 // order.
 //
@@ -56,8 +57,9 @@ import (
 // (input.add) and, when a plan edit changed periods, the seeding numbers
 // (seeding.nums). None follow (0) for the most common request, asked to
 // decide with no strikes and no lease: mode 0, extra 0 and a lease of
-// one (want, need and life 1). ARGV[3p-1], ARGV[3p], ARGV[3p+1]: plan
-// p's numbers packed, its ban multiplier and its candidate ban
+// one (want, need and life 1). ARGV[2]: when this release's records were
+// finalized (µs, decimal; 0 when not, or not in force: finalize.go).
+// ARGV[3p], ARGV[3p+1], ARGV[3p+2]: plan p's numbers packed, its ban multiplier and its candidate ban
 // multiplier. The numbers: window count, per window limit, period, bucket
 // width, n, offset unit (µs) and record TTL (ms); the ban rule (banRule.appendNums:
 // threshold, 0 for none, then the strike window's period, bucket width,
@@ -103,6 +105,10 @@ local byte, char, sub, rep, floor, ceil, format
 local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
+-- FIN is when the operator finalized this release's records (µs, 0: not
+-- finalized, or not in force on the calling replica): ARGV[2] (expiry
+-- below).
+local FIN
 -- Offsets passed to redis.call, as strings: OFF[v] is v's (its table's
 -- __index makes it on first use). A batch's decisions at one instant
 -- mostly read and write the same slots of their windows, so each offset
@@ -169,6 +175,33 @@ local function zeros(k)
     ZEROS[k], nzeros = z, nzeros + 1
   end
   return z
+end
+
+-- Numbers passed to redis.call go as decimal strings: Lua would format
+-- them as floats ("%.14g"), several times dearer.
+local function itoa(v) return format('%d', v) end
+
+-- A window record's expiry. Its buckets are grouped in epochs of n/4
+-- (one at least: about a quarter of its period). An event of an epoch is
+-- recorded at most a bucket after the epoch ends (a lease's end, rounded
+-- up to an offset unit) and stops counting a period after that; the
+-- record TTL (ttl, ms) is a period, two buckets and a millisecond, so
+-- expiry(b, g, n, ttl), the end of head bucket b's epoch plus ttl (ms
+-- since the Unix epoch), keeps the record for every event of the epoch.
+-- It is never earlier than ttl from now (now lies in the epoch), which is
+-- what releases before this one refresh the record to on every head
+-- move: no writer of either sets an earlier expiry than the other would.
+-- Before FIN (not finalized) every write that moves the head sets it, as
+-- those releases refresh theirs; once finalized only a move into a new
+-- epoch does, or one within an epoch that began before FIN (its first
+-- write may have been an older release's). A new record (SET) and a
+-- seeded one are written with it. (A product below 2^53 divided by 1000
+-- is exact or at least 10^-3 from an integer, more than the quotient's
+-- rounding error, so ceil gives the exact ms.)
+local function expiry(b, g, n, ttl)
+  local E = (n - n % 4) / 4
+  if E < 1 then E = 1 end
+  return ceil((b - b % E + E) * g / 1000) + ttl
 end
 
 -- Empty window records by slot count, made once, as zeros are: a new
@@ -345,13 +378,9 @@ local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
     if a > 0 then slots[((b - a) % (n + 1)) + 1] = pack_('>I4I2', c, os[a]) end
   end
   local rec = char(VERSION) .. pack_(RINGFMT, b, total, cs[0] or 0, os[0] or 0) .. table.concat(slots)
-  call('SET', key, rec, 'PX', ttl)
+  call('SET', key, rec, 'PX', itoa(expiry(b, g, n, ttl) - floor(now / 1000)))
   return rec
 end
-
--- Numbers passed to redis.call go as decimal strings: Lua would format
--- them as floats ("%.14g"), several times dearer.
-local function itoa(v) return format('%d', v) end
 
 -- Window working values, by index (windows 1..nw, then transition
 -- windows, then candidate windows), in arrays reused by every decision of
@@ -582,7 +611,7 @@ local RES = {}
 
 -- decide evaluates one decision whose records are KEYS[base + 1 ..
 -- base + nk], under plan pl (its numbers V, ban multiplier, reply format
--- and TTLs as strings), asked mode, extra, want, need and life, with
+-- and TTLs in ms), asked mode, extra, want, need and life, with
 -- ADD[i] admissions to add per window and the seeding numbers SEED (or
 -- nil), and returns its reply.
 local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
@@ -730,7 +759,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   if admitted then
     for j = 1, ntx do
       local tr = TX[j]
-      record(nw + j, granted, at, tr[4], tr[5], tr[6], itoa(tr[7]))
+      record(nw + j, granted, at, tr[4], tr[5], tr[6], tr[7])
     end
   end
   -- A lease caps every window it counts in until it ends.
@@ -1018,7 +1047,7 @@ local PATHS = {0, 0}
 -- Plans are decoded once per call (once for all with a Function, up to
 -- a bound): their numbers (V), where the ban rule, the candidate windows
 -- and the candidate ban rule start in V, the ban rules as tables (nil: no
--- bans), the reply's format and the records' TTLs as strings. PLANS maps
+-- bans), the reply's format and the records' TTLs (ms). PLANS maps
 -- a call's plan indexes, DECODED the plans' packed numbers.
 local DECODED, ndecoded = {}, 0
 local function banRule(V, o, mult)
@@ -1029,7 +1058,7 @@ end
 local function planAt(PLANS, p)
   local pl = PLANS[p]
   if pl then return pl end
-  local s, mult, cmult = ARGV[3 * p - 1], ARGV[3 * p], ARGV[3 * p + 1]
+  local s, mult, cmult = ARGV[3 * p], ARGV[3 * p + 1], ARGV[3 * p + 2]
   pl = DECODED[s]
   if not pl or pl.mults ~= mult or pl.cmults ~= cmult then
     local V = {unpack_('>' .. rep('I8', #s / 8), s, 1)}
@@ -1038,8 +1067,8 @@ local function planAt(PLANS, p)
     local nc = V[co]
     local cban = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
     local ttl, cttl = {}, {}
-    for i = 1, nw do ttl[i] = itoa(V[2 + 6 * (i - 1) + 5]) end
-    for i = 1, nc do cttl[i] = itoa(V[co + 1 + 6 * (i - 1) + 5]) end
+    for i = 1, nw do ttl[i] = V[2 + 6 * (i - 1) + 5] end
+    for i = 1, nc do cttl[i] = V[co + 1 + 6 * (i - 1) + 5] end
     local fields = 5 + 2 * (nw + nc)
     if ban then fields = fields + 4 end
     if nc > 0 then fields = fields + 4 end
@@ -1132,6 +1161,7 @@ local function run(keys, args)
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   CALLS, POS, BASE, OUT, PLANS = ARGV[1], 1, 0, {}, {}
+  FIN = tonumber(ARGV[2])
   while true do
     local from = POS
     local ok, err = pcall(batch)
@@ -1231,11 +1261,18 @@ const writeLua = `do
   if hc$ > 0 and ho$ > off$ then off$ = ho$ end
   local hdr = pack_(RINGFMT, b$, total$ + count, hc$ + count, off$)
   if fresh$ then
-    call('SET', key$, blank(n$), 'PX', ttl$)
+    call('SET', key$, blank(n$), 'PX', itoa(expiry(b$, g$, n$, ttl$) - floor(now / 1000)))
     call('SETRANGE', key$, '1', hdr)
   else
     call('SETRANGE', key$, '1', hdr)
-    if b$ > vh$ then call('PEXPIRE', key$, ttl$) end
+    if b$ > vh$ then
+      -- The expiry (expiry, written out): set unless finalized and the
+      -- head stays in an epoch that began after FIN.
+      local E = (n$ - n$ % 4) / 4
+      if E < 1 then E = 1 end
+      local e0 = b$ - b$ % E
+      if FIN == 0 or vh$ < e0 or e0 * g$ < FIN then call('PEXPIREAT', key$, itoa(ceil((e0 + E) * g$ / 1000) + ttl$)) end
+    end
   end
 end
 `

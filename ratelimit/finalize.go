@@ -1,0 +1,200 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Finalizing. Some ways of writing the records are safe only once no
+// replica of an older release writes them: the operator says so, once a
+// rollout is done, with 'petstore limits finalize' (Limiter.Finalize),
+// which sets a mark in Redis, PREFIX{replicas}:finalized, to the server's
+// time. Rolling back past this release is not supported after it unless
+// the mark is removed first (Limiter.Unfinalize) and heartbeatTTL has
+// passed. What it enables now:
+//
+//   - A window record's expiry is set per epoch of half its window
+//     (expiry, script.go): when the head moves into a new epoch, not on
+//     every head move. A release before this one refreshes the record's
+//     TTL from now on every head move; one of its writes in the middle of
+//     an epoch would leave the record to expire before that epoch's later
+//     events stop counting, which the decisions of a finalized replica no
+//     longer correct.
+//
+// Every writer of this release sets the same expiry for an epoch, never
+// earlier than an older release would, so replicas that have not yet read
+// the mark (they refresh on every head move) run safely beside those that
+// have, and beside older releases before the mark.
+//
+// The mark is in force on a replica while its last heartbeat, at most
+// heartbeatTTL ago, read it and counted no live replica of an older
+// release: each replica of this release announces itself in a second
+// census, PREFIX{replicas}:final, beside the one every release writes, and
+// the difference is the older ones (metric older_replicas). Finalize
+// refuses while there are any. Even finalized, a replica that counts one
+// (a rollback begun without unfinalizing) goes back to refreshing on every
+// head move at its next heartbeat; the records an older replica wrote
+// before that may expire early, and such a rollback may overshoot a
+// window for up to a period.
+const (
+	finalCensusSuffix = "{replicas}:final"
+	finalMarkSuffix   = "{replicas}:finalized"
+)
+
+// finState is a replica's view of the mark: when the records were
+// finalized (µs), the script's argument for it, and until when the view
+// holds without a newer heartbeat (Unix ns).
+type finState struct {
+	at    int64
+	arg   any
+	until int64
+}
+
+// errNoRedis is the answer of a Limiter without Redis to what only Redis
+// keeps.
+var errNoRedis = errors.New("ratelimit: no Redis configured")
+
+// notFinalized is the script's argument for "not finalized".
+var notFinalized any = "0"
+
+// finalized returns the script's argument (script.go, ARGV[2]): the
+// finalize time while the mark is in force on this replica, else "0".
+func (r *replicas) finalized() any {
+	if r == nil {
+		return notFinalized
+	}
+	f := r.fin.Load()
+	if f == nil || time.Now().UnixNano() >= f.until {
+		return notFinalized
+	}
+	return f.arg
+}
+
+// observeFinal takes what a heartbeat read: the mark (µs, 0: none) and the
+// live replicas of older releases.
+func (r *replicas) observeFinal(mark, older int64, at time.Time) {
+	r.met.olderReplicas.Set(float64(older))
+	inForce := mark > 0 && older == 0
+	if inForce {
+		r.fin.Store(&finState{at: mark, arg: strconv.FormatInt(mark, 10), until: at.Add(heartbeatTTL).UnixNano()})
+		r.met.finalized.Set(1)
+	} else {
+		r.fin.Store(nil)
+		r.met.finalized.Set(0)
+	}
+	if mark > 0 && older > 0 && r.warnedOlder.CompareAndSwap(false, true) && r.log != nil {
+		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: expiries are refreshed on every head move again; run 'petstore limits finalize --undo' before rolling back",
+			"older_replicas", older)
+	} else if older == 0 {
+		r.warnedOlder.Store(false)
+	}
+}
+
+// forget drops the view of the mark (a heartbeat failed).
+func (r *replicas) forget() {
+	r.fin.Store(nil)
+	r.met.finalized.Set(0)
+}
+
+// finalizeScript counts the live replicas of older releases (in the
+// census KEYS[1] and not in KEYS[2], members silent for ARGV[1] ms
+// dropped) and, when there are none, sets the mark KEYS[3] to the
+// server's time in µs. It returns the mark (0 when refused) and the count.
+var finalizeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
+local older = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
+if older < 0 then older = 0 end
+if older > 0 then return {0, older} end
+local us = t[1] .. string.format('%06d', tonumber(t[2]))
+redis.call('SET', KEYS[3], us)
+return {tonumber(us), 0}
+`)
+
+// OlderReplicasError is Finalize's refusal: replicas of a release before
+// this one are live.
+type OlderReplicasError struct{ Count int64 }
+
+func (e *OlderReplicasError) Error() string {
+	return fmt.Sprintf("ratelimit: %d live replica(s) of an older release; finalize once the rollout is done", e.Count)
+}
+
+// Finalize marks this release's records as finalized (see above) and
+// returns the mark's time. It refuses, with an *OlderReplicasError, while
+// the census counts live replicas of an older release. Replicas put it in
+// force within a heartbeat.
+func (l *Limiter) Finalize(ctx context.Context) (time.Time, error) {
+	if l.rdb == nil {
+		return time.Time{}, errNoRedis
+	}
+	p := l.opts.Prefix
+	res, err := finalizeScript.Run(ctx, l.rdb, []string{p + "{replicas}", p + finalCensusSuffix, p + finalMarkSuffix}, heartbeatTTL.Milliseconds()).Int64Slice()
+	if err != nil {
+		return time.Time{}, err
+	}
+	if len(res) != 2 {
+		return time.Time{}, fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
+	}
+	if res[1] > 0 {
+		return time.Time{}, &OlderReplicasError{Count: res[1]}
+	}
+	return time.UnixMicro(res[0]), nil
+}
+
+// Unfinalize removes the mark: within heartbeatTTL (Unfinalizing) every
+// replica refreshes expiries on every head move again, and a release
+// before this one may then be rolled back to.
+func (l *Limiter) Unfinalize(ctx context.Context) error {
+	if l.rdb == nil {
+		return errNoRedis
+	}
+	return l.rdb.Del(ctx, l.opts.Prefix+finalMarkSuffix).Err()
+}
+
+// Unfinalizing is how long after Unfinalize every replica has stopped
+// writing records as finalized.
+const Unfinalizing = heartbeatTTL
+
+// FinalizeStatus is what the census and the mark say now.
+type FinalizeStatus struct {
+	// Finalized is the mark's time; zero when not finalized.
+	Finalized time.Time
+	// Replicas counts the live replicas; Older those of a release before
+	// finalizing was possible.
+	Replicas, Older int64
+}
+
+// Finalization reads the mark and the census.
+func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
+	var st FinalizeStatus
+	if l.rdb == nil {
+		return st, errNoRedis
+	}
+	p := l.opts.Prefix
+	now, err := l.rdb.Time(ctx).Result()
+	if err != nil {
+		return st, err
+	}
+	from := strconv.FormatInt(now.Add(-heartbeatTTL).UnixMilli()+1, 10)
+	pipe := l.rdb.Pipeline()
+	all := pipe.ZCount(ctx, p+"{replicas}", from, "+inf")
+	final := pipe.ZCount(ctx, p+finalCensusSuffix, from, "+inf")
+	mark := pipe.Get(ctx, p+finalMarkSuffix)
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return st, err
+	}
+	st.Replicas = all.Val()
+	st.Older = max(all.Val()-final.Val(), 0)
+	if us, err := strconv.ParseInt(mark.Val(), 10, 64); err == nil && us > 0 {
+		st.Finalized = time.UnixMicro(us)
+	}
+	return st, nil
+}

@@ -1,0 +1,1495 @@
+-- The decision script (EVAL) of the release before records could be
+-- finalized (commit 16b4aff), kept to test that this release runs beside
+-- it: olderBatch (helpers_test.go), the invariant tests. Generated from
+-- that release's decideLua; never edit.
+
+-- Everything a decision uses is a local of this chunk (globals are table
+-- lookups), bound by init on the first call: a Function library's code
+-- runs at load time without Redis's standard libraries. KEYS and ARGV are
+-- the call's, set by run.
+local byte, char, sub, rep, floor, ceil, format
+local unpack, pcall, type, tostring, tonumber
+local unpack_, pack_
+local call, KEYS, ARGV, now
+-- Offsets passed to redis.call, as strings: OFF[v] is v's (its table's
+-- __index makes it on first use). A batch's decisions at one instant
+-- mostly read and write the same slots of their windows, so each offset
+-- is formatted once (per call of the script; once for all with a
+-- Function, whose library lives on between calls), and found by one table
+-- read.
+local OFF
+local function init()
+  byte, char, sub, rep, format = string.byte, string.char, string.sub, string.rep, string.format
+  floor, ceil = math.floor, math.ceil
+  unpack, pcall, type, tostring, tonumber = _G.unpack, _G.pcall, _G.type, _G.tostring, _G.tonumber
+  call = redis.call
+  OFF = setmetatable({}, {__index = function(t, v)
+    local o = format('%d', v)
+    t[v] = o
+    return o
+  end})
+
+local lib = rawget(_G, 'struct')
+if lib then
+  unpack_, pack_ = lib.unpack, lib.pack
+else
+  unpack_ = function(f, s, p)
+    local out, m = {}, 0
+    for d in string.gmatch(f, '[Ii](%d)') do
+      local v, w = 0, tonumber(d)
+      for i = p, p + w - 1 do v = v * 256 + byte(s, i) end
+      m = m + 1
+      out[m] = v
+      p = p + w
+    end
+    out[m + 1] = p
+    return unpack(out, 1, m + 1)
+  end
+  pack_ = function(f, ...)
+    local args, out, m = {...}, {}, 0
+    for d in string.gmatch(f, '[Ii](%d)') do
+      m = m + 1
+      local v, x = args[m], ''
+      for _ = 1, tonumber(d) do
+        x = char(v % 256) .. x
+        v = floor(v / 256)
+      end
+      out[m] = x
+    end
+    return table.concat(out)
+  end
+end
+
+end
+-- Record layout (format.go): a ring is a header of head (8), total (4),
+-- head count (4) and head offset (2) bytes, then n+1 slots of count (4)
+-- and offset (2). A window record is a version byte and a ring; a ban
+-- record is version, ban end, offences, last offence, strike period and
+-- strike bucket width (1+8+4+8+8+8 bytes), then the strike ring.
+local VERSION, HDR, SLOT, MAXC = 1, 18, 6, 4294967295
+local RINGFMT = '>I8I4I4I2'
+-- An empty slot.
+local EMPTY = '\0\0\0\0\0\0'
+-- A window record's slots start here (1-based).
+local WR = 2 + HDR
+
+-- get reads a k-byte big-endian integer at position p of s.
+local WIDTH = {'>I1', '>I2', '>I3', '>I4', '>I5', '>I6', '>I7', '>I8'}
+local function get(s, p, k)
+  return (unpack_(WIDTH[k], s, p))
+end
+
+-- A view of a ring's slots: slot i of the ring is at position R + i*SLOT
+-- of s. Slots of buckets after the head vh are stale and read as empty;
+-- the head's own count and offset (hc, ho) are in the header.
+local function cnt(s, R, n, vh, hc, j)
+  if j > vh then return 0 end
+  if j == vh then return hc end
+  return get(s, R + (j % (n + 1)) * SLOT, 4)
+end
+
+local function lastAt(s, R, n, g, unit, vh, ho, j)
+  if j == vh then return j * g + ho * unit end
+  return j * g + get(s, R + (j % (n + 1)) * SLOT + 4, 2) * unit
+end
+
+-- Strings of zeros by length, made once: comparing a run of slots with
+-- one tells an empty run without decoding it, and writing one clears a
+-- run without building it. (A Function keeps them between calls; Lua
+-- interns strings, so an equal string read from Redis is the same string,
+-- and compares in one step.) Lengths are whole slots; at most 256 are
+-- kept.
+local ZEROS, nzeros = {}, 0
+local function zeros(k)
+  local z = ZEROS[k]
+  if not z then
+    if nzeros >= 256 then ZEROS, nzeros = {}, 0 end
+    z = rep(EMPTY, k / SLOT)
+    ZEROS[k], nzeros = z, nzeros + 1
+  end
+  return z
+end
+
+-- Empty window records by slot count, made once, as zeros are: a new
+-- record is written as one of these and then its header, so that no new
+-- record's 1.2 KB is built, and hashed, in Lua. At most 256 are kept.
+local BLANK, nblank = {}, 0
+local function blank(n)
+  local z = BLANK[n]
+  if not z then
+    if nblank >= 256 then BLANK, nblank = {}, 0 end
+    z = char(VERSION) .. rep('\0', HDR) .. rep(EMPTY, n + 1)
+    BLANK[n], nblank = z, nblank + 1
+  end
+  return z
+end
+
+-- counts returns the sum of the counts of slots i0 .. i1 (i0 <= i1) of a
+-- ring whose slot 0 is at position R of s. Runs of 8 slots that are all
+-- zero (most of a cold key's) are skipped whole; the others are decoded
+-- slot by slot.
+local RUN = 8 * SLOT
+local function counts(s, R, i0, i1)
+  local sum, p, last = 0, R + i0 * SLOT, R + (i1 + 1) * SLOT
+  if last - p <= 2 * SLOT then
+    for q = p, last - 1, SLOT do sum = sum + unpack_('>I4', s, q) end
+    return sum
+  end
+  while p < last do
+    local q = p + RUN
+    if q > last then q = last end
+    if sub(s, p, q - 1) ~= zeros(q - p) then
+      for r = p, q - 1, SLOT do sum = sum + unpack_('>I4', s, r) end
+    end
+    p = q
+  end
+  return sum
+end
+
+-- untl is when bucket j (last event at l) stops counting.
+local function untl(j, l, period, n, g)
+  local t = l + period
+  local lo, hi = (j + n) * g, (j + n + 1) * g
+  if t < lo then t = lo end
+  if t > hi then t = hi end
+  return t
+end
+
+-- advanced returns the total once the head moves from vh to b: the
+-- buckets vh-n .. b-n-1 leave, at most n slots, in one run of the ring or
+-- two when it wraps. A window's (view) and a strike ring's (strike).
+local function advanced(s, R, n, vh, total, b)
+  if b <= vh or total <= 0 then return total end
+  if b - vh > n then return 0 end
+  local i0, i1 = (vh - n) % (n + 1), (b - n - 1) % (n + 1)
+  if i0 <= i1 then
+    total = total - counts(s, R, i0, i1)
+  else
+    total = total - counts(s, R, i0, n) - counts(s, R, 0, i1)
+  end
+  if total < 0 then total = 0 end
+  return total
+end
+
+-- used returns the events counted at now (head b) and the first bucket
+-- that counts: the oldest bucket leaves as soon as its last event is a
+-- full period old.
+local function used(s, R, n, g, unit, period, vh, hc, ho, total, now, b)
+  local j0 = b - n
+  local c0 = cnt(s, R, n, vh, hc, j0)
+  if c0 > 0 and lastAt(s, R, n, g, unit, vh, ho, j0) + period <= now then return total - c0, j0 + 1 end
+  return total, j0
+end
+
+-- move sets MV[1..2m] to the m (position, bytes) slot writes needed when
+-- the head moves from vh to b, and returns m: the old head bucket's count
+-- and offset (when it stays in the ring) and zeros over the stale slots
+-- of the buckets skipped. These slots are consecutive: one write, two when
+-- the ring wraps; a long run of zeros (a head that moved far) is written
+-- apart from the old head's slot, from the zero strings above, so that
+-- no long string is built. Positions are 1-based within the ring's slots.
+local MV = {}
+local function move(n, vh, hc, ho, b)
+  local lo, x, m = b - n, '', 0
+  if vh >= lo then
+    lo = vh
+    x = pack_('>I4I2', hc, ho)
+  end
+  local k = b - lo
+  if k <= 0 then return 0 end
+  if k > 8 and #x > 0 then
+    MV[1], MV[2], m = 1 + (lo % (n + 1)) * SLOT, x, 1
+    lo, k, x = lo + 1, k - 1, ''
+  end
+  local i, len = lo % (n + 1), k * SLOT
+  -- The bytes from slot i to the ring's end.
+  local first = (n + 1 - i) * SLOT
+  local x1, x2
+  if #x == 0 then
+    if len > first then x1, x2 = zeros(first), zeros(len - first) else x1 = zeros(len) end
+  else
+    x = x .. zeros(len - #x)
+    x1 = x
+    -- (One at a time: miniredis's Lua assigns a list in turn.)
+    if len > first then x1, x2 = sub(x, 1, first), sub(x, first + 1) end
+  end
+  MV[2 * m + 1], MV[2 * m + 2] = 1 + i * SLOT, x1
+  if not x2 then return m + 1 end
+  MV[2 * m + 3], MV[2 * m + 4] = 1, x2
+  return m + 2
+end
+
+-- scan returns, walking from bucket from to b, when enough buckets have
+-- stopped counting to drop excess events (retry) or, with excess 0, when
+-- the newest counted bucket stops counting (reset).
+local function scan(s, R, n, g, unit, period, vh, hc, ho, from, b, excess, now)
+  if excess > 0 then
+    local acc = 0
+    for j = from, b do
+      local c = cnt(s, R, n, vh, hc, j)
+      if c > 0 then
+        acc = acc + c
+        if acc >= excess then return untl(j, lastAt(s, R, n, g, unit, vh, ho, j), period, n, g) end
+      end
+    end
+    return now
+  end
+  for j = b, from, -1 do
+    if cnt(s, R, n, vh, hc, j) > 0 then return untl(j, lastAt(s, R, n, g, unit, vh, ho, j), period, n, g) end
+  end
+  return now
+end
+
+-- seed writes the record key of a window (period, g, n, unit, ttl) that
+-- the key has none of yet, from ss, the key's record of another period
+-- (sp, sg, sn, su), with its head at b: every bucket of ss whose last
+-- event still counts in the window at now is carried over whole, at that
+-- event's time (or into the oldest bucket kept). It returns the record it
+-- wrote, or nil when there was nothing to carry. ringState.seedFrom
+-- (state.go) is the same in Go.
+local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
+  local svh, stot, shc, sho = unpack_(RINGFMT, ss, 2)
+  if stot <= 0 then return nil end
+  local cs, os, total = {}, {}, 0
+  for j = svh - sn, svh do
+    local c = cnt(ss, WR, sn, svh, shc, j)
+    if c > 0 then
+      local t = lastAt(ss, WR, sn, sg, su, svh, sho, j)
+      if t + period > now then
+        local bj = floor(t / g)
+        if bj < b - n then bj = b - n end
+        if bj > b then bj = b end
+        local off = t - bj * g
+        if off < 0 then off = 0 end
+        off = ceil(off / unit)
+        if off > 65535 then off = 65535 end
+        -- Indexed by age (0 .. n), small keys.
+        local a = b - bj
+        if not cs[a] then
+          cs[a], os[a] = 0, off
+        elseif off > os[a] then
+          os[a] = off
+        end
+        cs[a] = cs[a] + c
+        if cs[a] > MAXC then cs[a] = MAXC end
+        total = total + c
+      end
+    end
+  end
+  if total <= 0 then return nil end
+  if total > MAXC then total = MAXC end
+  local slots = {}
+  for i = 1, n + 1 do slots[i] = '\0\0\0\0\0\0' end
+  for a, c in pairs(cs) do
+    if a > 0 then slots[((b - a) % (n + 1)) + 1] = pack_('>I4I2', c, os[a]) end
+  end
+  local rec = char(VERSION) .. pack_(RINGFMT, b, total, cs[0] or 0, os[0] or 0) .. table.concat(slots)
+  call('SET', key, rec, 'PX', ttl)
+  return rec
+end
+
+-- Numbers passed to redis.call go as decimal strings: Lua would format
+-- them as floats ("%.14g"), several times dearer.
+local function itoa(v) return format('%d', v) end
+
+-- Window working values, by index (windows 1..nw, then transition
+-- windows, then candidate windows), in arrays reused by every decision of
+-- the batch, so that a decision allocates almost nothing: the record's
+-- key, its header as read, whether it is new, its head, total, head
+-- count and offset as read, the current bucket, the events counted now,
+-- the first bucket counted, and the admissions made elsewhere being
+-- added.
+local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+
+-- The lease cap (format.go): a window record's extension after its ring,
+-- the lowest limit under which a lease on the window may still be spent
+-- (4 bytes) and until when (8, µs). A lease's end is its bucket's last
+-- event (and that only grows), so while one may still be spent, the head
+-- bucket is the current one, holds two events or more, and its last event
+-- lies ahead: only then is the cap read. WCAP and WCEND hold window i's
+-- cap and its end as read (nil: none in force). Both decision paths read
+-- and write it through the same code (capReadLua, capWriteLua): decide by
+-- these functions, fast with the code written out in it.
+local CAPFMT, CAPLEN = '>I4I8', 12
+local WCAP, WCEND = {}, {}
+local function capAt(n) return WR - 1 + (n + 1) * SLOT end
+local function readCap(key, n, g, unit, b, vh, hc, ho)
+  local cap, cend
+if b == vh and hc > 1 and vh * g + ho * unit > now then
+  local o = capAt(n)
+  local s = call('GETRANGE', key, OFF[o], OFF[o + CAPLEN - 1])
+  if #s >= CAPLEN then
+    local cp, ce = unpack_(CAPFMT, s, 1)
+    if ce > now then cap, cend = cp, ce end
+  end
+end
+  return cap, cend
+end
+local function writeCap(key, n, l, lend, cap, cend)
+if not (cend and cap <= l and cend >= lend) then
+  local cp, ce = l, lend
+  if cend then
+    if cap < cp then cp = cap end
+    if cend > ce then ce = cend end
+  end
+  call('SETRANGE', key, OFF[capAt(n)], pack_(CAPFMT, cp, ce))
+end
+end
+
+-- window reads window record key (header h already read: '' when none)
+-- at now: whether it is new, its head, total, head count and offset as
+-- read, the current bucket, the events counted now and the first bucket
+-- counted. It reads the slots that advanced and used need: those leaving
+-- the ring as the head moves, and the oldest still in it. The same as
+-- advanced and used above, written out for the common case. Both
+-- decision paths see a window through its code (windowLua): decide by
+-- this function, fast with the code written out in it.
+local function window(key, h, period, g, n, unit)
+  local fresh, vh, total, hc, ho, b, c, from
+do
+  fresh = #h < 1 + HDR
+  if fresh then vh, total, hc, ho = 0, 0, 0, 0 else vh, total, hc, ho = unpack_(RINGFMT, h, 2) end
+  b = (now - now % g) / g
+  if b < vh then b = vh end
+  c, from = total, b - n
+  if total > 0 then
+    if b - vh > n then
+      -- Every bucket it had has slid out.
+      total, c = 0, 0
+    elseif total == hc and hc < MAXC then
+      -- Every event is in the head bucket (no count saturated, so every
+      -- other slot holds zero): nothing else can leave, and the head
+      -- bucket's count and offset are in the header. No slot to read: a
+      -- key's first burst in a period, say, lands here.
+      if b - n == vh and (b - n) * g + ho * unit + period <= now then c, from = 0, b - n + 1 end
+    else
+      local lo, hi = b - n, b - n
+      if b > vh then lo = vh - n end
+      local si, k = lo % (n + 1), hi - lo + 1
+      local s, R
+      if si + k > n + 1 then
+        -- The run wraps: read the whole ring.
+        s, R = call('GETRANGE', key, OFF[1 + HDR], OFF[HDR + (n + 1) * SLOT]), 1
+        total = advanced(s, R, n, vh, total, b)
+      else
+        -- The k - 1 slots leaving, then the oldest (advanced, in short).
+        s, R = call('GETRANGE', key, OFF[1 + HDR + si * SLOT], OFF[HDR + (si + k) * SLOT]), 1 - si * SLOT
+        if k > 1 then
+          total = total - counts(s, 1, 0, k - 2)
+          if total < 0 then total = 0 end
+        end
+      end
+      c = total
+      -- The oldest bucket leaves as soon as its last event is a full
+      -- period old.
+      local j0 = b - n
+      if total > 0 and j0 <= vh then
+        local c0, l0 = hc, ho
+        if j0 < vh then c0, l0 = unpack_('>I4I2', s, R + (j0 % (n + 1)) * SLOT) end
+        if c0 > 0 and j0 * g + l0 * unit + period <= now then c, from = total - c0, j0 + 1 end
+      end
+    end
+  end
+end
+  return fresh, vh, total, hc, ho, b, c, from
+end
+
+-- view sets window i's working values (window) from record key.
+local function view(i, key, h, period, g, n, unit)
+  local fresh, vh, total, hc, ho, b, c, from = window(key, h, period, g, n, unit)
+  WKEY[i], WH[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, h, fresh, vh, total, hc, ho, b, c, from, 0
+end
+
+-- write counts count events at time at in the current bucket b of
+-- window record key (new or not, with header h, and head vh, total, head
+-- count hc and offset ho as read from it): one header write (and the
+-- slots the head leaves behind when it moves, with a TTL refresh), or the
+-- whole record when it is new. It returns the record's total, head count and head offset
+-- after. Its code (writeLua) is also written out in fast.
+local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
+  local off
+do
+  if b > vh then
+    if fresh then
+      -- Written whole below.
+    elseif b - vh <= 8 and b - vh <= n and vh % (n + 1) + b - vh <= n + 1 then
+      -- The common move, a few buckets with no wrap: the old head's slot
+      -- and zeros over the skipped ones, in one write (move, in short).
+      -- The old head's count and offset are the header's own bytes (as
+      -- read: hc and ho have not changed), cut rather than packed.
+      local x = sub(h, 14, 19)
+      if b - vh > 1 then x = x .. zeros((b - vh - 1) * SLOT) end
+      call('SETRANGE', key, OFF[1 + HDR + (vh % (n + 1)) * SLOT], x)
+    else
+      for q = 1, 2 * move(n, vh, hc, ho, b), 2 do call('SETRANGE', key, OFF[HDR + MV[q]], MV[q + 1]) end
+    end
+    hc, ho = 0, 0
+  end
+  -- The offset of at in its bucket, in units, rounded up.
+  local d = at - b * g
+  off = 0
+  if d > 0 then off = (d + unit - 1 - (d + unit - 1) % unit) / unit end
+  if hc > 0 and ho > off then off = ho end
+  local hdr = pack_(RINGFMT, b, total + count, hc + count, off)
+  if fresh then
+    call('SET', key, blank(n), 'PX', ttl)
+    call('SETRANGE', key, '1', hdr)
+  else
+    call('SETRANGE', key, '1', hdr)
+    if b > vh then call('PEXPIRE', key, ttl) end
+  end
+end
+  return total + count, hc + count, off
+end
+
+-- record counts k events at time t in the current bucket of window i
+-- (write). The record then has this head; a rejection scans it below.
+local function record(i, k, t, g, n, unit, ttl)
+  local b = WB[i]
+  WTOT[i], WHC[i], WHO[i] = write(WKEY[i], WH[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], b, k, t, g, n, unit, ttl)
+  WFRESH[i], WVH[i] = false, b
+end
+
+-- resetAt is when the head bucket b of a window stops counting, its last
+-- event at offset off: untl, for the bucket that holds the newest event.
+-- Its code (resetLua) is also written out in fast.
+local function resetAt(b, off, period, g, n, unit)
+  local reset
+reset = b * g + off * unit + period
+if reset < (b + n) * g then reset = (b + n) * g end
+if reset > (b + n + 1) * g then reset = (b + n + 1) * g end
+  return reset
+end
+
+-- standing returns window i's used, remaining and reset after the
+-- decision, and (for a refused request whose window is full) how long
+-- until the window admits one more.
+local function standing(i, limit, period, g, n, unit, counted, refused)
+  local u, reset_, wait = WUSED[i], now, 0
+  if counted > 0 then
+    u = u + counted
+    reset_ = resetAt(WB[i], WHO[i], period, g, n, unit)
+  elseif u > 0 then
+    -- A rejection or a peek scans the window: read it whole.
+    local s = call('GET', WKEY[i])
+    local vh, hc, ho, from, b = WVH[i], WHC[i], WHO[i], WFROM[i], WB[i]
+    reset_ = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, 0, now)
+    local cap, cend = WCAP[i], WCEND[i]
+    if refused and cap and cap < limit and u >= cap then
+      -- Held to a lease's cap: admitted again once enough has slid out
+      -- to fit under it, or once it ends and the window fits its own
+      -- limit, whichever comes first.
+      local t = now
+      if u >= limit then t = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - limit + 1, now) end
+      if cend > t then t = cend end
+      local under = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - cap + 1, now)
+      if under < t then t = under end
+      wait = t - now
+    elseif refused and u >= limit then
+      wait = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - limit + 1, now) - now
+    end
+  end
+  local rem = limit - u
+  if rem < 0 then rem = 0 end
+  return u, rem, reset_, wait
+end
+
+-- banRead reads ban record bs (false: none) of ban rule R at now: the
+-- ban's end, the offences still remembered, the last offence, and whether
+-- its strike ring is of R's strike window (strikes of another do not
+-- count toward R's).
+local function banRead(bs, R)
+  if not bs or #bs < 37 then return 0, 0, 0, false end
+  local banUntil, offences, offenceAt = get(bs, 2, 8), get(bs, 10, 4), get(bs, 14, 8)
+  if offences > 0 and offenceAt + R.memory <= now then offences = 0 end
+  local sring = get(bs, 22, 8) == R.sp and get(bs, 30, 8) == R.sg and #bs >= 37 + HDR + (R.sn + 1) * SLOT
+  return banUntil, offences, offenceAt, sring
+end
+
+-- strike counts k strikes at now in ban record key (content bs, read by
+-- banRead as banUntil, offences, offenceAt, sring) of ban rule R, when
+-- record: when they cross R's threshold the key is banned (for longer
+-- with each offence still remembered) and the strikes start over; the
+-- record is rewritten with its TTL. It returns whether a ban began (1),
+-- how many of the k counted before it began (the one that began it
+-- included), the strikes counted now, the ban's end (0: not banned) and
+-- the offences remembered. banState.strike (state.go) is the same in Go.
+local function strike(key, bs, R, banUntil, offences, offenceAt, sring, k, record)
+  local sp, sg, sn, su = R.sp, R.sg, R.sn, R.su
+  local newBan, struck, strikes = 0, 0, 0
+  record = record and k > 0
+  if record or sring then
+    if not sring then
+      -- A new strike ring (of this strike window's geometry).
+      bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. rep('\0', HDR) .. rep(EMPTY, sn + 1)
+    end
+    local R0 = 38 + HDR
+    local vh, total, hc, ho = unpack_(RINGFMT, bs, 38)
+    local b = floor(now / sg)
+    if b < vh then b = vh end
+    total = advanced(bs, R0, sn, vh, total, b)
+    if record then
+      local need = R.thr - used(bs, R0, sn, sg, su, sp, vh, hc, ho, total, now, b) + 1
+      if need < 1 then need = 1 end
+      struck = k
+      if k >= need then struck, newBan = need, 1 end
+      if b > vh then
+        for q = 1, 2 * move(sn, vh, hc, ho, b), 2 do
+          bs = sub(bs, 1, R0 + MV[q] - 2) .. MV[q + 1] .. sub(bs, R0 + MV[q] - 1 + #MV[q + 1])
+        end
+        hc = 0
+      end
+      hc = hc + struck
+      if hc > MAXC then hc = MAXC end
+      total = total + struck
+      if total > MAXC then total = MAXC end
+      local off = ceil((now - b * sg) / su)
+      if off < 0 then off = 0 end
+      if hc > struck and ho > off then off = ho end
+      ho, vh = off, b
+      if newBan == 1 then
+        offences = offences + 1
+        if offences > MAXC then offences = MAXC end
+        offenceAt = now
+        -- The ban's length is banRule.length: base*mult^(offences-1), capped.
+        local d, cap = R.base, 2 ^ 50
+        if R.max > 0 then cap = R.max end
+        local j = 1
+        while j < offences and d < cap and R.mult > 1 do
+          d = d * R.mult
+          j = j + 1
+        end
+        if d > cap then d = cap end
+        d = floor(d)
+        if d < 1 then d = 1 end
+        banUntil = now + d
+        total, hc, ho = 0, 0, 0
+        bs = sub(bs, 1, R0 - 1) .. rep(EMPTY, sn + 1)
+      end
+      bs = pack_('>I1I8I4I8I8I8', VERSION, banUntil, offences, offenceAt, sp, sg) .. pack_(RINGFMT, vh, total, hc, ho) .. sub(bs, R0)
+      local e = banUntil
+      if offenceAt + R.memory > e then e = offenceAt + R.memory end
+      if now + R.sttl * 1000 > e then e = now + R.sttl * 1000 end
+      call('SET', key, bs, 'PX', itoa(ceil((e - now) / 1000) + 1))
+    end
+    strikes = used(bs, R0, sn, sg, su, sp, vh, hc, ho, total, now, b)
+  end
+  if banUntil <= now then banUntil = 0 end
+  return newBan, struck, strikes, banUntil, offences
+end
+
+-- reserveSize returns the admissions of the long windows to reserve
+-- beside a request admitted now (mode 2, reserve.go), worked out from the
+-- counts its decision read: the requests the last short window counts
+-- with this one (sc, over its period sp, µs), over the time the
+-- reservation could be spent (rest, µs: until its end) less the round
+-- trips' allowance (RSV[4]); at most RSV[6] (the replica's own share of
+-- that demand), and at most what leaves every long window the margin
+-- (RSV[2]) times the size times the replicas (RSV[1]) remaining (lroom:
+-- the least any long window has left after this request); 0 below
+-- RSV[3]. Its end is the end of every long window's current bucket, at
+-- most RSV[7] after now.
+local function reserveSize(sc, sp, lroom, rest, RSV)
+  local reps = RSV[1]
+  local num = sc * (rest - RSV[4])
+  if num <= 0 or lroom <= 0 then return 0 end
+  local k = num / sp
+  -- A product past 2^52 may be rounded up: one less keeps the floor
+  -- from rising above the exact quotient's (the sizes that matter, at
+  -- most RSV[6], are far smaller than such a quotient's error).
+  if num > 2 ^ 52 then k = k - 1 end
+  k = floor(k)
+  if k > RSV[6] then k = RSV[6] end
+  local m = floor(lroom / (RSV[2] * reps))
+  if m < k then k = m end
+  if k < RSV[3] or k < 1 then return 0 end
+  return k
+end
+
+-- The reply's numbers, reused by every decision.
+local RES = {}
+
+-- decide evaluates one decision whose records are KEYS[base + 1 ..
+-- base + nk], under plan pl (its numbers V, ban multiplier, reply format
+-- and TTLs as strings), asked mode, extra, want, need and life, with
+-- ADD[i] admissions to add per window and the seeding numbers SEED (or
+-- nil), and returns its reply.
+local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
+  local V = pl.V
+  local nw = V[1]
+
+  -- After a plan changed its periods: where a window the key has no
+  -- record of may take its past from (the number of sources, each as
+  -- (KEYS index, period, g, n, unit), then per window the number of
+  -- sources to try, in order, and their indexes), then the transition
+  -- windows, enforced beside the plan's own where the key has a record of
+  -- them (another plan's windows, while an edit spreads over the
+  -- replicas): their number, each as (KEYS index, limit, period, g, n,
+  -- unit, ttl).
+  local SRC, TRY, TRANS
+  if SEED then
+    SRC, TRY, TRANS = {}, {}, {}
+    local o = 1
+    local ns = SEED[o]
+    for s = 1, ns do
+      local q = o + 1 + 5 * (s - 1)
+      SRC[s] = {SEED[q], SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4]}
+    end
+    o = o + 1 + 5 * ns
+    for i = 1, nw do
+      local k = SEED[o]
+      TRY[i] = {}
+      for m = 1, k do TRY[i][m] = SEED[o + m] end
+      o = o + 1 + k
+    end
+    for j = 1, SEED[o] do
+      local q = o + 1 + 7 * (j - 1)
+      TRANS[j] = {SEED[q], SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6]}
+    end
+  end
+  local peek = mode == 1
+
+  -- The ban record.
+  local R = pl.ban
+  local bs, banUntil, offences, offenceAt, sring
+  if R then
+    bs = call('GET', KEYS[base + 1])
+    banUntil, offences, offenceAt, sring = banRead(bs, R)
+  end
+  local banned = R and banUntil > now
+  local admit = not banned
+  local room, lend = -1, now + life
+
+  -- Windows.
+  for i = 1, nw do
+    local o = 2 + 6 * (i - 1)
+    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local key = KEYS[base + 1 + i]
+    local h = call('GETRANGE', key, '0', '18')
+    if #h < 1 + HDR and TRY and TRY[i] then
+      -- A period the key has no record of, after a plan edit: start from
+      -- the best record of another period the key has.
+      for _, si in ipairs(TRY[i]) do
+        local src = SRC[si]
+        local ss = call('GET', KEYS[base + src[1]])
+        if ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT then
+          if seed(key, ss, src[2], src[3], src[4], src[5], period, g, n, unit, pl.TTL[i], floor(now / g), now) then
+            h = call('GETRANGE', key, '0', '18')
+          end
+          break
+        end
+      end
+    end
+    view(i, key, h, period, g, n, unit)
+    -- Admissions made locally while Redis was unreachable count first, as
+    -- made now: at most the window's limit, since no interval held more.
+    local add = ADD[i]
+    if add > 0 and not peek then
+      if add > limit then add = limit end
+      WADD[i] = add
+      WUSED[i] = WUSED[i] + add
+    end
+    -- A lease still being spent holds this decision to the lease's
+    -- limit too (one under another plan, while replicas disagree).
+    WCAP[i], WCEND[i] = readCap(key, n, g, unit, WB[i], WVH[i], WHC[i], WHO[i])
+    if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+    local c = WUSED[i]
+    if c >= limit then admit = false end
+    if room < 0 or limit - c < room then room = limit - c end
+    if (WB[i] + 1) * g < lend then lend = (WB[i] + 1) * g end
+  end
+
+  -- Transition windows: another plan's windows, while an edit spreads.
+  -- Where the key has a record of one, an admission here must fit it too
+  -- and counts in it, so replicas still on that plan see it.
+  local TX, ntx = nil, 0
+  if TRANS then
+    TX = {}
+    for j = 1, #TRANS do
+      local tr = TRANS[j]
+      local key = KEYS[base + tr[1]]
+      local h = call('GETRANGE', key, '0', '18')
+      if #h >= 1 + HDR then
+        ntx = ntx + 1
+        local x = nw + ntx
+        TX[ntx] = tr
+        view(x, key, h, tr[3], tr[4], tr[5], tr[6])
+        WCAP[x], WCEND[x] = readCap(key, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
+        local limit = tr[2]
+        if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
+        if WUSED[x] >= limit then admit = false end
+        if room < 0 or limit - WUSED[x] < room then room = limit - WUSED[x] end
+        if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
+      end
+    end
+  end
+
+  -- granted admissions count at once; at is the time recorded for them.
+  local granted, at = 1, now
+  if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
+  local admitted = admit and not peek
+
+  -- A reservation riding on this admission (RSV, reserveSize): rk more
+  -- admissions of the long windows (those after the first RSV[5]),
+  -- counted with this one at the reservation's end rend.
+  local rk, rend, ns = 0, 0, 0
+  if RSV and admitted and ntx == 0 then
+    ns, rend = RSV[5], now + RSV[7]
+    local lroom = 2 ^ 53
+    for i = ns + 1, nw do
+      local o = 2 + 6 * (i - 1)
+      local limit = V[o]
+      if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+      if limit - WUSED[i] - 1 < lroom then lroom = limit - WUSED[i] - 1 end
+      if (WB[i] + 1) * V[o + 2] < rend then rend = (WB[i] + 1) * V[o + 2] end
+    end
+    rk = reserveSize(WUSED[ns] + 1, V[2 + 6 * (ns - 1) + 1], lroom, rend - now, RSV)
+    if rk == 0 then rend = 0 end
+  end
+
+  for i = 1, nw do
+    local k, t = WADD[i], now
+    if admitted then k, t = k + granted, at end
+    if rk > 0 and i > ns then k, t = k + rk, rend end
+    if k > 0 then
+      local o = 2 + 6 * (i - 1)
+      record(i, k, t, V[o + 2], V[o + 3], V[o + 4], pl.TTL[i])
+    end
+  end
+  if admitted then
+    for j = 1, ntx do
+      local tr = TX[j]
+      record(nw + j, granted, at, tr[4], tr[5], tr[6], itoa(tr[7]))
+    end
+  end
+  -- A lease caps every window it counts in until it ends.
+  if admitted and granted > 1 then
+    for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
+    for j = 1, ntx do writeCap(WKEY[nw + j], TX[j][5], TX[j][2], lend, WCAP[nw + j], WCEND[nw + j]) end
+  end
+  -- And a reservation every long window.
+  if rk > 0 then
+    for i = ns + 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], rend, WCAP[i], WCEND[i]) end
+  end
+
+  -- Candidate windows: evaluated on every request that reaches the script
+  -- (this one, and the extra rejections answered locally since the last
+  -- round trip, in turn), never refusing one. Records of their own, so
+  -- that a candidate never touches an enforced window's count. A key its
+  -- ban policy bans, it would refuse; of the others it admits (and
+  -- counts) as many as fit, as if it were the only windows, and limits
+  -- the rest, each a strike of its ban policy; the strike that begins a
+  -- ban is refused as banned, as are those after it.
+  local co = pl.co
+  local nc = V[co]
+  local cb = nw + ntx
+  local croom = -1
+  for i = 1, nc do
+    local o = co + 1 + 6 * (i - 1)
+    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local key = KEYS[base + 1 + nw + i]
+    view(cb + i, key, call('GETRANGE', key, '0', '18'), period, g, n, unit)
+    if croom < 0 or limit - WUSED[cb + i] < croom then croom = limit - WUSED[cb + i] end
+  end
+  local CR = pl.cban
+  local cbkey, cbs, cbUntil, cbOff, cbAt, cbRing
+  if CR then
+    cbkey = KEYS[base + 2 + nw + nc]
+    cbs = call('GET', cbkey)
+    cbUntil, cbOff, cbAt, cbRing = banRead(cbs, CR)
+  end
+  local cOut, cAdm, cLim, cBan = 0, 0, 0, 0
+  if nc > 0 and not peek then
+    local k = 1 + extra
+    if CR and cbUntil > now then
+      cBan, cOut = k, 2
+    else
+      if croom < 0 then croom = 0 end
+      cAdm = k
+      if cAdm > croom then cAdm = croom end
+      cLim = k - cAdm
+      if croom <= extra then cOut = 1 end
+      if cAdm > 0 then
+        for i = 1, nc do
+          local o = co + 1 + 6 * (i - 1)
+          record(cb + i, cAdm, now, V[o + 2], V[o + 3], V[o + 4], pl.CTTL[i])
+        end
+      end
+    end
+  end
+  local cNewBan, cStrikes, cBanUntil, cOffences = 0, 0, 0, 0
+  if CR then
+    local struck
+    cNewBan, struck, cStrikes, cBanUntil, cOffences = strike(cbkey, cbs, CR, cbUntil, cbOff, cbAt, cbRing, cLim, not peek and cLim > 0)
+    if cNewBan == 1 then
+      -- (One at a time: miniredis's Lua assigns a list in turn.)
+      cBan = cLim - struck + 1
+      cOut, cLim = 2, struck - 1
+    end
+  end
+
+  -- Strikes: this rejection and those answered locally since the last
+  -- round trip (extra), unless the key is banned.
+  local newBan, strikes = 0, 0
+  if R then
+    local k = extra
+    if not admit and not banned then k = k + 1 end
+    local struck
+    newBan, struck, strikes, banUntil, offences = strike(KEYS[base + 1], bs, R, banUntil, offences, offenceAt, sring, k, not peek and not banned)
+    if newBan == 1 then banned = true end
+  else
+    banUntil, offences = 0, 0
+  end
+
+  if not admitted then granted, lend = 0, 0 end
+  -- The reply carries only what the plan has (decode reads it). A
+  -- reservation's size and end take a lease's fields: the decision's own
+  -- admission and the rk reserved ones, until rend.
+  local rt = 0
+  RES[1], RES[2], RES[3], RES[4], RES[5] = 0, 0, now, granted, lend
+  if rk > 0 then RES[4], RES[5] = granted + rk, rend end
+  local m = 5
+  if R then
+    RES[6], RES[7], RES[8], RES[9] = newBan, strikes, banUntil, offences
+    m = 9
+  end
+  if nc > 0 then
+    RES[m + 1], RES[m + 2], RES[m + 3], RES[m + 4] = cOut, cAdm, cLim, cBan
+    m = m + 4
+    if CR then
+      RES[m + 1], RES[m + 2], RES[m + 3], RES[m + 4] = cNewBan, cStrikes, cBanUntil, cOffences
+      m = m + 4
+    end
+  end
+  for i = 1, nw do
+    local o = 2 + 6 * (i - 1)
+    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local counted = 0
+    if admitted then counted = granted end
+    if rk > 0 and i > ns then counted = counted + rk end
+    -- A refused request (banned or limited) waits for every full window
+    -- as well as for the ban: Retry-After is the true wait.
+    local u, rem, reset_, wait = standing(i, limit, period, g, n, unit, counted, not admit)
+    if wait > rt then rt = wait end
+    RES[m + 1], RES[m + 2] = u, reset_
+    m = m + 2
+  end
+  if not admit then
+    for j = 1, ntx do
+      local tr = TX[j]
+      local u, rem, reset_, wait = standing(nw + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+      if wait > rt then rt = wait end
+    end
+  end
+  for i = 1, nc do
+    local o = co + 1 + 6 * (i - 1)
+    local u, rem, reset_ = standing(cb + i, V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], cAdm, false)
+    RES[m + 1], RES[m + 2] = u, reset_
+    m = m + 2
+  end
+  if banned then
+    RES[1], RES[2] = 2, banUntil - now
+    if rt > RES[2] then RES[2] = rt end
+  elseif not admit then
+    RES[1], RES[2] = 1, rt
+  end
+  if admitted and not banned and granted == 1 and rk == 0 and nc == 0 then
+    -- The short form: one admission, no candidate windows; bare with
+    -- nothing of a ban rule to report.
+    if not R then return pack_(pl.bfmt, now, unpack(RES, 6, m)) end
+    if RES[7] == 0 and RES[8] == 0 and RES[9] == 0 then return pack_(pl.bfmt, now, unpack(RES, 10, m)) end
+    return pack_(pl.sfmt, now, unpack(RES, 7, m))
+  end
+  return pack_(pl.rfmt, unpack(RES, 1, m))
+end
+
+-- fast decides, as decide does, one request of the common plan: one to
+-- three windows, a ban rule or none, no candidate windows, asked to decide,
+-- with no strikes to count, no admissions to add and nothing to seed. It
+-- makes the same reads, arithmetic and writes as decide, with its working
+-- values in locals, the code of window and write written out in it for
+-- each window (a Lua call and its arguments and results cost about a
+-- tenth of a decision), and its reply packed at once. Where decide would
+-- refuse (a banned key, a full window), it returns nil having written
+-- nothing (its reads change nothing), and decide decides.
+local function fast(base, pl, want, need, life, RSV)
+  local V = pl.V
+  local nw = V[1]
+  -- The ban record, read first as decide reads it (most keys have none).
+  local ban, bs, banUntil, offences, offenceAt, sring = pl.ban
+  if ban then
+    bs = call('GET', KEYS[base + 1])
+    banUntil, offences, offenceAt, sring = banRead(bs, ban)
+    if banUntil > now then return nil end
+  end
+  -- The windows, each read (takeLua) into locals of its own; room is
+  -- what every window has left (no limit is near 2^53).
+  local room, lend = 2 ^ 53, now + life
+  local l1, period1, g1, n1, unit1, key1, h1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1, cap1, cend1
+do
+  l1, period1, g1, n1, unit1, key1 = V[6 * 1 - 4], V[6 * 1 - 3], V[6 * 1 - 2], V[6 * 1 - 1], V[6 * 1], KEYS[base + 1 + 1]
+  h1 = call('GETRANGE', key1, '0', '18')
+do
+  fresh1 = #h1 < 1 + HDR
+  if fresh1 then vh1, total1, hc1, ho1 = 0, 0, 0, 0 else vh1, total1, hc1, ho1 = unpack_(RINGFMT, h1, 2) end
+  b1 = (now - now % g1) / g1
+  if b1 < vh1 then b1 = vh1 end
+  c1, from1 = total1, b1 - n1
+  if total1 > 0 then
+    if b1 - vh1 > n1 then
+      -- Every bucket it had has slid out.
+      total1, c1 = 0, 0
+    elseif total1 == hc1 and hc1 < MAXC then
+      -- Every event is in the head bucket (no count saturated, so every
+      -- other slot holds zero): nothing else can leave, and the head
+      -- bucket's count and offset are in the header. No slot to read: a
+      -- key's first burst in a period, say, lands here.
+      if b1 - n1 == vh1 and (b1 - n1) * g1 + ho1 * unit1 + period1 <= now then c1, from1 = 0, b1 - n1 + 1 end
+    else
+      local lo, hi = b1 - n1, b1 - n1
+      if b1 > vh1 then lo = vh1 - n1 end
+      local si, k = lo % (n1 + 1), hi - lo + 1
+      local s, R
+      if si + k > n1 + 1 then
+        -- The run wraps: read the whole ring.
+        s, R = call('GETRANGE', key1, OFF[1 + HDR], OFF[HDR + (n1 + 1) * SLOT]), 1
+        total1 = advanced(s, R, n1, vh1, total1, b1)
+      else
+        -- The k - 1 slots leaving, then the oldest (advanced, in short).
+        s, R = call('GETRANGE', key1, OFF[1 + HDR + si * SLOT], OFF[HDR + (si + k) * SLOT]), 1 - si * SLOT
+        if k > 1 then
+          total1 = total1 - counts(s, 1, 0, k - 2)
+          if total1 < 0 then total1 = 0 end
+        end
+      end
+      c1 = total1
+      -- The oldest bucket leaves as soon as its last event is a full
+      -- period old.
+      local j0 = b1 - n1
+      if total1 > 0 and j0 <= vh1 then
+        local c0, l0 = hc1, ho1
+        if j0 < vh1 then c0, l0 = unpack_('>I4I2', s, R + (j0 % (n1 + 1)) * SLOT) end
+        if c0 > 0 and j0 * g1 + l0 * unit1 + period1 <= now then c1, from1 = total1 - c0, j0 + 1 end
+      end
+    end
+  end
+end
+  -- A lease still being spent on this window caps this request too.
+if b1 == vh1 and hc1 > 1 and vh1 * g1 + ho1 * unit1 > now then
+  local o = capAt(n1)
+  local s = call('GETRANGE', key1, OFF[o], OFF[o + CAPLEN - 1])
+  if #s >= CAPLEN then
+    local cp, ce = unpack_(CAPFMT, s, 1)
+    if ce > now then cap1, cend1 = cp, ce end
+  end
+end
+  local m = l1
+  if cap1 and cap1 < m then m = cap1 end
+  if c1 >= m then return nil end
+  if m - c1 < room then room = m - c1 end
+  if (b1 + 1) * g1 < lend then lend = (b1 + 1) * g1 end
+end
+  local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2, cap2, cend2
+  if nw >= 2 then
+do
+  l2, period2, g2, n2, unit2, key2 = V[6 * 2 - 4], V[6 * 2 - 3], V[6 * 2 - 2], V[6 * 2 - 1], V[6 * 2], KEYS[base + 1 + 2]
+  h2 = call('GETRANGE', key2, '0', '18')
+do
+  fresh2 = #h2 < 1 + HDR
+  if fresh2 then vh2, total2, hc2, ho2 = 0, 0, 0, 0 else vh2, total2, hc2, ho2 = unpack_(RINGFMT, h2, 2) end
+  b2 = (now - now % g2) / g2
+  if b2 < vh2 then b2 = vh2 end
+  c2, from2 = total2, b2 - n2
+  if total2 > 0 then
+    if b2 - vh2 > n2 then
+      -- Every bucket it had has slid out.
+      total2, c2 = 0, 0
+    elseif total2 == hc2 and hc2 < MAXC then
+      -- Every event is in the head bucket (no count saturated, so every
+      -- other slot holds zero): nothing else can leave, and the head
+      -- bucket's count and offset are in the header. No slot to read: a
+      -- key's first burst in a period, say, lands here.
+      if b2 - n2 == vh2 and (b2 - n2) * g2 + ho2 * unit2 + period2 <= now then c2, from2 = 0, b2 - n2 + 1 end
+    else
+      local lo, hi = b2 - n2, b2 - n2
+      if b2 > vh2 then lo = vh2 - n2 end
+      local si, k = lo % (n2 + 1), hi - lo + 1
+      local s, R
+      if si + k > n2 + 1 then
+        -- The run wraps: read the whole ring.
+        s, R = call('GETRANGE', key2, OFF[1 + HDR], OFF[HDR + (n2 + 1) * SLOT]), 1
+        total2 = advanced(s, R, n2, vh2, total2, b2)
+      else
+        -- The k - 1 slots leaving, then the oldest (advanced, in short).
+        s, R = call('GETRANGE', key2, OFF[1 + HDR + si * SLOT], OFF[HDR + (si + k) * SLOT]), 1 - si * SLOT
+        if k > 1 then
+          total2 = total2 - counts(s, 1, 0, k - 2)
+          if total2 < 0 then total2 = 0 end
+        end
+      end
+      c2 = total2
+      -- The oldest bucket leaves as soon as its last event is a full
+      -- period old.
+      local j0 = b2 - n2
+      if total2 > 0 and j0 <= vh2 then
+        local c0, l0 = hc2, ho2
+        if j0 < vh2 then c0, l0 = unpack_('>I4I2', s, R + (j0 % (n2 + 1)) * SLOT) end
+        if c0 > 0 and j0 * g2 + l0 * unit2 + period2 <= now then c2, from2 = total2 - c0, j0 + 1 end
+      end
+    end
+  end
+end
+  -- A lease still being spent on this window caps this request too.
+if b2 == vh2 and hc2 > 1 and vh2 * g2 + ho2 * unit2 > now then
+  local o = capAt(n2)
+  local s = call('GETRANGE', key2, OFF[o], OFF[o + CAPLEN - 1])
+  if #s >= CAPLEN then
+    local cp, ce = unpack_(CAPFMT, s, 1)
+    if ce > now then cap2, cend2 = cp, ce end
+  end
+end
+  local m = l2
+  if cap2 and cap2 < m then m = cap2 end
+  if c2 >= m then return nil end
+  if m - c2 < room then room = m - c2 end
+  if (b2 + 1) * g2 < lend then lend = (b2 + 1) * g2 end
+end
+  end
+  local l3, period3, g3, n3, unit3, key3, h3, fresh3, vh3, total3, hc3, ho3, b3, c3, from3, cap3, cend3
+  if nw == 3 then
+do
+  l3, period3, g3, n3, unit3, key3 = V[6 * 3 - 4], V[6 * 3 - 3], V[6 * 3 - 2], V[6 * 3 - 1], V[6 * 3], KEYS[base + 1 + 3]
+  h3 = call('GETRANGE', key3, '0', '18')
+do
+  fresh3 = #h3 < 1 + HDR
+  if fresh3 then vh3, total3, hc3, ho3 = 0, 0, 0, 0 else vh3, total3, hc3, ho3 = unpack_(RINGFMT, h3, 2) end
+  b3 = (now - now % g3) / g3
+  if b3 < vh3 then b3 = vh3 end
+  c3, from3 = total3, b3 - n3
+  if total3 > 0 then
+    if b3 - vh3 > n3 then
+      -- Every bucket it had has slid out.
+      total3, c3 = 0, 0
+    elseif total3 == hc3 and hc3 < MAXC then
+      -- Every event is in the head bucket (no count saturated, so every
+      -- other slot holds zero): nothing else can leave, and the head
+      -- bucket's count and offset are in the header. No slot to read: a
+      -- key's first burst in a period, say, lands here.
+      if b3 - n3 == vh3 and (b3 - n3) * g3 + ho3 * unit3 + period3 <= now then c3, from3 = 0, b3 - n3 + 1 end
+    else
+      local lo, hi = b3 - n3, b3 - n3
+      if b3 > vh3 then lo = vh3 - n3 end
+      local si, k = lo % (n3 + 1), hi - lo + 1
+      local s, R
+      if si + k > n3 + 1 then
+        -- The run wraps: read the whole ring.
+        s, R = call('GETRANGE', key3, OFF[1 + HDR], OFF[HDR + (n3 + 1) * SLOT]), 1
+        total3 = advanced(s, R, n3, vh3, total3, b3)
+      else
+        -- The k - 1 slots leaving, then the oldest (advanced, in short).
+        s, R = call('GETRANGE', key3, OFF[1 + HDR + si * SLOT], OFF[HDR + (si + k) * SLOT]), 1 - si * SLOT
+        if k > 1 then
+          total3 = total3 - counts(s, 1, 0, k - 2)
+          if total3 < 0 then total3 = 0 end
+        end
+      end
+      c3 = total3
+      -- The oldest bucket leaves as soon as its last event is a full
+      -- period old.
+      local j0 = b3 - n3
+      if total3 > 0 and j0 <= vh3 then
+        local c0, l0 = hc3, ho3
+        if j0 < vh3 then c0, l0 = unpack_('>I4I2', s, R + (j0 % (n3 + 1)) * SLOT) end
+        if c0 > 0 and j0 * g3 + l0 * unit3 + period3 <= now then c3, from3 = total3 - c0, j0 + 1 end
+      end
+    end
+  end
+end
+  -- A lease still being spent on this window caps this request too.
+if b3 == vh3 and hc3 > 1 and vh3 * g3 + ho3 * unit3 > now then
+  local o = capAt(n3)
+  local s = call('GETRANGE', key3, OFF[o], OFF[o + CAPLEN - 1])
+  if #s >= CAPLEN then
+    local cp, ce = unpack_(CAPFMT, s, 1)
+    if ce > now then cap3, cend3 = cp, ce end
+  end
+end
+  local m = l3
+  if cap3 and cap3 < m then m = cap3 end
+  if c3 >= m then return nil end
+  if m - c3 < room then room = m - c3 end
+  if (b3 + 1) * g3 < lend then lend = (b3 + 1) * g3 end
+end
+  end
+  local count, at = 1, now
+  if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
+  -- A reservation riding on this admission (decide's, reserveSize): the
+  -- long windows are window 3, or windows 2 and 3 (ns, the short ones,
+  -- 1 or 2, fewer than nw).
+  local leased, rk, rend, ns = count, 0, 0, 0
+  if RSV then
+    ns, rend = RSV[5], now + RSV[7]
+    local sc, sp, lroom = c1 + 1, period1, 2 ^ 53
+    if ns == 2 then
+      sc, sp = c2 + 1, period2
+    else
+      local m = l2
+      if cap2 and cap2 < m then m = cap2 end
+      lroom = m - c2 - 1
+      if (b2 + 1) * g2 < rend then rend = (b2 + 1) * g2 end
+    end
+    if nw == 3 then
+      local m = l3
+      if cap3 and cap3 < m then m = cap3 end
+      if m - c3 - 1 < lroom then lroom = m - c3 - 1 end
+      if (b3 + 1) * g3 < rend then rend = (b3 + 1) * g3 end
+    end
+    rk = reserveSize(sc, sp, lroom, rend - now, RSV)
+  end
+  local ttl1, off1 = pl.TTL[1]
+do
+  if b1 > vh1 then
+    if fresh1 then
+      -- Written whole below.
+    elseif b1 - vh1 <= 8 and b1 - vh1 <= n1 and vh1 % (n1 + 1) + b1 - vh1 <= n1 + 1 then
+      -- The common move, a few buckets with no wrap: the old head's slot
+      -- and zeros over the skipped ones, in one write (move, in short).
+      -- The old head's count and offset are the header's own bytes (as
+      -- read: hc1 and ho1 have not changed), cut rather than packed.
+      local x = sub(h1, 14, 19)
+      if b1 - vh1 > 1 then x = x .. zeros((b1 - vh1 - 1) * SLOT) end
+      call('SETRANGE', key1, OFF[1 + HDR + (vh1 % (n1 + 1)) * SLOT], x)
+    else
+      for q = 1, 2 * move(n1, vh1, hc1, ho1, b1), 2 do call('SETRANGE', key1, OFF[HDR + MV[q]], MV[q + 1]) end
+    end
+    hc1, ho1 = 0, 0
+  end
+  -- The offset of at in its bucket, in units, rounded up.
+  local d = at - b1 * g1
+  off1 = 0
+  if d > 0 then off1 = (d + unit1 - 1 - (d + unit1 - 1) % unit1) / unit1 end
+  if hc1 > 0 and ho1 > off1 then off1 = ho1 end
+  local hdr = pack_(RINGFMT, b1, total1 + count, hc1 + count, off1)
+  if fresh1 then
+    call('SET', key1, blank(n1), 'PX', ttl1)
+    call('SETRANGE', key1, '1', hdr)
+  else
+    call('SETRANGE', key1, '1', hdr)
+    if b1 > vh1 then call('PEXPIRE', key1, ttl1) end
+  end
+end
+  local reset1, reset2, reset3
+reset1 = b1 * g1 + off1 * unit1 + period1
+if reset1 < (b1 + n1) * g1 then reset1 = (b1 + n1) * g1 end
+if reset1 > (b1 + n1 + 1) * g1 then reset1 = (b1 + n1 + 1) * g1 end
+  if nw >= 2 then
+    -- From here on the windows are long (count the reservation) when
+    -- the first short ones are behind.
+    if rk > 0 and ns == 1 then count, at = 1 + rk, rend end
+    local ttl2, off2 = pl.TTL[2]
+do
+  if b2 > vh2 then
+    if fresh2 then
+      -- Written whole below.
+    elseif b2 - vh2 <= 8 and b2 - vh2 <= n2 and vh2 % (n2 + 1) + b2 - vh2 <= n2 + 1 then
+      -- The common move, a few buckets with no wrap: the old head's slot
+      -- and zeros over the skipped ones, in one write (move, in short).
+      -- The old head's count and offset are the header's own bytes (as
+      -- read: hc2 and ho2 have not changed), cut rather than packed.
+      local x = sub(h2, 14, 19)
+      if b2 - vh2 > 1 then x = x .. zeros((b2 - vh2 - 1) * SLOT) end
+      call('SETRANGE', key2, OFF[1 + HDR + (vh2 % (n2 + 1)) * SLOT], x)
+    else
+      for q = 1, 2 * move(n2, vh2, hc2, ho2, b2), 2 do call('SETRANGE', key2, OFF[HDR + MV[q]], MV[q + 1]) end
+    end
+    hc2, ho2 = 0, 0
+  end
+  -- The offset of at in its bucket, in units, rounded up.
+  local d = at - b2 * g2
+  off2 = 0
+  if d > 0 then off2 = (d + unit2 - 1 - (d + unit2 - 1) % unit2) / unit2 end
+  if hc2 > 0 and ho2 > off2 then off2 = ho2 end
+  local hdr = pack_(RINGFMT, b2, total2 + count, hc2 + count, off2)
+  if fresh2 then
+    call('SET', key2, blank(n2), 'PX', ttl2)
+    call('SETRANGE', key2, '1', hdr)
+  else
+    call('SETRANGE', key2, '1', hdr)
+    if b2 > vh2 then call('PEXPIRE', key2, ttl2) end
+  end
+end
+reset2 = b2 * g2 + off2 * unit2 + period2
+if reset2 < (b2 + n2) * g2 then reset2 = (b2 + n2) * g2 end
+if reset2 > (b2 + n2 + 1) * g2 then reset2 = (b2 + n2 + 1) * g2 end
+  end
+  if nw == 3 then
+    if rk > 0 then count, at = 1 + rk, rend end
+    local ttl3, off3 = pl.TTL[3]
+do
+  if b3 > vh3 then
+    if fresh3 then
+      -- Written whole below.
+    elseif b3 - vh3 <= 8 and b3 - vh3 <= n3 and vh3 % (n3 + 1) + b3 - vh3 <= n3 + 1 then
+      -- The common move, a few buckets with no wrap: the old head's slot
+      -- and zeros over the skipped ones, in one write (move, in short).
+      -- The old head's count and offset are the header's own bytes (as
+      -- read: hc3 and ho3 have not changed), cut rather than packed.
+      local x = sub(h3, 14, 19)
+      if b3 - vh3 > 1 then x = x .. zeros((b3 - vh3 - 1) * SLOT) end
+      call('SETRANGE', key3, OFF[1 + HDR + (vh3 % (n3 + 1)) * SLOT], x)
+    else
+      for q = 1, 2 * move(n3, vh3, hc3, ho3, b3), 2 do call('SETRANGE', key3, OFF[HDR + MV[q]], MV[q + 1]) end
+    end
+    hc3, ho3 = 0, 0
+  end
+  -- The offset of at in its bucket, in units, rounded up.
+  local d = at - b3 * g3
+  off3 = 0
+  if d > 0 then off3 = (d + unit3 - 1 - (d + unit3 - 1) % unit3) / unit3 end
+  if hc3 > 0 and ho3 > off3 then off3 = ho3 end
+  local hdr = pack_(RINGFMT, b3, total3 + count, hc3 + count, off3)
+  if fresh3 then
+    call('SET', key3, blank(n3), 'PX', ttl3)
+    call('SETRANGE', key3, '1', hdr)
+  else
+    call('SETRANGE', key3, '1', hdr)
+    if b3 > vh3 then call('PEXPIRE', key3, ttl3) end
+  end
+end
+reset3 = b3 * g3 + off3 * unit3 + period3
+if reset3 < (b3 + n3) * g3 then reset3 = (b3 + n3) * g3 end
+if reset3 > (b3 + n3 + 1) * g3 then reset3 = (b3 + n3 + 1) * g3 end
+  end
+  -- A lease caps every window until it ends; a reservation, every long
+  -- window.
+  if leased > 1 then
+if not (cend1 and cap1 <= l1 and cend1 >= lend) then
+  local cp, ce = l1, lend
+  if cend1 then
+    if cap1 < cp then cp = cap1 end
+    if cend1 > ce then ce = cend1 end
+  end
+  call('SETRANGE', key1, OFF[capAt(n1)], pack_(CAPFMT, cp, ce))
+end
+    if nw >= 2 then
+if not (cend2 and cap2 <= l2 and cend2 >= lend) then
+  local cp, ce = l2, lend
+  if cend2 then
+    if cap2 < cp then cp = cap2 end
+    if cend2 > ce then ce = cend2 end
+  end
+  call('SETRANGE', key2, OFF[capAt(n2)], pack_(CAPFMT, cp, ce))
+end
+    end
+    if nw == 3 then
+if not (cend3 and cap3 <= l3 and cend3 >= lend) then
+  local cp, ce = l3, lend
+  if cend3 then
+    if cap3 < cp then cp = cap3 end
+    if cend3 > ce then ce = cend3 end
+  end
+  call('SETRANGE', key3, OFF[capAt(n3)], pack_(CAPFMT, cp, ce))
+end
+    end
+  elseif rk > 0 then
+    lend = rend
+    if ns == 1 then
+if not (cend2 and cap2 <= l2 and cend2 >= lend) then
+  local cp, ce = l2, lend
+  if cend2 then
+    if cap2 < cp then cp = cap2 end
+    if cend2 > ce then ce = cend2 end
+  end
+  call('SETRANGE', key2, OFF[capAt(n2)], pack_(CAPFMT, cp, ce))
+end
+    end
+    if nw == 3 then
+if not (cend3 and cap3 <= l3 and cend3 >= lend) then
+  local cp, ce = l3, lend
+  if cend3 then
+    if cap3 < cp then cp = cap3 end
+    if cend3 > ce then ce = cend3 end
+  end
+  call('SETRANGE', key3, OFF[capAt(n3)], pack_(CAPFMT, cp, ce))
+end
+    end
+  end
+  -- With a ban rule, admitted with no strikes to count: what decide's
+  -- strike reports then (the strikes the ring still counts, the offences
+  -- remembered), with nothing written; all zero for a key with no ban
+  -- record (most keys), as for a plan without a ban rule.
+  local _, strikes, bu, off = nil, 0, 0, 0
+  if bs then _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false) end
+  -- The reply: for one admission (a cold key's) the bare form when the
+  -- ban rule, if any, has nothing to report, else the short form; the
+  -- whole form for a lease, or a reservation (its size and end in a
+  -- lease's fields; per window the count with it, 1 + rk in the long
+  -- ones: count's last value).
+  if rk > 0 then
+    local u2 = c2 + count
+    if ns == 2 then u2 = c2 + 1 end
+    if not ban then
+      if nw == 2 then return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, c1 + 1, reset1, u2, reset2) end
+      return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, c1 + 1, reset1, u2, reset2, c3 + count, reset3)
+    end
+    if nw == 2 then return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, 0, strikes, bu, off, c1 + 1, reset1, u2, reset2) end
+    return pack_(pl.rfmt, 0, 0, now, 1 + rk, rend, 0, strikes, bu, off, c1 + 1, reset1, u2, reset2, c3 + count, reset3)
+  end
+  if count == 1 then
+    if strikes == 0 and bu == 0 and off == 0 then
+      if nw == 1 then return pack_(pl.bfmt, now, c1 + 1, reset1) end
+      if nw == 2 then return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2) end
+      return pack_(pl.bfmt, now, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
+    end
+    if nw == 1 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1) end
+    if nw == 2 then return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2) end
+    return pack_(pl.sfmt, now, strikes, bu, off, c1 + 1, reset1, c2 + 1, reset2, c3 + 1, reset3)
+  end
+  if not ban then
+    if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1) end
+    if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2) end
+    return pack_(pl.rfmt, 0, 0, now, count, lend, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
+  end
+  if nw == 1 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1) end
+  if nw == 2 then return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2) end
+  return pack_(pl.rfmt, 0, 0, now, count, lend, 0, strikes, bu, off, c1 + count, reset1, c2 + count, reset2, c3 + count, reset3)
+end
+
+-- PATHS counts the decisions the calls answered since the code loaded
+-- and, of them, those that went to decide: tests read them to know which
+-- path their decisions took (fast made the others). Counted once a call,
+-- and once a decision only on decide's path.
+local PATHS = {0, 0}
+
+-- Plans are decoded once per call (once for all with a Function, up to
+-- a bound): their numbers (V), where the ban rule, the candidate windows
+-- and the candidate ban rule start in V, the ban rules as tables (nil: no
+-- bans), the reply's format and the records' TTLs as strings. PLANS maps
+-- a call's plan indexes, DECODED the plans' packed numbers.
+local DECODED, ndecoded = {}, 0
+local function banRule(V, o, mult)
+  if V[o] == 0 then return nil, o + 1 end
+  return {thr = V[o], sp = V[o + 1], sg = V[o + 2], sn = V[o + 3], su = V[o + 4], sttl = V[o + 5],
+    memory = V[o + 6], base = V[o + 7], max = V[o + 8], mult = mult}, o + 9
+end
+local function planAt(PLANS, p)
+  local pl = PLANS[p]
+  if pl then return pl end
+  local s, mult, cmult = ARGV[3 * p - 1], ARGV[3 * p], ARGV[3 * p + 1]
+  pl = DECODED[s]
+  if not pl or pl.mults ~= mult or pl.cmults ~= cmult then
+    local V = {unpack_('>' .. rep('I8', #s / 8), s, 1)}
+    local nw = V[1]
+    local ban, co = banRule(V, 2 + 6 * nw, tonumber(mult))
+    local nc = V[co]
+    local cban = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
+    local ttl, cttl = {}, {}
+    for i = 1, nw do ttl[i] = itoa(V[2 + 6 * (i - 1) + 5]) end
+    for i = 1, nc do cttl[i] = itoa(V[co + 1 + 6 * (i - 1) + 5]) end
+    local fields = 5 + 2 * (nw + nc)
+    if ban then fields = fields + 4 end
+    if nc > 0 then fields = fields + 4 end
+    if cban then fields = fields + 4 end
+    -- The short forms' fields: now, with a ban rule the strikes, ban end
+    -- and offences (not in the bare form), then per window used and
+    -- reset.
+    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
+      bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
+      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3}
+    if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
+    DECODED[s], ndecoded = pl, ndecoded + 1
+  end
+  PLANS[p] = pl
+  return pl
+end
+
+-- The call being decided: its decisions (ARGV[1]), where the next one's
+-- numbers start, the KEYS index before its records, the replies so far
+-- and the plans met (planAt).
+local CALLS, POS, BASE, OUT, PLANS
+local ADD = {}
+-- A reservation's numbers (batch), one table for every decision: a table
+-- a decision is work for the collector.
+local RSVS = {}
+
+-- batch makes the call's decisions from POS on, in order, each by fast
+-- where it may (a plan fast serves, asked only to decide), else by
+-- decide. It moves POS and BASE past a decision before making it, so that
+-- when one fails (an error, which run catches), the batch goes on after
+-- it.
+local function batch()
+  local calls, out = CALLS, OUT
+  while POS <= #calls do
+    local nk, p, na, pos = unpack_('>I8I8I8', calls, POS)
+    local base = BASE
+    POS, BASE = pos, base + nk
+    local pl = planAt(PLANS, p)
+    local mode, extra, want, need, life, r = 0, 0, 1, 1, 1
+    -- fixed: how many of the numbers are the ask (the rest: adds, seeding).
+    local fixed, RSV = 5
+    if na == 0 then
+      -- A plain request: to decide, with no strikes and no lease.
+      if pl.fast then r = fast(base, pl, 1, 1, 1) end
+    else
+      mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
+      if mode == 2 then
+        -- Asked to decide, and to reserve (reserveSize): the replicas, the
+        -- margin, the least worth granting, the round trips' allowance
+        -- and how many of the plan's windows are short follow; want and
+        -- life are the reservation's most and life, not a lease's.
+        RSV = RSVS
+        RSV[1], RSV[2], RSV[3], RSV[4], RSV[5], pos = unpack_('>I8I8I8I8I8', calls, pos)
+        RSV[6], RSV[7] = want, life
+        if RSV[5] < 1 or RSV[5] >= pl.V[1] then RSV = nil end
+        want, need, life, fixed = 1, 1, 1, 10
+      end
+      POS = pos + 8 * (na - fixed)
+      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life, RSV) end
+    end
+    if not r then
+      PATHS[2] = PATHS[2] + 1
+      local nw = pl.V[1]
+      -- The admissions to add per window are sent only when there are
+      -- any (or seeding numbers follow them).
+      if na > fixed then
+        for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
+      else
+        for i = 1, nw do ADD[i] = 0 end
+      end
+      local SEED
+      if na > fixed + nw then
+        SEED = {unpack_('>' .. rep('I8', na - fixed - nw), calls, pos)}
+        SEED[na - fixed - nw + 1] = nil
+      end
+      r = decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
+    end
+    out[#out + 1] = r
+  end
+end
+
+-- run decides the batch of a call, at one reading of the server's clock:
+-- its decisions happen at one instant, in order. A decision that fails
+-- replies "E" and the error; the others are made as if it were not
+-- there. (One pcall for the batch, not one per decision: a decision that
+-- fails is rare, and a pcall's setup is not free.)
+local function run(keys, args)
+  if not byte then init() end
+  KEYS, ARGV = keys, args
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  CALLS, POS, BASE, OUT, PLANS = ARGV[1], 1, 0, {}, {}
+  while true do
+    local from = POS
+    local ok, err = pcall(batch)
+    if ok then break end
+    -- A failure before a decision's numbers were read is the call's own
+    -- (malformed numbers): it ends the call.
+    if POS == from then error(err) end
+    if type(err) == 'table' and err.err then err = err.err end
+    OUT[#OUT + 1] = 'E' .. tostring(err)
+  end
+  PATHS[1] = PATHS[1] + #OUT
+  return OUT
+end
+
+return run(_G.KEYS, _G.ARGV)
