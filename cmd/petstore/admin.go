@@ -342,7 +342,7 @@ func keysFileQuotas(ws []ratelimit.Window) []keysFileQuota {
 	return out
 }
 
-const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN"
+const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN | finalize [--undo | --status]"
 
 func runLimits(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -350,9 +350,14 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	sub, args := args[0], args[1:]
 	var planName string
+	var undo, status bool
 	extra := func(fs *flag.FlagSet) {
-		if sub == "reset" {
+		switch sub {
+		case "reset":
 			fs.StringVar(&planName, "plan", "", "reset every key of this plan (from the keys file and the database configured)")
+		case "finalize":
+			fs.BoolVar(&undo, "undo", false, "remove the mark, before rolling back to a release older than finalizing")
+			fs.BoolVar(&status, "status", false, "print the mark and the replicas live, change nothing")
 		}
 	}
 	cfg, _, fs, err := loadConfig("limits "+sub, limitsUsage, args, getenv, stderr, extra)
@@ -364,7 +369,9 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		return errors.New("limits reset takes key ids or --plan, not both")
 	case sub == "reset" && planName == "" && fs.NArg() == 0:
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
-	case sub != "reset" && fs.NArg() != 1:
+	case sub == "finalize" && (fs.NArg() != 0 || undo && status):
+		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
+	case sub != "reset" && sub != "finalize" && fs.NArg() != 1:
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
 	}
 	keyID := fs.Arg(0)
@@ -385,6 +392,8 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 	defer limiter.Close()
 
 	switch sub {
+	case "finalize":
+		return finalize(ctx, limiter, undo, status, stdout)
 	case "unban":
 		if err := limiter.Unban(ctx, keyID); err != nil {
 			return err
@@ -436,6 +445,41 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 	default:
 		return fmt.Errorf("unknown limits command %q; usage: petstore limits %s", sub, limitsUsage)
 	}
+}
+
+// finalize runs 'limits finalize': it marks the rate limiter's records as
+// finalized (ratelimit.Limiter.Finalize), removes the mark (undo), or
+// prints it (status).
+func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool, stdout io.Writer) error {
+	switch {
+	case status:
+		st, err := limiter.Finalization(ctx)
+		if err != nil {
+			return err
+		}
+		if st.Finalized.IsZero() {
+			fmt.Fprintf(stdout, "not finalized; %d replica(s) live, %d of an older release\n", st.Replicas, st.Older)
+		} else {
+			fmt.Fprintf(stdout, "finalized at %s; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
+		}
+		return nil
+	case undo:
+		if err := limiter.Unfinalize(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "finalize mark removed; every replica refreshes record expiries on every head move within %s: wait that long before starting an older release\n", ratelimit.Unfinalizing)
+		return nil
+	}
+	at, err := limiter.Finalize(ctx)
+	var older *ratelimit.OlderReplicasError
+	if errors.As(err, &older) {
+		return fmt.Errorf("not finalized: %d replica(s) of an older release are live; finalize once the rollout is done", older.Count)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "finalized at %s: replicas set record expiries once per epoch within a heartbeat; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
+	return nil
 }
 
 // keysOfPlan returns the ids of every key on the plan called name, from the

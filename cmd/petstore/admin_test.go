@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+
 	"github.com/animal-store/petstore/internal/apikey"
 	"github.com/animal-store/petstore/internal/plan"
 	"github.com/animal-store/petstore/internal/testenv"
@@ -197,4 +199,61 @@ func TestLimitsReset(t *testing.T) {
 			t.Errorf("limits %v: error %v, want one containing %q", tt.args, err, tt.wantErr)
 		}
 	}
+}
+
+// TestLimitsFinalize finalizes a running replica's records with the CLI:
+// refused while a replica of an older release is live, in force on the
+// replica within a heartbeat once set (its metric), out of force again
+// once undone.
+func TestLimitsFinalize(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	env := map[string]string{"PETSTORE_REDIS_ADDRS": m.Addr()}
+	in := start(t, env)
+	finalized := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, body := do(t, "GET", in.ops+"/metrics", "", "")
+			got := strings.Contains(string(body), "\npetstore_ratelimit_records_finalized 1\n")
+			if got == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("petstore_ratelimit_records_finalized never %v", want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if out := runOK(t, env, "limits", "finalize", "--status"); !strings.HasPrefix(out, "not finalized; ") {
+		t.Fatalf("status before: %q", out)
+	}
+
+	// A replica of an older release announces itself in the census every
+	// release writes, and not in this release's.
+	census := "petstore:rl:{replicas}"
+	m.ZAdd(census, float64(time.Now().UnixMilli()), "older")
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"limits", "finalize"}, func(k string) string { return env[k] }, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "1 replica(s) of an older release are live") {
+		t.Fatalf("finalize beside an older replica: %v %q", err, out.String())
+	}
+	if m.Exists("petstore:rl:{replicas}:finalized") {
+		t.Fatal("a refused finalize left the mark")
+	}
+	if _, err := m.ZRem(census, "older"); err != nil {
+		t.Fatal(err)
+	}
+
+	if out := runOK(t, env, "limits", "finalize"); !strings.HasPrefix(out, "finalized at ") {
+		t.Fatalf("finalize printed %q", out)
+	}
+	finalized(true)
+	if out := runOK(t, env, "limits", "finalize", "--status"); !strings.HasPrefix(out, "finalized at ") || !strings.Contains(out, ", 0 of an older release") {
+		t.Fatalf("status: %q", out)
+	}
+	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize mark removed") {
+		t.Fatalf("undo printed %q", out)
+	}
+	finalized(false)
 }

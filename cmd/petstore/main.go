@@ -4,7 +4,7 @@
 //	petstore serve              run the API (public port) and the ops endpoints
 //	petstore migrate            apply the PostgreSQL migrations
 //	petstore keys create|list|revoke
-//	petstore limits show|unban|reset KEY-ID
+//	petstore limits show|unban|reset KEY-ID, limits finalize
 //	petstore plans check|show   validate the plans file, print the plans in force
 //	petstore plans simulate     replay access logs against proposed plans
 //	petstore version
@@ -48,6 +48,8 @@ Usage:
   petstore limits unban KEY-ID            lift a key's temporary ban
   petstore limits reset KEY-ID... | --plan P
                                           clear counts, strikes and bans (between load tests)
+  petstore limits finalize [--undo | --status]
+                                          once a rollout is done: records written as only this release may
   petstore plans check FILE [--keys FILE] validate a plans file (and a keys file) as a reload would
   petstore plans show [--plans FILE] [--format text|yaml|json]
                                           the plans in force: the file merged over the built-in ones
