@@ -61,6 +61,10 @@ import (
 //   - head-moved-reserved, head-moved-banplan-reserved: the cold decision
 //     of a key holding a reservation of its day window (reserve.go): the
 //     minute window alone (and the ban record).
+//   - head-moved-finalized, head-moved-reserved-finalized: the same
+//     once records are finalized (finalize.go): the minute record's
+//     expiry is set when its head moves into a new epoch (15 s) alone,
+//     not on each move, so most decisions skip that command.
 //   - reservation: the call that reserves 20 admissions of a key's day
 //     window (every few seconds: the passes here are 300 ms apart).
 //   - floor-7-commands: the head-moved decision's seven commands on the
@@ -124,6 +128,8 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-reserved", business.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan-reserved", banPlan.short, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-finalized", business, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-reserved-finalized", business.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-ride-none", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
@@ -143,13 +149,18 @@ func BenchmarkRedisInstructions(b *testing.B) {
 					// measured pass is asked, the warm ones too.
 					rsv = &reserveAsk{max: 64, replicas: 1}
 				}
+				var fin int64
+				if strings.HasSuffix(c.name, "-finalized") {
+					// Finalized before the case began (finalize.go).
+					fin = 1
+				}
 				pass := func(fn string) {
 					for k := 0; k < keys; k += c.per {
 						ds := make([]decision, 0, c.per)
 						for j := k; j < k+c.per && j < keys; j++ {
 							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: noLease, reserve: rsv})})
 						}
-						ks, args := batchCommand(ds)
+						ks, args := batchCommandAt(ds, fin)
 						if err := cg.rdb.FCall(ctx, fn, ks, args...).Err(); err != nil {
 							b.Fatal(err)
 						}

@@ -198,6 +198,15 @@ local function itoa(v) return format('%d', v) end
 -- seeded one are written with it. (A product below 2^53 divided by 1000
 -- is exact or at least 10^-3 from an integer, more than the quotient's
 -- rounding error, so ceil gives the exact ms.)
+-- EXPS holds expiries as strings (an epoch's, for every record of its
+-- geometry: formatted once, found by one table read); at most 256.
+local EXPS, nexps = {}, 0
+local function expText(x)
+  if nexps >= 256 then EXPS, nexps = {}, 0 end
+  local s = format('%d', x)
+  EXPS[x], nexps = s, nexps + 1
+  return s
+end
 local function expiry(b, g, n, ttl)
   local E = (n - n % 4) / 4
   if E < 1 then E = 1 end
@@ -1271,7 +1280,10 @@ const writeLua = `do
       local E = (n$ - n$ % 4) / 4
       if E < 1 then E = 1 end
       local e0 = b$ - b$ % E
-      if FIN == 0 or vh$ < e0 or e0 * g$ < FIN then call('PEXPIREAT', key$, itoa(ceil((e0 + E) * g$ / 1000) + ttl$)) end
+      if FIN == 0 or vh$ < e0 or e0 * g$ < FIN then
+        local x = ceil((e0 + E) * g$ / 1000) + ttl$
+        call('PEXPIREAT', key$, EXPS[x] or expText(x))
+      end
     end
   end
 end
