@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -47,7 +48,10 @@ import (
 // replica takes of a key spread over four; and warm-fleet and
 // warm-fleet-affinity, both fleets with
 // 1,000 keys, tens to hundreds of requests a second each: where leases
-// form on one replica and less often on a quarter of its traffic. The
+// form on one replica and less often on a quarter of its traffic; and
+// cold-finalized and steady-finalized, cold and steady with this
+// limiter's records finalized (finalize.go) beside itself without, as
+// "petstore-unfinalized". The
 // limiters take turns in rounds of b.N decisions from compareCallers
 // goroutines, in a rotating order, so that load from elsewhere on the
 // machine weighs on all alike. Reported
@@ -84,19 +88,24 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		against  []string      // the contenders beside this limiter
 		replicas int           // this limiter's (and petstore-whole's) replicas; 0 or 1: one
 		affinity bool          // each key's decisions all made by one replica, chosen by its hash
+		// finalized: this limiter's records finalized (finalize.go),
+		// beside itself without (petstore-unfinalized).
+		finalized bool
 	}{
-		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others, 1, false},
-		{"cold", 20_000, cold, 0, others, 1, false},
+		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others, 1, false, false},
+		{"cold", 20_000, cold, 0, others, 1, false, false},
 		// (Against itself alone: the longer the others' rounds, the more
 		// of a key's minute slides out before its next, and the less
 		// steady the workload.)
-		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1, false},
-		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false},
-		{"steady-fleet-affinity", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true},
-		{"slow-fleet", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false},
-		{"slow-fleet-affinity", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true},
-		{"warm-fleet", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, false},
-		{"warm-fleet-affinity", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, true},
+		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1, false, false},
+		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false, false},
+		{"steady-fleet-affinity", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true, false},
+		{"slow-fleet", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false, false},
+		{"slow-fleet-affinity", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true, false},
+		{"warm-fleet", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, false, false},
+		{"warm-fleet-affinity", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, true, false},
+		{"cold-finalized", 20_000, cold, 0, []string{"petstore-unfinalized"}, 1, false, true},
+		{"steady-finalized", 20_000, cold, 15 * time.Second, []string{"petstore-unfinalized"}, 1, false, true},
 	}
 	for _, wl := range workloads {
 		b.Run(wl.name, func(b *testing.B) {
@@ -105,10 +114,14 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			b.Cleanup(func() { _ = rdb.Close() })
 			// No heartbeats or registry refreshes: their scripts would be
 			// counted in other limiters' rounds.
-			limiter := func(prefix string, maxLease int, reg *prometheus.Registry) *Limiter {
+			limiter := func(prefix string, maxLease int, reg *prometheus.Registry, finalized bool) *Limiter {
 				l, err := New(rdb, Options{Timeout: time.Second, Prefix: prefix, noHeartbeat: true, MaxLease: maxLease, Registerer: reg, Replicas: max(wl.replicas, 1)})
 				if err != nil {
 					b.Fatal(err)
+				}
+				if finalized {
+					// As read by a heartbeat, held for the benchmark.
+					l.replicas.fin.Store(&finState{at: 1, arg: "1", until: math.MaxInt64})
 				}
 				b.Cleanup(func() { _ = l.Close() })
 				return l
@@ -132,13 +145,13 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			// fleet is wl.replicas limiters on one prefix, each decision
 			// made by one of them (at random, or by the key's hash), and
 			// their registries, one each.
-			fleet := func(prefix string, maxLease int) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
+			fleet := func(prefix string, maxLease int, finalized bool) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
 				n := max(wl.replicas, 1)
 				regs := make([]*prometheus.Registry, n)
 				replicas := make([]func(ctx context.Context, key string) (bool, error), n)
 				for i := range replicas {
 					regs[i] = prometheus.NewRegistry()
-					replicas[i] = allow(limiter(prefix, maxLease, regs[i]))
+					replicas[i] = allow(limiter(prefix, maxLease, regs[i], finalized))
 				}
 				if n == 1 {
 					return replicas[0], regs
@@ -156,7 +169,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			scripts := []string{"fcall", "evalsha", "eval"}
 			// Ours keeps its metrics apart: what its leases and
 			// reservations left unspent is read from them.
-			ours, regs := fleet("ours:", 0)
+			ours, regs := fleet("ours:", 0, wl.finalized)
 			counted := func(name string) float64 {
 				var sum float64
 				for _, reg := range regs {
@@ -181,7 +194,10 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				case "petstore-whole":
 					// Leases and reservations off: every decision whole.
 					c.commands = scripts
-					c.allow, _ = fleet("whole:", 1)
+					c.allow, _ = fleet("whole:", 1, wl.finalized)
+				case "petstore-unfinalized":
+					c.commands = scripts
+					c.allow, _ = fleet("unfinalized:", 0, false)
 				}
 				contenders = append(contenders, c)
 			}
