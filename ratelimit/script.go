@@ -181,23 +181,6 @@ end
 -- them as floats ("%.14g"), several times dearer.
 local function itoa(v) return format('%d', v) end
 
--- A window record's expiry. Its buckets are grouped in epochs of n/4
--- (one at least: about a quarter of its period). An event of an epoch is
--- recorded at most a bucket after the epoch ends (a lease's end, rounded
--- up to an offset unit) and stops counting a period after that; the
--- record TTL (ttl, ms) is a period, two buckets and a millisecond, so
--- expiry(b, g, n, ttl), the end of head bucket b's epoch plus ttl (ms
--- since the Unix epoch), keeps the record for every event of the epoch.
--- It is never earlier than ttl from now (now lies in the epoch), which is
--- what releases before this one refresh the record to on every head
--- move: no writer of either sets an earlier expiry than the other would.
--- Before FIN (not finalized) every write that moves the head sets it, as
--- those releases refresh theirs; once finalized only a move into a new
--- epoch does, or one within an epoch that began before FIN (its first
--- write may have been an older release's). A new record (SET) and a
--- seeded one are written with it. (A product below 2^53 divided by 1000
--- is exact or at least 10^-3 from an integer, more than the quotient's
--- rounding error, so ceil gives the exact ms.)
 -- EXPS holds expiries as strings (an epoch's, for every record of its
 -- geometry: formatted once, found by one table read); at most 256.
 local EXPS, nexps = {}, 0
@@ -207,6 +190,26 @@ local function expText(x)
   EXPS[x], nexps = s, nexps + 1
   return s
 end
+
+-- A window record's expiry. Its buckets are grouped in epochs of n/4
+-- (one at least: about a quarter of its period). An event of an epoch is
+-- recorded at most a bucket after the epoch ends (a lease's end, rounded
+-- up to an offset unit) and stops counting a period after that; the
+-- record TTL (ttl, ms) is a period, two buckets and a millisecond, so
+-- expiry(b, g, n, ttl), the end of head bucket b's epoch plus ttl (ms
+-- since the Unix epoch), keeps the record for every event of the epoch.
+-- It is never earlier than ttl from now (now lies in the epoch), which is
+-- what releases before this one refresh the record to on every head
+-- move, and every writer of this release sets the same one for an epoch:
+-- none shortens what an older release's writer or another of its own
+-- would have set at that moment.
+-- Before FIN (not finalized) every write that moves the head sets it, as
+-- those releases refresh theirs; once finalized only a move into a new
+-- epoch does, or one within an epoch that began before FIN (its first
+-- write may have been an older release's). A new record (SET) and a
+-- seeded one are written with it. (A product below 2^53 divided by 1000
+-- is exact or at least 10^-3 from an integer, more than the quotient's
+-- rounding error, so ceil gives the exact ms.)
 local function expiry(b, g, n, ttl)
   local E = (n - n % 4) / 4
   if E < 1 then E = 1 end
@@ -1170,7 +1173,7 @@ local function run(keys, args)
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   CALLS, POS, BASE, OUT, PLANS = ARGV[1], 1, 0, {}, {}
-  FIN = tonumber(ARGV[2])
+  FIN = tonumber(ARGV[2]) or 0
   while true do
     local from = POS
     local ok, err = pcall(batch)
