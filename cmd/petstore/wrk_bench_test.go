@@ -65,6 +65,9 @@ import (
 // BENCH_WHOLE (say 1) adds a fifth side: the limiter with leases and
 // reservations off (MaxLease 1), reported as whole/off, on/whole and its
 // server and Redis CPU a request.
+// BENCH_FINALIZED (say 1) finalizes the limiter's records first
+// ('petstore limits finalize'; the limiter's sides only, redis_rate's
+// unchanged).
 // BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
 // 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
 // puts the limiter's Redis that far away in each direction, through a
@@ -145,6 +148,9 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer limiter.Close()
+			if os.Getenv("BENCH_FINALIZED") != "" {
+				finalizeForBench(b, limiter, limReg)
+			}
 			script := writeWrkScript(b, dir, keys)
 			log := slog.New(httpapi.NewJSONLogHandler(io.Discard, nil))
 
@@ -594,4 +600,21 @@ func (r *privateRedis) scripts(b *testing.B) (calls int64, usec float64) {
 		}
 	}
 	return calls, usec
+}
+
+// finalizeForBench finalizes l's records and waits for its heartbeat to
+// put the mark in force (its gauge, in reg).
+func finalizeForBench(b *testing.B, l *ratelimit.Limiter, reg *prometheus.Registry) {
+	b.Helper()
+	ctx := context.Background()
+	if _, err := l.Finalize(ctx); err != nil {
+		b.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for testenv.CounterSum(b, reg, "petstore_ratelimit_records_finalized", nil) != 1 {
+		if time.Now().After(deadline) {
+			b.Fatal("the finalize mark never came into force")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -376,6 +376,17 @@ func (f *fleet) writeKeys() {
 // returns its standard output.
 func (f *fleet) petstore(args ...string) string {
 	f.t.Helper()
+	out, errOut, err := f.tryPetstore(args...)
+	if err != nil {
+		f.t.Fatalf("petstore %s: %v\n%s", strings.Join(args, " "), err, errOut)
+	}
+	return out
+}
+
+// tryPetstore runs this tree's petstore command as petstore does, and
+// returns its output, its errors' and how it ended.
+func (f *fleet) tryPetstore(args ...string) (string, string, error) {
+	f.t.Helper()
 	cmd := exec.Command(petstoreBin, args...)
 	cmd.Env = append(os.Environ(),
 		"PETSTORE_PLANS_FILE="+filepath.Join(f.dir, "plans.yaml"),
@@ -386,10 +397,8 @@ func (f *fleet) petstore(args ...string) string {
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		f.t.Fatalf("petstore %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String()
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
 }
 
 func (r *replica) start() {

@@ -393,3 +393,82 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 		t.Errorf("this tree's replicas leased nothing while the busy key's window filled: the test did not judge leases across releases")
 	}
 }
+
+// TestRollingUpgradeThenFinalize upgrades a fleet from the release before
+// records could be finalized (the parent of the commit that added
+// ratelimit/finalize.go) replica by replica behind HAProxy under load,
+// as TestRollingUpgradeKeepsWindows does; 'petstore limits finalize' is
+// refused while a replica of that release runs, goes through once none
+// does, and every replica puts it in force within a heartbeat or two
+// (its gauge); the load goes on over several periods, so over many
+// epochs of finalized records. Judged by client send and receive times
+// over the whole run: no window holds more than its limit, and no
+// request fails.
+func TestRollingUpgradeThenFinalize(t *testing.T) {
+	t.Parallel()
+	added := strings.Fields(git(t, "log", "--diff-filter=A", "--format=%H", "--", "ratelimit/finalize.go"))
+	if len(added) == 0 {
+		t.Fatal("no commit adds ratelimit/finalize.go")
+	}
+	rev := git(t, "rev-parse", added[len(added)-1]+"^")
+	dir := t.TempDir()
+	prev := buildRelease(t, dir, rev)
+	t.Logf("upgrading from %s", git(t, "log", "-1", "--format=%h %s", rev))
+	f := newFleet(t, fleetOptions{
+		plans: `plans:
+  small: {quotas: [{limit: 20, period: 2s}], ban: off}
+  paced: {quotas: [{limit: 30, period: 3s}, {limit: 100000, period: 24h}], ban: off}
+`,
+		keys:     map[string]int{"small": 1, "paced": 1},
+		binaries: map[int]string{0: prev, 1: prev, 2: prev},
+	})
+	type judged struct {
+		plan   string
+		limit  int
+		period time.Duration
+		load   *load
+	}
+	small := &judged{plan: "small", limit: 20, period: 2 * time.Second}
+	paced := &judged{plan: "paced", limit: 30, period: 3 * time.Second}
+	small.load = f.startLoad(loadSpec{rate: 40, workers: 8, targets: []string{f.lb.url}, keys: f.keys["small"]})
+	paced.load = f.startLoad(loadSpec{rate: 15, workers: 4, targets: []string{f.lb.url}, keys: f.keys["paced"]})
+	time.Sleep(2 * time.Second)
+	for i, r := range f.replicas {
+		r.stop()
+		r.bin = petstoreBin
+		r.start()
+		f.waitInRotation()
+		if i == 0 {
+			out, errOut, err := f.tryPetstore("limits", "finalize")
+			if err == nil || !strings.Contains(errOut, "2 replica(s) of an older release are live") {
+				t.Fatalf("finalize beside two replicas of %s: %v %q %q", rev[:12], err, out, errOut)
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	if out := f.petstore("limits", "finalize"); !strings.HasPrefix(out, "finalized at ") {
+		t.Fatalf("finalize printed %q", out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, r := range f.replicas {
+		for {
+			v, err := r.metric("petstore_ratelimit_records_finalized")
+			if err == nil && v == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never put the finalize mark in force: %v %v", r.name, v, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	t.Logf("finalized; every replica has it in force")
+	// Three periods of the longer window: a dozen epochs of each.
+	time.Sleep(9 * time.Second)
+	for _, c := range []*judged{small, paced} {
+		rs := c.load.stop()
+		elapsed := time.Since(c.load.start)
+		adm := judgeLoad(t, c.plan, rs, elapsed)
+		judgeWindow(t, c.plan, adm, c.limit, c.period, elapsed)
+	}
+}

@@ -20,8 +20,8 @@ func MetricValue(tb testing.TB, m prometheus.Metric) float64 {
 	return out.GetGauge().GetValue()
 }
 
-// CounterSum gathers g and returns the sum of the counters of family name
-// whose labels include every one in labels.
+// CounterSum gathers g and returns the sum of the counters (or gauges) of
+// family name whose labels include every one in labels.
 func CounterSum(tb testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	tb.Helper()
 	mfs, err := g.Gather()
@@ -40,7 +40,7 @@ func CounterSum(tb testing.TB, g prometheus.Gatherer, name string, labels map[st
 					continue next
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return sum
