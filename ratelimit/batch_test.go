@@ -492,3 +492,68 @@ func TestBatchAnswersEveryDecisionOfAMalformedReply(t *testing.T) {
 		})
 	}
 }
+
+// TestLongCallKeepsItsRecords: decisions of one call for the same key
+// see each other's writes, even when the call outlasts the key's
+// records. A call decides a key of a 1 ms window (its record's TTL is a
+// few ms); the next, in the same pipeline, thousands of other keys'
+// decisions first (tens of ms on Redis's clock), then that key again
+// and again: its first moves the record's head and sets its expiry.
+// Each must count one more than the one before: the call's time is its
+// start, and a record whose expiry Redis's clock had passed would be
+// gone for the rest of the call (as it was while expiries were set as
+// times, from the call's start: PEXPIREAT).
+func TestLongCallKeepsItsRecords(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	sc := decisionScript()
+	if err := (&batcher{rdb: rdb, sc: sc}).loadFunction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prefix := randomPrefix(t)
+	tiny := compile(Policy{Name: "tiny", Windows: []Window{{Limit: 1000, Period: time.Millisecond}}}, DefaultBuckets, DefaultStrikeBuckets)
+	other := compile(perMinute(1000), DefaultBuckets, DefaultStrikeBuckets)
+	for _, fin := range []int64{0, 1} {
+		key := fmt.Sprint("tiny", fin)
+		first := []decision{{keys: stateKeys(prefix, key, tiny), pl: tiny, nums: scriptNums(tiny, input{lease: noLease})}}
+		var long []decision
+		for i := range 3000 {
+			long = append(long, decision{keys: stateKeys(prefix, fmt.Sprint("o", i), other), pl: other, nums: scriptNums(other, input{lease: noLease})})
+		}
+		const mine = 40
+		for range mine {
+			long = append(long, first[0])
+		}
+		pipe := rdb.Pipeline()
+		var cmds []*redis.Cmd
+		for _, ds := range [][]decision{first, long} {
+			keys, args := batchCommandAt(ds, fin)
+			cmds = append(cmds, pipe.FCall(ctx, sc.fn, keys, args...))
+		}
+		began := time.Now()
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(began)
+		replies, err := batchReplies(cmds[1].Val(), len(long))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var used0 int64
+		for j := range mine {
+			v, err := decode(tiny, replies[len(long)-mine+j])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j == 0 {
+				used0 = v.win[0].used
+			}
+			if want := used0 + int64(j); v.win[0].used != want {
+				t.Fatalf("finalized %v: decision %d of %d for one key, after %d others, in calls of %s: used %d, want %d", fin > 0, j+1, mine, len(long)-mine, took, v.win[0].used, want)
+			}
+		}
+		t.Logf("finalized %v: the key's first decision in the long call counted %d; the calls took %s", fin > 0, used0, took)
+	}
+}

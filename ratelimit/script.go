@@ -109,6 +109,8 @@ local call, KEYS, ARGV, now
 -- finalized, or not in force on the calling replica): ARGV[2] (expiry
 -- below).
 local FIN
+-- NOWMS is now in whole ms: expiries are set relative to it (expiry).
+local NOWMS
 -- Offsets passed to redis.call, as strings: OFF[v] is v's (its table's
 -- __index makes it on first use). A batch's decisions at one instant
 -- mostly read and write the same slots of their windows, so each offset
@@ -181,8 +183,9 @@ end
 -- them as floats ("%.14g"), several times dearer.
 local function itoa(v) return format('%d', v) end
 
--- EXPS holds expiries as strings (an epoch's, for every record of its
--- geometry: formatted once, found by one table read); at most 256.
+-- EXPS holds expiries as strings, in ms from NOWMS (an epoch's, for
+-- every record of its geometry: formatted once, found by one table read);
+-- at most 256.
 local EXPS, nexps = {}, 0
 local function expText(x)
   if nexps >= 256 then EXPS, nexps = {}, 0 end
@@ -209,7 +212,14 @@ end
 -- write may have been an older release's). A new record (SET) and a
 -- seeded one are written with it. (A product below 2^53 divided by 1000
 -- is exact or at least 10^-3 from an integer, more than the quotient's
--- rounding error, so ceil gives the exact ms.)
+-- rounding error, so ceil gives the exact ms.) It is set relative to
+-- NOWMS (PEXPIRE, SET PX), as releases before this one set theirs, never
+-- as a time (PEXPIREAT): a long call's later decisions run after Redis's
+-- clock has moved on from now, and a time that clock has passed would
+-- delete the record at once, and with it what the call's earlier
+-- decisions counted there. Relative to the clock Redis sets it by (the
+-- call's start, at most now), it is at most a millisecond earlier than
+-- the time, which the TTL's millisecond covers.
 local function expiry(b, g, n, ttl)
   local E = (n - n % 4) / 4
   if E < 1 then E = 1 end
@@ -390,7 +400,7 @@ local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
     if a > 0 then slots[((b - a) % (n + 1)) + 1] = pack_('>I4I2', c, os[a]) end
   end
   local rec = char(VERSION) .. pack_(RINGFMT, b, total, cs[0] or 0, os[0] or 0) .. table.concat(slots)
-  call('SET', key, rec, 'PX', itoa(expiry(b, g, n, ttl) - floor(now / 1000)))
+  call('SET', key, rec, 'PX', itoa(expiry(b, g, n, ttl) - NOWMS))
   return rec
 end
 
@@ -1174,6 +1184,7 @@ local function run(keys, args)
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   CALLS, POS, BASE, OUT, PLANS = ARGV[1], 1, 0, {}, {}
   FIN = tonumber(ARGV[2]) or 0
+  NOWMS = floor(now / 1000)
   while true do
     local from = POS
     local ok, err = pcall(batch)
@@ -1273,7 +1284,7 @@ const writeLua = `do
   if hc$ > 0 and ho$ > off$ then off$ = ho$ end
   local hdr = pack_(RINGFMT, b$, total$ + count, hc$ + count, off$)
   if fresh$ then
-    call('SET', key$, blank(n$), 'PX', itoa(expiry(b$, g$, n$, ttl$) - floor(now / 1000)))
+    call('SET', key$, blank(n$), 'PX', itoa(expiry(b$, g$, n$, ttl$) - NOWMS))
     call('SETRANGE', key$, '1', hdr)
   else
     call('SETRANGE', key$, '1', hdr)
@@ -1284,8 +1295,8 @@ const writeLua = `do
       if E < 1 then E = 1 end
       local e0 = b$ - b$ % E
       if FIN == 0 or vh$ < e0 or e0 * g$ < FIN then
-        local x = ceil((e0 + E) * g$ / 1000) + ttl$
-        call('PEXPIREAT', key$, EXPS[x] or expText(x))
+        local x = ceil((e0 + E) * g$ / 1000) + ttl$ - NOWMS
+        call('PEXPIRE', key$, EXPS[x] or expText(x))
       end
     end
   end
