@@ -75,29 +75,53 @@ func (r *replicas) finalized() any {
 	return f.arg
 }
 
-// observeFinal takes what a heartbeat read: the mark (µs, 0: none) and the
-// live replicas of older releases.
-func (r *replicas) observeFinal(mark, older int64, at time.Time) {
+// observeFinal takes what a heartbeat read at Redis time now (µs): the
+// mark (µs, 0: none) and the live replicas of older releases. The time
+// passed to the script is the later of the mark and clear, the first
+// heartbeat since which this replica has counted no older replica: every
+// write of an older release was made before it (one that left the census
+// withdrew after its last decision, or stopped beating before its last
+// one and was dropped heartbeatTTL later), so epochs that began before
+// it keep setting expiries on every head move. A rollback begun without
+// undoing the mark and then rolled forward again is safe this way, once
+// the older replicas are counted; what they write before a heartbeat
+// counts them is not (ratelimit/README.md, Finalizing).
+func (r *replicas) observeFinal(mark, older, now int64, at time.Time) {
 	r.met.olderReplicas.Set(float64(older))
-	inForce := mark > 0 && older == 0
-	if inForce {
-		r.fin.Store(&finState{at: mark, arg: strconv.FormatInt(mark, 10), until: at.Add(heartbeatTTL).UnixNano()})
+	r.met.finalizeMark.Set(boolGauge(mark > 0))
+	if older > 0 {
+		r.clear.Store(0)
+	} else if r.clear.Load() == 0 {
+		r.clear.Store(now)
+	}
+	if mark > 0 && older == 0 {
+		fin := max(mark, r.clear.Load())
+		r.fin.Store(&finState{at: fin, arg: strconv.FormatInt(fin, 10), until: at.Add(heartbeatTTL).UnixNano()})
 		r.met.finalized.Set(1)
 	} else {
 		r.fin.Store(nil)
 		r.met.finalized.Set(0)
 	}
 	if mark > 0 && older > 0 && r.warnedOlder.CompareAndSwap(false, true) && r.log != nil {
-		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: expiries are refreshed on every head move again; run 'petstore limits finalize --undo' before rolling back",
+		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: expiries are set on every head move again; run 'petstore limits finalize --undo' before rolling back",
 			"older_replicas", older)
 	} else if older == 0 {
 		r.warnedOlder.Store(false)
 	}
 }
 
-// forget drops the view of the mark (a heartbeat failed).
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// forget drops the view of the mark and of the census (a heartbeat
+// failed: older replicas may come and go unseen).
 func (r *replicas) forget() {
 	r.fin.Store(nil)
+	r.clear.Store(0)
 	r.met.finalized.Set(0)
 }
 
@@ -135,6 +159,8 @@ func (l *Limiter) Finalize(ctx context.Context) (time.Time, error) {
 	if l.rdb == nil {
 		return time.Time{}, errNoRedis
 	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
 	p := l.opts.Prefix
 	res, err := finalizeScript.Run(ctx, l.rdb, []string{p + "{replicas}", p + finalCensusSuffix, p + finalMarkSuffix}, heartbeatTTL.Milliseconds()).Int64Slice()
 	if err != nil {
@@ -156,6 +182,8 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 	if l.rdb == nil {
 		return errNoRedis
 	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
 	return l.rdb.Del(ctx, l.opts.Prefix+finalMarkSuffix).Err()
 }
 
@@ -178,6 +206,8 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	if l.rdb == nil {
 		return st, errNoRedis
 	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
 	p := l.opts.Prefix
 	now, err := l.rdb.Time(ctx).Result()
 	if err != nil {

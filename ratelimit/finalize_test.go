@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/testenv"
@@ -84,9 +85,18 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	if !strings.Contains(f.logs.String(), "replicas of an older release are live") {
 		t.Fatalf("no warning logged: %s", f.logs)
 	}
+	if got := testenv.MetricValue(t, l.met.finalizeMark); got != 1 {
+		t.Fatalf("finalize_mark %v with the mark set and out of force, want 1", got)
+	}
 	f.clk.Add(heartbeatTTL + time.Millisecond)
 	beat()
 	inForce(true, "the older replica gone again")
+	// Epochs that began before this heartbeat, the first to count no
+	// older replica, may hold the older replica's writes: the script is
+	// passed its time, not the mark's.
+	if got, want := l.replicas.finalized(), strconv.FormatInt(f.clk.Now().UnixMicro(), 10); got != want {
+		t.Fatalf("after the older replica left, the script's argument %v, want %v (the heartbeat's time)", got, want)
+	}
 
 	// Undone.
 	if err := l.Unfinalize(ctx); err != nil {
@@ -94,6 +104,9 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	}
 	beat()
 	inForce(false, "undone")
+	if got := testenv.MetricValue(t, l.met.finalizeMark); got != 0 {
+		t.Fatalf("finalize_mark %v once undone, want 0", got)
+	}
 
 	// Not read for heartbeatTTL: out of force without a heartbeat.
 	if _, err := l.Finalize(ctx); err != nil {
@@ -181,5 +194,63 @@ func TestFinalizedReplicaSetsExpiryOncePerEpoch(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A rollback begun without undoing the mark, then rolled forward: an
+// older replica's write in the middle of an epoch sets the record's expiry
+// to its TTL from then; replicas that count no older replica again pass
+// the time they first did (observeFinal), so that a head move later in
+// that epoch sets the expiry again, and the record outlives its events.
+// Passing the mark alone would leave it to expire early.
+func TestRollbackWithoutUndoKeepsRecords(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	m.ClockTTL(true)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	pl := compile(perMinute(1000), DefaultBuckets, DefaultStrikeBuckets)
+	r := pl.windows[0]
+	span := r.n / 4 * r.gran
+	for _, tc := range []struct {
+		name     string
+		passMark bool // the replicas pass the mark, not the time the census cleared
+		outlives bool
+	}{{"census time", false, true}, {"mark alone", true, false}} {
+		keys := stateKeys(randomPrefix(t), "k", pl)
+		d := []decision{{keys: keys, pl: pl, nums: scriptNums(pl, input{lease: noLease})}}
+		start := (epoch.UnixMicro()/span + 1) * span
+		at := func(us int64) { m.SetTime(time.UnixMicro(start + us)) }
+		mark := start - 1_000_000
+		at(100_000)
+		if _, err := evalBatchAt(ctx, rdb, d, mark); err != nil {
+			t.Fatal(err)
+		}
+		// The older release, rolled back to: its head move at 1 s sets
+		// the expiry to its TTL from then.
+		at(1_000_000)
+		if _, err := olderBatch(ctx, rdb, d); err != nil {
+			t.Fatal(err)
+		}
+		// Rolled forward: the census clear from 1.5 s on.
+		fin := start + 1_500_000
+		if tc.passMark {
+			fin = mark
+		}
+		at(3_000_000)
+		if _, err := evalBatchAt(ctx, rdb, d, fin); err != nil {
+			t.Fatal(err)
+		}
+		exp, err := rdb.PExpireTime(ctx, keys[1]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The newest event, at 3 s, counts until a period after its
+		// bucket ends.
+		need := (((start+3_000_000)/r.gran)+1)*r.gran + r.period
+		if got := exp.Milliseconds()*1000 >= need; got != tc.outlives {
+			t.Errorf("%s: record expires at %d ms, its newest event counts until %d µs: outlives %v, want %v", tc.name, exp.Milliseconds(), need, got, tc.outlives)
+		}
 	}
 }

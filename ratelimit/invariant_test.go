@@ -247,6 +247,10 @@ type invariantDriver struct {
 	finAt      int64
 	finalizeAt int
 	older      bool
+	rollback   [2]int
+	rolledBack bool
+	clearAt    int64
+	tight      int
 	calls      [3]int
 }
 
@@ -254,23 +258,41 @@ type invariantDriver struct {
 // steps: never finalized (a third of cases), finalized from the start,
 // or at a step drawn (finalizeAt), with replicas of the release before
 // finalizing deciding beside this one's until then in half of the cases
-// not finalized from the start.
+// not finalized from the start. Half of the cases finalized at a step
+// then roll back without undoing the mark (rollback: from the first step
+// to the second, one to four steps on, the older release decides again, and this release's
+// replicas, counting it in the census, do not write as finalized), and
+// forward again: from then on the replicas pass the later of the mark
+// and the time they first counted no older replica (clearAt; finalize.go,
+// observeFinal).
 func (d *invariantDriver) finalizeCase(steps int) {
-	d.finalizeAt = -1
+	d.finalizeAt, d.rollback = -1, [2]int{-1, -1}
 	switch d.rng.IntN(3) {
 	case 1:
 		d.finAt = 1
 	case 2:
 		d.finalizeAt = 1 + d.rng.IntN(steps-1)
+		if left := steps - d.finalizeAt; left > 2 && d.rng.IntN(3) > 0 {
+			from := d.finalizeAt + 1 + d.rng.IntN(left-2)
+			d.rollback = [2]int{from, from + 1 + d.rng.IntN(min(steps-from-1, 4))}
+		}
 	}
 	d.older = d.finAt == 0 && d.rng.IntN(2) == 0
 }
 
 // stepTo is called before each step: the operator finalizes at step
-// finalizeAt, once the older release is gone.
+// finalizeAt, once the older release is gone; a rollback begins and ends
+// at the steps of rollback.
 func (d *invariantDriver) stepTo(step int) {
-	if step == d.finalizeAt {
+	switch step {
+	case d.finalizeAt:
 		d.finAt = d.clock() + 1
+	case d.rollback[0]:
+		// Steps of a bucket or less from here until a few after it ends,
+		// so that writes on both sides of it share epochs.
+		d.rolledBack, d.tight = true, d.rollback[1]-d.rollback[0]+10
+	case d.rollback[1]:
+		d.rolledBack, d.clearAt = false, d.clock()+1
 	}
 }
 
@@ -344,13 +366,14 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 // (EVAL), its fallback.
 //
 // Before finAt (or with none) a third of the calls are the older
-// release's when the case has one; after it a quarter are made by
-// replicas that have not read the mark yet.
+// release's when the case has one, and half during a rollback; after it
+// a quarter are made by replicas that have not read the mark yet.
 func (d *invariantDriver) decide(ds []decision) ([]any, error) {
 	ctx := context.Background()
-	fin := d.finAt
-	if fin == 0 {
-		if d.older && d.rng.IntN(3) == 0 {
+	fin := max(d.finAt, d.clearAt)
+	if d.finAt == 0 || d.rolledBack {
+		fin = 0
+		if d.older && d.rng.IntN(3) == 0 || d.rolledBack && d.rng.IntN(2) == 0 {
 			d.calls[2]++
 			return olderBatch(ctx, d.rdb, ds)
 		}
@@ -675,6 +698,10 @@ func (d *invariantDriver) step(lastPlan int) int {
 		dt = rng.Int64N(w.period)
 	default:
 		dt = rng.Int64N(2 * w.period)
+	}
+	if d.tight > 0 {
+		d.tight--
+		dt = 1 + rng.Int64N(w.gran)
 	}
 	if d.mini == nil {
 		// Real time: sleep only for short periods.

@@ -30,6 +30,7 @@ type metrics struct {
 	local           *prometheus.CounterVec
 	replicasLive    prometheus.Gauge
 	olderReplicas   prometheus.Gauge
+	finalizeMark    prometheus.Gauge
 	finalized       prometheus.Gauge
 	trackedKeys     prometheus.Gauge
 	untracked       prometheus.Counter
@@ -119,6 +120,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "older_replicas",
 			Help: "Live replicas, last counted through Redis heartbeats, of a release before finalizing was possible; 'petstore limits finalize' refuses while any run, and finalized records are not in force.",
 		}),
+		finalizeMark: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "finalize_mark",
+			Help: "1 while the finalize mark is set in Redis ('petstore limits finalize'), as this replica's last heartbeat read it, in force or not.",
+		}),
 		finalized: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "records_finalized",
 			Help: "1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of half its window, not on every head move.",
@@ -194,6 +199,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.olderReplicas, err = register(reg, m.olderReplicas); err != nil {
+		return nil, err
+	}
+	if m.finalizeMark, err = register(reg, m.finalizeMark); err != nil {
 		return nil, err
 	}
 	if m.finalized, err = register(reg, m.finalized); err != nil {

@@ -32,10 +32,13 @@ type replicas struct {
 	met     *metrics
 	log     *slog.Logger
 	// final is the census of this release's replicas and mark the
-	// finalize mark (finalize.go); fin is this replica's view of it, and
-	// warnedOlder whether its warning about older replicas was logged.
+	// finalize mark (finalize.go); fin is this replica's view of it,
+	// clear the Redis time (µs) of its first heartbeat since which it
+	// counted no older replica (0: it counts one, or has not beaten yet),
+	// and warnedOlder whether its warning about older replicas was logged.
 	final, mark string
 	fin         atomic.Pointer[finState]
+	clear       atomic.Int64
 	warnedOlder atomic.Bool
 }
 
@@ -47,8 +50,9 @@ const (
 // heartbeatScript announces replica ARGV[1] in the census KEYS[1] and in
 // this release's own, KEYS[2] (finalize.go), drops members silent for
 // ARGV[2] ms from both, and returns the live count, how many of them are
-// of older releases (in the first census alone) and the finalize mark
-// KEYS[3] (” when none). Releases before this one write KEYS[1] alone.
+// of older releases (in the first census alone), the finalize mark
+// KEYS[3] (” when none) and the server's time (µs). Releases before
+// this one write KEYS[1] alone.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -61,7 +65,7 @@ end
 local n = redis.call('ZCARD', KEYS[1])
 local older = n - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
-return {n, older, redis.call('GET', KEYS[3]) or ''}
+return {n, older, redis.call('GET', KEYS[3]) or '', t[1] .. string.format('%06d', tonumber(t[2]))}
 `)
 
 func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *metrics, log *slog.Logger) *replicas {
@@ -86,7 +90,7 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.mark}, r.id, heartbeatTTL.Milliseconds()).Slice()
-	if err == nil && len(res) != 3 {
+	if err == nil && len(res) != 4 {
 		err = fmt.Errorf("ratelimit: unexpected heartbeat reply %v", res)
 	}
 	if err != nil {
@@ -98,7 +102,13 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	older, _ := res[1].(int64)
 	markText, _ := res[2].(string)
 	mark, _ := strconv.ParseInt(markText, 10, 64)
-	r.observeFinal(mark, older, at)
+	nowText, _ := res[3].(string)
+	now, err := strconv.ParseInt(nowText, 10, 64)
+	if err != nil {
+		r.forget()
+		return fmt.Errorf("ratelimit: unexpected heartbeat time %v", res[3])
+	}
+	r.observeFinal(mark, older, now, at)
 	if time.Since(r.started) < heartbeatTTL {
 		n = max(n, r.initial)
 	}
