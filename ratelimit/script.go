@@ -183,16 +183,10 @@ end
 -- them as floats ("%.14g"), several times dearer.
 local function itoa(v) return format('%d', v) end
 
--- EXPS holds expiries as strings, in ms from NOWMS (an epoch's, for
--- every record of its geometry: formatted once, found by one table read);
--- at most 256.
-local EXPS, nexps = {}, 0
-local function expText(x)
-  if nexps >= 256 then EXPS, nexps = {}, 0 end
-  local s = format('%d', x)
-  EXPS[x], nexps = s, nexps + 1
-  return s
-end
+-- EXPX and EXPS are the last expiry set (ms from NOWMS) and its text: a
+-- call's decisions mostly set the same one (their records' epochs, for a
+-- plan's shortest window, end together), formatted once.
+local EXPX, EXPS = -1, ''
 
 -- A window record's expiry. Its buckets are grouped in epochs of n/4
 -- (one at least: about a quarter of its period). An event of an epoch is
@@ -1296,7 +1290,8 @@ const writeLua = `do
       local e0 = b$ - b$ % E
       if FIN == 0 or vh$ < e0 or e0 * g$ < FIN then
         local x = ceil((e0 + E) * g$ / 1000) + ttl$ - NOWMS
-        call('PEXPIRE', key$, EXPS[x] or expText(x))
+        if x ~= EXPX then EXPX, EXPS = x, format('%d', x) end
+        call('PEXPIRE', key$, EXPS)
       end
     end
   end
