@@ -375,6 +375,10 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
 	}
 	keyID := fs.Arg(0)
+	// A command-line tool should wait for an answer, not fall back: its
+	// calls get seconds, not a request's deadline.
+	timeout := max(cfg.Redis.Timeout, 2*time.Second)
+	cfg.Redis.Timeout = timeout
 	rdb, err := cfg.Redis.NewRedisClient()
 	if err != nil {
 		return err
@@ -383,8 +387,6 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		return errors.New("limits are kept in Redis: set --redis-url or PETSTORE_REDIS_URL (or --redis-addrs)")
 	}
 	defer rdb.Close()
-	// A command-line tool should wait for an answer, not fall back.
-	timeout := max(cfg.Redis.Timeout, 2*time.Second)
 	limiter, err := ratelimit.New(rdb, ratelimit.Options{Timeout: timeout, FailureMode: ratelimit.FailClosed})
 	if err != nil {
 		return err
