@@ -354,12 +354,6 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 		keys:     map[string]int{"small": 1, "leased": 1},
 		binaries: map[int]string{0: prev, 1: prev, 2: prev},
 	})
-	type judged struct {
-		plan   string
-		limit  int
-		period time.Duration
-		load   *load
-	}
 	// Busy enough for leases while the window fills (see checkExactness).
 	small := &judged{plan: "small", limit: 20, period: 2 * time.Second}
 	busy := &judged{plan: "leased", limit: 1000, period: 10 * time.Second}
@@ -382,12 +376,8 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 	// Leases the upgraded replicas took, counted since each started: the
 	// first one's, while the window filled beside the previous release.
 	leased := f.leasedAdmissions(t, busy.plan)
-	for _, c := range []*judged{small, busy} {
-		rs := c.load.stop()
-		elapsed := time.Since(c.load.start)
-		adm := judgeLoad(t, c.plan, rs, elapsed)
-		judgeWindow(t, c.plan, adm, c.limit, c.period, elapsed)
-	}
+	small.judge(t)
+	busy.judge(t)
 	t.Logf("leased by this tree's replicas: %.0f admissions", leased)
 	if leased == 0 {
 		t.Errorf("this tree's replicas leased nothing while the busy key's window filled: the test did not judge leases across releases")
@@ -422,12 +412,6 @@ func TestRollingUpgradeThenFinalize(t *testing.T) {
 		keys:     map[string]int{"small": 1, "paced": 1},
 		binaries: map[int]string{0: prev, 1: prev, 2: prev},
 	})
-	type judged struct {
-		plan   string
-		limit  int
-		period time.Duration
-		load   *load
-	}
 	small := &judged{plan: "small", limit: 20, period: 2 * time.Second}
 	paced := &judged{plan: "paced", limit: 30, period: 3 * time.Second}
 	small.load = f.startLoad(loadSpec{rate: 40, workers: 8, targets: []string{f.lb.url}, keys: f.keys["small"]})
@@ -465,10 +449,24 @@ func TestRollingUpgradeThenFinalize(t *testing.T) {
 	t.Logf("finalized; every replica has it in force")
 	// Three periods of the longer window: a dozen epochs of each.
 	time.Sleep(9 * time.Second)
-	for _, c := range []*judged{small, paced} {
-		rs := c.load.stop()
-		elapsed := time.Since(c.load.start)
-		adm := judgeLoad(t, c.plan, rs, elapsed)
-		judgeWindow(t, c.plan, adm, c.limit, c.period, elapsed)
-	}
+	small.judge(t)
+	paced.judge(t)
+}
+
+// judged is a load on one plan's keys whose window is judged when it
+// stops: by client send and receive times, no failed request and no
+// interval of the period holding more than the limit.
+type judged struct {
+	plan   string
+	limit  int
+	period time.Duration
+	load   *load
+}
+
+func (j *judged) judge(t *testing.T) {
+	t.Helper()
+	rs := j.load.stop()
+	elapsed := time.Since(j.load.start)
+	adm := judgeLoad(t, j.plan, rs, elapsed)
+	judgeWindow(t, j.plan, adm, j.limit, j.period, elapsed)
 }
