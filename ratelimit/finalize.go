@@ -18,18 +18,19 @@ import (
 // the mark is removed first (Limiter.Unfinalize) and heartbeatTTL has
 // passed. What it enables now:
 //
-//   - A window record's expiry is set per epoch of half its window
-//     (expiry, script.go): when the head moves into a new epoch, not on
-//     every head move. A release before this one refreshes the record's
+//   - A window record's expiry is set per epoch of a quarter of its
+//     period (expiry, script.go): when the head moves into a new epoch,
+//     not on every head move. A release before this one refreshes the record's
 //     TTL from now on every head move; one of its writes in the middle of
 //     an epoch would leave the record to expire before that epoch's later
 //     events stop counting, which the decisions of a finalized replica no
 //     longer correct.
 //
-// Every writer of this release sets the same expiry for an epoch, never
-// earlier than an older release would, so replicas that have not yet read
-// the mark (they refresh on every head move) run safely beside those that
-// have, and beside older releases before the mark.
+// Every writer of this release sets the same expiry for an epoch (to the
+// millisecond), never earlier than an older release would, so replicas
+// that have not yet read the mark (they set it on every head move) run
+// safely beside those that have, and beside older releases before the
+// mark.
 //
 // The mark is in force on a replica while its last heartbeat, at most
 // heartbeatTTL ago, read it and counted no live replica of an older
@@ -37,18 +38,19 @@ import (
 // census, PREFIX{replicas}:final, beside the one every release writes, and
 // the difference is the older ones (metric older_replicas). Finalize
 // refuses while there are any. Even finalized, a replica that counts one
-// (a rollback begun without unfinalizing) goes back to refreshing on every
-// head move at its next heartbeat; the records an older replica wrote
-// before that may expire early, and such a rollback may overshoot a
-// window for up to a period.
+// (a rollback begun without unfinalizing) goes back to setting the expiry
+// on every head move at its next heartbeat, and once it counts none again
+// resumes from that time, not the mark's (observeFinal); what an older
+// replica writes before the census counts it may still let a window
+// overshoot, for up to a period.
 const (
 	finalCensusSuffix = "{replicas}:final"
 	finalMarkSuffix   = "{replicas}:finalized"
 )
 
-// finState is a replica's view of the mark: when the records were
-// finalized (µs), the script's argument for it, and until when the view
-// holds without a newer heartbeat (Unix ns).
+// finState is a replica's view of the mark: the time passed to the
+// script (µs: the mark's, or later, observeFinal), the argument itself,
+// and until when the view holds without a newer heartbeat (Unix ns).
 type finState struct {
 	at    int64
 	arg   any
