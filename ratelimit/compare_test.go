@@ -121,7 +121,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				}
 				if finalized {
 					// As read by a heartbeat, held for the benchmark.
-					l.replicas.fin.Store(&finState{at: 1, arg: "1", until: math.MaxInt64})
+					l.replicas.fin.Store(&finState{arg: "1", until: math.MaxInt64})
 				}
 				b.Cleanup(func() { _ = l.Close() })
 				return l

@@ -48,11 +48,10 @@ const (
 	finalMarkSuffix   = "{replicas}:finalized"
 )
 
-// finState is a replica's view of the mark: the time passed to the
-// script (µs: the mark's, or later, observeFinal), the argument itself,
+// finState is a replica's view of the mark: the script's argument (the
+// time passed to it, µs, in decimal: the mark's, or later, observeFinal)
 // and until when the view holds without a newer heartbeat (Unix ns).
 type finState struct {
-	at    int64
 	arg   any
 	until int64
 }
@@ -98,7 +97,7 @@ func (r *replicas) observeFinal(mark, older, now int64, at time.Time) {
 	}
 	if mark > 0 && older == 0 {
 		fin := max(mark, r.clear.Load())
-		r.fin.Store(&finState{at: fin, arg: strconv.FormatInt(fin, 10), until: at.Add(heartbeatTTL).UnixNano()})
+		r.fin.Store(&finState{arg: strconv.FormatInt(fin, 10), until: at.Add(heartbeatTTL).UnixNano()})
 		r.met.finalized.Set(1)
 	} else {
 		r.fin.Store(nil)

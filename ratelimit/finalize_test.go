@@ -115,7 +115,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	beat()
 	inForce(true, "finalized again")
 	v := l.replicas.fin.Load()
-	l.replicas.fin.Store(&finState{at: v.at, arg: v.arg, until: time.Now().UnixNano()})
+	l.replicas.fin.Store(&finState{arg: v.arg, until: time.Now().UnixNano()})
 	if l.replicas.finalized() != notFinalized {
 		t.Fatal("still in force after heartbeatTTL without a heartbeat")
 	}

@@ -126,7 +126,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		finalized: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "records_finalized",
-			Help: "1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of half its window, not on every head move.",
+			Help: "1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of a quarter of its period, not on every head move.",
 		}),
 		trackedKeys: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "tracked_keys",

@@ -51,7 +51,7 @@ const (
 // this release's own, KEYS[2] (finalize.go), drops members silent for
 // ARGV[2] ms from both, and returns the live count, how many of them are
 // of older releases (in the first census alone), the finalize mark
-// KEYS[3] (” when none) and the server's time (µs). Releases before
+// KEYS[3] (empty when none) and the server's time (µs). Releases before
 // this one write KEYS[1] alone.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
