@@ -84,7 +84,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		name     string
 		keys     int
 		p        Policy
-		warm     time.Duration // each limiter decides the workload this long, untimed, first
+		warm     time.Duration // each limiter decides the workload this long (all together, interleaved), untimed, first
 		against  []string      // the contenders beside this limiter
 		replicas int           // this limiter's (and petstore-whole's) replicas; 0 or 1: one
 		affinity bool          // each key's decisions all made by one replica, chosen by its hash
@@ -126,15 +126,16 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				b.Cleanup(func() { _ = l.Close() })
 				return l
 			}
-			var leased, reserved atomic.Int64
-			allow := func(l *Limiter) func(ctx context.Context, key string) (bool, error) {
+			// tally counts one fleet's leased and reserved decisions.
+			type tally struct{ leased, reserved atomic.Int64 }
+			allow := func(l *Limiter, t *tally) func(ctx context.Context, key string) (bool, error) {
 				return func(ctx context.Context, key string) (bool, error) {
 					d, err := l.Allow(ctx, key, wl.p)
 					if d.Leased {
-						leased.Add(1)
+						t.leased.Add(1)
 					}
 					if d.Reserved {
-						reserved.Add(1)
+						t.reserved.Add(1)
 					}
 					if err == nil && d.Degraded {
 						err = fmt.Errorf("degraded decision: %+v", d)
@@ -144,14 +145,15 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			}
 			// fleet is wl.replicas limiters on one prefix, each decision
 			// made by one of them (at random, or by the key's hash), and
-			// their registries, one each.
-			fleet := func(prefix string, maxLease int, finalized bool) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
+			// their registries, one each; t counts their leased and
+			// reserved decisions.
+			fleet := func(prefix string, maxLease int, finalized bool, t *tally) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
 				n := max(wl.replicas, 1)
 				regs := make([]*prometheus.Registry, n)
 				replicas := make([]func(ctx context.Context, key string) (bool, error), n)
 				for i := range replicas {
 					regs[i] = prometheus.NewRegistry()
-					replicas[i] = allow(limiter(prefix, maxLease, regs[i], finalized))
+					replicas[i] = allow(limiter(prefix, maxLease, regs[i], finalized), t)
 				}
 				if n == 1 {
 					return replicas[0], regs
@@ -169,7 +171,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			scripts := []string{"fcall", "evalsha", "eval"}
 			// Ours keeps its metrics apart: what its leases and
 			// reservations left unspent is read from them.
-			ours, regs := fleet("ours:", 0, wl.finalized)
+			var ourTally tally
+			ours, regs := fleet("ours:", 0, wl.finalized, &ourTally)
 			counted := func(name string) float64 {
 				var sum float64
 				for _, reg := range regs {
@@ -194,10 +197,10 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				case "petstore-whole":
 					// Leases and reservations off: every decision whole.
 					c.commands = scripts
-					c.allow, _ = fleet("whole:", 1, wl.finalized)
+					c.allow, _ = fleet("whole:", 1, wl.finalized, new(tally))
 				case "petstore-unfinalized":
 					c.commands = scripts
-					c.allow, _ = fleet("unfinalized:", 0, false)
+					c.allow, _ = fleet("unfinalized:", 0, false, new(tally))
 				}
 				contenders = append(contenders, c)
 			}
@@ -205,13 +208,9 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			for i := range keys {
 				keys[i] = "key-" + strconv.Itoa(i)
 			}
-			// (This limiter last: its reservations would end while the
-			// others warmed.)
-			for i := range slices.Backward(contenders) {
-				contenders[i].warm(b, keys, wl.warm)
-			}
-			leased.Store(0)
-			reserved.Store(0)
+			warmTogether(b, contenders, keys, wl.warm)
+			ourTally.leased.Store(0)
+			ourTally.reserved.Store(0)
 			unspent0, givenBack0 := unspent(), givenBack()
 			const rounds = 3
 			b.ResetTimer()
@@ -243,10 +242,10 @@ func BenchmarkCompareLimiters(b *testing.B) {
 					b.ReportMetric(contenders[0].client.Seconds()/c.client.Seconds(), "petstore/"+c.name+"-client-cpu")
 				}
 			}
-			// (Counted from this limiter's decisions only: the whole
-			// one's take neither.)
-			b.ReportMetric(float64(leased.Load())/n, "petstore-leased/decision")
-			b.ReportMetric(float64(reserved.Load())/n, "petstore-reserved/decision")
+			// (Counted from this limiter's decisions only, not from
+			// petstore-whole's or petstore-unfinalized's.)
+			b.ReportMetric(float64(ourTally.leased.Load())/n, "petstore-leased/decision")
+			b.ReportMetric(float64(ourTally.reserved.Load())/n, "petstore-reserved/decision")
 			// Counted when a replica lets them go: those of leases and
 			// reservations still held at the end are not in it.
 			b.ReportMetric((unspent()-unspent0)/n, "petstore-unspent/decision")
@@ -346,16 +345,22 @@ func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
 	}
 }
 
-// warm makes decisions over keys, in turn, from compareCallers
-// goroutines, for d, counting nothing.
-func (c *contender) warm(b *testing.B, keys []string, d time.Duration) {
+// warmTogether makes decisions over keys for d per contender (all of
+// them, together, for d times their number), counting nothing, from
+// compareCallers goroutines, every contender's interleaved with the
+// others': each key reaches each contender at the same pace, and no
+// contender idles while another warms (one warmed before another would
+// have had its reservations lapse, flattering the other's rounds).
+func warmTogether(b *testing.B, contenders []contender, keys []string, d time.Duration) {
 	if d <= 0 {
 		return
 	}
 	ctx := context.Background()
-	end := time.Now().Add(d)
+	n := int64(len(contenders))
+	end := time.Now().Add(d * time.Duration(n))
 	inParallel(1<<62, func(i int64) bool {
-		if _, err := c.allow(ctx, keys[i%int64(len(keys))]); err != nil {
+		c := &contenders[i%n]
+		if _, err := c.allow(ctx, keys[(i/n)%int64(len(keys))]); err != nil {
 			b.Error(err)
 			return false
 		}
