@@ -342,7 +342,7 @@ func keysFileQuotas(ws []ratelimit.Window) []keysFileQuota {
 	return out
 }
 
-const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN | finalize [--undo | --status]"
+const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN | finalize [--wait DURATION | --undo | --status]"
 
 func runLimits(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -351,6 +351,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 	sub, args := args[0], args[1:]
 	var planName string
 	var undo, status bool
+	var wait time.Duration
 	extra := func(fs *flag.FlagSet) {
 		switch sub {
 		case "reset":
@@ -358,6 +359,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		case "finalize":
 			fs.BoolVar(&undo, "undo", false, "remove the mark, before rolling back to a release older than finalizing")
 			fs.BoolVar(&status, "status", false, "print the mark and the replicas live, change nothing")
+			fs.DurationVar(&wait, "wait", 0, "while replicas of an older release are live, try again until they are gone, for at most this long (e.g. 5m, after a rollout)")
 		}
 	}
 	cfg, _, fs, err := loadConfig("limits "+sub, limitsUsage, args, getenv, stderr, extra)
@@ -369,7 +371,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		return errors.New("limits reset takes key ids or --plan, not both")
 	case sub == "reset" && planName == "" && fs.NArg() == 0:
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
-	case sub == "finalize" && (fs.NArg() != 0 || undo && status):
+	case sub == "finalize" && (fs.NArg() != 0 || undo && status || wait < 0 || wait > 0 && (undo || status)):
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
 	case sub != "reset" && sub != "finalize" && fs.NArg() != 1:
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
@@ -395,7 +397,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 
 	switch sub {
 	case "finalize":
-		return finalize(ctx, limiter, undo, status, stdout)
+		return finalize(ctx, limiter, undo, status, wait, stdout, stderr)
 	case "unban":
 		if err := limiter.Unban(ctx, keyID); err != nil {
 			return err
@@ -451,8 +453,12 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 
 // finalize runs 'limits finalize': it marks the rate limiter's records as
 // finalized (ratelimit.Limiter.Finalize), removes the mark (undo), or
-// prints it (status).
-func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool, stdout io.Writer) error {
+// prints it (status). Refused because replicas of an older release are
+// live, it tries again every finalizeRetry for up to wait, saying on
+// stderr whenever their number changes: a replica leaves the census a
+// heartbeat's TTL after its last heartbeat, so a finalize run as soon as
+// a rollout reports done may find the last old pods still counted.
+func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool, wait time.Duration, stdout, stderr io.Writer) error {
 	switch {
 	case status:
 		st, err := limiter.Finalization(ctx)
@@ -472,17 +478,38 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		fmt.Fprintf(stdout, "finalize mark removed; every replica refreshes record expiries on every head move within %s: wait that long before starting an older release\n", ratelimit.Unfinalizing)
 		return nil
 	}
-	at, err := limiter.Finalize(ctx)
-	var older *ratelimit.OlderReplicasError
-	if errors.As(err, &older) {
-		return fmt.Errorf("not finalized: %d replica(s) of an older release are live; finalize once the rollout is done", older.Count)
+	deadline := time.Now().Add(wait)
+	var said int64
+	for {
+		at, err := limiter.Finalize(ctx)
+		var older *ratelimit.OlderReplicasError
+		if !errors.As(err, &older) {
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "finalized at %s: replicas set record expiries once per epoch within a heartbeat; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
+			return nil
+		}
+		if wait == 0 {
+			return fmt.Errorf("not finalized: %d replica(s) of an older release are live; finalize once the rollout is done (--wait 5m tries until they are gone)", older.Count)
+		}
+		if time.Until(deadline) < finalizeRetry {
+			return fmt.Errorf("not finalized: %d replica(s) of an older release still live after %s", older.Count, wait)
+		}
+		if older.Count != said {
+			fmt.Fprintf(stderr, "waiting: %d replica(s) of an older release live\n", older.Count)
+			said = older.Count
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not finalized: %w", ctx.Err())
+		case <-time.After(finalizeRetry):
+		}
 	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "finalized at %s: replicas set record expiries once per epoch within a heartbeat; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
-	return nil
 }
+
+// finalizeRetry is how often 'limits finalize --wait' asks again.
+const finalizeRetry = 500 * time.Millisecond
 
 // keysOfPlan returns the ids of every key on the plan called name, from the
 // static keys file and the database, whichever are configured.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -241,8 +242,44 @@ func TestLimitsFinalize(t *testing.T) {
 	if m.Exists("petstore:rl:{replicas}:finalized") {
 		t.Fatal("a refused finalize left the mark")
 	}
+	// --wait gives up when the older replica stays...
+	out.Reset()
+	errOut.Reset()
+	err = run(context.Background(), []string{"limits", "finalize", "--wait", "1200ms"}, func(k string) string { return env[k] }, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "1 replica(s) of an older release still live after 1.2s") || out.Len() != 0 {
+		t.Fatalf("finalize --wait beside an older replica that stays: %v %q", err, out.String())
+	}
+	if got := errOut.String(); got != "waiting: 1 replica(s) of an older release live\n" {
+		t.Fatalf("finalize --wait said %q on stderr", got)
+	}
+	if m.Exists("petstore:rl:{replicas}:finalized") {
+		t.Fatal("a finalize that waited in vain left the mark")
+	}
+	// ... and finalizes once it leaves the census.
+	out.Reset()
+	errOut.Reset()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(context.Background(), []string{"limits", "finalize", "--wait", "1m"}, func(k string) string { return env[k] }, &out, &errOut)
+	}()
+	time.Sleep(800 * time.Millisecond)
+	if m.Exists("petstore:rl:{replicas}:finalized") {
+		t.Fatal("finalize --wait finalized beside an older replica")
+	}
 	if _, err := m.ZRem(census, "older"); err != nil {
 		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !strings.HasPrefix(out.String(), "finalized at ") || !strings.HasPrefix(errOut.String(), "waiting: 1 replica(s)") {
+		t.Fatalf("finalize --wait once the older replica left: %v %q %q", err, out.String(), errOut.String())
+	}
+	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize mark removed") {
+		t.Fatalf("undo printed %q", out)
+	}
+	for _, args := range [][]string{{"--wait", "1m", "--undo"}, {"--wait", "1m", "--status"}, {"--wait", "-1s"}} {
+		err := run(context.Background(), append([]string{"limits", "finalize"}, args...), func(k string) string { return env[k] }, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "usage: petstore limits") {
+			t.Fatalf("limits finalize %v: %v", args, err)
+		}
 	}
 
 	if out := runOK(t, env, "limits", "finalize"); !strings.HasPrefix(out, "finalized at ") {
