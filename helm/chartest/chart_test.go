@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -125,6 +126,12 @@ func TestRenderCIValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// envText is an environment variable as JSON, value or reference.
+func envText(e corev1.EnvVar) string {
+	b, _ := json.Marshal(e)
+	return string(b)
 }
 
 // checkRelease checks a rendering against the values it was made from.
@@ -249,23 +256,57 @@ func checkRelease(t *testing.T, objs []object, v chartutil.Values) []string {
 		}
 	}
 
-	// The migration hook: only with PostgreSQL.
+	// The hook Jobs: the migration before install and upgrade, only with
+	// PostgreSQL; the finalize step after them, only with Redis and asked
+	// for. Each runs the service image, its credentials from Secrets that
+	// exist when it runs.
+	type hookJob struct {
+		hook string   // helm.sh/hook
+		args []string // the container's, but for the last of finalize's
+		want bool
+	}
+	hookJobs := map[string]hookJob{
+		"migrate":  {"pre-install,pre-upgrade", []string{"migrate"}, postgres && lookup[bool](t, v, "postgres.migrate.enabled")},
+		"finalize": {"post-install,post-upgrade", []string{"limits", "finalize", "--wait"}, redis && lookup[bool](t, v, "rateLimit.finalize.afterUpgrade")},
+	}
 	jobs := only[*batchv1.Job](objs)
-	wantJob := postgres && lookup[bool](t, v, "postgres.migrate.enabled")
-	if wantJob != (len(jobs) == 1) || len(jobs) > 1 {
-		fail("migration Job: want %v, got %d", wantJob, len(jobs))
+	for name, hj := range hookJobs {
+		n := 0
+		for _, j := range jobs {
+			if j.Labels["app.kubernetes.io/component"] == name {
+				n++
+			}
+		}
+		if hj.want != (n == 1) || n > 1 {
+			fail("%s Job: want %v, got %d", name, hj.want, n)
+		}
 	}
 	for _, j := range jobs {
-		ann := j.Annotations
-		if ann["helm.sh/hook"] != "pre-install,pre-upgrade" || ann["helm.sh/hook-delete-policy"] == "" {
-			fail("Job %s must be a pre-install,pre-upgrade hook with a delete policy, got %v", j.Name, ann)
+		hj, ok := hookJobs[j.Labels["app.kubernetes.io/component"]]
+		if !ok {
+			fail("Job %s: component %q is no hook the chart has", j.Name, j.Labels["app.kubernetes.io/component"])
+			continue
 		}
-		if j.Spec.BackoffLimit == nil || j.Spec.TTLSecondsAfterFinished == nil {
-			fail("Job %s needs backoffLimit and ttlSecondsAfterFinished", j.Name)
+		ann := j.Annotations
+		if ann["helm.sh/hook"] != hj.hook || ann["helm.sh/hook-delete-policy"] == "" {
+			fail("Job %s must be a %s hook with a delete policy, got %v", j.Name, hj.hook, ann)
+		}
+		if j.Spec.BackoffLimit == nil || j.Spec.TTLSecondsAfterFinished == nil || j.Spec.ActiveDeadlineSeconds == nil {
+			fail("Job %s needs backoffLimit, activeDeadlineSeconds and ttlSecondsAfterFinished", j.Name)
 		}
 		c := j.Spec.Template.Spec.Containers[0]
-		if !slices.Equal(c.Args, []string{"migrate"}) || c.Image != d.Spec.Template.Spec.Containers[0].Image {
-			fail("Job %s must run `migrate` from the service image", j.Name)
+		args := c.Args
+		if hj.hook == "post-install,post-upgrade" && len(args) == 4 {
+			// finalize --wait D: D parses, and the Job's deadline leaves
+			// the wait room to end on its own.
+			wait, err := time.ParseDuration(args[3])
+			if err != nil || j.Spec.ActiveDeadlineSeconds != nil && wait >= time.Duration(*j.Spec.ActiveDeadlineSeconds)*time.Second {
+				fail("Job %s: --wait %q must be a duration below activeDeadlineSeconds (%v)", j.Name, args[3], err)
+			}
+			args = args[:3]
+		}
+		if !slices.Equal(args, hj.args) || c.Image != d.Spec.Template.Spec.Containers[0].Image {
+			fail("Job %s must run %v from the service image, got %v", j.Name, hj.args, c.Args)
 		}
 		if j.Spec.Template.Spec.RestartPolicy != corev1.RestartPolicyNever {
 			fail("Job %s: restartPolicy must be Never (backoffLimit counts pods)", j.Name)
@@ -274,8 +315,32 @@ func checkRelease(t *testing.T, objs []object, v chartutil.Values) []string {
 			if secretEnv[e.Name] && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
 				fail("Job %s: env %s must come from a Secret", j.Name, e.Name)
 			}
-			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && !hookOrExternalSecret(objs, e.ValueFrom.SecretKeyRef.Name) {
+			if strings.HasPrefix(hj.hook, "pre-") && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && !hookOrExternalSecret(objs, e.ValueFrom.SecretKeyRef.Name) {
 				fail("Job %s: Secret %s does not exist yet when pre-install hooks run", j.Name, e.ValueFrom.SecretKeyRef.Name)
+			}
+		}
+		if hj.hook == "post-install,post-upgrade" {
+			// The Redis the service pods share, reached as they reach it.
+			podEnv := map[string]string{}
+			for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+				podEnv[e.Name] = envText(e)
+			}
+			redisVars := 0
+			for _, e := range c.Env {
+				if strings.HasPrefix(e.Name, "PETSTORE_REDIS_") {
+					redisVars++
+					if podEnv[e.Name] != envText(e) {
+						fail("Job %s: %s differs from the service pods'", j.Name, e.Name)
+					}
+				}
+			}
+			for name := range podEnv {
+				if strings.HasPrefix(name, "PETSTORE_REDIS_") {
+					redisVars--
+				}
+			}
+			if redisVars != 0 {
+				fail("Job %s does not reach Redis as the service pods do", j.Name)
 			}
 		}
 	}

@@ -123,27 +123,30 @@ func TestKustomizeBuilds(t *testing.T) {
 	}
 }
 
-// TestKustomizeMigrateJob checks the production migration Job and that it
-// runs the image the production overlay deploys.
-func TestKustomizeMigrateJob(t *testing.T) {
+// TestKustomizeHookJobs checks the production overlay's Jobs, the
+// migration and the finalize step, and that they run the image the
+// production overlay deploys.
+func TestKustomizeHookJobs(t *testing.T) {
 	t.Parallel()
-	objs := build(t, "overlays/production/migrate")
-	if len(objs) != 1 {
-		t.Fatalf("want only the Job, got %d objects", len(objs))
-	}
-	j := one[*batchv1.Job](t, objs)
-	for _, err := range checkPodSpec("Job "+j.Name, j.Spec.Template.Spec) {
-		t.Error(err)
-	}
-	if j.Namespace != "petstore" || j.Spec.BackoffLimit == nil || j.Spec.TTLSecondsAfterFinished == nil {
-		t.Error("Job needs the production namespace, backoffLimit and ttlSecondsAfterFinished")
-	}
 	d := one[*appsv1.Deployment](t, build(t, "overlays/production"))
-	if got, want := j.Spec.Template.Spec.Containers[0].Image, d.Spec.Template.Spec.Containers[0].Image; got != want {
-		t.Errorf("migration image %s, production runs %s", got, want)
-	}
-	if !slices.Equal(j.Spec.Template.Spec.Containers[0].Args, []string{"migrate"}) {
-		t.Error("Job must run migrate")
+	for name, args := range map[string][]string{"migrate": {"migrate"}, "finalize": {"limits", "finalize", "--wait", "4m"}} {
+		objs := build(t, "overlays/production/"+name)
+		if len(objs) != 1 {
+			t.Fatalf("%s: want only the Job, got %d objects", name, len(objs))
+		}
+		j := one[*batchv1.Job](t, objs)
+		for _, err := range checkPodSpec("Job "+j.Name, j.Spec.Template.Spec) {
+			t.Error(err)
+		}
+		if j.Namespace != "petstore" || j.Spec.BackoffLimit == nil || j.Spec.TTLSecondsAfterFinished == nil {
+			t.Errorf("Job %s needs the production namespace, backoffLimit and ttlSecondsAfterFinished", j.Name)
+		}
+		if got, want := j.Spec.Template.Spec.Containers[0].Image, d.Spec.Template.Spec.Containers[0].Image; got != want {
+			t.Errorf("Job %s runs image %s, production runs %s", j.Name, got, want)
+		}
+		if got := j.Spec.Template.Spec.Containers[0].Args; !slices.Equal(got, args) {
+			t.Errorf("Job %s runs %v, want %v", j.Name, got, args)
+		}
 	}
 }
 
@@ -211,18 +214,30 @@ func TestKustomizeMatchesChart(t *testing.T) {
 	}
 	same("NetworkPolicy ingress", chartIngress, kn.Spec.Ingress)
 
-	// The migration: same image, command, hardening and settings names.
-	cj := one[*batchv1.Job](t, chartObjs)
-	kj := one[*batchv1.Job](t, build(t, "overlays/production/migrate"))
-	cjc, kjc := cj.Spec.Template.Spec.Containers[0], kj.Spec.Template.Spec.Containers[0]
-	same("migration image", cjc.Image, kjc.Image)
-	same("migration args", cjc.Args, kjc.Args)
-	same("migration securityContext", cjc.SecurityContext, kjc.SecurityContext)
-	same("migration pod securityContext", cj.Spec.Template.Spec.SecurityContext, kj.Spec.Template.Spec.SecurityContext)
-	same("migration env names", envNames(cjc), envNames(kjc))
-	same("migration resources", cjc.Resources, kjc.Resources)
-	same("migration limits", []any{cj.Spec.BackoffLimit, cj.Spec.ActiveDeadlineSeconds, cj.Spec.TTLSecondsAfterFinished},
-		[]any{kj.Spec.BackoffLimit, kj.Spec.ActiveDeadlineSeconds, kj.Spec.TTLSecondsAfterFinished})
+	// The hook Jobs (the migration, the finalize step): same image,
+	// command, hardening and settings names.
+	for _, name := range []string{"migrate", "finalize"} {
+		var cj *batchv1.Job
+		for _, j := range only[*batchv1.Job](chartObjs) {
+			if j.Labels["app.kubernetes.io/component"] == name {
+				cj = j
+			}
+		}
+		if cj == nil {
+			t.Errorf("the chart with production values has no %s Job", name)
+			continue
+		}
+		kj := one[*batchv1.Job](t, build(t, "overlays/production/"+name))
+		cjc, kjc := cj.Spec.Template.Spec.Containers[0], kj.Spec.Template.Spec.Containers[0]
+		same(name+" image", cjc.Image, kjc.Image)
+		same(name+" args", cjc.Args, kjc.Args)
+		same(name+" securityContext", cjc.SecurityContext, kjc.SecurityContext)
+		same(name+" pod securityContext", cj.Spec.Template.Spec.SecurityContext, kj.Spec.Template.Spec.SecurityContext)
+		same(name+" env names", envNames(cjc), envNames(kjc))
+		same(name+" resources", cjc.Resources, kjc.Resources)
+		same(name+" limits", []any{cj.Spec.BackoffLimit, cj.Spec.ActiveDeadlineSeconds, cj.Spec.TTLSecondsAfterFinished},
+			[]any{kj.Spec.BackoffLimit, kj.Spec.ActiveDeadlineSeconds, kj.Spec.TTLSecondsAfterFinished})
+	}
 
 	// The overlay ships the chart's production plans (less the helm test plan).
 	var chartPlans, kustPlans map[string]any

@@ -103,6 +103,41 @@ app.kubernetes.io/part-of: petstore
 {{- if and (gt (int .Values.lifecycle.preStopSleepSeconds) 0) (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) }}true{{ end }}
 {{- end }}
 
+{{/* How a pod reaches Redis (redis.enabled): the service's and the finalize Job's. */}}
+{{- define "petstore.redisEnv" -}}
+- name: PETSTORE_REDIS_MODE
+  value: {{ .Values.redis.mode | quote }}
+{{- if eq .Values.redis.mode "single" }}
+- name: PETSTORE_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "petstore.redisSecretName" . }}
+      key: {{ .Values.redis.urlKey }}
+{{- else }}
+- name: PETSTORE_REDIS_ADDRS
+  value: {{ join "," .Values.redis.addrs | quote }}
+{{- end }}
+{{- if eq .Values.redis.mode "sentinel" }}
+- name: PETSTORE_REDIS_MASTER_NAME
+  value: {{ .Values.redis.masterName | quote }}
+{{- end }}
+{{- with .Values.redis.username }}
+- name: PETSTORE_REDIS_USERNAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if or .Values.redis.existingSecret .Values.redis.password }}
+- name: PETSTORE_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "petstore.redisSecretName" . }}
+      key: {{ .Values.redis.passwordKey }}
+      # The password may also sit in the URL, so the key is optional.
+      optional: true
+{{- end }}
+- name: PETSTORE_REDIS_TIMEOUT
+  value: {{ .Values.redis.timeout | quote }}
+{{- end }}
+
 {{- define "petstore.rateLimitReplicas" -}}
 {{- if gt (int .Values.rateLimit.replicas) 0 }}
 {{- .Values.rateLimit.replicas }}
