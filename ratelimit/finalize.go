@@ -43,6 +43,15 @@ import (
 // resumes from that time, not the mark's (observeFinal); what an older
 // replica writes before the census counts it may still let a window
 // overshoot, for up to a period.
+//
+// The mark and the census say "no replica of a release before this one",
+// nothing more. A later release whose finalized writes this release could
+// not read (a format extension that every reader must apply, such as
+// the pending list of README, Next steps) must not come into force on
+// this mark: this release's replicas are in PREFIX{replicas}:final and
+// would not count as older during that release's rollout. It takes a
+// census and a mark of its own (finalizing to its level), which this
+// release neither writes nor reads.
 const (
 	finalCensusSuffix = "{replicas}:final"
 	finalMarkSuffix   = "{replicas}:finalized"
