@@ -67,7 +67,10 @@ import (
 // server and Redis CPU a request.
 // BENCH_FINALIZED (say 1) finalizes the limiter's records first
 // ('petstore limits finalize'; the limiter's sides only, redis_rate's
-// unchanged).
+// unchanged). BENCH_FINALIZED_SIDE (say 1) instead adds a side: the
+// limiter finalized (records of its own), beside the unfinalized one in
+// the same rotating rounds, reported as finalized/on, its server and Redis
+// CPU a request, and its Redis CPU as a share of on's.
 // BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
 // 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
 // puts the limiter's Redis that far away in each direction, through a
@@ -188,6 +191,24 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				defer whole.Close()
 				sides = append(sides, &side{name: "whole", limiter: whole})
 			}
+			if os.Getenv("BENCH_FINALIZED_SIDE") != "" {
+				finReg := prometheus.NewRegistry()
+				fin, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, Prefix: "fin:", Registerer: finReg})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer fin.Close()
+				finalizeForBench(b, fin, finReg)
+				sides = append(sides, &side{name: "finalized", limiter: fin})
+			}
+			sideNamed := func(name string) *side {
+				for _, s := range sides {
+					if s.name == name {
+						return s
+					}
+				}
+				return nil
+			}
 			checkSideFields(b, keys[0], func(name string, l httpapi.Limiter) string {
 				url, stop := serve(name, l)
 				b.Cleanup(stop)
@@ -260,12 +281,19 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(perReq(fl.wrk, fl.requests), "fields-wrk-cpu-us/req")
 			// The same limiter with leases and reservations off (BENCH_WHOLE):
 			// what they save, in the same rounds.
-			if len(sides) > 4 {
-				wh := sides[4]
+			if wh := sideNamed("whole"); wh != nil {
 				b.ReportMetric((wh.requests/wh.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "whole/off")
 				b.ReportMetric((on.requests/on.elapsed.Seconds())/(wh.requests/wh.elapsed.Seconds()), "on/whole")
 				b.ReportMetric(perReq(wh.cpu, wh.requests)-perReq(off.cpu, off.requests), "whole-server-cpu-us/req")
 				b.ReportMetric(perReq(wh.rcp, wh.requests), "whole-redis-cpu-us/req")
+			}
+			// The limiter finalized (BENCH_FINALIZED_SIDE), in the same
+			// rounds as the unfinalized one.
+			if fs := sideNamed("finalized"); fs != nil {
+				b.ReportMetric((fs.requests/fs.elapsed.Seconds())/(on.requests/on.elapsed.Seconds()), "finalized/on")
+				b.ReportMetric(perReq(fs.cpu, fs.requests)-perReq(off.cpu, off.requests), "finalized-server-cpu-us/req")
+				b.ReportMetric(perReq(fs.rcp, fs.requests), "finalized-redis-cpu-us/req")
+				b.ReportMetric(perReq(fs.rcp, fs.requests)/onRedis, "finalized/on-redis-cpu")
 			}
 			ms := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
 			b.ReportMetric(perReq(off.wrk, off.requests), "off-wrk-cpu-us/req")
