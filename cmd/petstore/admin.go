@@ -454,10 +454,11 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 // finalize runs 'limits finalize': it marks the rate limiter's records as
 // finalized (ratelimit.Limiter.Finalize), removes the mark (undo), or
 // prints it (status). Refused because replicas of an older release are
-// live, it tries again every finalizeRetry for up to wait, saying on
-// stderr whenever their number changes: a replica leaves the census a
-// heartbeat's TTL after its last heartbeat, so a finalize run as soon as
-// a rollout reports done may find the last old pods still counted.
+// live, or failing to reach Redis, it tries again every finalizeRetry for
+// up to wait, saying on stderr what it waits for whenever that changes: a
+// replica leaves the census a heartbeat's TTL after its last heartbeat, so
+// a finalize run as soon as a rollout reports done may find the last old
+// pods still counted, and a hook Job may start before Redis answers it.
 func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool, wait time.Duration, stdout, stderr io.Writer) error {
 	switch {
 	case status:
@@ -479,26 +480,30 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		return nil
 	}
 	deadline := time.Now().Add(wait)
-	var said int64
+	said := ""
 	for {
 		at, err := limiter.Finalize(ctx)
-		var older *ratelimit.OlderReplicasError
-		if !errors.As(err, &older) {
-			if err != nil {
-				return err
-			}
+		if err == nil {
 			fmt.Fprintf(stdout, "finalized at %s: replicas set record expiries once per epoch within a heartbeat; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
 			return nil
 		}
-		if wait == 0 {
+		// Refused beside older replicas, or Redis failed to answer: with
+		// --wait, both may pass.
+		var older *ratelimit.OlderReplicasError
+		if errors.As(err, &older) {
+			err = fmt.Errorf("%d replica(s) of an older release live", older.Count)
+		}
+		switch {
+		case wait == 0 && older != nil:
 			return fmt.Errorf("not finalized: %d replica(s) of an older release are live; finalize once the rollout is done (--wait 5m tries until they are gone)", older.Count)
+		case wait == 0:
+			return err
+		case time.Until(deadline) < finalizeRetry:
+			return fmt.Errorf("not finalized after %s: %w", wait, err)
 		}
-		if time.Until(deadline) < finalizeRetry {
-			return fmt.Errorf("not finalized: %d replica(s) of an older release still live after %s", older.Count, wait)
-		}
-		if older.Count != said {
-			fmt.Fprintf(stderr, "waiting: %d replica(s) of an older release live\n", older.Count)
-			said = older.Count
+		if msg := err.Error(); msg != said {
+			fmt.Fprintf(stderr, "waiting: %s\n", msg)
+			said = msg
 		}
 		select {
 		case <-ctx.Done():

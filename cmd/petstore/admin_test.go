@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -246,7 +247,7 @@ func TestLimitsFinalize(t *testing.T) {
 	out.Reset()
 	errOut.Reset()
 	err = run(context.Background(), []string{"limits", "finalize", "--wait", "1200ms"}, func(k string) string { return env[k] }, &out, &errOut)
-	if err == nil || !strings.Contains(err.Error(), "1 replica(s) of an older release still live after 1.2s") || out.Len() != 0 {
+	if err == nil || err.Error() != "not finalized after 1.2s: 1 replica(s) of an older release live" || out.Len() != 0 {
 		t.Fatalf("finalize --wait beside an older replica that stays: %v %q", err, out.String())
 	}
 	if got := errOut.String(); got != "waiting: 1 replica(s) of an older release live\n" {
@@ -274,6 +275,33 @@ func TestLimitsFinalize(t *testing.T) {
 	}
 	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize mark removed") {
 		t.Fatalf("undo printed %q", out)
+	}
+	// --wait also waits for a Redis that does not answer yet (a hook Job
+	// started before it), saying so.
+	late := miniredis.NewMiniRedis()
+	lateAddr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+	lateEnv := map[string]string{"PETSTORE_REDIS_ADDRS": lateAddr}
+	out.Reset()
+	errOut.Reset()
+	go func() {
+		done <- run(context.Background(), []string{"limits", "finalize", "--wait", "1m"}, func(k string) string { return lateEnv[k] }, &out, &errOut)
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	if err := late.StartAddr(lateAddr); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(late.Close)
+	if err := <-done; err != nil || !strings.HasPrefix(out.String(), "finalized at ") || !strings.HasPrefix(errOut.String(), "waiting: ") || strings.Count(errOut.String(), "\n") != 1 {
+		t.Fatalf("finalize --wait for a Redis that answered late: %v %q %q", err, out.String(), errOut.String())
+	}
+	if !late.Exists("petstore:rl:{replicas}:finalized") {
+		t.Fatal("no mark on the Redis that answered late")
+	}
+	// Without --wait, such a Redis is an error at once.
+	start := time.Now()
+	err = run(context.Background(), []string{"limits", "finalize"}, func(k string) string { return map[string]string{"PETSTORE_REDIS_ADDRS": "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))}[k] }, io.Discard, io.Discard)
+	if err == nil || time.Since(start) > 20*time.Second {
+		t.Fatalf("finalize without --wait, no Redis: %v after %v", err, time.Since(start))
 	}
 	for _, args := range [][]string{{"--wait", "1m", "--undo"}, {"--wait", "1m", "--status"}, {"--wait", "-1s"}} {
 		err := run(context.Background(), append([]string{"limits", "finalize"}, args...), func(k string) string { return env[k] }, io.Discard, io.Discard)
