@@ -107,6 +107,12 @@ type Options struct {
 	// of a key's long windows it reserves (reserve.go); 1 (or less)
 	// disables both: one round trip per request in every window.
 	MaxLease int
+	// Admin marks a Limiter that administers limits rather than deciding
+	// requests (the limits commands: Usage, Reset, Unban, Finalize): it
+	// sends no heartbeats, so it never counts among the live replicas,
+	// whose count sizes every replica's leases, reservations and share of
+	// a limit without Redis, and marks no periods in the registry.
+	Admin bool
 
 	// clock replaces time.Now in tests.
 	clock func() time.Time
@@ -263,7 +269,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	if l.back != nil {
 		l.goBackground(ctx, func(ctx context.Context) { l.back.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
 	}
-	if !opts.noHeartbeat {
+	if !opts.noHeartbeat && !opts.Admin {
 		l.goBackground(ctx, func(ctx context.Context) { l.replicas.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
 		l.goBackground(ctx, func(ctx context.Context) {
 			l.reg.run(ctx, max(opts.Timeout, 100*time.Millisecond), func() []*plan { return l.plans.recent(l.now()) })

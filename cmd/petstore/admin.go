@@ -389,7 +389,9 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		return errors.New("limits are kept in Redis: set --redis-url or PETSTORE_REDIS_URL (or --redis-addrs)")
 	}
 	defer rdb.Close()
-	limiter, err := ratelimit.New(rdb, ratelimit.Options{Timeout: timeout, FailureMode: ratelimit.FailClosed})
+	// (Admin: a command is no replica; 'finalize --wait' may run for
+	// minutes, and the replicas size their shares by the census.)
+	limiter, err := ratelimit.New(rdb, ratelimit.Options{Timeout: timeout, FailureMode: ratelimit.FailClosed, Admin: true})
 	if err != nil {
 		return err
 	}

@@ -267,6 +267,11 @@ func TestLimitsFinalize(t *testing.T) {
 	if m.Exists("petstore:rl:{replicas}:finalized") {
 		t.Fatal("finalize --wait finalized beside an older replica")
 	}
+	// The command is no replica: the census holds the server and the
+	// older replica alone.
+	if members, err := m.ZMembers(census); err != nil || len(members) != 2 {
+		t.Fatalf("census while finalize --wait runs: %v %v", members, err)
+	}
 	if _, err := m.ZRem(census, "older"); err != nil {
 		t.Fatal(err)
 	}
