@@ -147,10 +147,12 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
 local older = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
-if older > 0 then return {0, older} end
+if older > 0 then return {0, older, 0} end
+local was = redis.call('GET', KEYS[3])
+if was then return {tonumber(was), 0, 1} end
 local us = t[1] .. string.format('%06d', tonumber(t[2]))
 redis.call('SET', KEYS[3], us)
-return {tonumber(us), 0}
+return {tonumber(us), 0, 0}
 `)
 
 // OlderReplicasError is Finalize's refusal: replicas of a release before
@@ -162,27 +164,31 @@ func (e *OlderReplicasError) Error() string {
 }
 
 // Finalize marks this release's records as finalized (see above) and
-// returns the mark's time. It refuses, with an *OlderReplicasError, while
-// the census counts live replicas of an older release. Replicas put it in
-// force within a heartbeat.
-func (l *Limiter) Finalize(ctx context.Context) (time.Time, error) {
+// returns the mark's time, and whether the mark was set already (then it
+// is kept: a mark moved later would only make replicas refresh expiries
+// on every head move again for an epoch, and the replicas' own
+// census-clear time already covers a rollback and roll-forward made
+// since). It refuses, with an *OlderReplicasError, while the census
+// counts live replicas of an older release. Replicas put it in force
+// within a heartbeat.
+func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err error) {
 	if l.rdb == nil {
-		return time.Time{}, errNoRedis
+		return time.Time{}, false, errNoRedis
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
 	p := l.opts.Prefix
 	res, err := finalizeScript.Run(ctx, l.rdb, []string{p + "{replicas}", p + finalCensusSuffix, p + finalMarkSuffix}, heartbeatTTL.Milliseconds()).Int64Slice()
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, false, err
 	}
-	if len(res) != 2 {
-		return time.Time{}, fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
+	if len(res) != 3 {
+		return time.Time{}, false, fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
 	}
 	if res[1] > 0 {
-		return time.Time{}, &OlderReplicasError{Count: res[1]}
+		return time.Time{}, false, &OlderReplicasError{Count: res[1]}
 	}
-	return time.UnixMicro(res[0]), nil
+	return time.UnixMicro(res[0]), res[2] == 1, nil
 }
 
 // Unfinalize removes the mark: within heartbeatTTL (Unfinalizing) every

@@ -54,7 +54,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 		t.Fatalf("older_replicas %v, want 1", got)
 	}
 	var refused *OlderReplicasError
-	if _, err := l.Finalize(ctx); !errors.As(err, &refused) || refused.Count != 1 {
+	if _, _, err := l.Finalize(ctx); !errors.As(err, &refused) || refused.Count != 1 {
 		t.Fatalf("finalize with an older replica live: %v", err)
 	}
 	if st, err := l.Finalization(ctx); err != nil || !st.Finalized.IsZero() || st.Older != 1 || st.Replicas != 2 {
@@ -63,9 +63,9 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 
 	// Gone (silent for the census's TTL): finalizing goes through.
 	f.clk.Add(heartbeatTTL + time.Millisecond)
-	at, err := l.Finalize(ctx)
-	if err != nil || !at.Equal(f.clk.Now()) {
-		t.Fatalf("finalize: %v %v, want at %v", at, err, f.clk.Now())
+	at, already, err := l.Finalize(ctx)
+	if err != nil || already || !at.Equal(f.clk.Now()) {
+		t.Fatalf("finalize: %v %v %v, want at %v, not already", at, already, err, f.clk.Now())
 	}
 	inForce(false, "finalized, before a heartbeat read it")
 	beat()
@@ -75,6 +75,12 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	}
 	if st, err := l.Finalization(ctx); err != nil || !st.Finalized.Equal(at) || st.Older != 0 {
 		t.Fatalf("status %+v %v", st, err)
+	}
+
+	// Finalizing again (a hook after every upgrade) keeps the mark.
+	f.clk.Add(time.Second)
+	if again, already, err := l.Finalize(ctx); err != nil || !already || !again.Equal(at) {
+		t.Fatalf("finalize again: %v %v %v, want the mark of %v kept", again, already, err, at)
 	}
 
 	// A rollback begun without undoing it: out of force at the next
@@ -109,7 +115,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	}
 
 	// Not read for heartbeatTTL: out of force without a heartbeat.
-	if _, err := l.Finalize(ctx); err != nil {
+	if _, _, err := l.Finalize(ctx); err != nil {
 		t.Fatal(err)
 	}
 	beat()
@@ -151,7 +157,7 @@ func TestFinalizedReplicaSetsExpiryOncePerEpoch(t *testing.T) {
 			span := r.n / 4 * r.gran // an epoch, µs
 			finalize := func() {
 				t.Helper()
-				if _, err := l.Finalize(ctx); err != nil {
+				if _, _, err := l.Finalize(ctx); err != nil {
 					t.Fatal(err)
 				}
 				if err := l.replicas.beat(ctx, time.Second); err != nil {

@@ -484,7 +484,11 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 	deadline := time.Now().Add(wait)
 	said := ""
 	for {
-		at, err := limiter.Finalize(ctx)
+		at, already, err := limiter.Finalize(ctx)
+		if err == nil && already {
+			fmt.Fprintf(stdout, "already finalized at %s (kept); no replica of an older release is live\n", at.UTC().Format(time.RFC3339Nano))
+			return nil
+		}
 		if err == nil {
 			fmt.Fprintf(stdout, "finalized at %s: replicas set record expiries once per epoch within a heartbeat; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
 			return nil

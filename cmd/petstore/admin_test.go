@@ -303,8 +303,9 @@ func TestLimitsFinalize(t *testing.T) {
 		t.Fatal("no mark on the Redis that answered late")
 	}
 	// Without --wait, such a Redis is an error at once.
+	noRedis := map[string]string{"PETSTORE_REDIS_ADDRS": "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))}
 	start := time.Now()
-	err = run(context.Background(), []string{"limits", "finalize"}, func(k string) string { return map[string]string{"PETSTORE_REDIS_ADDRS": "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))}[k] }, io.Discard, io.Discard)
+	err = run(context.Background(), []string{"limits", "finalize"}, func(k string) string { return noRedis[k] }, io.Discard, io.Discard)
 	if err == nil || time.Since(start) > 20*time.Second {
 		t.Fatalf("finalize without --wait, no Redis: %v after %v", err, time.Since(start))
 	}
@@ -319,8 +320,17 @@ func TestLimitsFinalize(t *testing.T) {
 		t.Fatalf("finalize printed %q", out)
 	}
 	finalized(true)
-	if out := runOK(t, env, "limits", "finalize", "--status"); !strings.HasPrefix(out, "finalized at ") || !strings.Contains(out, ", 0 of an older release") {
-		t.Fatalf("status: %q", out)
+	status := runOK(t, env, "limits", "finalize", "--status")
+	if !strings.HasPrefix(status, "finalized at ") || !strings.Contains(status, ", 0 of an older release") {
+		t.Fatalf("status: %q", status)
+	}
+	// Finalizing again (a hook after every upgrade) keeps the mark.
+	mark, _ := m.Get("petstore:rl:{replicas}:finalized")
+	if out := runOK(t, env, "limits", "finalize"); !strings.HasPrefix(out, "already finalized at "+strings.TrimSuffix(strings.Fields(status)[2], ";")+" ") {
+		t.Fatalf("finalize again printed %q (status %q)", out, status)
+	}
+	if again, _ := m.Get("petstore:rl:{replicas}:finalized"); again != mark {
+		t.Fatalf("finalize again moved the mark from %s to %s", mark, again)
 	}
 	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize mark removed") {
 		t.Fatalf("undo printed %q", out)

@@ -635,7 +635,7 @@ func (r *privateRedis) scripts(b *testing.B) (calls int64, usec float64) {
 func finalizeForBench(b *testing.B, l *ratelimit.Limiter, reg *prometheus.Registry) {
 	b.Helper()
 	ctx := context.Background()
-	if _, err := l.Finalize(ctx); err != nil {
+	if _, _, err := l.Finalize(ctx); err != nil {
 		b.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
