@@ -345,15 +345,40 @@ func checkRelease(t *testing.T, objs []object, v chartutil.Values) []string {
 		}
 	}
 
-	// Network policy: in from the load balancer and monitoring only, out to
-	// DNS, Redis and PostgreSQL only.
+	// Network policies: the API pods in from the load balancer and
+	// monitoring only, out to DNS, Redis and PostgreSQL only; each hook
+	// Job nothing in, out to DNS and the one store it uses.
 	nps := only[*networkingv1.NetworkPolicy](objs)
 	if lookup[bool](t, v, "networkPolicy.enabled") {
-		if len(nps) != 1 {
-			fail("want one NetworkPolicy, got %d", len(nps))
+		redisPorts, pgPorts := ports(t, v, "networkPolicy.redisEgress.ports"), ports(t, v, "networkPolicy.postgresEgress.ports")
+		selecting := func(podLabels map[string]string) []*networkingv1.NetworkPolicy {
+			var out []*networkingv1.NetworkPolicy
+			for _, np := range nps {
+				if selects(&np.Spec.PodSelector, podLabels) {
+					out = append(out, np)
+				}
+			}
+			return out
+		}
+		if api := selecting(d.Spec.Template.Labels); len(api) != 1 {
+			fail("want one NetworkPolicy selecting the API pods, got %d", len(api))
 		} else {
-			errs = append(errs, checkNetworkPolicy(nps[0], d, redis, postgres,
-				ports(t, v, "networkPolicy.redisEgress.ports"), ports(t, v, "networkPolicy.postgresEgress.ports"))...)
+			errs = append(errs, checkNetworkPolicy(api[0], d.Spec.Template.Labels, redis, postgres, redisPorts, pgPorts)...)
+		}
+		for _, j := range jobs {
+			component := j.Labels["app.kubernetes.io/component"]
+			hook := selecting(j.Spec.Template.Labels)
+			if len(hook) != 1 {
+				fail("want one NetworkPolicy selecting the %s Job's pod, got %d", component, len(hook))
+				continue
+			}
+			if len(hook[0].Spec.Ingress) != 0 {
+				fail("NetworkPolicy %s lets traffic in to the %s Job's pod", hook[0].Name, component)
+			}
+			errs = append(errs, checkNetworkPolicy(hook[0], j.Spec.Template.Labels, component == "finalize", component == "migrate", redisPorts, pgPorts)...)
+		}
+		if len(nps) != 1+len(jobs) {
+			fail("want %d NetworkPolicies (the API pods' and one a hook Job), got %d", 1+len(jobs), len(nps))
 		}
 	} else if len(nps) != 0 {
 		fail("NetworkPolicy rendered while disabled")
@@ -447,16 +472,16 @@ func ports(t *testing.T, v chartutil.Values, path string) []int32 {
 	return out
 }
 
-// checkNetworkPolicy checks that the policy selects the API pods, lets in
-// only the public and ops ports, and lets out exactly DNS, Redis and
-// PostgreSQL.
-func checkNetworkPolicy(np *networkingv1.NetworkPolicy, d *appsv1.Deployment, redis, postgres bool, redisPorts, pgPorts []int32) []string {
+// checkNetworkPolicy checks that the policy selects the pods labelled
+// podLabels, lets in only the public and ops ports, and lets out exactly
+// DNS, and Redis and PostgreSQL as asked.
+func checkNetworkPolicy(np *networkingv1.NetworkPolicy, podLabels map[string]string, redis, postgres bool, redisPorts, pgPorts []int32) []string {
 	var errs []string
 	fail := func(format string, args ...any) {
 		errs = append(errs, "NetworkPolicy "+np.Name+": "+fmt.Sprintf(format, args...))
 	}
-	if !selects(&np.Spec.PodSelector, d.Spec.Template.Labels) {
-		fail("does not select the Deployment's pods")
+	if !selects(&np.Spec.PodSelector, podLabels) {
+		fail("does not select the pods it is for")
 	}
 	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
 		fail("policyTypes must be Ingress and Egress")

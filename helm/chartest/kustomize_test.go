@@ -90,7 +90,7 @@ func TestKustomizeBuilds(t *testing.T) {
 				t.Errorf("NetworkPolicy: want %v, got %d", tt.netpol, len(nps))
 			}
 			for _, np := range nps {
-				for _, err := range checkNetworkPolicy(np, d, tt.redis, tt.postgres, []int32{6380}, []int32{5432}) {
+				for _, err := range checkNetworkPolicy(np, d.Spec.Template.Labels, tt.redis, tt.postgres, []int32{6380}, []int32{5432}) {
 					t.Error(err)
 				}
 			}
@@ -131,10 +131,17 @@ func TestKustomizeHookJobs(t *testing.T) {
 	d := one[*appsv1.Deployment](t, build(t, "overlays/production"))
 	for name, args := range map[string][]string{"migrate": {"migrate"}, "finalize": {"limits", "finalize", "--wait", "4m"}} {
 		objs := build(t, "overlays/production/"+name)
-		if len(objs) != 1 {
-			t.Fatalf("%s: want only the Job, got %d objects", name, len(objs))
+		if len(objs) != 2 {
+			t.Fatalf("%s: want the Job and its NetworkPolicy, got %d objects", name, len(objs))
 		}
 		j := one[*batchv1.Job](t, objs)
+		np := one[*networkingv1.NetworkPolicy](t, objs)
+		if np.Namespace != "petstore" || len(np.Spec.Ingress) != 0 {
+			t.Errorf("NetworkPolicy %s: want the production namespace and nothing in", np.Name)
+		}
+		for _, err := range checkNetworkPolicy(np, j.Spec.Template.Labels, name == "finalize", name == "migrate", []int32{6380}, []int32{5432}) {
+			t.Error(err)
+		}
 		for _, err := range checkPodSpec("Job "+j.Name, j.Spec.Template.Spec) {
 			t.Error(err)
 		}
@@ -202,7 +209,16 @@ func TestKustomizeMatchesChart(t *testing.T) {
 	same("HPA", one[*autoscalingv2.HorizontalPodAutoscaler](t, chartObjs).Spec, one[*autoscalingv2.HorizontalPodAutoscaler](t, kustObjs).Spec)
 	same("PDB", one[*policyv1.PodDisruptionBudget](t, chartObjs).Spec, one[*policyv1.PodDisruptionBudget](t, kustObjs).Spec)
 
-	cn, kn := one[*networkingv1.NetworkPolicy](t, chartObjs), one[*networkingv1.NetworkPolicy](t, kustObjs)
+	var cn *networkingv1.NetworkPolicy
+	for _, np := range only[*networkingv1.NetworkPolicy](chartObjs) {
+		if selects(&np.Spec.PodSelector, cd.Spec.Template.Labels) {
+			cn = np
+		}
+	}
+	if cn == nil {
+		t.Fatal("the chart with production values has no NetworkPolicy for the API pods")
+	}
+	kn := one[*networkingv1.NetworkPolicy](t, kustObjs)
 	same("NetworkPolicy podSelector", cn.Spec.PodSelector, kn.Spec.PodSelector)
 	same("NetworkPolicy egress", cn.Spec.Egress, kn.Spec.Egress)
 	// The chart also lets its own helm test pods in; kustomize has none.
@@ -227,7 +243,16 @@ func TestKustomizeMatchesChart(t *testing.T) {
 			t.Errorf("the chart with production values has no %s Job", name)
 			continue
 		}
-		kj := one[*batchv1.Job](t, build(t, "overlays/production/"+name))
+		kobjs := build(t, "overlays/production/"+name)
+		kj := one[*batchv1.Job](t, kobjs)
+		for _, np := range only[*networkingv1.NetworkPolicy](chartObjs) {
+			if selects(&np.Spec.PodSelector, cj.Spec.Template.Labels) {
+				knp := one[*networkingv1.NetworkPolicy](t, kobjs)
+				same(name+" NetworkPolicy podSelector", np.Spec.PodSelector, knp.Spec.PodSelector)
+				same(name+" NetworkPolicy egress", np.Spec.Egress, knp.Spec.Egress)
+				same(name+" NetworkPolicy ingress", np.Spec.Ingress, knp.Spec.Ingress)
+			}
+		}
 		cjc, kjc := cj.Spec.Template.Spec.Containers[0], kj.Spec.Template.Spec.Containers[0]
 		same(name+" image", cjc.Image, kjc.Image)
 		same(name+" args", cjc.Args, kjc.Args)

@@ -221,3 +221,34 @@ seccompProfile:
 {{- fail (printf "plans.%s is reserved for the rate-limit helm test; choose another tests.rateLimit.plan" .Values.tests.rateLimit.plan) }}
 {{- end }}
 {{- end }}
+
+{{/* Egress rules of the network policies: DNS, Redis, PostgreSQL. */}}
+{{- define "petstore.dnsEgress" -}}
+- to:
+    {{- toYaml .Values.networkPolicy.dns.to | nindent 4 }}
+  ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- end }}
+
+{{- define "petstore.redisEgress" -}}
+- to:
+    {{- toYaml .Values.networkPolicy.redisEgress.to | nindent 4 }}
+  ports:
+    {{- range .Values.networkPolicy.redisEgress.ports }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end }}
+
+{{- define "petstore.postgresEgress" -}}
+- to:
+    {{- toYaml .Values.networkPolicy.postgresEgress.to | nindent 4 }}
+  ports:
+    {{- range .Values.networkPolicy.postgresEgress.ports }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end }}
