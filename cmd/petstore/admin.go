@@ -359,7 +359,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		case "finalize":
 			fs.BoolVar(&undo, "undo", false, "remove the mark, before rolling back to a release older than finalizing")
 			fs.BoolVar(&status, "status", false, "print the mark and the replicas live, change nothing")
-			fs.DurationVar(&wait, "wait", 0, "while replicas of an older release are live, try again until they are gone, for at most this long (e.g. 5m, after a rollout)")
+			fs.DurationVar(&wait, "wait", 0, "while replicas of an older release are live or Redis does not answer, try again, for at most this long (e.g. 5m, after a rollout)")
 		}
 	}
 	cfg, _, fs, err := loadConfig("limits "+sub, limitsUsage, args, getenv, stderr, extra)
