@@ -177,8 +177,8 @@ func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	p := l.opts.Prefix
-	res, err := finalizeScript.Run(ctx, l.rdb, []string{p + "{replicas}", p + finalCensusSuffix, p + finalMarkSuffix}, heartbeatTTL.Milliseconds()).Int64Slice()
+	r := l.replicas
+	res, err := finalizeScript.Run(ctx, l.rdb, []string{r.key, r.final, r.mark}, heartbeatTTL.Milliseconds()).Int64Slice()
 	if err != nil {
 		return time.Time{}, false, err
 	}
@@ -200,7 +200,7 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	return l.rdb.Del(ctx, l.opts.Prefix+finalMarkSuffix).Err()
+	return l.rdb.Del(ctx, l.replicas.mark).Err()
 }
 
 // Unfinalizing is how long after Unfinalize every replica has stopped
@@ -224,16 +224,16 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	p := l.opts.Prefix
 	now, err := l.rdb.Time(ctx).Result()
 	if err != nil {
 		return st, err
 	}
 	from := strconv.FormatInt(now.Add(-heartbeatTTL).UnixMilli()+1, 10)
 	pipe := l.rdb.Pipeline()
-	all := pipe.ZCount(ctx, p+"{replicas}", from, "+inf")
-	final := pipe.ZCount(ctx, p+finalCensusSuffix, from, "+inf")
-	mark := pipe.Get(ctx, p+finalMarkSuffix)
+	r := l.replicas
+	all := pipe.ZCount(ctx, r.key, from, "+inf")
+	final := pipe.ZCount(ctx, r.final, from, "+inf")
+	mark := pipe.Get(ctx, r.mark)
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return st, err
 	}

@@ -93,6 +93,29 @@ func buildPreviousRelease(t *testing.T, dir string) (string, string) {
 	return buildRelease(t, dir, rev), rev
 }
 
+// upgradeFleet starts a fleet whose three replicas all run release rev
+// (built from git), serving plans with the keys asked for: the start of
+// a rolling upgrade to this tree.
+func upgradeFleet(t *testing.T, rev, plans string, keys map[string]int) *fleet {
+	t.Helper()
+	prev := buildRelease(t, t.TempDir(), rev)
+	t.Logf("upgrading from %s", git(t, "log", "-1", "--format=%h %s", rev))
+	return newFleet(t, fleetOptions{plans: plans, keys: keys, binaries: map[int]string{0: prev, 1: prev, 2: prev}})
+}
+
+// upgrade replaces replica r with this tree's binary as a Deployment's
+// rolling update does (SIGTERM, the new binary started, back in HAProxy's
+// rotation) and returns how long that took.
+func (f *fleet) upgrade(r *replica) time.Duration {
+	f.t.Helper()
+	began := time.Now()
+	r.stop()
+	r.bin = petstoreBin
+	r.start()
+	f.waitInRotation()
+	return time.Since(began)
+}
+
 // TestMixedReleasesOnOneRedis runs the previous release's binary beside
 // this tree's on one Redis for a key both serve, alternating requests, as
 // a rolling upgrade does. Neither may reset the other: each keeps every
@@ -343,29 +366,18 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 	t.Parallel()
 	commits := formatCommits(t)
 	rev := git(t, "rev-parse", commits[len(commits)-1]+"^")
-	dir := t.TempDir()
-	prev := buildRelease(t, dir, rev)
-	t.Logf("upgrading from %s", git(t, "log", "-1", "--format=%h %s", rev))
-	f := newFleet(t, fleetOptions{
-		plans: `plans:
+	f := upgradeFleet(t, rev, `plans:
   small: {quotas: [{limit: 20, period: 2s}], ban: off}
   leased: {quotas: [{limit: 1000, period: 10s}], ban: off}
-`,
-		keys:     map[string]int{"small": 1, "leased": 1},
-		binaries: map[int]string{0: prev, 1: prev, 2: prev},
-	})
+`, map[string]int{"small": 1, "leased": 1})
 	// Busy enough for leases while the window fills (see checkExactness).
 	small := &judged{plan: "small", limit: 20, period: 2 * time.Second}
 	busy := &judged{plan: "leased", limit: 1000, period: 10 * time.Second}
 	small.load = f.startLoad(loadSpec{rate: 40, workers: 8, targets: []string{f.lb.url}, keys: f.keys["small"]})
 	time.Sleep(2 * time.Second)
 	for i, r := range f.replicas {
-		began := time.Now()
-		r.stop()
-		r.bin = petstoreBin
-		r.start()
-		f.waitInRotation()
-		t.Logf("%s upgraded, back in rotation %s after SIGTERM", r.name, time.Since(began).Round(time.Millisecond))
+		took := f.upgrade(r)
+		t.Logf("%s upgraded, back in rotation %s after SIGTERM", r.name, took.Round(time.Millisecond))
 		if i == 0 {
 			busy.load = f.startLoad(loadSpec{rate: 600, workers: 16, targets: []string{f.lb.url}, keys: f.keys["leased"]})
 			time.Sleep(2 * time.Second)
@@ -401,27 +413,17 @@ func TestRollingUpgradeThenFinalize(t *testing.T) {
 		t.Fatal("no commit adds ratelimit/finalize.go")
 	}
 	rev := git(t, "rev-parse", added[len(added)-1]+"^")
-	dir := t.TempDir()
-	prev := buildRelease(t, dir, rev)
-	t.Logf("upgrading from %s", git(t, "log", "-1", "--format=%h %s", rev))
-	f := newFleet(t, fleetOptions{
-		plans: `plans:
+	f := upgradeFleet(t, rev, `plans:
   small: {quotas: [{limit: 20, period: 2s}], ban: off}
   paced: {quotas: [{limit: 30, period: 3s}, {limit: 100000, period: 24h}], ban: off}
-`,
-		keys:     map[string]int{"small": 1, "paced": 1},
-		binaries: map[int]string{0: prev, 1: prev, 2: prev},
-	})
+`, map[string]int{"small": 1, "paced": 1})
 	small := &judged{plan: "small", limit: 20, period: 2 * time.Second}
 	paced := &judged{plan: "paced", limit: 30, period: 3 * time.Second}
 	small.load = f.startLoad(loadSpec{rate: 40, workers: 8, targets: []string{f.lb.url}, keys: f.keys["small"]})
 	paced.load = f.startLoad(loadSpec{rate: 15, workers: 4, targets: []string{f.lb.url}, keys: f.keys["paced"]})
 	time.Sleep(2 * time.Second)
 	for i, r := range f.replicas {
-		r.stop()
-		r.bin = petstoreBin
-		r.start()
-		f.waitInRotation()
+		f.upgrade(r)
 		if i == 0 {
 			out, errOut, err := f.tryPetstore("limits", "finalize")
 			if err == nil || !strings.Contains(errOut, "2 replica(s) of an older release are live") {
