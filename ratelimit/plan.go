@@ -87,6 +87,16 @@ type plan struct {
 	// serve its short part.
 	shortNamesFirst bool
 
+	// coarse are the coarse records of the plan's short windows, in their
+	// order (blockRing), on the plan that counts blocks (blk): stored as
+	// {KEY}:b:NAME after the plan's other records, and nil on every other
+	// plan. blk is the plan with them, for a plan with short and long
+	// windows and for its short part: the same windows, names and
+	// counters, with the coarse records read and written beside the short
+	// windows' own (blocks.go).
+	coarse []ring
+	blk    *plan
+
 	counters
 }
 
@@ -139,6 +149,8 @@ func (pl *plan) split() {
 	// The names are the same for every key and prefix but for those.
 	whole, short := stateKeys("", "", pl), stateKeys("", "", pl.short)
 	pl.shortNamesFirst = len(short) <= len(whole) && slices.Equal(short, whole[:len(short)])
+	pl.blk = pl.withBlocks(s)
+	pl.short.blk = pl.short.withBlocks(s)
 }
 
 // banRule is a BanPolicy compiled: its strike window as a ring whose
@@ -204,7 +216,7 @@ func (b *banRule) length(n int64) int64 {
 
 // keyCount is the number of records stateKeys names for a key under pl.
 func (pl *plan) keyCount() int {
-	n := 1 + len(pl.windows) + len(pl.candidates)
+	n := 1 + len(pl.windows) + len(pl.candidates) + len(pl.coarse)
 	if pl.cban.on {
 		n++
 	}

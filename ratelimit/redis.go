@@ -36,7 +36,8 @@ func candidateBanKey(prefix, key string) string { return prefix + "{" + key + "}
 
 // stateKeys returns the script's KEYS for key under pl: the ban record,
 // the record of each of pl's windows, then of each candidate window, then
-// the candidate ban record when pl has a candidate ban policy. (The names
+// the candidate ban record when pl has a candidate ban policy, then the
+// coarse records of blocks when pl counts them (blocks.go). (The names
 // banKey and candidateBanKey give, cut from one string: a decision
 // allocates its keys' bytes once.)
 func stateKeys(prefix, key string, pl *plan) []string {
@@ -49,6 +50,9 @@ func stateKeys(prefix, key string, pl *plan) []string {
 	}
 	if pl.cban.on {
 		size += len(":cban")
+	}
+	for i := range pl.coarse {
+		size += len(":b:") + len(pl.coarse[i].name)
 	}
 	var all strings.Builder
 	all.Grow(size)
@@ -74,6 +78,9 @@ func stateKeys(prefix, key string, pl *plan) []string {
 	}
 	if pl.cban.on {
 		name(":cban", "")
+	}
+	for i := range pl.coarse {
+		name(":b:", pl.coarse[i].name)
 	}
 	return keys
 }

@@ -510,6 +510,101 @@ local function standing(i, limit, period, g, n, unit, counted, refused)
   return u, rem, reset_, wait
 end
 
+-- newest returns when the newest bucket of ring w (working values) that
+-- counts stops counting, counted events having just been written at its
+-- head (record); now when none counts. The head as read is the newest
+-- bucket with events, and counts while the ring counts any: only a head
+-- emptied by a give-back needs the ring read.
+local function newest(w, period, g, n, unit, counted)
+  if counted > 0 or WHC[w] > 0 and WUSED[w] > 0 then return resetAt(WVH[w], WHO[w], period, g, n, unit) end
+  if WUSED[w] <= 0 then return now end
+  local s = call('GET', WKEY[w])
+  return scan(s, WR, n, g, unit, period, WVH[w], WHC[w], WHO[w], WFROM[w], WB[w], 0, now)
+end
+
+-- scan2 is scan over a window's two records, its own ring (working
+-- values a, read whole as sa) and its coarse one (y, sy): when enough
+-- events have stopped counting to drop excess, the buckets of both taken
+-- in the order they stop counting (each ring's in bucket order: bucket j
+-- stops within [(j+n)g, (j+n+1)g]). now when they never do.
+local function scan2(sa, a, g, n, unit, sy, y, cg, cn, cunit, period, excess)
+  local ja, jy, acc = WFROM[a], WFROM[y], 0
+  local ca, ta, cy, ty = 0, 0, 0, 0
+  while true do
+    while ca == 0 and ja <= WB[a] do
+      ca = cnt(sa, WR, n, WVH[a], WHC[a], ja)
+      if ca > 0 then ta = untl(ja, lastAt(sa, WR, n, g, unit, WVH[a], WHO[a], ja), period, n, g) end
+      ja = ja + 1
+    end
+    while cy == 0 and jy <= WB[y] do
+      cy = cnt(sy, WR, cn, WVH[y], WHC[y], jy)
+      if cy > 0 then ty = untl(jy, lastAt(sy, WR, cn, cg, cunit, WVH[y], WHO[y], jy), period, cn, cg) end
+      jy = jy + 1
+    end
+    local c, t
+    if ca > 0 and (cy == 0 or ta <= ty) then
+      c, t, ca = ca, ta, 0
+    elseif cy > 0 then
+      c, t, cy = cy, ty, 0
+    else
+      return now
+    end
+    acc = acc + c
+    if acc >= excess then return t end
+  end
+end
+
+-- pairStanding is standing for window i, which also counts its coarse
+-- record's blocks (window y, coarse geometry cg, cn, cunit): used is the
+-- sum of both, reset the later of their newest buckets' ends, and a
+-- refused request's wait the earliest time the sum fits under the limit
+-- and every cap (of either record) still in force then: for each span
+-- between cap ends, the time enough has slid out of both (scan2) to fit
+-- that span's lowest limit, no earlier than the span's start. counted
+-- and ccounted are the events this decision wrote in each.
+local function pairStanding(i, y, limit, period, g, n, unit, cg, cn, cunit, counted, ccounted, refused)
+  local u = WUSED[i] + WUSED[y] + counted + ccounted
+  local reset_, wait = now, 0
+  if u > 0 then
+    reset_ = newest(i, period, g, n, unit, counted)
+    local r = newest(y, period, cg, cn, cunit, ccounted)
+    if r > reset_ then reset_ = r end
+  end
+  if refused and u > 0 then
+    local c1, e1, c2, e2 = WCAP[i], WCEND[i], WCAP[y], WCEND[y]
+    if not (c1 and c1 < limit) then c1, e1 = c2, e2; c2, e2 = nil, nil end
+    if c2 and not (c2 < limit) then c2, e2 = nil, nil end
+    if c1 and not (c1 < limit) then c1, e1 = nil, nil end
+    if c1 and c2 and e2 < e1 then c1, e1, c2, e2 = c2, e2, c1, e1 end
+    local sa, sy
+    local best
+    local start = now
+    for r = 0, 2 do
+      local l = limit
+      if r < 1 and c1 and c1 < l then l = c1 end
+      if r < 2 and c2 and c2 < l then l = c2 end
+      local t = start
+      if u >= l then
+        if not sa then sa, sy = call('GET', WKEY[i]), call('GET', WKEY[y]) end
+        t = scan2(sa, i, g, n, unit, sy, y, cg, cn, cunit, period, u - l + 1)
+        if t < start then t = start end
+      end
+      if not best or t < best then best = t end
+      if r == 0 then
+        if not c1 then break end
+        start = e1
+      elseif r == 1 then
+        if not c2 then break end
+        start = e2
+      end
+    end
+    wait = best - now
+  end
+  local rem = limit - u
+  if rem < 0 then rem = 0 end
+  return u, rem, reset_, wait
+end
+
 -- banRead reads ban record bs (false: none) of ban rule R at now: the
 -- ban's end, the offences still remembered, the last offence, and whether
 -- its strike ring is of R's strike window (strikes of another do not
@@ -633,6 +728,13 @@ local RES = {}
 local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   local V = pl.V
   local nw = V[1]
+  -- Blocks (pl.nco > 0): each short window's coarse record (CO[x] for
+  -- window CO[x].i, CP[i] = x) is window nw + x, and its record is KEYS
+  -- base + pl.kco + x, after the plan's own; the records of other
+  -- periods (seeding) follow them. Transition windows start after them
+  -- (tb).
+  local nco, CO, CP = pl.nco, pl.CO, pl.CP
+  local tb = nw + nco
 
   -- After a plan changed its periods: where a window the key has no
   -- record of may take its past from (the number of sources, each as
@@ -649,7 +751,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     local ns = SEED[o]
     for s = 1, ns do
       local q = o + 1 + 5 * (s - 1)
-      SRC[s] = {SEED[q], SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4]}
+      SRC[s] = {SEED[q] + nco, SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4]}
     end
     o = o + 1 + 5 * ns
     for i = 1, nw do
@@ -660,7 +762,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     end
     for j = 1, SEED[o] do
       local q = o + 1 + 7 * (j - 1)
-      TRANS[j] = {SEED[q], SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6]}
+      TRANS[j] = {SEED[q] + nco, SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6]}
     end
   end
   local peek = mode == 1
@@ -710,6 +812,17 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     WCAP[i], WCEND[i] = readCap(key, n, g, unit, WB[i], WVH[i], WHC[i], WHO[i])
     if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
     local c = WUSED[i]
+    local x = CP and CP[i]
+    if x then
+      -- The window counts its coarse record's blocks too, and is held to
+      -- a cap on either.
+      local cr, y = CO[x], nw + x
+      local ck = KEYS[base + pl.kco + x]
+      view(y, ck, call('GETRANGE', ck, '0', '18'), period, cr.g, cr.n, cr.unit)
+      WCAP[y], WCEND[y] = readCap(ck, cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
+      if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
+      c = c + WUSED[y]
+    end
     if c >= limit then admit = false end
     if room < 0 or limit - c < room then room = limit - c end
     if (WB[i] + 1) * g < lend then lend = (WB[i] + 1) * g end
@@ -727,7 +840,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       local h = call('GETRANGE', key, '0', '18')
       if #h >= 1 + HDR then
         ntx = ntx + 1
-        local x = nw + ntx
+        local x = tb + ntx
         TX[ntx] = tr
         view(x, key, h, tr[3], tr[4], tr[5], tr[6])
         WCAP[x], WCEND[x] = readCap(key, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
@@ -747,9 +860,12 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
 
   -- A reservation riding on this admission (RSV, reserveSize): rk more
   -- admissions of the long windows (those after the first RSV[5]),
-  -- counted with this one at the reservation's end rend.
+  -- counted with this one at the reservation's end rend. With blocks
+  -- (nco > 0: every short window has a coarse record), a block: the rk
+  -- count in the short windows too, in their coarse records, at rend,
+  -- which is then also within their current coarse buckets.
   local rk, rend, ns = 0, 0, 0
-  if RSV and admitted and ntx == 0 then
+  if RSV and admitted and ntx == 0 and (nco == 0 or nco == RSV[5]) then
     ns, rend = RSV[5], now + RSV[7]
     local lroom = 2 ^ 53
     for i = ns + 1, nw do
@@ -759,7 +875,21 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       if limit - WUSED[i] - 1 < lroom then lroom = limit - WUSED[i] - 1 end
       if (WB[i] + 1) * V[o + 2] < rend then rend = (WB[i] + 1) * V[o + 2] end
     end
-    rk = reserveSize(WUSED[ns] + 1, V[2 + 6 * (ns - 1) + 1], lroom, rend - now, RSV)
+    local sc = WUSED[ns] + 1
+    if nco > 0 then
+      for i = 1, ns do
+        local x = CP[i]
+        local y, g = nw + x, CO[x].g
+        local limit = V[2 + 6 * (i - 1)]
+        if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+        if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
+        local r = limit - WUSED[i] - WUSED[y] - 1
+        if r < lroom then lroom = r end
+        if (WB[y] + 1) * g < rend then rend = (WB[y] + 1) * g end
+      end
+      sc = sc + WUSED[nw + CP[ns]]
+    end
+    rk = reserveSize(sc, V[2 + 6 * (ns - 1) + 1], lroom, rend - now, RSV)
     if rk == 0 then rend = 0 end
   end
 
@@ -772,20 +902,30 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       record(i, k, t, V[o + 2], V[o + 3], V[o + 4], pl.TTL[i])
     end
   end
+  if rk > 0 and nco > 0 then
+    for x = 1, nco do
+      local cr = CO[x]
+      record(nw + x, rk, rend, cr.g, cr.n, cr.unit, cr.ttl)
+    end
+  end
   if admitted then
     for j = 1, ntx do
       local tr = TX[j]
-      record(nw + j, granted, at, tr[4], tr[5], tr[6], tr[7])
+      record(tb + j, granted, at, tr[4], tr[5], tr[6], tr[7])
     end
   end
   -- A lease caps every window it counts in until it ends.
   if admitted and granted > 1 then
     for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
-    for j = 1, ntx do writeCap(WKEY[nw + j], TX[j][5], TX[j][2], lend, WCAP[nw + j], WCEND[nw + j]) end
+    for j = 1, ntx do writeCap(WKEY[tb + j], TX[j][5], TX[j][2], lend, WCAP[tb + j], WCEND[tb + j]) end
   end
-  -- And a reservation every long window.
+  -- And a reservation every long window, a block every coarse record too.
   if rk > 0 then
     for i = ns + 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], rend, WCAP[i], WCEND[i]) end
+    for x = 1, nco do
+      local y = nw + x
+      writeCap(WKEY[y], CO[x].n, V[2 + 6 * (CO[x].i - 1)], rend, WCAP[y], WCEND[y])
+    end
   end
 
   -- Candidate windows: evaluated on every request that reaches the script
@@ -798,7 +938,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   -- ban is refused as banned, as are those after it.
   local co = pl.co
   local nc = V[co]
-  local cb = nw + ntx
+  local cb = tb + ntx
   local croom = -1
   for i = 1, nc do
     local o = co + 1 + 6 * (i - 1)
@@ -885,7 +1025,15 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     if rk > 0 and i > ns then counted = counted + rk end
     -- A refused request (banned or limited) waits for every full window
     -- as well as for the ban: Retry-After is the true wait.
-    local u, rem, reset_, wait = standing(i, limit, period, g, n, unit, counted, not admit)
+    local u, rem, reset_, wait
+    local x = CP and CP[i]
+    if x then
+      local cr, cc = CO[x], 0
+      if rk > 0 then cc = rk end
+      u, rem, reset_, wait = pairStanding(i, nw + x, limit, period, g, n, unit, cr.g, cr.n, cr.unit, counted, cc, not admit)
+    else
+      u, rem, reset_, wait = standing(i, limit, period, g, n, unit, counted, not admit)
+    end
     if wait > rt then rt = wait end
     RES[m + 1], RES[m + 2] = u, reset_
     m = m + 2
@@ -893,7 +1041,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   if not admit then
     for j = 1, ntx do
       local tr = TX[j]
-      local u, rem, reset_, wait = standing(nw + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+      local u, rem, reset_, wait = standing(tb + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
       if wait > rt then rt = wait end
     end
   end
@@ -1081,7 +1229,22 @@ local function planAt(PLANS, p)
     local nw = V[1]
     local ban, co = banRule(V, 2 + 6 * nw, tonumber(mult))
     local nc = V[co]
-    local cban = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
+    local cban, xo = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
+    -- Blocks: the coarse records of the short windows, when the plan has
+    -- them (Go's plan.blocks): their count, then each as its window's
+    -- index, period, bucket width, n, offset unit and TTL.
+    local nco, CO, CP = 0, nil, nil
+    -- (V's last value is unpack's next position, not a number of the
+    -- plan's.)
+    if xo <= #s / 8 then nco = V[xo] end
+    if nco > 0 then
+      CO, CP = {}, {}
+      for x = 1, nco do
+        local q = xo + 1 + 6 * (x - 1)
+        CO[x] = {i = V[q], g = V[q + 2], n = V[q + 3], unit = V[q + 4], ttl = V[q + 5]}
+        CP[V[q]] = x
+      end
+    end
     local ttl, cttl = {}, {}
     for i = 1, nw do ttl[i] = V[2 + 6 * (i - 1) + 5] end
     for i = 1, nc do cttl[i] = V[co + 1 + 6 * (i - 1) + 5] end
@@ -1094,7 +1257,8 @@ local function planAt(PLANS, p)
     -- reset.
     pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
       bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
-      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3}
+      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3 and nco == 0,
+      nco = nco, CO = CO, CP = CP, kco = 1 + nw + nc + (cban and 1 or 0)}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
   end

@@ -1,0 +1,69 @@
+package ratelimit
+
+import "time"
+
+// Blocks: a reservation of every window, the short ones too, spent in
+// process. A reservation (reserve.go) spares a cold key's round trip the
+// work of its long windows, but each request still makes one for its short
+// windows: a block counted in a short window's own ring, whose buckets
+// last a fraction of a second, could be spent only until its bucket ends,
+// and no ring of today's can hold a count longer than a period after its
+// bucket ends. So each short window of a plan that counts blocks has a
+// second record, its coarse record: a ring of the same period whose
+// buckets last reserveLife (blockRing), where a block is counted whole, in
+// the current bucket, with its end as that bucket's last event, as a
+// reservation is counted in a long window. The window counts the sum of
+// both records, everywhere a decision reads it: its admissions, caps,
+// Remaining, Reset and Retry-After (script.go, pairStanding). The argument
+// that keeps a reservation strict then holds for every window:
+//
+//   - each record is an upper bound of the events it was given in any
+//     interval of the period that holds them (a block's spends lie between
+//     its grant, no earlier than its bucket's start, and its end, its
+//     bucket's last event at the latest), so their sum bounds the window's
+//     admissions in it;
+//   - a block is granted only while every window, both records summed,
+//     has leaseMargin·k·Replicas remaining, caps every record it counts
+//     in while it runs (the lease cap), and is spent only under the plan
+//     it was taken for, within its end on this process's clock;
+//   - a request spent from it is decided in process, as a lease's is
+//     (lease.go): no round trip.
+//
+// What it costs: every decision of a key under such a plan reads the
+// coarse records too, and a block's admissions, spent early or not at all,
+// count until the bucket's last block ends and a period after, where a
+// lease's count until their own fine bucket's end (Retry-After is exact
+// for the counts either way; it is a coarse bucket late at most against a
+// window that counted each admission at its own time).
+//
+// Blocks need every replica deciding a key to read the coarse records: a
+// replica that does not would admit into a window without them. Until a
+// finalizing step of their own says so (README, Next steps), they are off
+// (Options.blocks).
+
+// blockRing returns the coarse record of short window w: the same period
+// and limit, in buckets of reserveLife (one, when the period is shorter),
+// so that a block ending within reserveLife of its grant ends within
+// its grant's coarse bucket whenever that bucket has reserveLife left.
+func blockRing(w ring) ring {
+	return newRing(w.limit, time.Duration(w.period)*time.Microsecond, int(max(w.period/reserveLife.Microseconds(), 1)))
+}
+
+// withBlocks returns pl with the coarse records of its first s windows,
+// its short ones (plan.blk): pl compiled again, its script numbers
+// followed by the coarse records' (script.go, planAt) and its record
+// names by theirs (stateKeys). It serves a call's keys and numbers only:
+// its counters are none.
+func (pl *plan) withBlocks(s int) *plan {
+	b := compile(pl.policy, pl.buckets, pl.strikeBuckets)
+	b.coarse = make([]ring, s)
+	nums := []int64{int64(s)}
+	for i := range s {
+		r := blockRing(pl.windows[i])
+		b.coarse[i] = r
+		nums = append(nums, int64(i+1), r.period, r.gran, r.n, r.unit, r.ttlMS)
+	}
+	b.packed = pl.packed + packNums(nums)
+	b.argv = [3]any{b.packed, b.mult, b.cmult}
+	return b
+}

@@ -1,0 +1,393 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/animal-store/petstore/internal/testenv"
+)
+
+// The block promise, checked on the script itself: replicas holding
+// blocks spend them without Redis, at any time before their end, and no
+// interval of any window's period ever holds more admissions, counted at
+// the times they were spent, than the limit of the plan that admitted
+// each; a refusal's Retry-After is the true wait for the counts Redis
+// holds (refused a microsecond before it, admitted at it) and never
+// shorter than, nor more than a coarse bucket past, the wait of a window
+// that counts each grant until its own end.
+
+// blockReplica is one replica of a block case: the plan it decides under
+// and what it holds to spend without Redis (a block or a lease): left
+// admissions before end (µs, Redis time), under plan held.
+type blockReplica struct {
+	plan, held int
+	left, end  int64
+}
+
+// blockSpan is what one decision put in the windows: k admissions between
+// start and end, under plan p; spends lists when those of a block or a
+// lease were spent, each counted as one at its own time.
+type blockSpan struct {
+	p          int
+	start, end int64
+	k          int64
+}
+
+type blockDriver struct {
+	t        *testing.T
+	rng      *rand.Rand
+	rdb      *redis.Client
+	mini     *miniredis.Miniredis
+	plans    []*plan
+	keys     [][]string
+	replicas []blockReplica
+	now      int64
+	// spent: every admission at the time it was spent, with its plan;
+	// spans: every grant, as a window counting it until its end would.
+	spent        []blockSpan
+	spans        []blockSpan
+	stats        struct{ calls, admitted, refused, blocks, fromBlocks, leases, exact int }
+	singleLimits bool
+}
+
+func (d *blockDriver) describe() string {
+	s := ""
+	for _, pl := range d.plans {
+		s += fmt.Sprintf("%v ban %+v; ", pl.policy.Windows, pl.policy.Ban)
+	}
+	return s + fmt.Sprintf("%d replicas", len(d.replicas))
+}
+
+func (d *blockDriver) clock() int64 {
+	if d.mini != nil {
+		return d.now
+	}
+	return time.Now().UnixMicro()
+}
+
+// windows holds every window of plan p to its limit at x, counting
+// admissions by their spend times, and returns the first that is over.
+func (d *blockDriver) checkWindows(p int, x int64) {
+	t := d.t
+	t.Helper()
+	for _, w := range d.plans[p].windows {
+		var n int64
+		for _, s := range d.spent {
+			if s.start <= x && s.start > x-w.period && slices.ContainsFunc(d.plans[s.p].windows, func(r ring) bool { return r.period == w.period }) {
+				n += s.k
+			}
+		}
+		if n > w.limit {
+			t.Fatalf("%s\nwindow %d/%dµs of plan %d holds %d admissions in (%d, %d]", d.describe(), w.limit, w.period, p, n, x-w.period, x)
+		}
+	}
+}
+
+// spanWait is how long after x a request under plan p would wait were
+// each grant counted in each window from its start until its end: the
+// least a Retry-After may say.
+func (d *blockDriver) spanWait(p int, x int64) (wait int64, slack int64) {
+	for i, w := range d.plans[p].windows {
+		var in []blockSpan
+		var c int64
+		for _, s := range d.spans {
+			if s.start <= x && s.end > x-w.period && slices.ContainsFunc(d.plans[s.p].windows, func(r ring) bool { return r.period == w.period }) {
+				in = append(in, s)
+				c += s.k
+			}
+		}
+		g := w.gran
+		if pl := d.plans[p].blk; i < len(pl.coarse) {
+			g = pl.coarse[i].gran
+		}
+		slack = max(slack, g)
+		if c < w.limit {
+			continue
+		}
+		sort.Slice(in, func(a, b int) bool { return in[a].end < in[b].end })
+		excess, acc := c-w.limit+1, int64(0)
+		for _, s := range in {
+			acc += s.k
+			if acc >= excess {
+				wait = max(wait, s.end+w.period-x)
+				break
+			}
+		}
+	}
+	return wait, slack
+}
+
+func (d *blockDriver) call(p int, in input) verdict {
+	t := d.t
+	t.Helper()
+	if d.mini != nil {
+		d.mini.SetTime(time.UnixMicro(d.now))
+	}
+	pl := d.plans[p]
+	ctx := context.Background()
+	ds := []decision{{keys: d.keys[p], pl: pl.blk, nums: scriptNums(pl, in)}}
+	var replies []any
+	var err error
+	if d.mini != nil {
+		replies, err = evalBatchAt(ctx, d.rdb, ds, 0)
+	} else {
+		replies, err = fcallBatchAt(ctx, d.rdb, ds, 0)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", d.describe(), err)
+	}
+	v, err := decode(pl, replies[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.mini != nil && v.now != d.now {
+		t.Fatalf("script time %d, clock %d", v.now, d.now)
+	}
+	return v
+}
+
+// request is one request reaching replica r at the driver's clock.
+func (d *blockDriver) request(r int) {
+	t := d.t
+	t.Helper()
+	rep := &d.replicas[r]
+	x := d.clock()
+	if rep.left > 0 && rep.held == rep.plan && x < rep.end-d.margin() {
+		// One request, or a burst that spends all of it at once.
+		k := int64(1)
+		if d.rng.IntN(4) == 0 {
+			k = rep.left
+		}
+		rep.left -= k
+		d.spent = append(d.spent, blockSpan{p: rep.held, start: x, k: k})
+		d.stats.fromBlocks += int(k)
+		d.checkWindows(rep.held, x)
+		return
+	}
+	// What it held is let go (its plan changed, it ended, it is spent).
+	rep.left = 0
+	var in input
+	switch k := d.rng.IntN(10); {
+	case k < 6:
+		in.reserve = &reserveAsk{max: 2 + d.rng.Int64N(300), replicas: int64(len(d.replicas)), rtt: d.rng.Int64N(3000)}
+	case k < 8:
+		want := 2 + d.rng.Int64N(64)
+		if d.rng.IntN(4) == 0 {
+			want = 2 + d.rng.Int64N(70_000)
+		}
+		in.lease = leaseAsk{want: want, need: want, life: 1 + d.rng.Int64N(2_000_000)}
+	}
+	v := d.call(rep.plan, in)
+	d.stats.calls++
+	x = v.now
+	if v.outcome != Allowed {
+		d.stats.refused++
+		d.checkRetry(rep.plan, x, v)
+		return
+	}
+	d.stats.admitted++
+	d.spent = append(d.spent, blockSpan{p: rep.plan, start: x, k: 1})
+	d.spans = append(d.spans, blockSpan{p: rep.plan, start: x, end: x, k: 1})
+	d.checkWindows(rep.plan, x)
+	if v.granted > 1 {
+		if in.reserve != nil {
+			d.stats.blocks++
+		} else {
+			d.stats.leases++
+		}
+		if v.leaseEnd <= x || v.leaseEnd > x+reserveLife.Microseconds() {
+			t.Fatalf("%s\na grant of %d at %d ends at %d", d.describe(), v.granted, x, v.leaseEnd)
+		}
+		// A grant leaves every window, both records summed, margin times
+		// its size times the replicas.
+		k := v.granted - 1
+		need := k * (leaseMargin*int64(len(d.replicas)) - 1)
+		if in.reserve == nil {
+			need = 0
+		}
+		for i, w := range d.plans[rep.plan].windows {
+			if left := w.limit - v.win[i].used; left < need {
+				t.Fatalf("%s\na grant of %d at %d leaves window %d/%dµs %d (used %d), less than the %d the margin keeps", d.describe(), k, x, w.limit, w.period, left, v.win[i].used, need)
+			}
+		}
+		rep.held, rep.left, rep.end = rep.plan, v.granted-1, v.leaseEnd
+		d.spans = append(d.spans, blockSpan{p: rep.plan, start: x, end: v.leaseEnd, k: v.granted - 1})
+	}
+}
+
+// margin is how long before a grant's end a replica stops spending it:
+// none where the test sets the clock, a millisecond by real time (the
+// replica's clock is read before the spend is logged).
+func (d *blockDriver) margin() int64 {
+	if d.mini != nil {
+		return 0
+	}
+	return 1000
+}
+
+// checkRetry holds a refusal at x under plan p to its promise: no shorter
+// than a window counting each grant until its end would wait (for a plan
+// without a ban rule: a ban's wait is its own), at most a coarse bucket
+// past it when only one plan decides, and, where the clock can be set,
+// exact: a peek a microsecond before it is refused, one at it admitted.
+func (d *blockDriver) checkRetry(p int, x int64, v verdict) {
+	t := d.t
+	t.Helper()
+	if v.retry <= 0 {
+		t.Fatalf("%s\nrefused at %d with Retry-After %d", d.describe(), x, v.retry)
+	}
+	if !d.plans[p].ban.on {
+		ideal, slack := d.spanWait(p, x)
+		if v.retry < ideal {
+			t.Fatalf("%s\nrefused at %d: Retry-After %dµs, short of the %dµs its grants' ends need", d.describe(), x, v.retry, ideal)
+		}
+		if d.singleLimits && v.retry > ideal+slack+1 {
+			t.Fatalf("%s\nrefused at %d: Retry-After %dµs, more than a bucket (%dµs) past the %dµs its grants' ends need", d.describe(), x, v.retry, slack, ideal)
+		}
+	}
+	if d.mini == nil || d.rng.IntN(3) > 0 {
+		return
+	}
+	// Nothing reaches Redis in between: blocks spent meanwhile change
+	// nothing there.
+	d.now = x + v.retry - 1
+	if pv := d.call(p, input{peek: true}); pv.outcome == Allowed {
+		t.Fatalf("%s\nrefused at %d with Retry-After %dµs, admitted a microsecond before it", d.describe(), x, v.retry)
+	}
+	d.now++
+	if pv := d.call(p, input{peek: true}); pv.outcome != Allowed {
+		t.Fatalf("%s\nrefused at %d with Retry-After %dµs, still refused at it (%v, %dµs more)", d.describe(), x, v.retry, pv.outcome, pv.retry)
+	}
+	d.stats.exact++
+}
+
+// genBlockPlans draws a plan of short and long windows and, in half the
+// cases, a second plan of the same periods with other limits (replicas
+// that disagree on the key's plan share its records, coarse ones too).
+func genBlockPlans(rng *rand.Rand) []*plan {
+	pl, ns := genReservationPlan(rng)
+	if rng.IntN(2) == 0 {
+		// Short windows whose blocks are large against their limits: a
+		// reservation's life is most of such a period, or longer.
+		for i := range ns {
+			pl.policy.Windows[i].Period = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(5)] + time.Duration(i)*time.Millisecond
+		}
+	}
+	for i := range pl.policy.Windows {
+		if rng.IntN(3) > 0 {
+			// Limits a few replicas' traffic fills.
+			pl.policy.Windows[i].Limit = 1 + rng.Int64N(400)
+		}
+	}
+	if rng.IntN(2) == 0 {
+		pl.policy.Ban = BanPolicy{}
+	}
+	plans := []*plan{compile(pl.policy, DefaultBuckets, DefaultStrikeBuckets)}
+	if rng.IntN(2) == 0 {
+		p2 := pl.policy.clone()
+		for i := range p2.Windows {
+			if rng.IntN(2) == 0 {
+				p2.Windows[i].Limit = max(1, p2.Windows[i].Limit/int64(2+rng.IntN(4)))
+			}
+		}
+		plans = append(plans, compile(p2, DefaultBuckets, DefaultStrikeBuckets))
+	}
+	for _, p := range plans {
+		p.split()
+	}
+	return plans
+}
+
+func runBlockCase(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, steps int) *blockDriver {
+	d := &blockDriver{t: t, rng: rng, rdb: rdb, mini: mini, plans: genBlockPlans(rng)}
+	for !slices.ContainsFunc(d.plans, func(pl *plan) bool { return pl.short != nil }) {
+		d.plans = genBlockPlans(rng)
+	}
+	d.singleLimits = len(d.plans) == 1
+	prefix := randomPrefix(t)
+	for _, pl := range d.plans {
+		d.keys = append(d.keys, stateKeys(prefix, "k", pl.blk))
+	}
+	n := 1 + rng.IntN(4)
+	for range n {
+		d.replicas = append(d.replicas, blockReplica{plan: rng.IntN(len(d.plans)), held: -1})
+	}
+	d.now = time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC).UnixMicro() + rng.Int64N(1e9)
+	short := d.plans[0].windows[0].period
+	for range steps {
+		if mini != nil {
+			// Steps from a microsecond to past a coarse bucket, some to
+			// just before a replica's grant ends.
+			switch k := rng.IntN(20); {
+			case k == 0:
+				d.now += reserveLife.Microseconds() + rng.Int64N(short+1)
+			case k < 3:
+				r := &d.replicas[rng.IntN(n)]
+				if r.left > 0 && r.end > d.now {
+					d.now = r.end - 1 - rng.Int64N(min(r.end-d.now, 3))
+				}
+			case k < 10:
+				d.now += 1 + rng.Int64N(max(short/50, 2))
+			default:
+				d.now += 1 + rng.Int64N(1000)
+			}
+		} else if rng.IntN(8) == 0 {
+			time.Sleep(time.Duration(rng.Int64N(3000)) * time.Microsecond)
+		}
+		if len(d.plans) > 1 && rng.IntN(40) == 0 {
+			r := &d.replicas[rng.IntN(n)]
+			r.plan = rng.IntN(len(d.plans))
+		}
+		d.request(rng.IntN(n))
+	}
+	return d
+}
+
+func TestBlocksHoldEveryWindowMiniredis(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 70)
+	var total blockDriver
+	for c := range max(*invariantCases, 60) {
+		mini, rdb := newMini(t, time.Now())
+		d := runBlockCase(t, rng, rdb, mini, 400)
+		total.stats.calls += d.stats.calls
+		total.stats.blocks += d.stats.blocks
+		total.stats.fromBlocks += d.stats.fromBlocks
+		total.stats.refused += d.stats.refused
+		total.stats.exact += d.stats.exact
+		total.stats.leases += d.stats.leases
+		mini.Close()
+		_ = c
+	}
+	s := total.stats
+	t.Logf("%d calls, %d refused (%d retried exactly at Retry-After), %d blocks granted, %d admissions spent from blocks or leases, %d leases",
+		s.calls, s.refused, s.exact, s.blocks, s.fromBlocks, s.leases)
+	if s.blocks == 0 || s.refused == 0 || s.exact == 0 {
+		t.Fatal("the cases granted no block, refused nothing or checked no Retry-After exactly")
+	}
+}
+
+func TestBlocksHoldEveryWindowRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 71)
+	blocks, refused := 0, 0
+	for range 8 {
+		d := runBlockCase(t, rng, rdb, nil, 300)
+		blocks += d.stats.blocks
+		refused += d.stats.refused
+	}
+	t.Logf("%d blocks granted, %d refused", blocks, refused)
+	if blocks == 0 {
+		t.Fatal("no block granted")
+	}
+}
