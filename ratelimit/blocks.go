@@ -65,5 +65,29 @@ func (pl *plan) withBlocks(s int) *plan {
 	}
 	b.packed = pl.packed + packNums(nums)
 	b.argv = [3]any{b.packed, b.mult, b.cmult}
+	b.backRings = append(append([]ring(nil), b.coarse...), pl.windows[s:]...)
 	return b
+}
+
+// blocked keeps what Redis's verdict v granted a round trip for key under
+// pl that asked to reserve with blocks in force and started at sent: the
+// admissions it counted beyond the request's own become the key's lease,
+// a block (counted in every window), spent as a lease is until its end,
+// and d's windows (the grant's held admissions added back, answered) are
+// what it reports from.
+func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d *Decision) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.keys[key]
+	if e == nil || v.outcome != Allowed || v.granted <= 1 || d.Outcome != Allowed {
+		return
+	}
+	t.dropLease(key, e)
+	e.pl, e.left, e.spent, e.block = pl, v.granted-1, 1, true
+	e.sent, e.redisNow = sent, v.now
+	// As a lease's: never later than its end on the server's clock.
+	e.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
+	e.windows = append(e.windows[:0], d.Windows...)
+	e.binding = d.Binding
 }

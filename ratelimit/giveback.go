@@ -67,10 +67,12 @@ const (
 )
 
 // giveBack is a block's unspent admissions, n, to take off the bucket at
-// of each of windows (the records under prefix for key).
+// of each of windows (the records under prefix for key: the first coarse
+// of them coarse records, blocks.go).
 type giveBack struct {
 	key     string
 	windows []ring
+	coarse  int
 	at      int64 // the grant's server time, µs
 	n       int64
 	counter prometheus.Counter // counts what Redis took back (nil: nothing)
@@ -282,7 +284,11 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 		nums = binary.BigEndian.AppendUint64(nums, uint64(len(g.windows)))
 		for j := range g.windows {
 			w := &g.windows[j]
-			keys = append(keys, windowKey(prefix, g.key, w))
+			if j < g.coarse {
+				keys = append(keys, coarseKey(prefix, g.key, w))
+			} else {
+				keys = append(keys, windowKey(prefix, g.key, w))
+			}
 			nums = binary.BigEndian.AppendUint64(nums, uint64(g.at/w.gran))
 			nums = binary.BigEndian.AppendUint64(nums, uint64(w.n))
 			nums = binary.BigEndian.AppendUint64(nums, uint64(w.gran))

@@ -128,7 +128,7 @@ func (f *fixture) fleet(t *testing.T, n int) []*Limiter {
 	t.Helper()
 	ls := []*Limiter{f.l}
 	for range n - 1 {
-		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, FailureMode: f.l.opts.FailureMode, MaxLease: f.l.opts.MaxLease, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, FailureMode: f.l.opts.FailureMode, MaxLease: f.l.opts.MaxLease, noHeartbeat: true, blocks: f.l.opts.blocks, Registerer: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -349,10 +349,16 @@ func batchCommandAt(ds []decision, fin int64) ([]string, []any) {
 // replicas counting replicas live ones, heartbeats off.
 func replicasOn(t *testing.T, rdb redis.UniversalClient, n, replicas int) []*Limiter {
 	t.Helper()
+	return replicasWith(t, rdb, n, Options{Replicas: replicas})
+}
+
+// replicasWith is replicasOn with opts (its Replicas, and blocks).
+func replicasWith(t *testing.T, rdb redis.UniversalClient, n int, opts Options) []*Limiter {
+	t.Helper()
 	prefix := randomPrefix(t)
 	var ls []*Limiter
 	for range n {
-		l, err := New(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		l, err := New(rdb, Options{Replicas: opts.Replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, blocks: opts.blocks, Registerer: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -918,11 +918,14 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 // admissions' times and windows are the admission log's spans, one per
 // admission, in the same order.
 type windowFieldsCheck struct {
-	by    []int // each admission's replica, in the order admitted
-	kind  []int // 0 a round trip, 1 leased, 2 reserved
-	trip  map[int]int
-	grant map[int]int // each replica's reservation: granted after this admission
-	until map[int]time.Time
+	// blocks: blocks are in force, and a short window's newest counted
+	// bucket may be its coarse record's (blocks.go).
+	blocks bool
+	by     []int // each admission's replica, in the order admitted
+	kind   []int // 0 a round trip, 1 leased, 2 reserved
+	trip   map[int]int
+	grant  map[int]int // each replica's reservation: granted after this admission
+	until  map[int]time.Time
 }
 
 // admitted checks the admission d of replica l (r) under pl, logged last
@@ -965,7 +968,12 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 		// be is the end of the current bucket (a lease's or a
 		// reservation's end, recorded as its bucket's last event,
 		// rounded up to the record's unit).
-		if reset, most := d.Windows[i].Reset.UnixMicro(), x+w.period+w.gran+w.unit; reset < x+w.period || reset > most {
+		g, unit := w.gran, w.unit
+		if c.blocks && w.gran < reserveLife.Microseconds() {
+			cr := blockRing(w)
+			g, unit = cr.gran, cr.unit
+		}
+		if reset, most := d.Windows[i].Reset.UnixMicro(), x+w.period+g+unit; reset < x+w.period || reset > most {
 			t.Fatalf("replica %d (leased %v, reserved %v) at %d µs: the %s window's reset %d µs is not within [%d, %d] (x + period, plus a bucket of %d µs and a unit)",
 				r, d.Leased, d.Reserved, x, time.Duration(w.period)*time.Microsecond, reset, x+w.period, most, w.gran)
 		}

@@ -53,6 +53,9 @@ type leaseTable struct {
 	// prefix is the limiter's key prefix, for the record names each
 	// entry keeps (names).
 	prefix string
+	// blocks reports whether blocks are in force (blocks.go): round trips
+	// then read plans' coarse records too, and name them.
+	blocks func() bool
 	// untracked counts the requests of keys the table had no room for
 	// (their shard full), until the sweep hands them to the metrics.
 	untracked atomic.Int64
@@ -87,6 +90,10 @@ type leaseEntry struct {
 	redisNow int64
 	windows  []WindowState // as reported for the first admission of the lease
 	binding  int
+	// block: the lease is a block (blocks.go), counted in the short
+	// windows' coarse records and the long windows, for up to
+	// reserveLife.
+	block bool
 
 	// refill is open while a round trip asking for a lease is in flight;
 	// closed when it ends.
@@ -151,7 +158,11 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		}
 		t.dropLease(key, e)
 	}
-	names = e.namesOf(t.prefix, key, pl)
+	np := pl
+	if pl.blk != nil && t.blocks != nil && t.blocks() {
+		np = pl.blk
+	}
+	names = e.namesOf(t.prefix, key, np)
 	if e.refill != nil {
 		if first {
 			return false, noLease, e.refill, names
@@ -286,7 +297,8 @@ func belowDemand(n, scale, d float64) int64 {
 	return int64(max(m-d*math.Sqrt(m*(1+scale)), 0))
 }
 
-// serve puts in d the decision for one admission from the lease.
+// serve puts in d the decision for one admission from the lease (or
+// block).
 func (e *leaseEntry) serve(now time.Time, d *Decision) {
 	*d = Decision{
 		Outcome: Allowed,
@@ -303,22 +315,38 @@ func (e *leaseEntry) serve(now time.Time, d *Decision) {
 }
 
 // drop forgets the key's lease, counting what it left unspent (its
-// admissions stay counted in Redis), and returns that.
+// admissions stay counted in Redis; a block's as a reservation's), and
+// returns that.
 func (e *leaseEntry) drop() (unspent int64) {
 	if e.left > 0 && e.pl != nil {
 		unspent = e.left
-		e.pl.unspent[0].Add(float64(unspent))
+		e.pl.unspent[e.kind()].Add(float64(unspent))
 	}
-	e.pl, e.left, e.spent, e.windows = nil, 0, 0, e.windows[:0]
+	e.pl, e.left, e.spent, e.windows, e.block = nil, 0, 0, e.windows[:0], false
 	return unspent
 }
 
-// dropLease is e.drop, giving back what the lease leaves unspent.
+// kind is the metrics' index of what the key's lease is: 0 a lease, 1 a
+// block (counted as reservations are).
+func (e *leaseEntry) kind() int {
+	if e.block {
+		return 1
+	}
+	return 0
+}
+
+// dropLease is e.drop, giving back what the lease leaves unspent: a
+// lease's in every window's record, a block's in the short windows'
+// coarse records and the long windows' (blockRings).
 func (t *leaseTable) dropLease(key string, e *leaseEntry) int64 {
-	pl, at := e.pl, e.redisNow
+	pl, at, kind := e.pl, e.redisNow, e.kind()
 	n := e.drop()
 	if n > 0 && t.back != nil {
-		t.back(giveBack{key: key, windows: pl.windows, at: at, n: n, counter: pl.givenBack[0]})
+		g := giveBack{key: key, windows: pl.windows, at: at, n: n, counter: pl.givenBack[kind]}
+		if kind == 1 {
+			g.windows, g.coarse = pl.blk.backRings, len(pl.blk.coarse)
+		}
+		t.back(g)
 	}
 	return n
 }

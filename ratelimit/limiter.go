@@ -118,6 +118,8 @@ type Options struct {
 	clock func() time.Time
 	// noHeartbeat keeps the live replica count at Replicas (tests).
 	noHeartbeat bool
+	// blocks puts blocks in force (blocks.go; tests and benchmarks).
+	blocks bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -236,6 +238,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
+		l.lease.blocks = l.blocksOn
 		l.lease.prefix = opts.Prefix
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
@@ -469,10 +472,11 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	// next round trip.
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
+	cp := l.callPlan(pl)
 	if names == nil {
-		names = stateKeys(l.opts.Prefix, key, pl)
+		names = stateKeys(l.opts.Prefix, key, cp)
 	}
-	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: pl,
+	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: cp,
 		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, reserve: rsv})}, budget)
 	if err == nil {
 		err = decodeInto(pl, reply, v)
@@ -483,16 +487,32 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		return l.failedTrip(ctx, key, pl, start, extra, d)
 	}
 	// A lease or a reservation is counted whole, but the rest of it is
-	// this process's to grant: a lease's in every window, a
+	// this process's to grant: a lease's and a block's in every window, a
 	// reservation's in the long ones.
 	from := 0
-	if rsv != nil {
+	if rsv != nil && cp.coarse == nil {
 		l.lease.reserved(key, pl, start, v)
 		from = len(pl.short.windows)
 	}
 	l.answered(key, pl, start, v, from, max(v.granted-1, 0), d)
+	if rsv != nil && cp.coarse != nil {
+		l.lease.blocked(key, pl, start, v, d)
+	}
 	return nil
 }
+
+// callPlan returns the plan a round trip for a request under pl is sent
+// under: pl with its short windows' coarse records (plan.blk) while blocks
+// are in force on this replica, else pl.
+func (l *Limiter) callPlan(pl *plan) *plan {
+	if pl.blk != nil && l.blocksOn() {
+		return pl.blk
+	}
+	return pl
+}
+
+// blocksOn reports whether blocks are in force on this replica (blocks.go).
+func (l *Limiter) blocksOn() bool { return l.opts.blocks }
 
 // failedTrip answers a request whose round trip failed or went unanswered
 // in time.
@@ -640,8 +660,14 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 		if !l.breaker.isOpen() {
 			var reply string
 			sd := l.reg.seeding(pl)
-			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, pl))
-			d := decision{keys: keys, pl: pl, nums: scriptNums(pl, input{peek: true, lease: noLease, seed: sd})}
+			// The coarse records too, where the plan has them, whether or
+			// not blocks are in force here: another replica's may be.
+			cp := pl
+			if pl.blk != nil {
+				cp = pl.blk
+			}
+			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, cp))
+			d := decision{keys: keys, pl: cp, nums: scriptNums(pl, input{peek: true, lease: noLease, seed: sd})}
 			if reply, err = l.batch.do(ctx, d, l.opts.Timeout); err == nil {
 				err = decodeInto(pl, reply, &v)
 			}

@@ -96,6 +96,9 @@ type plan struct {
 	// windows' own (blocks.go).
 	coarse []ring
 	blk    *plan
+	// backRings are, on blk, the records a block is counted in: the
+	// coarse ones, then the long windows' (giveBack).
+	backRings []ring
 
 	counters
 }

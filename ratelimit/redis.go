@@ -26,6 +26,9 @@ func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
 // windowKey is the name of key's record of window r (stateKeys' name).
 func windowKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:w:" + r.name }
 
+// coarseKey is the name of the coarse record r of key's window (blocks.go).
+func coarseKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:b:" + r.name }
+
 // resetMarkKey is the name of key's reset mark: the server time of its
 // last Reset (format.go).
 func resetMarkKey(prefix, key string) string { return prefix + "{" + key + "}:reset" }
@@ -337,8 +340,13 @@ func isNoScript(err error) bool {
 // at the server's time. A mark already there is overwritten by the later
 // time and keeps the longer of the two lives.
 func resetRecords(ctx context.Context, rdb redis.Cmdable, prefix, key string, pl *plan, sd *seeding) error {
+	// The coarse records too, where the plan has them, whether or not
+	// blocks are in force here: another replica's may be.
+	if pl.blk != nil {
+		pl = pl.blk
+	}
 	var ttl int64
-	for _, rs := range [][]ring{pl.windows, pl.candidates, sd.rings()} {
+	for _, rs := range [][]ring{pl.windows, pl.candidates, sd.rings(), pl.coarse} {
 		for i := range rs {
 			ttl = max(ttl, rs[i].ttlMS)
 		}

@@ -106,7 +106,7 @@ func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int
 	if !e.res.warm || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
 		return 0, e.res.warm
 	}
-	if most = min(e.ownShare(now, reserveRest(pl, now.UnixMicro(), rtt)), t.maxLease); most < minReserve {
+	if most = min(e.ownShare(now, reserveRest(pl, now.UnixMicro(), rtt, t.blocksOn())), t.maxLease); most < minReserve {
 		return 0, true
 	}
 	e.res.asking = true
@@ -141,17 +141,26 @@ func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 }
 
 // reserveRest returns the time, µs, a reservation asked at us (µs) could
-// be spent: until the end of every long window of pl's current bucket, at
-// most reserveLife, less two round trips of rtt µs (the script works the
-// same out on the server's clock).
-func reserveRest(pl *plan, us, rtt int64) int64 {
+// be spent: until the end of every long window of pl's current bucket
+// (and with blocks, of every coarse record's), at most reserveLife, less
+// two round trips of rtt µs (the script works the same out on the
+// server's clock).
+func reserveRest(pl *plan, us, rtt int64, blocks bool) int64 {
 	rest := reserveLife.Microseconds()
 	for i := len(pl.short.windows); i < len(pl.windows); i++ {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
 	}
+	if blocks {
+		for _, r := range pl.blk.coarse {
+			rest = min(rest, (us/r.gran+1)*r.gran-us)
+		}
+	}
 	return rest - 2*rtt
 }
+
+// blocksOn reports whether blocks are in force (blocks.go).
+func (t *leaseTable) blocksOn() bool { return t.blocks != nil && t.blocks() }
 
 // minReserve is the smallest reservation granted. The work a reservation
 // adds to the round trip it rides on (its long windows' caps, the whole
@@ -202,15 +211,20 @@ func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
 // the lease table (warm) while this replica's own share of their demand,
 // which bounds the ask (askReservation), builds up; the script sizes a
 // reservation from the counts it reads itself.
-func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64) bool {
+func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64, blocks bool) bool {
 	ns := len(pl.short.windows)
-	rest := reserveRest(pl, now.UnixMicro(), rtt)
+	rest := reserveRest(pl, now.UnixMicro(), rtt, blocks)
 	if rest <= 0 {
 		return false
 	}
 	sw := d.Windows[ns-1]
 	k := min((sw.Limit-sw.Remaining)*rest/sw.Period.Microseconds(), maxLease)
-	for _, w := range d.Windows[ns:] {
+	from := ns
+	if blocks {
+		// A block is counted in the short windows too.
+		from = 0
+	}
+	for _, w := range d.Windows[from:] {
 		k = min(k, w.Remaining/(leaseMargin*replicas))
 	}
 	return k >= minReserve
@@ -219,7 +233,7 @@ func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt i
 // demands reports whether key's round trip under pl at now, decided as d,
 // shows a reservation worth asking for its next one (worthAsking).
 func (t *leaseTable) demands(pl *plan, d *Decision, now time.Time) bool {
-	return d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load())
+	return d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load(), t.blocksOn())
 }
 
 // noteDemand ends key's round trip under a whole plan, which asked to
@@ -334,13 +348,15 @@ func (l *Limiter) spendReserved(ctx context.Context, key string, pl *plan, start
 	}
 	// The short windows are decided into their places in win.
 	sv := verdict{win: win[:len(pl.short.windows)]}
-	// The short part's records are the first of the whole plan's.
-	if n := pl.short.keyCount(); names != nil && pl.shortNamesFirst {
+	// The short part's records are the first of the whole plan's (but for
+	// the coarse ones, with blocks in force).
+	sp := l.callPlan(pl.short)
+	if n := pl.short.keyCount(); names != nil && pl.shortNamesFirst && sp == pl.short {
 		names = names[:n:n]
 	} else {
-		names = stateKeys(l.opts.Prefix, key, pl.short)
+		names = stateKeys(l.opts.Prefix, key, sp)
 	}
-	reply, err := l.batch.do(ctx, decision{keys: names, pl: pl.short}, budget)
+	reply, err := l.batch.do(ctx, decision{keys: names, pl: sp}, budget)
 	if err == nil {
 		err = decodeInto(pl.short, reply, &sv)
 	}

@@ -19,15 +19,24 @@ import (
 	"github.com/animal-store/petstore/internal/testenv"
 )
 
-// reservedLeft returns the admissions left in key's reservation.
+// reservedLeft returns the admissions left in key's reservation, or in
+// its block.
 func reservedLeft(l *Limiter, key string) int64 {
-	return leaseEntryField(l, key, func(e *leaseEntry) int64 { return e.res.left })
+	return leaseEntryField(l, key, func(e *leaseEntry) int64 {
+		if e.block {
+			return e.left
+		}
+		return e.res.left
+	})
 }
 
-// reservedUntil returns the deadline of key's reservation (zero: none
-// with admissions left).
+// reservedUntil returns the deadline of key's reservation, or of its
+// block (zero: none with admissions left).
 func reservedUntil(l *Limiter, key string) time.Time {
 	ns := leaseEntryField(l, key, func(e *leaseEntry) int64 {
+		if e.block && e.left > 0 {
+			return e.deadline.UnixNano()
+		}
 		if e.res.left <= 0 {
 			return 0
 		}
@@ -206,7 +215,7 @@ func TestReservationGivenBackOnRefusal(t *testing.T) {
 func TestReservationsHoldEveryWindow(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 60)
-	reserved := runReservationCases(t, rng, max(*invariantCases, 60), func(t *testing.T, replicas int) reservationReplicas {
+	reserved := runReservationCases(t, rng, max(*invariantCases, 60), false, func(t *testing.T, replicas int) reservationReplicas {
 		f := newFixture(t, Options{Replicas: replicas})
 		ls := f.fleet(t, replicas)
 		return reservationReplicas{
@@ -231,11 +240,50 @@ func TestReservationsHoldEveryWindowOnRedis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 4)
-	reserved := runReservationCases(t, rng, 4, func(t *testing.T, replicas int) reservationReplicas {
+	reserved := runReservationCases(t, rng, 4, false, func(t *testing.T, replicas int) reservationReplicas {
 		return reservationReplicas{ls: replicasOn(t, rdb, replicas, replicas), sleep: time.Sleep, now: time.Now}
 	})
 	if reserved == 0 {
 		t.Fatal("no admission came from a reservation")
+	}
+}
+
+// TestBlocksHoldEveryWindowThroughTheLimiter plays the reservation cases
+// with blocks in force (blocks.go): reserved admissions are then spent in
+// process, the short windows' too, and every window holds by each
+// admission's time, Remaining, Reset and the outlive probes included.
+func TestBlocksHoldEveryWindowThroughTheLimiter(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 72)
+	blocked := runReservationCases(t, rng, max(*invariantCases, 60), true, func(t *testing.T, replicas int) reservationReplicas {
+		f := newFixture(t, Options{Replicas: replicas, blocks: true})
+		ls := f.fleet(t, replicas)
+		return reservationReplicas{
+			ls:    ls,
+			sleep: func(d time.Duration) { f.clk.Add(d) },
+			now:   f.clk.Now,
+			outlive: func(policies []Policy, probes []outliveProbe, log *admissionLog) {
+				checkWindowsOutlive(t, f, ls[0], policies, probes, log)
+			},
+		}
+	})
+	if blocked == 0 {
+		t.Fatal("no admission came from a block")
+	}
+}
+
+// TestBlocksHoldEveryWindowThroughTheLimiterOnRedis is the same on real
+// Redis, by real time.
+func TestBlocksHoldEveryWindowThroughTheLimiterOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 73)
+	blocked := runReservationCases(t, rng, 4, true, func(t *testing.T, replicas int) reservationReplicas {
+		return reservationReplicas{ls: replicasWith(t, rdb, replicas, Options{Replicas: replicas, blocks: true}), sleep: time.Sleep, now: time.Now}
+	})
+	if blocked == 0 {
+		t.Fatal("no admission came from a block")
 	}
 }
 
@@ -258,12 +306,18 @@ type reservationReplicas struct {
 // a reservation spent past the end the script recorded for it would be
 // counted in a bucket that leaves the long windows before it does. It
 // returns the admissions reservations served.
-func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *testing.T, replicas int) reservationReplicas) int {
+// With blocks, the replicas have blocks in force: what they reserve is a
+// block, and its admissions are leased ones.
+func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, start func(t *testing.T, replicas int) reservationReplicas) int {
 	t.Helper()
 	total := 0
 	for c := range cases {
 		short := time.Duration(1+rng.IntN(4)) * time.Second
 		p := Policy{Name: "res", Windows: []Window{{Limit: 2 + rng.Int64N(60), Period: short}}}
+		if blocks && rng.IntN(2) == 0 {
+			// Room for blocks in the short window, which they count in.
+			p.Windows[0].Limit = 20 + rng.Int64N(400)
+		}
 		// Long windows: periods whose buckets last a reservation's life
 		// or more, limits from below a reservation's margin to plenty.
 		longs := []time.Duration{2000 * time.Second, time.Hour, 24 * time.Hour}
@@ -302,7 +356,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 			sent := make([][]time.Time, len(ls)) // each replica's requests, by when they were sent
 			var log admissionLog
 			var probes []outliveProbe
-			var fields windowFieldsCheck
+			fields := windowFieldsCheck{blocks: blocks}
 			reserved := 0
 			for i := range requests {
 				r := rng.IntN(len(ls))
@@ -345,7 +399,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, start func(t *
 					}
 				}
 				if d.Allowed() {
-					if d.Reserved {
+					if d.Reserved || blocks && d.Leased {
 						reserved++
 						if nearEnd || reserved%4 == 0 {
 							probes = append(probes, outliveProbe{x: d.Time.UnixMicro(), plan: onPlan[r]})
