@@ -43,10 +43,17 @@ import "time"
 
 // blockRing returns the coarse record of short window w: the same period
 // and limit, in buckets of reserveLife (one, when the period is shorter),
-// so that a block ending within reserveLife of its grant ends within
-// its grant's coarse bucket whenever that bucket has reserveLife left.
+// and one bucket more than the period spans: a block is counted in the
+// bucket of its end (blockWrite in script.go), at most the one after the
+// current, and the record still holds every bucket whose blocks count
+// while that one is its head. (So a bucket's blocks count until its end
+// plus the period: at most a bucket after their own end's.)
 func blockRing(w ring) ring {
-	return newRing(w.limit, time.Duration(w.period)*time.Microsecond, int(max(w.period/reserveLife.Microseconds(), 1)))
+	r := newRing(w.limit, time.Duration(w.period)*time.Microsecond, int(max(w.period/reserveLife.Microseconds(), 1)))
+	r.n++
+	// Kept a bucket longer too (newRing's ttlMS).
+	r.ttlMS = (r.period+3*r.gran+999)/1000 + 1
+	return r
 }
 
 // withBlocks returns pl with the coarse records of its first s windows,
@@ -85,7 +92,7 @@ func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d
 	}
 	t.dropLease(key, e)
 	e.pl, e.left, e.spent, e.block = pl, v.granted-1, 1, true
-	e.sent, e.redisNow = sent, v.now
+	e.sent, e.redisNow, e.redisEnd = sent, v.now, v.leaseEnd
 	// As a lease's: never later than its end on the server's clock.
 	e.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
 	e.windows = append(e.windows[:0], d.Windows...)

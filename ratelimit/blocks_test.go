@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -133,7 +134,11 @@ func (d *blockDriver) call(p int, in input) verdict {
 	}
 	pl := d.plans[p]
 	ctx := context.Background()
-	ds := []decision{{keys: d.keys[p], pl: pl.blk, nums: scriptNums(pl, in)}}
+	nums := scriptNums(pl, in)
+	if in.reserve != nil {
+		shortenReservation(d.rng, nums)
+	}
+	ds := []decision{{keys: d.keys[p], pl: pl.blk, nums: nums}}
 	var replies []any
 	var err error
 	if d.mini != nil {
@@ -267,6 +272,17 @@ func (d *blockDriver) checkRetry(p int, x int64, v verdict) {
 		t.Fatalf("%s\nrefused at %d with Retry-After %dµs, still refused at it (%v, %dµs more)", d.describe(), x, v.retry, pv.outcome, pv.retry)
 	}
 	d.stats.exact++
+}
+
+// shortenReservation gives a third of reserving asks (nums, scriptNums) a
+// life shorter than reserveLife, as a replica whose plan has other long
+// windows (ending their buckets sooner) would: blocks then end out of the
+// order they were granted in, and one may end in a coarse bucket before
+// the head (blockWrite in script.go).
+func shortenReservation(rng *rand.Rand, nums []byte) {
+	if rng.IntN(3) == 0 {
+		binary.BigEndian.PutUint64(nums[32:40], uint64(1+rng.Int64N(reserveLife.Microseconds())))
+	}
 }
 
 // genBlockPlans draws a plan of short and long windows and, in half the

@@ -51,7 +51,9 @@ import (
 // form on one replica and less often on a quarter of its traffic; and
 // cold-finalized and steady-finalized, cold and steady with this
 // limiter's records finalized (finalize.go) beside itself without, as
-// "petstore-unfinalized". The
+// "petstore-unfinalized"; and cold-blocks and steady-blocks, cold and
+// steady with blocks in force (blocks.go) beside this limiter without
+// them, as "petstore-noblocks". The
 // limiters take turns in rounds of b.N decisions from compareCallers
 // goroutines, in a rotating order, so that load from elsewhere on the
 // machine weighs on all alike. Reported
@@ -91,21 +93,26 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		// finalized: this limiter's records finalized (finalize.go),
 		// beside itself without (petstore-unfinalized).
 		finalized bool
+		// blocks: this limiter with blocks in force (blocks.go), beside
+		// itself without (petstore-noblocks).
+		blocks bool
 	}{
-		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others, 1, false, false},
-		{"cold", 20_000, cold, 0, others, 1, false, false},
+		{"busy", 16, Policy{Name: "busy", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}, 0, others, 1, false, false, false},
+		{"cold", 20_000, cold, 0, others, 1, false, false, false},
 		// (Against itself alone: the longer the others' rounds, the more
 		// of a key's minute slides out before its next, and the less
 		// steady the workload.)
-		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1, false, false},
-		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false, false},
-		{"steady-fleet-affinity", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true, false},
-		{"slow-fleet", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false, false},
-		{"slow-fleet-affinity", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true, false},
-		{"warm-fleet", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, false, false},
-		{"warm-fleet-affinity", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, true, false},
-		{"cold-finalized", 20_000, cold, 0, []string{"petstore-unfinalized"}, 1, false, true},
-		{"steady-finalized", 20_000, cold, 15 * time.Second, []string{"petstore-unfinalized"}, 1, false, true},
+		{"steady", 20_000, cold, 15 * time.Second, []string{"petstore-whole"}, 1, false, false, false},
+		{"steady-fleet", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false, false, false},
+		{"steady-fleet-affinity", 10_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true, false, false},
+		{"slow-fleet", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, false, false, false},
+		{"slow-fleet-affinity", 40_000, cold, 15 * time.Second, []string{"petstore-whole"}, 4, true, false, false},
+		{"warm-fleet", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, false, false, false},
+		{"warm-fleet-affinity", 1_000, warm, 5 * time.Second, []string{"petstore-whole"}, 4, true, false, false},
+		{"cold-finalized", 20_000, cold, 0, []string{"petstore-unfinalized"}, 1, false, true, false},
+		{"steady-finalized", 20_000, cold, 15 * time.Second, []string{"petstore-unfinalized"}, 1, false, true, false},
+		{"cold-blocks", 20_000, cold, 0, []string{"petstore-noblocks"}, 1, false, false, true},
+		{"steady-blocks", 20_000, cold, 15 * time.Second, []string{"petstore-noblocks"}, 1, false, false, true},
 	}
 	for _, wl := range workloads {
 		b.Run(wl.name, func(b *testing.B) {
@@ -114,8 +121,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			b.Cleanup(func() { _ = rdb.Close() })
 			// No heartbeats or registry refreshes: their scripts would be
 			// counted in other limiters' rounds.
-			limiter := func(prefix string, maxLease int, reg *prometheus.Registry, finalized bool) *Limiter {
-				l, err := New(rdb, Options{Timeout: time.Second, Prefix: prefix, noHeartbeat: true, MaxLease: maxLease, Registerer: reg, Replicas: max(wl.replicas, 1)})
+			limiter := func(prefix string, maxLease int, reg *prometheus.Registry, finalized, blocks bool) *Limiter {
+				l, err := New(rdb, Options{Timeout: time.Second, Prefix: prefix, noHeartbeat: true, MaxLease: maxLease, Registerer: reg, Replicas: max(wl.replicas, 1), blocks: blocks})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -147,13 +154,13 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			// made by one of them (at random, or by the key's hash), and
 			// their registries, one each; t counts their leased and
 			// reserved decisions.
-			fleet := func(prefix string, maxLease int, finalized bool, t *tally) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
+			fleet := func(prefix string, maxLease int, finalized, blocks bool, t *tally) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
 				n := max(wl.replicas, 1)
 				regs := make([]*prometheus.Registry, n)
 				replicas := make([]func(ctx context.Context, key string) (bool, error), n)
 				for i := range replicas {
 					regs[i] = prometheus.NewRegistry()
-					replicas[i] = allow(limiter(prefix, maxLease, regs[i], finalized), t)
+					replicas[i] = allow(limiter(prefix, maxLease, regs[i], finalized, blocks), t)
 				}
 				if n == 1 {
 					return replicas[0], regs
@@ -172,7 +179,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			// Ours keeps its metrics apart: what its leases and
 			// reservations left unspent is read from them.
 			var ourTally tally
-			ours, regs := fleet("ours:", 0, wl.finalized, &ourTally)
+			ours, regs := fleet("ours:", 0, wl.finalized, wl.blocks, &ourTally)
 			counted := func(name string) float64 {
 				var sum float64
 				for _, reg := range regs {
@@ -197,10 +204,13 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				case "petstore-whole":
 					// Leases and reservations off: every decision whole.
 					c.commands = scripts
-					c.allow, _ = fleet("whole:", 1, wl.finalized, new(tally))
+					c.allow, _ = fleet("whole:", 1, wl.finalized, false, new(tally))
 				case "petstore-unfinalized":
 					c.commands = scripts
-					c.allow, _ = fleet("unfinalized:", 0, false, new(tally))
+					c.allow, _ = fleet("unfinalized:", 0, false, false, new(tally))
+				case "petstore-noblocks":
+					c.commands = scripts
+					c.allow, _ = fleet("noblocks:", 0, wl.finalized, false, new(tally))
 				}
 				contenders = append(contenders, c)
 			}

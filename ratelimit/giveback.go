@@ -68,11 +68,13 @@ const (
 
 // giveBack is a block's unspent admissions, n, to take off the bucket at
 // of each of windows (the records under prefix for key: the first coarse
-// of them coarse records, blocks.go).
+// of them coarse records, blocks.go, where a block is counted in the
+// bucket of its end instead).
 type giveBack struct {
 	key     string
 	windows []ring
 	coarse  int
+	end     int64 // a block's end, µs (coarse records)
 	at      int64 // the grant's server time, µs
 	n       int64
 	counter prometheus.Counter // counts what Redis took back (nil: nothing)
@@ -284,12 +286,14 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 		nums = binary.BigEndian.AppendUint64(nums, uint64(len(g.windows)))
 		for j := range g.windows {
 			w := &g.windows[j]
+			bucket := g.at / w.gran
 			if j < g.coarse {
 				keys = append(keys, coarseKey(prefix, g.key, w))
+				bucket = (g.end - 1) / w.gran
 			} else {
 				keys = append(keys, windowKey(prefix, g.key, w))
 			}
-			nums = binary.BigEndian.AppendUint64(nums, uint64(g.at/w.gran))
+			nums = binary.BigEndian.AppendUint64(nums, uint64(bucket))
 			nums = binary.BigEndian.AppendUint64(nums, uint64(w.n))
 			nums = binary.BigEndian.AppendUint64(nums, uint64(w.gran))
 		}

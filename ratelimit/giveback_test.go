@@ -31,18 +31,40 @@ import (
 // records made after it is caught.
 func TestGiveBackKeepsEveryBucketAtLeastAdmittedMiniredis(t *testing.T) {
 	t.Parallel()
-	giveBackProperty(t, "miniredis")
+	giveBackProperty(t, "miniredis", false)
 }
 
 // TestGiveBackKeepsEveryBucketAtLeastAdmittedRedis: the same on real
 // Redis, by real time.
 func TestGiveBackKeepsEveryBucketAtLeastAdmittedRedis(t *testing.T) {
 	t.Parallel()
-	giveBackProperty(t, "redis")
+	giveBackProperty(t, "redis", false)
 }
 
-func giveBackProperty(t *testing.T, backend string) {
-	rng := invariantRNG(t, 113)
+// TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis is the same
+// for blocks (blocks.go): a plan of a short and a long window, blocks of
+// every size granted by reserving round trips and given back, part
+// spent; the short window's coarse record, where a block counts in the
+// bucket of its end (one ahead of the head, or behind it), is held to its
+// buckets as the windows' own records are.
+func TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis(t *testing.T) {
+	t.Parallel()
+	giveBackProperty(t, "miniredis", true)
+}
+
+// TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedRedis: the same on
+// real Redis, by real time.
+func TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedRedis(t *testing.T) {
+	t.Parallel()
+	giveBackProperty(t, "redis", true)
+}
+
+func giveBackProperty(t *testing.T, backend string, blocks bool) {
+	stream := uint64(113)
+	if blocks {
+		stream = 114
+	}
+	rng := invariantRNG(t, stream)
 	// (make fuzz runs 2000 cases.)
 	cases, steps := *invariantCases, 300
 	if backend == "redis" {
@@ -50,11 +72,11 @@ func giveBackProperty(t *testing.T, backend string) {
 	}
 	var seen giveBackSeen
 	for c := range cases {
-		seen.add(giveBackCase(t, backend, rng, c, steps))
+		seen.add(giveBackCase(t, backend, rng, c, steps, blocks))
 	}
 	// Every kind of give-back must have been tried.
 	t.Logf("%+v", seen)
-	if seen.taken == 0 || seen.gone == 0 || seen.reset == 0 || seen.batched == 0 {
+	if seen.taken == 0 || seen.gone == 0 || seen.reset == 0 || seen.batched == 0 || blocks && seen.blocks == 0 {
 		t.Fatalf("%+v: want some of each", seen)
 	}
 }
@@ -62,14 +84,14 @@ func giveBackProperty(t *testing.T, backend string) {
 // giveBackSeen counts the windows given back to, those whose bucket had
 // slid out and those of blocks granted before a Reset, and the calls that
 // gave back more than one block.
-type giveBackSeen struct{ taken, gone, reset, batched int }
+type giveBackSeen struct{ taken, gone, reset, batched, blocks int }
 
 func (s *giveBackSeen) add(o giveBackSeen) {
-	s.taken, s.gone, s.reset, s.batched = s.taken+o.taken, s.gone+o.gone, s.reset+o.reset, s.batched+o.batched
+	s.taken, s.gone, s.reset, s.batched, s.blocks = s.taken+o.taken, s.gone+o.gone, s.reset+o.reset, s.batched+o.batched, s.blocks+o.blocks
 }
 
 // giveBackCase runs one case.
-func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (seen giveBackSeen) {
+func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int, blocks bool) (seen giveBackSeen) {
 	ctx := context.Background()
 	var rdb *redis.Client
 	var advance func(d time.Duration)
@@ -94,18 +116,36 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 		ws = append(ws, Window{Limit: 20 + rng.Int64N(5000), Period: period})
 	}
 	pl := compile(Policy{Name: "g", Windows: ws}, 2+rng.IntN(20), DefaultStrikeBuckets)
+	// rings are the records the test holds to their buckets: the windows',
+	// and with blocks the coarse ones after them; decided under cp.
+	rings, cp := pl.windows, pl
+	if blocks {
+		buckets := 2 + rng.IntN(20)
+		long := time.Duration(buckets) * reserveLife
+		if rng.IntN(2) == 0 {
+			long = 24 * time.Hour
+		}
+		// A short window: buckets shorter than a reservation's life.
+		short := time.Millisecond + time.Duration(rng.Int64N(int64(min(maxPeriod, time.Duration(buckets)*reserveLife-time.Millisecond))))
+		ws = []Window{{Limit: 1000 + rng.Int64N(1_000_000), Period: short},
+			{Limit: 1000 + rng.Int64N(1_000_000), Period: long}}
+		pl = compile(Policy{Name: "g", Windows: ws}, buckets, DefaultStrikeBuckets)
+		pl.split()
+		cp = pl.blk
+		rings = append(append([]ring(nil), pl.windows...), cp.coarse...)
+	}
 	names := []string{"a", "b"}
 	keys := map[string][]string{}
 	// want[key][i][b]: what window i's bucket b of key must count.
 	want := map[string][]map[int64]int64{}
 	fresh := func(key string) {
-		want[key] = make([]map[int64]int64, len(pl.windows))
+		want[key] = make([]map[int64]int64, len(rings))
 		for i := range want[key] {
 			want[key][i] = map[int64]int64{}
 		}
 	}
 	for _, k := range names {
-		keys[k] = stateKeys(prefix, k, pl)
+		keys[k] = stateKeys(prefix, k, cp)
 		fresh(k)
 	}
 	// A block granted, partly spent, not yet given back; stale once its
@@ -120,7 +160,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 		// whole period; before half the Resets, not at all (on miniredis,
 		// a Reset in the µs of the grant before it).
 		act := rng.IntN(40)
-		g := pl.windows[rng.IntN(len(pl.windows))].gran
+		g := rings[rng.IntN(len(rings))].gran
 		switch r := rng.IntN(10); {
 		case act < 2 && r < 5:
 		case r < 5:
@@ -161,7 +201,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 			}
 			before := map[string]map[int]storedRing{}
 			for _, k := range names {
-				before[k] = readBuckets(t, rdb, keys[k], pl)
+				before[k] = readBuckets(t, rdb, keys[k], cp)
 			}
 			// The server's time during the call lies between these two
 			// (on miniredis they are the same).
@@ -181,8 +221,18 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 			}
 			var unsure []bucket
 			for j, gb := range gs {
-				for i, w := range pl.windows {
-					b := gb.at / w.gran
+				for gi, w := range gb.windows {
+					// The record's index among rings, and the bucket: a
+					// block's windows are the coarse records, counting it
+					// in the bucket of its end, then the long windows'.
+					i, b := gi, gb.at/w.gran
+					if gb.coarse > 0 {
+						if gi < gb.coarse {
+							i, b = len(pl.windows)+gi, (gb.end-1)/w.gran
+						} else {
+							i = len(pl.short.windows) + gi - gb.coarse
+						}
+					}
 					switch head, ok := before[gb.key][i]; {
 					case stale[j]:
 						seen.reset++
@@ -204,7 +254,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 				// one server time decides, the same for all of a window.
 				stored := map[string]map[int]storedRing{}
 				for _, k := range names {
-					stored[k] = readBuckets(t, rdb, keys[k], pl)
+					stored[k] = readBuckets(t, rdb, keys[k], cp)
 				}
 				taken := map[bucket]int64{}
 				for _, u := range unsure {
@@ -228,15 +278,45 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 			if rng.IntN(4) == 0 {
 				n = 1
 			}
-			reply, err := evalDecision(ctx, rdb, keys[key], pl, input{lease: leaseAsk{want: n, need: n, life: int64(1 + rng.IntN(1_000_000))}})
+			in := input{lease: leaseAsk{want: n, need: n, life: int64(1 + rng.IntN(1_000_000))}}
+			if blocks && rng.IntN(3) > 0 {
+				in = input{reserve: &reserveAsk{max: n, replicas: 1, rtt: 0}}
+			}
+			nums := scriptNums(pl, in)
+			if in.reserve != nil {
+				shortenReservation(rng, nums)
+			}
+			rs, err := evalBatch(ctx, rdb, []decision{{keys: keys[key], pl: cp, nums: nums}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			v, err := decode(pl, reply)
+			v, err := decode(pl, rs[0])
 			if err != nil {
 				t.Fatal(err)
 			}
-			if v.outcome == Allowed {
+			switch {
+			case v.outcome != Allowed:
+			case in.reserve != nil && v.granted > 1:
+				// A block: the request in every window's record, the
+				// block in the long ones' (at their current bucket) and
+				// in the coarse ones' (at its end's).
+				k := v.granted - 1
+				ns := len(pl.short.windows)
+				for i, w := range rings {
+					switch {
+					case i < ns:
+						want[key][i][v.now/w.gran]++
+					case i < len(pl.windows):
+						want[key][i][v.now/w.gran] += v.granted
+					default:
+						want[key][i][(v.leaseEnd-1)/w.gran] += k
+					}
+				}
+				seen.blocks++
+				if spent := rng.Int64N(k + 1); spent < k {
+					pending = append(pending, block{giveBack: giveBack{key: key, windows: cp.backRings, coarse: len(cp.coarse), at: v.now, end: v.leaseEnd, n: k - spent}})
+				}
+			default:
 				for i, w := range pl.windows {
 					want[key][i][v.now/w.gran] += v.granted
 				}
@@ -248,8 +328,8 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int) (s
 			}
 		}
 		for _, k := range names {
-			got := readBuckets(t, rdb, keys[k], pl)
-			for i, w := range pl.windows {
+			got := readBuckets(t, rdb, keys[k], cp)
+			for i, w := range rings {
 				rec, ok := got[i]
 				if !ok {
 					continue
@@ -289,12 +369,18 @@ type storedRing struct {
 }
 
 // readBuckets reads the window records of keys (stateKeys under pl), by
-// window index; a window with no record is absent.
+// window index, then its coarse records (blocks.go); a record that does
+// not exist is absent.
 func readBuckets(t *testing.T, rdb *redis.Client, keys []string, pl *plan) map[int]storedRing {
 	t.Helper()
 	out := map[int]storedRing{}
-	for i, w := range pl.windows {
-		rec, err := rdb.Get(context.Background(), keys[1+i]).Result()
+	rings := append(append([]ring(nil), pl.windows...), pl.coarse...)
+	for i, w := range rings {
+		k := 1 + i
+		if i >= len(pl.windows) {
+			k = len(keys) - len(rings) + i
+		}
+		rec, err := rdb.Get(context.Background(), keys[k]).Result()
 		if err == redis.Nil {
 			continue
 		}

@@ -92,8 +92,9 @@ type leaseEntry struct {
 	binding  int
 	// block: the lease is a block (blocks.go), counted in the short
 	// windows' coarse records and the long windows, for up to
-	// reserveLife.
-	block bool
+	// reserveLife, until redisEnd (µs, server clock).
+	block    bool
+	redisEnd int64
 
 	// refill is open while a round trip asking for a lease is in flight;
 	// closed when it ends.
@@ -339,12 +340,12 @@ func (e *leaseEntry) kind() int {
 // lease's in every window's record, a block's in the short windows'
 // coarse records and the long windows' (blockRings).
 func (t *leaseTable) dropLease(key string, e *leaseEntry) int64 {
-	pl, at, kind := e.pl, e.redisNow, e.kind()
+	pl, at, kind, end := e.pl, e.redisNow, e.kind(), e.redisEnd
 	n := e.drop()
 	if n > 0 && t.back != nil {
 		g := giveBack{key: key, windows: pl.windows, at: at, n: n, counter: pl.givenBack[kind]}
 		if kind == 1 {
-			g.windows, g.coarse = pl.blk.backRings, len(pl.blk.coarse)
+			g.windows, g.coarse, g.end = pl.blk.backRings, len(pl.blk.coarse), end
 		}
 		t.back(g)
 	}

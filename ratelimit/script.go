@@ -256,11 +256,14 @@ local function counts(s, R, i0, i1)
   return sum
 end
 
--- untl is when bucket j (last event at l) stops counting.
-local function untl(j, l, period, n, g)
+-- untl is when bucket j (last event at l) stops counting. Until it is
+-- the oldest a ring holds ((j + n) g) it counts whatever its last event,
+-- unless the head (vh, when given) is already n past it: a coarse
+-- record's may lie a bucket ahead of now (blockWrite).
+local function untl(j, l, period, n, g, vh)
   local t = l + period
   local lo, hi = (j + n) * g, (j + n + 1) * g
-  if t < lo then t = lo end
+  if t < lo and not (vh and vh >= j + n) then t = lo end
   if t > hi then t = hi end
   return t
 end
@@ -468,6 +471,41 @@ local function record(i, k, t, g, n, unit, ttl)
   WFRESH[i], WVH[i] = false, b
 end
 
+-- blockWrite counts a block of k admissions ending at t in coarse record
+-- y (window working values), in the bucket of its end, e: at most one
+-- past the current one (the grant's end is capped so), which the record
+-- holds as it holds n + 1 buckets for a period of n - 1 (blockRing). At
+-- or past the head, the head moves there first (the record viewed at e's
+-- start, its count as read now kept) and the block is written there;
+-- before it (a block ending later moved it on), into e's slot.
+local function blockWrite(y, k, t, period, g, n, unit, ttl)
+  local e = floor((t - 1) / g)
+  if e >= WB[y] then
+    if e > WB[y] then
+      local u, at = WUSED[y], now
+      now = e * g
+      view(y, WKEY[y], WH[y], period, g, n, unit)
+      -- (One at a time: miniredis's Lua assigns a list in turn.)
+      now = at
+      WUSED[y] = u
+    end
+    record(y, k, t, g, n, unit, ttl)
+    return
+  end
+  local key, p = WKEY[y], 1 + HDR + (e % (n + 1)) * SLOT
+  local c, o = unpack_('>I4I2', call('GETRANGE', key, OFF[p], OFF[p + SLOT - 1]), 1)
+  c = c + k
+  if c > MAXC then c = MAXC end
+  local d = t - e * g
+  local off = (d + unit - 1 - (d + unit - 1) % unit) / unit
+  if o > off then off = o end
+  call('SETRANGE', key, OFF[p], pack_('>I4I2', c, off))
+  local total = WTOT[y] + k
+  if total > MAXC then total = MAXC end
+  call('SETRANGE', key, '1', pack_(RINGFMT, WVH[y], total, WHC[y], WHO[y]))
+  WTOT[y] = total
+end
+
 -- resetAt is when the head bucket b of a window stops counting, its last
 -- event at offset off: untl, for the bucket that holds the newest event.
 -- Its code (resetLua) is also written out in fast.
@@ -538,7 +576,7 @@ local function scan2(sa, a, g, n, unit, sy, y, cg, cn, cunit, period, excess)
     end
     while cy == 0 and jy <= WB[y] do
       cy = cnt(sy, WR, cn, WVH[y], WHC[y], jy)
-      if cy > 0 then ty = untl(jy, lastAt(sy, WR, cn, cg, cunit, WVH[y], WHO[y], jy), period, cn, cg) end
+      if cy > 0 then ty = untl(jy, lastAt(sy, WR, cn, cg, cunit, WVH[y], WHO[y], jy), period, cn, cg, WVH[y]) end
       jy = jy + 1
     end
     local c, t
@@ -885,7 +923,9 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
         if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
         local r = limit - WUSED[i] - WUSED[y] - 1
         if r < lroom then lroom = r end
-        if (WB[y] + 1) * g < rend then rend = (WB[y] + 1) * g end
+        -- Within the bucket after the current one (blockWrite).
+        local last = (floor(now / g) + 2) * g
+        if last < rend then rend = last end
       end
       sc = sc + WUSED[nw + CP[ns]]
     end
@@ -905,7 +945,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   if rk > 0 and nco > 0 then
     for x = 1, nco do
       local cr = CO[x]
-      record(nw + x, rk, rend, cr.g, cr.n, cr.unit, cr.ttl)
+      blockWrite(nw + x, rk, rend, V[2 + 6 * (cr.i - 1) + 1], cr.g, cr.n, cr.unit, cr.ttl)
     end
   end
   if admitted then
