@@ -57,6 +57,73 @@ const (
 	finalMarkSuffix   = "{replicas}:finalized"
 )
 
+// Blocks (blocks.go) are finalizing's second level: a replica of a release
+// before it neither reads nor writes the coarse records, and would admit
+// into a window without the blocks other replicas spend. Each replica of
+// this release also announces itself in PREFIX{replicas}:final2 (beside
+// PREFIX{replicas}:final, where the release before this one counts it as
+// its own kind), and Finalize sets PREFIX{replicas}:finalized2 too, refused
+// while any live replica is in the census and not in final2 (the release
+// before this one included). While a heartbeat, at most heartbeatTTL ago,
+// read that mark and counted no such replica, a replica reserves blocks;
+// while it reads the mark at all, and for reserveLife and heartbeatTTL
+// after it last reserved one, its round trips read the coarse records
+// (a block granted elsewhere may still be spent). A rollback begun
+// without undoing the mark stops new blocks at the replicas' next
+// heartbeat; what the older replicas admit meanwhile, beside blocks still
+// being spent, may let a short window overshoot by those blocks, for up
+// to reserveLife.
+const (
+	blocksCensusSuffix = "{replicas}:final2"
+	blocksMarkSuffix   = "{replicas}:finalized2"
+)
+
+// blockView is a replica's view of the blocks mark: whether blocks are in
+// force (grant) and coarse records read (read) until until (Unix ns), and
+// until when coarse records are read regardless (readUntil: reserveLife
+// and heartbeatTTL after blocks were last in force).
+type blockView struct {
+	grant, read      bool
+	until, readUntil int64
+}
+
+// observeBlocks takes what a heartbeat read at at: the blocks mark (µs, 0:
+// none) and the live replicas of releases before blocks.
+func (r *replicas) observeBlocks(mark, older int64, at time.Time) {
+	v := &blockView{grant: mark > 0 && older == 0, read: mark > 0, until: at.Add(heartbeatTTL).UnixNano()}
+	if old := r.blk.Load(); old != nil {
+		v.readUntil = old.readUntil
+	}
+	if v.grant {
+		v.readUntil = at.Add(heartbeatTTL + reserveLife).UnixNano()
+	}
+	r.blk.Store(v)
+	r.met.blocksInForce.Set(boolGauge(v.grant))
+}
+
+// grantsBlocks reports whether blocks are in force on this replica.
+func (r *replicas) grantsBlocks() bool {
+	if r == nil {
+		return false
+	}
+	v := r.blk.Load()
+	return v != nil && v.grant && time.Now().UnixNano() < v.until
+}
+
+// readsCoarse reports whether this replica's round trips read coarse
+// records: blocks may be spent somewhere.
+func (r *replicas) readsCoarse() bool {
+	if r == nil {
+		return false
+	}
+	v := r.blk.Load()
+	if v == nil {
+		return false
+	}
+	now := time.Now().UnixNano()
+	return v.read && now < v.until || now < v.readUntil
+}
+
 // finState is a replica's view of the mark: the script's argument (the
 // time passed to it, µs, in decimal: the mark's, or later, observeFinal)
 // and until when the view holds without a newer heartbeat (Unix ns).
@@ -133,12 +200,20 @@ func (r *replicas) forget() {
 	r.fin.Store(nil)
 	r.clear.Store(0)
 	r.met.finalized.Set(0)
+	// Blocks granted while the view held may still be spent elsewhere:
+	// coarse records are read until readUntil.
+	if old := r.blk.Load(); old != nil {
+		r.blk.Store(&blockView{readUntil: old.readUntil})
+	}
+	r.met.blocksInForce.Set(0)
 }
 
-// finalizeScript counts the live replicas of older releases (in the
-// census KEYS[1] and not in KEYS[2], members silent for ARGV[1] ms
-// dropped) and, when there are none, sets the mark KEYS[3] to the
-// server's time in µs. It returns the mark (0 when refused) and the count.
+// finalizeScript counts the live replicas of releases before this one's
+// last level (in the census KEYS[1] and not in KEYS[2], members silent
+// for ARGV[1] ms dropped) and, when there are none, sets the marks
+// KEYS[3] (records) and KEYS[4] (blocks) to the server's time in µs where
+// they are not set. It returns the records mark (0 when refused), the
+// count, whether both marks were set already, and the blocks mark.
 var finalizeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -147,12 +222,18 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
 local older = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
-if older > 0 then return {0, older, 0} end
-local was = redis.call('GET', KEYS[3])
-if was then return {tonumber(was), 0, 1} end
+if older > 0 then return {0, older, 0, 0} end
 local us = t[1] .. string.format('%06d', tonumber(t[2]))
-redis.call('SET', KEYS[3], us)
-return {tonumber(us), 0, 0}
+local marks, already = {}, 1
+for i = 3, 4 do
+  local was = redis.call('GET', KEYS[i])
+  if not was then
+    redis.call('SET', KEYS[i], us)
+    was, already = us, 0
+  end
+  marks[i] = tonumber(was)
+end
+return {marks[3], 0, already, marks[4]}
 `)
 
 // OlderReplicasError is Finalize's refusal: replicas of a release before
@@ -163,14 +244,16 @@ func (e *OlderReplicasError) Error() string {
 	return fmt.Sprintf("ratelimit: %d live replica(s) of an older release; finalize once the rollout is done", e.Count)
 }
 
-// Finalize marks this release's records as finalized (see above) and
-// returns the mark's time, and whether the mark was set already (then it
-// is kept: a mark moved later would only make replicas refresh expiries
-// on every head move again for an epoch, and the replicas' own
-// census-clear time already covers a rollback and roll-forward made
-// since). It refuses, with an *OlderReplicasError, while the census
-// counts live replicas of an older release. Replicas put it in force
-// within a heartbeat.
+// Finalize marks this release's records as finalized and puts blocks in
+// force (see above; setting whichever mark is not set yet) and returns
+// the records mark's time, and whether both marks were set already (then
+// they are kept: a records mark moved later would only make replicas
+// refresh expiries on every head move again for an epoch, and the
+// replicas' own census-clear time already covers a rollback and
+// roll-forward made since). It refuses, with an *OlderReplicasError,
+// while the census counts live replicas of a release before this one
+// (the one before, which finalizes records but spends no blocks,
+// included). Replicas put it in force within a heartbeat.
 func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err error) {
 	if l.rdb == nil {
 		return time.Time{}, false, errNoRedis
@@ -178,11 +261,11 @@ func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
 	r := l.replicas
-	res, err := finalizeScript.Run(ctx, l.rdb, []string{r.key, r.final, r.mark}, heartbeatTTL.Milliseconds()).Int64Slice()
+	res, err := finalizeScript.Run(ctx, l.rdb, []string{r.key, r.final2, r.mark, r.mark2}, heartbeatTTL.Milliseconds()).Int64Slice()
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	if len(res) != 3 {
+	if len(res) != 4 {
 		return time.Time{}, false, fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
 	}
 	if res[1] > 0 {
@@ -191,28 +274,32 @@ func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err
 	return time.UnixMicro(res[0]), res[2] == 1, nil
 }
 
-// Unfinalize removes the mark: within heartbeatTTL (Unfinalizing) every
-// replica refreshes expiries on every head move again, and a release
-// before this one may then be rolled back to.
+// Unfinalize removes both marks: within Unfinalizing every replica
+// refreshes expiries on every head move again and has stopped reading
+// coarse records (and the blocks granted before have ended), and a
+// release before this one may then be rolled back to.
 func (l *Limiter) Unfinalize(ctx context.Context) error {
 	if l.rdb == nil {
 		return errNoRedis
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	return l.rdb.Del(ctx, l.replicas.mark).Err()
+	return l.rdb.Del(ctx, l.replicas.mark, l.replicas.mark2).Err()
 }
 
 // Unfinalizing is how long after Unfinalize every replica has stopped
-// writing records as finalized.
-const Unfinalizing = heartbeatTTL
+// writing records as finalized and reading coarse records, and every
+// block granted before has ended: a heartbeat's TTL, a reservation's
+// life and the heartbeat's TTL again (readsCoarse).
+const Unfinalizing = 2*heartbeatTTL + reserveLife
 
 // FinalizeStatus is what the census and the mark say now.
 type FinalizeStatus struct {
-	// Finalized is the mark's time; zero when not finalized.
-	Finalized time.Time
+	// Finalized is the records mark's time, Blocks the blocks mark's;
+	// zero when not set.
+	Finalized, Blocks time.Time
 	// Replicas counts the live replicas; Older those of a release before
-	// finalizing was possible.
+	// this one (which Finalize refuses beside).
 	Replicas, Older int64
 }
 
@@ -232,8 +319,9 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	pipe := l.rdb.Pipeline()
 	r := l.replicas
 	all := pipe.ZCount(ctx, r.key, from, "+inf")
-	final := pipe.ZCount(ctx, r.final, from, "+inf")
+	final := pipe.ZCount(ctx, r.final2, from, "+inf")
 	mark := pipe.Get(ctx, r.mark)
+	mark2 := pipe.Get(ctx, r.mark2)
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return st, err
 	}
@@ -241,6 +329,9 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	st.Older = max(all.Val()-final.Val(), 0)
 	if us, err := strconv.ParseInt(mark.Val(), 10, 64); err == nil && us > 0 {
 		st.Finalized = time.UnixMicro(us)
+	}
+	if us, err := strconv.ParseInt(mark2.Val(), 10, 64); err == nil && us > 0 {
+		st.Blocks = time.UnixMicro(us)
 	}
 	return st, nil
 }

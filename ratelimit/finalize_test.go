@@ -260,3 +260,108 @@ func TestRollbackWithoutUndoKeepsRecords(t *testing.T) {
 		}
 	}
 }
+
+// Blocks come into force with finalizing (finalize.go): not beside a
+// replica of the release before this one (which finalizes records but
+// spends no blocks), in force once the marks are set and read by a
+// heartbeat, a cold key's requests then spent from blocks; a rollback
+// begun without undoing them stops new blocks while coarse records are
+// still read; undone, coarse records are read until the last block
+// granted may have ended.
+func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	l, ctx := f.l, context.Background()
+	beat := func() {
+		t.Helper()
+		if err := l.replicas.beat(ctx, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(grant, read bool, what string) {
+		t.Helper()
+		gauge := testenv.MetricValue(t, l.met.blocksInForce)
+		if l.blocksOn() != grant || l.readsCoarse() != read || (gauge == 1) != grant {
+			t.Fatalf("%s: blocks in force %v (gauge %v), coarse records read %v; want %v, %v", what, l.blocksOn(), gauge, l.readsCoarse(), grant, read)
+		}
+	}
+	join := func(census, member string) {
+		t.Helper()
+		if err := f.rdb.ZAdd(ctx, l.opts.Prefix+census, redis.Z{Score: float64(f.clk.Now().UnixMilli()), Member: member}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat()
+	state(false, false, "before finalizing")
+
+	// A replica of the release before: in the records' census, not in the
+	// blocks'. It finalized the records itself.
+	join("{replicas}", "previous")
+	join("{replicas}:final", "previous")
+	recordsAt := f.clk.Now().Add(-time.Minute).UnixMicro()
+	if err := f.rdb.Set(ctx, l.opts.Prefix+"{replicas}:finalized", recordsAt, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	beat()
+	if l.replicas.finalized() == notFinalized {
+		t.Fatal("records not finalized beside a replica that finalizes them too")
+	}
+	state(false, false, "records finalized by the release before")
+	var refused *OlderReplicasError
+	if _, _, err := l.Finalize(ctx); !errors.As(err, &refused) || refused.Count != 1 {
+		t.Fatalf("finalize beside a replica of the release before: %v", err)
+	}
+	if st, err := l.Finalization(ctx); err != nil || st.Older != 1 || !st.Blocks.IsZero() || st.Finalized.UnixMicro() != recordsAt {
+		t.Fatalf("status %+v %v", st, err)
+	}
+
+	// Gone: finalizing sets the blocks mark and keeps the records'.
+	f.clk.Add(heartbeatTTL + time.Millisecond)
+	at, already, err := l.Finalize(ctx)
+	if err != nil || already || at.UnixMicro() != recordsAt {
+		t.Fatalf("finalize: %v %v %v, want the records mark %d kept, the blocks mark new", at, already, err, recordsAt)
+	}
+	if st, err := l.Finalization(ctx); err != nil || !st.Blocks.Equal(f.clk.Now()) {
+		t.Fatalf("status %+v %v, want blocks since %v", st, err, f.clk.Now())
+	}
+	if _, already, err := l.Finalize(ctx); err != nil || !already {
+		t.Fatalf("finalize again: already %v, %v", already, err)
+	}
+	state(false, false, "finalized, before a heartbeat read it")
+	beat()
+	state(true, true, "finalized, read by a heartbeat")
+
+	// A cold key's requests: spent from blocks.
+	leased := 0
+	for range 200 {
+		d := f.allow(t, "k", coldPlan)
+		if d.Leased {
+			leased++
+		}
+		f.clk.Add(300 * time.Millisecond)
+	}
+	if leased < 100 {
+		t.Fatalf("%d of 200 requests of a cold key spent from blocks", leased)
+	}
+
+	// A rollback begun without undoing the marks: no new blocks at the
+	// next heartbeat; coarse records still read.
+	join("{replicas}", "older")
+	beat()
+	state(false, true, "an older replica live again")
+
+	// Undone: coarse records read until blocks granted up to the last
+	// heartbeat in force may have ended, then no more.
+	if err := l.Unfinalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.clk.Add(heartbeatTTL + time.Millisecond)
+	beat()
+	state(false, true, "undone, within a reservation's life of the last block")
+	v := l.replicas.blk.Load()
+	l.replicas.blk.Store(&blockView{until: v.until, readUntil: time.Now().UnixNano()})
+	state(false, false, "undone, a reservation's life after the last block")
+	if Unfinalizing < heartbeatTTL+reserveLife+heartbeatTTL {
+		t.Fatalf("Unfinalizing %v is shorter than the last block's life after the last heartbeat that saw it in force", Unfinalizing)
+	}
+}

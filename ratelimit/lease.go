@@ -53,9 +53,9 @@ type leaseTable struct {
 	// prefix is the limiter's key prefix, for the record names each
 	// entry keeps (names).
 	prefix string
-	// blocks reports whether blocks are in force (blocks.go): round trips
-	// then read plans' coarse records too, and name them.
-	blocks func() bool
+	// blocks reports whether blocks are in force (blocks.go), coarse
+	// whether round trips read plans' coarse records (and name them).
+	blocks, coarse func() bool
 	// untracked counts the requests of keys the table had no room for
 	// (their shard full), until the sweep hands them to the metrics.
 	untracked atomic.Int64
@@ -160,7 +160,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		t.dropLease(key, e)
 	}
 	np := pl
-	if pl.blk != nil && t.blocks != nil && t.blocks() {
+	if pl.blk != nil && t.coarse != nil && t.coarse() {
 		np = pl.blk
 	}
 	names = e.namesOf(t.prefix, key, np)

@@ -239,6 +239,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
 		l.lease.blocks = l.blocksOn
+		l.lease.coarse = l.readsCoarse
 		l.lease.prefix = opts.Prefix
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
@@ -502,17 +503,22 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 }
 
 // callPlan returns the plan a round trip for a request under pl is sent
-// under: pl with its short windows' coarse records (plan.blk) while blocks
-// are in force on this replica, else pl.
+// under: pl with its short windows' coarse records (plan.blk) while this
+// replica reads them (blocks may be spent: readsCoarse), else pl.
 func (l *Limiter) callPlan(pl *plan) *plan {
-	if pl.blk != nil && l.blocksOn() {
+	if pl.blk != nil && l.readsCoarse() {
 		return pl.blk
 	}
 	return pl
 }
 
-// blocksOn reports whether blocks are in force on this replica (blocks.go).
-func (l *Limiter) blocksOn() bool { return l.opts.blocks }
+// blocksOn reports whether blocks are in force on this replica (blocks.go,
+// finalize.go): what it reserves is a block.
+func (l *Limiter) blocksOn() bool { return l.opts.blocks || l.replicas.grantsBlocks() }
+
+// readsCoarse reports whether this replica's round trips read coarse
+// records: blocks are in force, or may be spent elsewhere still.
+func (l *Limiter) readsCoarse() bool { return l.opts.blocks || l.replicas.readsCoarse() }
 
 // failedTrip answers a request whose round trip failed or went unanswered
 // in time.

@@ -32,6 +32,7 @@ type metrics struct {
 	olderReplicas   prometheus.Gauge
 	finalizeMark    prometheus.Gauge
 	finalized       prometheus.Gauge
+	blocksInForce   prometheus.Gauge
 	trackedKeys     prometheus.Gauge
 	untracked       prometheus.Counter
 }
@@ -128,6 +129,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "records_finalized",
 			Help: "1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of a quarter of its period, not on every head move.",
 		}),
+		blocksInForce: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "blocks_in_force",
+			Help: "1 while this replica reserves blocks of every window for slow keys and spends them in process ('petstore limits finalize' with no replica of an older release live).",
+		}),
 		trackedKeys: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "tracked_keys",
 			Help: "Keys this replica tracks for leases and reservations after its last sweep (at most 65536).",
@@ -205,6 +210,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.finalized, err = register(reg, m.finalized); err != nil {
+		return nil, err
+	}
+	if m.blocksInForce, err = register(reg, m.blocksInForce); err != nil {
 		return nil, err
 	}
 	if m.trackedKeys, err = register(reg, m.trackedKeys); err != nil {

@@ -40,6 +40,10 @@ type replicas struct {
 	fin         atomic.Pointer[finState]
 	clear       atomic.Int64
 	warnedOlder atomic.Bool
+	// final2 and mark2 are the census and mark of blocks (finalize.go),
+	// blk this replica's view of them.
+	final2, mark2 string
+	blk           atomic.Pointer[blockView]
 }
 
 const (
@@ -48,16 +52,18 @@ const (
 )
 
 // heartbeatScript announces replica ARGV[1] in the census KEYS[1] and in
-// this release's own, KEYS[2] (finalize.go), drops members silent for
-// ARGV[2] ms from both, and returns the live count, how many of them are
-// of older releases (in the first census alone), the finalize mark
-// KEYS[3] (empty when none) and the server's time (µs). Releases before
-// this one write KEYS[1] alone.
+// the censuses of the finalize levels this release has, KEYS[2] (records)
+// and KEYS[3] (blocks) (finalize.go), drops members silent for ARGV[2] ms
+// from all three, and returns the live count, how many of them are of
+// releases before each level (in the first census and not in the
+// level's), the marks KEYS[4] and KEYS[5] (empty when none) and the
+// server's time (µs). The release before this one writes KEYS[1] and
+// KEYS[2] alone, the one before that KEYS[1].
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-for i = 1, 2 do
+for i = 1, 3 do
   redis.call('ZADD', KEYS[i], now, ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - ttl)
   redis.call('PEXPIRE', KEYS[i], 2 * ttl)
@@ -65,7 +71,9 @@ end
 local n = redis.call('ZCARD', KEYS[1])
 local older = n - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
-return {n, older, redis.call('GET', KEYS[3]) or '', t[1] .. string.format('%06d', tonumber(t[2]))}
+local older2 = n - redis.call('ZCARD', KEYS[3])
+if older2 < 0 then older2 = 0 end
+return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2]))}
 `)
 
 func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *metrics, log *slog.Logger) *replicas {
@@ -73,6 +81,7 @@ func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *met
 	_, _ = rand.Read(b)
 	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: hex.EncodeToString(b), met: met, log: log,
 		final: prefix + finalCensusSuffix, mark: prefix + finalMarkSuffix,
+		final2: prefix + blocksCensusSuffix, mark2: prefix + blocksMarkSuffix,
 		initial: int64(max(initial, 1)), started: time.Now()}
 	r.set(r.initial)
 	return r
@@ -89,8 +98,8 @@ func (r *replicas) set(n int64) {
 func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.mark}, r.id, heartbeatTTL.Milliseconds()).Slice()
-	if err == nil && len(res) != 4 {
+	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2}, r.id, heartbeatTTL.Milliseconds()).Slice()
+	if err == nil && len(res) != 6 {
 		err = fmt.Errorf("ratelimit: unexpected heartbeat reply %v", res)
 	}
 	if err != nil {
@@ -100,15 +109,19 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	at := time.Now()
 	n, _ := res[0].(int64)
 	older, _ := res[1].(int64)
-	markText, _ := res[2].(string)
+	older2, _ := res[2].(int64)
+	markText, _ := res[3].(string)
 	mark, _ := strconv.ParseInt(markText, 10, 64)
-	nowText, _ := res[3].(string)
+	mark2Text, _ := res[4].(string)
+	mark2, _ := strconv.ParseInt(mark2Text, 10, 64)
+	nowText, _ := res[5].(string)
 	now, err := strconv.ParseInt(nowText, 10, 64)
 	if err != nil {
 		r.forget()
-		return fmt.Errorf("ratelimit: unexpected heartbeat time %v", res[3])
+		return fmt.Errorf("ratelimit: unexpected heartbeat time %v", res[5])
 	}
 	r.observeFinal(mark, older, now, at)
+	r.observeBlocks(mark2, older2, at)
 	if time.Since(r.started) < heartbeatTTL {
 		n = max(n, r.initial)
 	}
@@ -129,6 +142,7 @@ func (r *replicas) run(ctx context.Context, timeout time.Duration) {
 			pipe := r.rdb.TxPipeline()
 			pipe.ZRem(wctx, r.key, r.id)
 			pipe.ZRem(wctx, r.final, r.id)
+			pipe.ZRem(wctx, r.final2, r.id)
 			_, _ = pipe.Exec(wctx)
 			cancel()
 			return

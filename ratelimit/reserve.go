@@ -307,7 +307,9 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 	var v verdict
 	var ask *reserveAsk
 	var asking, warm bool
-	if l.reg.seeding(pl) == nil {
+	// (No ask while coarse records are read but blocks are not in force:
+	// the script would grant a block, which only blocks in force spend.)
+	if l.reg.seeding(pl) == nil && (l.blocksOn() || !l.readsCoarse()) {
 		rtt := l.lease.rtt.Load()
 		var most int64
 		if most, warm = l.lease.askReservation(key, pl, start, rtt); most > 0 {

@@ -468,17 +468,20 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		if err != nil {
 			return err
 		}
-		if st.Finalized.IsZero() {
+		switch {
+		case st.Finalized.IsZero() && st.Blocks.IsZero():
 			fmt.Fprintf(stdout, "not finalized; %d replica(s) live, %d of an older release\n", st.Replicas, st.Older)
-		} else {
-			fmt.Fprintf(stdout, "finalized at %s; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
+		case st.Blocks.IsZero():
+			fmt.Fprintf(stdout, "records finalized at %s, blocks not yet; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
+		default:
+			fmt.Fprintf(stdout, "finalized at %s, blocks since %s; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Blocks.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
 		}
 		return nil
 	case undo:
 		if err := limiter.Unfinalize(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "finalize mark removed; every replica refreshes record expiries on every head move within %s: wait that long before starting an older release\n", ratelimit.Unfinalizing)
+		fmt.Fprintf(stdout, "finalize marks removed; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended: wait that long before starting an older release\n", ratelimit.Unfinalizing)
 		return nil
 	}
 	deadline := time.Now().Add(wait)
@@ -490,7 +493,7 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 			return nil
 		}
 		if err == nil {
-			fmt.Fprintf(stdout, "finalized at %s: replicas set record expiries once per epoch within a heartbeat; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
+			fmt.Fprintf(stdout, "finalized at %s: within a heartbeat replicas set record expiries once per epoch and reserve blocks for slow keys; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
 			return nil
 		}
 		// Refused beside older replicas, or Redis failed to answer: with

@@ -278,7 +278,7 @@ func TestLimitsFinalize(t *testing.T) {
 	if err := <-done; err != nil || !strings.HasPrefix(out.String(), "finalized at ") || !strings.HasPrefix(errOut.String(), "waiting: 1 replica(s)") {
 		t.Fatalf("finalize --wait once the older replica left: %v %q %q", err, out.String(), errOut.String())
 	}
-	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize mark removed") {
+	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize marks removed") {
 		t.Fatalf("undo printed %q", out)
 	}
 	// --wait also waits for a Redis that does not answer yet (a hook Job
@@ -321,18 +321,18 @@ func TestLimitsFinalize(t *testing.T) {
 	}
 	finalized(true)
 	status := runOK(t, env, "limits", "finalize", "--status")
-	if !strings.HasPrefix(status, "finalized at ") || !strings.Contains(status, ", 0 of an older release") {
+	if !strings.HasPrefix(status, "finalized at ") || !strings.Contains(status, ", blocks since ") || !strings.Contains(status, ", 0 of an older release") {
 		t.Fatalf("status: %q", status)
 	}
 	// Finalizing again (a hook after every upgrade) keeps the mark.
 	mark, _ := m.Get("petstore:rl:{replicas}:finalized")
-	if out := runOK(t, env, "limits", "finalize"); !strings.HasPrefix(out, "already finalized at "+strings.TrimSuffix(strings.Fields(status)[2], ";")+" ") {
+	if out := runOK(t, env, "limits", "finalize"); !strings.HasPrefix(out, "already finalized at "+strings.TrimRight(strings.Fields(status)[2], ";,")+" ") {
 		t.Fatalf("finalize again printed %q (status %q)", out, status)
 	}
 	if again, _ := m.Get("petstore:rl:{replicas}:finalized"); again != mark {
 		t.Fatalf("finalize again moved the mark from %s to %s", mark, again)
 	}
-	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize mark removed") {
+	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize marks removed") {
 		t.Fatalf("undo printed %q", out)
 	}
 	finalized(false)
