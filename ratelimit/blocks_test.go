@@ -407,3 +407,55 @@ func TestBlocksHoldEveryWindowRedis(t *testing.T) {
 		t.Fatal("no block granted")
 	}
 }
+
+// TestBanReachesBlockHolders: a key banned on one replica is let go by
+// another that holds a block for it, through the announcement, so that
+// its next request there is refused as banned rather than spent from the
+// block for up to a reservation's life; what the block left is given back.
+func TestBanReachesBlockHolders(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{Replicas: 2, blocks: true})
+	ls := f.fleet(t, 2)
+	holder, other := ls[0], ls[1]
+	p := Policy{Name: "banning", Windows: []Window{{Limit: 400, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}},
+		Ban: BanPolicy{Threshold: 1, StrikeWindow: time.Minute, Base: time.Minute, Multiplier: 1, Memory: time.Hour}}
+	ctx := context.Background()
+	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
+	for i := 0; reservedLeft(holder, "k") < 2; i++ {
+		if i == 60 {
+			t.Fatal("no block for a key sending 4 requests/s")
+		}
+		if _, err := holder.Allow(ctx, "k", p); err != nil {
+			t.Fatal(err)
+		}
+		f.clk.Add(250 * time.Millisecond)
+	}
+	held := reservedLeft(holder, "k")
+	// Subscriptions are set up asynchronously; give them a moment.
+	time.Sleep(100 * time.Millisecond)
+	banned := false
+	for i := 0; i < 2000 && !banned; i++ {
+		d, err := other.Allow(ctx, "k", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		banned = d.Outcome == Banned
+	}
+	if !banned {
+		t.Fatal("the other replica never banned the key")
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for reservedLeft(holder, "k") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of a block's %d admissions still held 2 s after a ban elsewhere", reservedLeft(holder, "k"), held)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	d, err := holder.Allow(ctx, "k", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Outcome != Banned || d.Leased {
+		t.Fatalf("the block's holder after the ban: %+v, want refused as banned", d)
+	}
+}

@@ -352,6 +352,16 @@ func (t *leaseTable) dropLease(key string, e *leaseEntry) int64 {
 	return n
 }
 
+// letGo drops key's lease (or block), giving back what it leaves unspent.
+func (t *leaseTable) letGo(key string) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	if e := sh.keys[key]; e != nil {
+		t.dropLease(key, e)
+	}
+	sh.mu.Unlock()
+}
+
 // forget drops key's lease and reservation, without giving back what they
 // leave unspent: after a Reset their records are new (giveback.go).
 func (t *leaseTable) forget(key string) {

@@ -499,7 +499,24 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	if rsv != nil && cp.coarse != nil {
 		l.lease.blocked(key, pl, start, v, d)
 	}
+	if v.newBan && cp != pl {
+		l.announceBan(key)
+	}
 	return nil
+}
+
+// announceBan tells every replica that key was banned, so that each lets
+// go of the key's block (blocks.go) and its next request learns of the
+// ban from Redis: a block is spent without a round trip for up to
+// reserveLife, where a lease ends within leaseLife. Best effort, off the
+// request's path: a replica that misses it learns of the ban when its
+// block ends.
+func (l *Limiter) announceBan(key string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(l.ctx, max(l.opts.Timeout, 100*time.Millisecond))
+		defer cancel()
+		_ = l.rdb.Publish(ctx, l.opts.Prefix+"ban", key).Err()
+	}()
 }
 
 // callPlan returns the plan a round trip for a request under pl is sent
@@ -769,13 +786,15 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	return nil
 }
 
-// subscribeLoop drops cached bans that another process lifted, and the
-// leases and reservations of keys it reset.
+// subscribeLoop drops cached bans that another process lifted, the
+// leases and reservations of keys it reset, and the blocks of keys it
+// banned (announceBan).
 func (l *Limiter) subscribeLoop(ctx context.Context) {
 	if l.cache == nil && l.lease == nil {
 		return
 	}
-	sub := l.rdb.Subscribe(ctx, l.opts.Prefix+"unban")
+	banned := l.opts.Prefix + "ban"
+	sub := l.rdb.Subscribe(ctx, l.opts.Prefix+"unban", banned)
 	defer sub.Close()
 	ch := sub.Channel()
 	for {
@@ -785,6 +804,14 @@ func (l *Limiter) subscribeLoop(ctx context.Context) {
 		case m, ok := <-ch:
 			if !ok {
 				return
+			}
+			if m.Channel == banned {
+				// The key's counts stand: what its lease or block leaves
+				// unspent is given back.
+				if l.lease != nil {
+					l.lease.letGo(m.Payload)
+				}
+				continue
 			}
 			if l.cache != nil {
 				l.cache.forget(m.Payload)

@@ -291,6 +291,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			// rounds as the unfinalized one.
 			if fs := sideNamed("finalized"); fs != nil {
 				b.ReportMetric((fs.requests/fs.elapsed.Seconds())/(on.requests/on.elapsed.Seconds()), "finalized/on")
+				b.ReportMetric((fs.requests/fs.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "finalized/off")
 				b.ReportMetric(perReq(fs.cpu, fs.requests)-perReq(off.cpu, off.requests), "finalized-server-cpu-us/req")
 				b.ReportMetric(perReq(fs.rcp, fs.requests), "finalized-redis-cpu-us/req")
 				b.ReportMetric(perReq(fs.rcp, fs.requests)/onRedis, "finalized/on-redis-cpu")
