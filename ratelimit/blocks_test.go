@@ -459,3 +459,50 @@ func TestBanReachesBlockHolders(t *testing.T) {
 		t.Fatalf("the block's holder after the ban: %+v, want refused as banned", d)
 	}
 }
+
+// TestBlockLifeAsTheReplicaWorksItOut: the life a replica sizes its ask
+// for with blocks in force (reserveRest) is the life the script grants a
+// block, at every instant of a coarse bucket, over generated plans: a
+// replica that worked out less (the current coarse bucket's end, say)
+// would ask for blocks half as large as they could be, and a key sending a
+// request or two a second would seldom qualify.
+func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 74)
+	granted := 0
+	for c := range max(*invariantCases, 40) {
+		pl, _ := genReservationPlan(rng)
+		for i := range pl.policy.Windows {
+			pl.policy.Windows[i].Limit = MaxLimit
+		}
+		pl = compile(pl.policy, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		mini, rdb := newMini(t, time.Now())
+		keys := stateKeys(randomPrefix(t), "k", pl.blk)
+		now := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC).Add(time.Duration(rng.Int64N(int64(24 * time.Hour))))
+		for range 40 {
+			now = now.Add(time.Duration(1 + rng.Int64N(int64(3*time.Second))))
+			mini.SetTime(now)
+			in := input{reserve: &reserveAsk{max: 1 << 20, replicas: 1}}
+			rs, err := evalBatchAt(context.Background(), rdb, []decision{{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := decode(pl, rs[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.granted <= 1 {
+				continue
+			}
+			granted++
+			if want := reserveRest(pl, v.now, 0, true); v.leaseEnd-v.now != want {
+				t.Fatalf("case %d, %v at %d: a block of %d granted for %d µs, the replica works out %d", c, pl.policy.Windows, v.now, v.granted-1, v.leaseEnd-v.now, want)
+			}
+		}
+		mini.Close()
+	}
+	if granted == 0 {
+		t.Fatal("no block granted")
+	}
+}

@@ -142,7 +142,7 @@ func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 
 // reserveRest returns the time, µs, a reservation asked at us (µs) could
 // be spent: until the end of every long window of pl's current bucket
-// (and with blocks, of every coarse record's), at most reserveLife, less
+// (and with blocks, of every coarse record's next one), at most reserveLife, less
 // two round trips of rtt µs (the script works the same out on the
 // server's clock).
 func reserveRest(pl *plan, us, rtt int64, blocks bool) int64 {
@@ -152,8 +152,10 @@ func reserveRest(pl *plan, us, rtt int64, blocks bool) int64 {
 		rest = min(rest, (us/g+1)*g-us)
 	}
 	if blocks {
+		// A block may end in the coarse bucket after the current one
+		// (blockWrite in script.go).
 		for _, r := range pl.blk.coarse {
-			rest = min(rest, (us/r.gran+1)*r.gran-us)
+			rest = min(rest, (us/r.gran+2)*r.gran-us)
 		}
 	}
 	return rest - 2*rtt
