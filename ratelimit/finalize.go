@@ -99,6 +99,21 @@ func (r *replicas) observeBlocks(mark, older int64, at time.Time) {
 	}
 	r.blk.Store(v)
 	r.met.blocksInForce.Set(boolGauge(v.grant))
+	if mark > 0 {
+		// With the blocks mark set, a replica of any release before this
+		// one is a rollback begun without undoing it: the gauges the
+		// alert reads say so (observeFinal counts only those before
+		// records could be finalized).
+		r.met.olderReplicas.Set(float64(older))
+		r.met.finalizeMark.Set(1)
+		if older > 0 && r.warnedBlocks.CompareAndSwap(false, true) && r.log != nil {
+			r.log.Warn("ratelimit: blocks are in force by the finalize mark but replicas of an older release are live: no new blocks are reserved; run 'petstore limits finalize --undo' before rolling back",
+				"older_replicas", older)
+		}
+	}
+	if older == 0 {
+		r.warnedBlocks.Store(false)
+	}
 }
 
 // grantsBlocks reports whether blocks are in force on this replica.

@@ -347,8 +347,17 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	// A rollback begun without undoing the marks: no new blocks at the
 	// next heartbeat; coarse records still read.
 	join("{replicas}", "older")
+	join("{replicas}:final", "older")
 	beat()
-	state(false, true, "an older replica live again")
+	state(false, true, "a replica of the release before live again")
+	// The alert's gauges: a rollback begun without undoing the marks,
+	// though that replica finalizes records too.
+	if older, mark := testenv.MetricValue(t, l.met.olderReplicas), testenv.MetricValue(t, l.met.finalizeMark); older != 1 || mark != 1 {
+		t.Fatalf("older_replicas %v, finalize_mark %v; want 1 and 1", older, mark)
+	}
+	if !strings.Contains(f.logs.String(), "blocks are in force by the finalize mark but replicas of an older release are live") {
+		t.Fatalf("no warning logged: %s", f.logs)
+	}
 
 	// Undone: coarse records read until blocks granted up to the last
 	// heartbeat in force may have ended, then no more.

@@ -44,6 +44,7 @@ type replicas struct {
 	// blk this replica's view of them.
 	final2, mark2 string
 	blk           atomic.Pointer[blockView]
+	warnedBlocks  atomic.Bool
 }
 
 const (
