@@ -405,7 +405,9 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 // (its gauge); the load goes on over several periods, so over many
 // epochs of finalized records. Judged by client send and receive times
 // over the whole run: no window holds more than its limit, and no
-// request fails.
+// request fails. Finalizing puts blocks in force too (ratelimit/blocks.go):
+// the requests of a key well under its limits are then spent from blocks,
+// under the same judgement.
 func TestRollingUpgradeThenFinalize(t *testing.T) {
 	t.Parallel()
 	added := strings.Fields(git(t, "log", "--diff-filter=A", "--format=%H", "--", "ratelimit/finalize.go"))
@@ -416,11 +418,14 @@ func TestRollingUpgradeThenFinalize(t *testing.T) {
 	f := upgradeFleet(t, rev, `plans:
   small: {quotas: [{limit: 20, period: 2s}], ban: off}
   paced: {quotas: [{limit: 30, period: 3s}, {limit: 100000, period: 24h}], ban: off}
-`, map[string]int{"small": 1, "paced": 1})
+  roomy: {quotas: [{limit: 200, period: 10s}, {limit: 100000, period: 24h}], ban: off}
+`, map[string]int{"small": 1, "paced": 1, "roomy": 1})
 	small := &judged{plan: "small", limit: 20, period: 2 * time.Second}
 	paced := &judged{plan: "paced", limit: 30, period: 3 * time.Second}
+	roomy := &judged{plan: "roomy", limit: 200, period: 10 * time.Second}
 	small.load = f.startLoad(loadSpec{rate: 40, workers: 8, targets: []string{f.lb.url}, keys: f.keys["small"]})
 	paced.load = f.startLoad(loadSpec{rate: 15, workers: 4, targets: []string{f.lb.url}, keys: f.keys["paced"]})
+	roomy.load = f.startLoad(loadSpec{rate: 12, workers: 4, targets: []string{f.lb.url}, keys: f.keys["roomy"]})
 	time.Sleep(2 * time.Second)
 	for i, r := range f.replicas {
 		f.upgrade(r)
@@ -439,22 +444,34 @@ func TestRollingUpgradeThenFinalize(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for _, r := range f.replicas {
-		for {
-			v, err := r.metric("petstore_ratelimit_records_finalized")
-			if err == nil && v == 1 {
-				break
+		for _, gauge := range []string{"petstore_ratelimit_records_finalized", "petstore_ratelimit_blocks_in_force"} {
+			for {
+				v, err := r.metric(gauge)
+				if err == nil && v == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s never put the finalize mark in force (%s): %v %v", r.name, gauge, v, err)
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never put the finalize mark in force: %v %v", r.name, v, err)
-			}
-			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	t.Logf("finalized; every replica has it in force")
-	// Three periods of the longer window: a dozen epochs of each.
+	t.Logf("finalized; every replica has it in force, blocks too")
+	leased := f.leasedAdmissions(t, "roomy")
+	// Three periods of the longer window: a dozen epochs of each, and
+	// blocks of the roomy key's (four requests a second a replica, too
+	// few to lease a 50 ms bucket, well under its limit) spent in
+	// process.
 	time.Sleep(9 * time.Second)
 	small.judge(t)
 	paced.judge(t)
+	roomy.judge(t)
+	if got := f.leasedAdmissions(t, "roomy") - leased; got == 0 {
+		t.Fatal("no request of the roomy plan was spent from a block once blocks were in force")
+	} else {
+		t.Logf("%v requests of the roomy plan spent from blocks", got)
+	}
 }
 
 // judged is a load on one plan's keys whose window is judged when it
