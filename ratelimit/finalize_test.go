@@ -14,6 +14,16 @@ import (
 	"github.com/animal-store/petstore/internal/testenv"
 )
 
+// heartbeat returns a function that makes one heartbeat of l's.
+func heartbeat(t *testing.T, l *Limiter) func() {
+	return func() {
+		t.Helper()
+		if err := l.replicas.beat(context.Background(), time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // The finalize mark's life on a replica, read by its heartbeat: refused
 // while an older release's replica is live, in force once set, out of
 // force again when an older replica appears (a rollback begun without
@@ -23,12 +33,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	l, ctx := f.l, context.Background()
-	beat := func() {
-		t.Helper()
-		if err := l.replicas.beat(ctx, time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	beat := heartbeat(t, l)
 	inForce := func(want bool, what string) {
 		t.Helper()
 		got := l.replicas.finalized() != notFinalized
@@ -272,12 +277,7 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	l, ctx := f.l, context.Background()
-	beat := func() {
-		t.Helper()
-		if err := l.replicas.beat(ctx, time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
+	beat := heartbeat(t, l)
 	state := func(grant, read bool, what string) {
 		t.Helper()
 		gauge := testenv.MetricValue(t, l.met.blocksInForce)

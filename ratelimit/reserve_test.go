@@ -214,22 +214,7 @@ func TestReservationGivenBackOnRefusal(t *testing.T) {
 // Decision.Time. It fails unless reservations served some of them.
 func TestReservationsHoldEveryWindow(t *testing.T) {
 	t.Parallel()
-	rng := invariantRNG(t, 60)
-	reserved := runReservationCases(t, rng, max(*invariantCases, 60), false, func(t *testing.T, replicas int) reservationReplicas {
-		f := newFixture(t, Options{Replicas: replicas})
-		ls := f.fleet(t, replicas)
-		return reservationReplicas{
-			ls:    ls,
-			sleep: func(d time.Duration) { f.clk.Add(d) },
-			now:   f.clk.Now,
-			outlive: func(policies []Policy, probes []outliveProbe, log *admissionLog) {
-				checkWindowsOutlive(t, f, ls[0], policies, probes, log)
-			},
-		}
-	})
-	if reserved == 0 {
-		t.Fatal("no admission came from a reservation")
-	}
+	holdEveryWindow(t, 60, false)
 }
 
 // TestReservationsHoldEveryWindowOnRedis plays the same on real Redis, by
@@ -237,15 +222,7 @@ func TestReservationsHoldEveryWindow(t *testing.T) {
 // window's period ahead to probe it).
 func TestReservationsHoldEveryWindowOnRedis(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rng := invariantRNG(t, 4)
-	reserved := runReservationCases(t, rng, 4, false, func(t *testing.T, replicas int) reservationReplicas {
-		return reservationReplicas{ls: replicasOn(t, rdb, replicas, replicas), sleep: time.Sleep, now: time.Now}
-	})
-	if reserved == 0 {
-		t.Fatal("no admission came from a reservation")
-	}
+	holdEveryWindowOnRedis(t, 4, false)
 }
 
 // TestBlocksHoldEveryWindowThroughTheLimiter plays the reservation cases
@@ -254,9 +231,23 @@ func TestReservationsHoldEveryWindowOnRedis(t *testing.T) {
 // admission's time, Remaining, Reset and the outlive probes included.
 func TestBlocksHoldEveryWindowThroughTheLimiter(t *testing.T) {
 	t.Parallel()
-	rng := invariantRNG(t, 72)
-	blocked := runReservationCases(t, rng, max(*invariantCases, 60), true, func(t *testing.T, replicas int) reservationReplicas {
-		f := newFixture(t, Options{Replicas: replicas, blocks: true})
+	holdEveryWindow(t, 72, true)
+}
+
+// TestBlocksHoldEveryWindowThroughTheLimiterOnRedis is the same on real
+// Redis, by real time.
+func TestBlocksHoldEveryWindowThroughTheLimiterOnRedis(t *testing.T) {
+	t.Parallel()
+	holdEveryWindowOnRedis(t, 73, true)
+}
+
+// holdEveryWindow runs the reservation cases on miniredis and the fake
+// clock, with blocks in force or not, and fails unless reservations (or
+// blocks) served some admissions.
+func holdEveryWindow(t *testing.T, stream uint64, blocks bool) {
+	rng := invariantRNG(t, stream)
+	reserved := runReservationCases(t, rng, max(*invariantCases, 60), blocks, func(t *testing.T, replicas int) reservationReplicas {
+		f := newFixture(t, Options{Replicas: replicas, blocks: blocks})
 		ls := f.fleet(t, replicas)
 		return reservationReplicas{
 			ls:    ls,
@@ -267,23 +258,21 @@ func TestBlocksHoldEveryWindowThroughTheLimiter(t *testing.T) {
 			},
 		}
 	})
-	if blocked == 0 {
-		t.Fatal("no admission came from a block")
+	if reserved == 0 {
+		t.Fatal("no admission came from a reservation or a block")
 	}
 }
 
-// TestBlocksHoldEveryWindowThroughTheLimiterOnRedis is the same on real
-// Redis, by real time.
-func TestBlocksHoldEveryWindowThroughTheLimiterOnRedis(t *testing.T) {
-	t.Parallel()
+// holdEveryWindowOnRedis is holdEveryWindow on real Redis, by real time.
+func holdEveryWindowOnRedis(t *testing.T, stream uint64, blocks bool) {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
-	rng := invariantRNG(t, 73)
-	blocked := runReservationCases(t, rng, 4, true, func(t *testing.T, replicas int) reservationReplicas {
-		return reservationReplicas{ls: replicasWith(t, rdb, replicas, Options{Replicas: replicas, blocks: true}), sleep: time.Sleep, now: time.Now}
+	rng := invariantRNG(t, stream)
+	reserved := runReservationCases(t, rng, 4, blocks, func(t *testing.T, replicas int) reservationReplicas {
+		return reservationReplicas{ls: replicasWith(t, rdb, replicas, Options{Replicas: replicas, blocks: blocks}), sleep: time.Sleep, now: time.Now}
 	})
-	if blocked == 0 {
-		t.Fatal("no admission came from a block")
+	if reserved == 0 {
+		t.Fatal("no admission came from a reservation or a block")
 	}
 }
 
