@@ -10,18 +10,21 @@ import "time"
 // and no ring of today's can hold a count longer than a period after its
 // bucket ends. So each short window of a plan that counts blocks has a
 // second record, its coarse record: a ring of the same period whose
-// buckets last reserveLife (blockRing), where a block is counted whole, in
-// the current bucket, with its end as that bucket's last event, as a
-// reservation is counted in a long window. The window counts the sum of
-// both records, everywhere a decision reads it: its admissions, caps,
-// Remaining, Reset and Retry-After (script.go, pairStanding). The argument
-// that keeps a reservation strict then holds for every window:
+// buckets last reserveLife (blockRing), where a block is counted whole in
+// the bucket of its end (at most the one after the current: the record's
+// head may run a bucket ahead of the clock), its end that bucket's last
+// event, much as a reservation is counted in a long window. The window
+// counts the sum of both records, everywhere a decision reads it: its
+// admissions, caps, Remaining, Reset and Retry-After (script.go,
+// pairStanding). The argument that keeps a reservation strict then holds
+// for every window:
 //
 //   - each record is an upper bound of the events it was given in any
-//     interval of the period that holds them (a block's spends lie between
-//     its grant, no earlier than its bucket's start, and its end, its
-//     bucket's last event at the latest), so their sum bounds the window's
-//     admissions in it;
+//     interval of the period that holds them: a block counts from its
+//     grant (a reader at any time before its bucket begins sees the head
+//     there, and counts it) until its bucket's last event, its end at the
+//     latest, is a period old, and its spends lie between the two; so the
+//     sum bounds the window's admissions in it;
 //   - a block is granted only while every window, both records summed,
 //     has leaseMargin·k·Replicas remaining, caps every record it counts
 //     in while it runs (the lease cap), and is spent only under the plan
@@ -30,16 +33,19 @@ import "time"
 //     (lease.go): no round trip.
 //
 // What it costs: every decision of a key under such a plan reads the
-// coarse records too, and a block's admissions, spent early or not at all,
-// count until the bucket's last block ends and a period after, where a
-// lease's count until their own fine bucket's end (Retry-After is exact
-// for the counts either way; it is a coarse bucket late at most against a
-// window that counted each admission at its own time).
+// coarse records too (and is made by decide, not fast), and a block's
+// admissions, spent early or not at all, count until the end of the
+// coarse bucket of the block's end and a period after, where a lease's
+// count until their own fine bucket's end (Retry-After is exact for the
+// counts either way; it is a coarse bucket late at most against a window
+// that counted each admission at its own time). A ban issued elsewhere is
+// announced to a block's holder (announceBan), which lets the block go.
 //
 // Blocks need every replica deciding a key to read the coarse records: a
-// replica that does not would admit into a window without them. Until a
-// finalizing step of their own says so (README, Next steps), they are off
-// (Options.blocks).
+// replica that does not would admit into a window without them. So they
+// come into force with finalizing's second level (finalize.go), once no
+// replica of an older release runs; Options.blocks forces them in tests
+// and benchmarks.
 
 // blockRing returns the coarse record of short window w: the same period
 // and limit, in buckets of reserveLife (one, when the period is shorter),

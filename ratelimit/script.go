@@ -40,9 +40,11 @@ import (
 //
 // KEYS: each decision's records, one decision after the other: the ban
 // record, the window records in the plan's order, the candidate window
-// records, the candidate ban record (with a candidate ban policy), then
-// the records of other periods it may take its past from or must also
-// fit (seeding, registry.go). All of one decision's records share its
+// records, the candidate ban record (with a candidate ban policy), the
+// coarse records of its short windows (on a plan with blocks, blocks.go),
+// then the records of other periods it may take its past from or must
+// also fit (seeding, registry.go; their indexes in the seeding numbers
+// leave the coarse records out, and the script adds their count). All of one decision's records share its
 // key's hash slot; in Redis Cluster a batch holds one slot.
 //
 // ARGV[1]: the decisions, 8-byte big-endian numbers each: how many KEYS
@@ -65,7 +67,9 @@ import (
 // threshold, 0 for none, then the strike window's period, bucket width,
 // n, offset unit and TTL, the offence memory, the ban's base and max);
 // the candidate window count and per candidate window the same six as a
-// window; the candidate ban rule, like the ban rule.
+// window; the candidate ban rule, like the ban rule; on a plan with blocks
+// (blocks.go), the count of coarse records and per coarse record its
+// window's index, period, bucket width, n, offset unit and TTL.
 //
 // Leases: an admission counts want admissions at once (a lease) when every
 // window has at least need (>= want) remaining; they count in the current
