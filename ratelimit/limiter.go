@@ -474,7 +474,10 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
 	cp := l.callPlan(pl)
-	if names == nil {
+	// (Names taken before blocks came into force or went out of it, a
+	// heartbeat in between, are another plan's: a plan with coarse
+	// records has more.)
+	if names == nil || len(names) != cp.keyCount() {
 		names = stateKeys(l.opts.Prefix, key, cp)
 	}
 	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: cp,

@@ -60,7 +60,8 @@ import (
 //
 //	go test -run '^$' -bench ServeWithWrk -benchtime 1x ./cmd/petstore/
 //
-// Each round runs wrk for wrkSeconds (BENCH_WRK_SECONDS, default 8); -benchtime Nx runs N rotations of
+// Each round runs wrk for wrkSeconds (BENCH_WRK_SECONDS, default 8), after BENCH_WRK_WARMUP
+// seconds of it untimed (default none); -benchtime Nx runs N rotations of
 // the four rounds per workload. It needs wrk (Debian's package) and redis-server.
 // BENCH_WHOLE (say 1) adds a fifth side: the limiter with leases and
 // reservations off (MaxLease 1), reported as whole/off, on/whole and its
@@ -219,6 +220,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				for k := range sides {
 					s := sides[(i+k)%len(sides)]
 					url, stop := serve(s.name, s.limiter)
+					if wrkWarmup > 0 {
+						// Untimed: the side's keys build the history
+						// reservations and blocks are sized on.
+						runWrkFor(b, script, url, wrkWarmup)
+					}
 					calls0, usec0 := rs.scripts(b)
 					cpu0, rcpu0, gc0, m0 := processCPU(b), rs.cpu(b), gcCPU(), machineCPU()
 					n, elapsed, p50, p99, wrk := runWrk(b, script, url)
@@ -419,6 +425,18 @@ var wrkSeconds = func() int {
 	return 8
 }()
 
+// wrkWarmup is how long wrk runs, untimed, before each timed round:
+// BENCH_WRK_WARMUP seconds, none by default. A side's keys otherwise
+// start each round with the history of their last round, two or more
+// rounds ago (the lease table keeps an idle key 10 s at most), and what a
+// key reserves is sized on that history.
+var wrkWarmup = func() int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_WRK_WARMUP")); err == nil && n > 0 {
+		return n
+	}
+	return 0
+}()
+
 // writeWrkScript writes a wrk script that sends every request with the
 // next key in turn (each thread starting elsewhere in the list) and
 // returns its path.
@@ -456,7 +474,12 @@ var (
 // latency and wrk's own CPU time. Every answer must be 2xx: the workloads
 // stay under their limits.
 func runWrk(b *testing.B, script, url string) (n float64, d, p50, p99, cpu time.Duration) {
-	cmd := exec.Command("wrk", "--latency", "-t", "2", "-c", "32", "-d", strconv.Itoa(wrkSeconds)+"s", "-s", script, url+"/v1/pets?limit=20")
+	return runWrkFor(b, script, url, wrkSeconds)
+}
+
+// runWrkFor is runWrk for secs seconds.
+func runWrkFor(b *testing.B, script, url string, secs int) (n float64, d, p50, p99, cpu time.Duration) {
+	cmd := exec.Command("wrk", "--latency", "-t", "2", "-c", "32", "-d", strconv.Itoa(secs)+"s", "-s", script, url+"/v1/pets?limit=20")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		b.Fatalf("wrk: %v\n%s", err, out)
