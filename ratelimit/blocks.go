@@ -96,11 +96,6 @@ func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d
 	if e == nil || v.outcome != Allowed || v.granted <= 1 || d.Outcome != Allowed {
 		return
 	}
-	t.dropLease(key, e)
-	e.pl, e.left, e.spent, e.block = pl, v.granted-1, 1, true
-	e.sent, e.redisNow, e.redisEnd = sent, v.now, v.leaseEnd
-	// As a lease's: never later than its end on the server's clock.
-	e.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
-	e.windows = append(e.windows[:0], d.Windows...)
-	e.binding = d.Binding
+	t.hold(key, e, pl, sent, v, d)
+	e.block = true
 }

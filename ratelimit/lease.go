@@ -53,9 +53,11 @@ type leaseTable struct {
 	// prefix is the limiter's key prefix, for the record names each
 	// entry keeps (names).
 	prefix string
-	// blocks reports whether blocks are in force (blocks.go), coarse
-	// whether round trips read plans' coarse records (and name them).
-	blocks, coarse func() bool
+	// blocks reports whether blocks are in force (blocks.go); callPlan
+	// the plan a round trip is sent under, whose records it names
+	// (Limiter.callPlan).
+	blocks   func() bool
+	callPlan func(*plan) *plan
 	// untracked counts the requests of keys the table had no room for
 	// (their shard full), until the sweep hands them to the metrics.
 	untracked atomic.Int64
@@ -91,8 +93,8 @@ type leaseEntry struct {
 	windows  []WindowState // as reported for the first admission of the lease
 	binding  int
 	// block: the lease is a block (blocks.go), counted in the short
-	// windows' coarse records and the long windows, for up to
-	// reserveLife, until redisEnd (µs, server clock).
+	// windows' coarse records (in the bucket of its end, redisEnd: µs,
+	// server clock) and the long windows, for up to reserveLife.
 	block    bool
 	redisEnd int64
 
@@ -160,8 +162,8 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		t.dropLease(key, e)
 	}
 	np := pl
-	if pl.blk != nil && t.coarse != nil && t.coarse() {
-		np = pl.blk
+	if t.callPlan != nil {
+		np = t.callPlan(pl)
 	}
 	names = e.namesOf(t.prefix, key, np)
 	if e.refill != nil {
@@ -206,9 +208,16 @@ func (t *leaseTable) done(key string, pl *plan, sent time.Time, v *verdict, d *D
 	if !ok || v.granted <= 1 || d.Outcome != Allowed {
 		return
 	}
+	t.hold(key, e, pl, sent, v, d)
+}
+
+// hold makes what a round trip for key under pl that started at sent
+// granted beyond its request's own (v's, decided as d) the key's lease,
+// letting the one it held go. The caller holds the shard's lock.
+func (t *leaseTable) hold(key string, e *leaseEntry, pl *plan, sent time.Time, v *verdict, d *Decision) {
 	t.dropLease(key, e)
 	e.pl, e.left, e.spent = pl, v.granted-1, 1
-	e.sent, e.redisNow = sent, v.now
+	e.sent, e.redisNow, e.redisEnd = sent, v.now, v.leaseEnd
 	// The server's remaining lease time, counted from before the round
 	// trip began, less a microsecond for the resolution of the server's
 	// clock: never later than the lease's end on the server's clock.

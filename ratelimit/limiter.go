@@ -239,7 +239,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
 		l.lease.blocks = l.blocksOn
-		l.lease.coarse = l.readsCoarse
+		l.lease.callPlan = l.callPlan
 		l.lease.prefix = opts.Prefix
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add

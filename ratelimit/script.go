@@ -613,11 +613,17 @@ local function pairStanding(i, y, limit, period, g, n, unit, cg, cn, cunit, coun
     if r > reset_ then reset_ = r end
   end
   if refused and u > 0 then
-    local c1, e1, c2, e2 = WCAP[i], WCEND[i], WCAP[y], WCEND[y]
-    if not (c1 and c1 < limit) then c1, e1 = c2, e2; c2, e2 = nil, nil end
-    if c2 and not (c2 < limit) then c2, e2 = nil, nil end
-    if c1 and not (c1 < limit) then c1, e1 = nil, nil end
-    if c1 and c2 and e2 < e1 then c1, e1, c2, e2 = c2, e2, c1, e1 end
+    -- The caps below the limit, c1 the one that ends first.
+    local c1, e1, c2, e2
+    if WCAP[i] and WCAP[i] < limit then c1, e1 = WCAP[i], WCEND[i] end
+    if WCAP[y] and WCAP[y] < limit then
+      if c1 then c2, e2 = WCAP[y], WCEND[y] else c1, e1 = WCAP[y], WCEND[y] end
+    end
+    if c2 and e2 < e1 then
+      local c, e = c1, e1
+      c1, e1 = c2, e2
+      c2, e2 = c, e
+    end
     local sa, sy
     local best
     local start = now
