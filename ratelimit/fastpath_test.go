@@ -20,10 +20,12 @@ import (
 // decide: a plan of one to three windows, with a ban rule or none, and no
 // candidate windows, asked only to decide, with no strikes to count (under
 // a ban rule) and nothing to add or seed, and admitted (a banned key is
-// refused). TestFastPathTaken checks this against the code's own counts.
+// refused). A plan with blocks (plan.blk) has it when one window, its
+// first, has a coarse record. TestFastPathTaken checks this against the
+// code's own counts.
 func takesFastPath(pl *plan, in input, admitted bool) bool {
 	return admitted && (!pl.ban.on || in.extra == 0) && !pl.cban.on && len(pl.candidates) == 0 &&
-		len(pl.windows) <= 3 &&
+		len(pl.windows) <= 3 && len(pl.coarse) <= 1 &&
 		!in.peek && in.seed == nil && !slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 })
 }
 
@@ -191,9 +193,13 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 	// periods up to a year, the clock once passed 2^53 and the rounding
 	// read past a record's end.
 	start, end := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro(), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
-	var fastTaken, decisions int
+	var fastTaken, decisions, fastBlocks, blocked int
 	for c := range max(*invariantCases, 40) {
 		plans := genFastPlans(rng, MaxPeriod)
+		// Half the cases with blocks in force: plans of short and long
+		// windows decide with their coarse records (plan.blk), their
+		// reservations blocks.
+		blocks := rng.IntN(2) == 0
 		key := fmt.Sprint("k", c)
 		m.FlushAll()
 		now := start
@@ -214,8 +220,17 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 				if rng.IntN(3) == 0 {
 					in = genFastInput(rng, plans[i])
 				}
+				if blocks && plans[i].blk != nil && rng.IntN(3) == 0 {
+					// Blocks large and small, so that they fill the
+					// short windows' coarse records.
+					in = input{lease: noLease, reserve: &reserveAsk{max: 1 + rng.Int64N(min(plans[i].windows[0].limit, 4096)), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}}
+				}
+				cp := plans[i]
+				if blocks && cp.blk != nil {
+					cp = cp.blk
+				}
 				for side, prefix := range [2]string{"a:", "b:"} {
-					ds[side] = append(ds[side], decision{keys: stateKeys(prefix, key, plans[i]), pl: plans[i], nums: scriptNums(plans[i], in)})
+					ds[side] = append(ds[side], decision{keys: stateKeys(prefix, key, cp), pl: cp, nums: scriptNums(plans[i], in)})
 				}
 				ins = append(ins, in)
 			}
@@ -242,6 +257,12 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 				decisions++
 				if takesFastPath(ds[0][j].pl, ins[j], v.outcome == Allowed) {
 					fastTaken++
+					if len(ds[0][j].pl.coarse) > 0 {
+						fastBlocks++
+						if ins[j].reserve != nil && v.granted > 1 {
+							blocked++
+						}
+					}
 				}
 			}
 			for _, k := range m.Keys() {
@@ -258,9 +279,12 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d decisions, %d of them by the fast path", decisions, fastTaken)
+	t.Logf("%d decisions, %d of them by the fast path, %d of those with coarse records, %d of those granted blocks", decisions, fastTaken, fastBlocks, blocked)
 	if fastTaken < decisions/10 || fastTaken > decisions*9/10 {
 		t.Fatalf("the generated traffic took the fast path %d times in %d decisions: both paths should be well exercised", fastTaken, decisions)
+	}
+	if fastBlocks < fastTaken/10 || blocked < 20 {
+		t.Fatalf("the fast path made %d decisions with coarse records (%d granting blocks) of %d: blocks should be well exercised", fastBlocks, blocked, fastTaken)
 	}
 }
 
@@ -280,10 +304,18 @@ func TestFastPathTaken(t *testing.T) {
 	prefix := randomPrefix(t)
 	withCandidate := compile(Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}},
 		Candidate: []Window{{Limit: 3, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
-	var fastSeen, generalSeen int64
+	var fastSeen, generalSeen, blockSeen int64
 	for c := range 30 {
-		// Short periods, so that real time moves buckets and windows.
-		plans := genFastPlans(rng, 50*time.Millisecond)
+		// Short periods, so that real time moves buckets and windows; every
+		// other case with blocks in force, its plans of short and long
+		// windows (whose long windows are too long to move) deciding with
+		// their coarse records.
+		blocks := c%2 == 1
+		maxPeriod := 50 * time.Millisecond
+		if blocks {
+			maxPeriod = MaxPeriod
+		}
+		plans := genFastPlans(rng, maxPeriod)
 		if c%5 == 0 {
 			plans = append(plans, withCandidate)
 		}
@@ -297,7 +329,11 @@ func TestFastPathTaken(t *testing.T) {
 				if rng.IntN(3) == 0 {
 					in = genFastInput(rng, pl)
 				}
-				ds = append(ds, decision{keys: stateKeys(prefix, key, pl), pl: pl, nums: scriptNums(pl, in)})
+				cp := pl
+				if blocks && pl.blk != nil {
+					cp = pl.blk
+				}
+				ds = append(ds, decision{keys: stateKeys(prefix, key, cp), pl: cp, nums: scriptNums(pl, in)})
 				ins = append(ins, in)
 			}
 			f0, g0 := lib.paths(t)
@@ -313,6 +349,9 @@ func TestFastPathTaken(t *testing.T) {
 				}
 				if takesFastPath(ds[j].pl, ins[j], v.outcome == Allowed) {
 					want++
+					if len(ds[j].pl.coarse) > 0 {
+						blockSeen++
+					}
 				}
 			}
 			f1, g1 := lib.paths(t)
@@ -323,9 +362,9 @@ func TestFastPathTaken(t *testing.T) {
 			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
 		}
 	}
-	t.Logf("fast path %d decisions, decide %d", fastSeen, generalSeen)
-	if fastSeen == 0 || generalSeen == 0 {
-		t.Fatalf("one path never ran: fast %d, decide %d", fastSeen, generalSeen)
+	t.Logf("fast path %d decisions (%d with coarse records), decide %d", fastSeen, blockSeen, generalSeen)
+	if fastSeen == 0 || generalSeen == 0 || blockSeen == 0 {
+		t.Fatalf("a path never ran: fast %d (with coarse records %d), decide %d", fastSeen, blockSeen, generalSeen)
 	}
 }
 

@@ -65,6 +65,12 @@ import (
 //     once records are finalized (finalize.go): the minute record's
 //     expiry is set when its head moves into a new epoch (15 s) alone,
 //     not on each move, so most decisions skip that command.
+//   - head-moved-blocks, head-moved-five-blocks-ride: head-moved and
+//     head-moved-five-ride with blocks in force (blocks.go): the minute
+//     window's coarse record read too, and in the second a block of every
+//     window granted where a reservation was; -decide: the same decisions
+//     by the code with its fast path off, as plans with coarse records
+//     were decided before the fast path took them.
 //   - reservation: the call that reserves 20 admissions of a key's day
 //     window (every few seconds: the passes here are 300 ms apart).
 //   - floor-7-commands: the head-moved decision's seven commands on the
@@ -89,6 +95,11 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		b.Fatal(err)
 	}
 	if err := cg.rdb.FunctionLoadReplace(ctx, floorLibrary).Err(); err != nil {
+		b.Fatal(err)
+	}
+	const generalLib = "petstore_ratelimit_general"
+	if err := cg.rdb.FunctionLoadReplace(ctx, "#!lua name="+generalLib+"\n"+generalOnlyCore(b)+
+		"\nredis.register_function('"+generalLib+"_decide', function(keys, args) return run(keys, args) end)\n").Err(); err != nil {
 		b.Fatal(err)
 	}
 	business := compile(benchPlans[2], DefaultBuckets, DefaultStrikeBuckets)
@@ -133,6 +144,10 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-ride-none", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-blocks", business, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-blocks-decide", business, 8, 2, generalLib + "_decide", 300 * time.Millisecond, 0},
+		{"head-moved-five-blocks-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-five-blocks-ride-decide", five, 8, 2, generalLib + "_decide", 300 * time.Millisecond, 0},
 		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond, 0},
 		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond, 0},
 		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond, 0},
@@ -154,11 +169,17 @@ func BenchmarkRedisInstructions(b *testing.B) {
 					// Finalized before the case began (finalize.go).
 					fin = 1
 				}
+				// With blocks in force, the plan with its coarse records
+				// (its numbers asked as the plan's own).
+				cp := c.pl
+				if strings.Contains(c.name, "-blocks") {
+					cp = c.pl.blk
+				}
 				pass := func(fn string) {
 					for k := 0; k < keys; k += c.per {
 						ds := make([]decision, 0, c.per)
 						for j := k; j < k+c.per && j < keys; j++ {
-							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), c.pl), pl: c.pl, nums: scriptNums(c.pl, input{lease: noLease, reserve: rsv})})
+							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), cp), pl: cp, nums: scriptNums(c.pl, input{lease: noLease, reserve: rsv})})
 						}
 						ks, args := batchCommandAt(ds, fin)
 						if err := cg.rdb.FCall(ctx, fn, ks, args...).Err(); err != nil {

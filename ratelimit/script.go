@@ -1149,6 +1149,23 @@ local function fast(base, pl, want, need, life, RSV)
   if nw == 3 then
     --@take(3)
   end
+  -- Blocks (a plan whose one short window, window 1, has a coarse
+  -- record: planAt): the window counts its coarse record's blocks too
+  -- (cy) and is held to a cap on either record, read as decide reads it
+  -- (view: working values y = nw + 1).
+  local y, cy, cr = nil, 0, nil
+  if pl.nco == 1 then
+    cr, y = pl.CO[1], nw + 1
+    local ck = KEYS[base + pl.kco + 1]
+    view(y, ck, call('GETRANGE', ck, '0', '18'), period1, cr.g, cr.n, cr.unit)
+    WCAP[y], WCEND[y] = readCap(ck, cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
+    cy = WUSED[y]
+    local m = l1
+    if cap1 and cap1 < m then m = cap1 end
+    if WCAP[y] and WCAP[y] < m then m = WCAP[y] end
+    if c1 + cy >= m then return nil end
+    if m - c1 - cy < room then room = m - c1 - cy end
+  end
   local count, at = 1, now
   if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
   -- A reservation riding on this admission (decide's, reserveSize): the
@@ -1171,6 +1188,18 @@ local function fast(base, pl, want, need, life, RSV)
       if cap3 and cap3 < m then m = cap3 end
       if m - c3 - 1 < lroom then lroom = m - c3 - 1 end
       if (b3 + 1) * g3 < rend then rend = (b3 + 1) * g3 end
+    end
+    if y then
+      -- A block (ns is 1: batch): window 1's room counts both records,
+      -- and the block ends within the coarse bucket after the current
+      -- (blockWrite).
+      local m = l1
+      if cap1 and cap1 < m then m = cap1 end
+      if WCAP[y] and WCAP[y] < m then m = WCAP[y] end
+      if m - c1 - cy - 1 < lroom then lroom = m - c1 - cy - 1 end
+      local last = (floor(now / cr.g) + 2) * cr.g
+      if last < rend then rend = last end
+      sc = sc + cy
     end
     rk = reserveSize(sc, sp, lroom, rend - now, RSV)
   end
@@ -1210,6 +1239,20 @@ local function fast(base, pl, want, need, life, RSV)
     if nw == 3 then
       --@capwrite(3)
     end
+  end
+  if y then
+    -- The block, in the coarse bucket of its end, capped there as every
+    -- long window is; window 1's reply counts both records (decide's
+    -- pairStanding, for an admission).
+    local cc = 0
+    if rk > 0 then
+      cc = rk
+      blockWrite(y, rk, rend, period1, cr.g, cr.n, cr.unit, cr.ttl)
+      writeCap(WKEY[y], cr.n, l1, rend, WCAP[y], WCEND[y])
+    end
+    local r = newest(y, period1, cr.g, cr.n, cr.unit, cc)
+    if r > reset1 then reset1 = r end
+    c1 = c1 + cy + cc
   end
   -- With a ban rule, admitted with no strikes to count: what decide's
   -- strike reports then (the strikes the ring still counts, the offences
@@ -1307,7 +1350,7 @@ local function planAt(PLANS, p)
     -- reset.
     pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
       bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
-      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3 and nco == 0,
+      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3 and (nco == 0 or nco == 1 and CO[1].i == 1),
       nco = nco, CO = CO, CP = CP, kco = 1 + nw + nc + (cban and 1 or 0)}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
@@ -1357,7 +1400,11 @@ local function batch()
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
-      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) then r = fast(base, pl, want, need, life, RSV) end
+      -- (With blocks, a reservation of other short windows than the
+      -- coarse records' is decide's to refuse.)
+      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) and (not RSV or pl.nco == 0 or RSV[5] == pl.nco) then
+        r = fast(base, pl, want, need, life, RSV)
+      end
     end
     if not r then
       PATHS[2] = PATHS[2] + 1
