@@ -97,6 +97,9 @@ func seedKeys(prefix, key string, sd *seeding, keys []string) []string {
 	for i := range sd.extra {
 		keys = append(keys, prefix+"{"+key+"}:w:"+sd.extra[i].name)
 	}
+	for i := range sd.coarse {
+		keys = append(keys, prefix+"{"+key+"}:b:"+sd.coarse[i].name)
+	}
 	return keys
 }
 

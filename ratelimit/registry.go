@@ -228,18 +228,23 @@ type seedCache struct {
 // others some replica decides under now, enforced beside the plan's own
 // windows while a plan edit spreads, where the key has a record of them
 // (transition windows). The script's extra arguments (nums) and the
-// records of the other periods (extra, after the plan's own in KEYS).
+// records of the other periods (extra, after the plan's own in KEYS),
+// then the coarse records of those short enough to have had blocks
+// (coarse, blocks.go): a window's count is both records', so both are
+// read where one is.
 type seeding struct {
-	extra []ring
-	nums  []int64
+	extra  []ring
+	coarse []ring
+	nums   []int64
 }
 
-// rings returns the records sd seeds from (none for nil).
+// rings returns the records sd seeds from (none for nil), the coarse ones
+// last.
 func (sd *seeding) rings() []ring {
 	if sd == nil {
 		return nil
 	}
-	return sd.extra
+	return append(slices.Clip(sd.extra), sd.coarse...)
 }
 
 // other is a period the fleet listed for a plan's name that the plan does
@@ -260,19 +265,34 @@ func newSeeding(pl *plan, others []other, young []int64) *seeding {
 	type source struct {
 		keyIndex int64 // 1-based, in the script's KEYS
 		r        ring
+		// The period's coarse record as the script reads it: KEYS index
+		// (0: none; the script finds the plan's own windows'), g, n, unit.
+		coarse [4]int64
 	}
 	var srcs []source
 	for i, r := range pl.windows {
-		srcs = append(srcs, source{int64(2 + i), r})
+		srcs = append(srcs, source{keyIndex: int64(2 + i), r: r})
 	}
 	for i, o := range others {
 		r := newRing(max(o.limit, 1), time.Duration(o.period)*time.Microsecond, pl.buckets)
 		s.extra = append(s.extra, r)
-		srcs = append(srcs, source{int64(pl.keyCount() + 1 + i), r})
+		srcs = append(srcs, source{keyIndex: int64(pl.keyCount() + 1 + i), r: r})
+	}
+	// A short window (one a block could be of: plan.split) of another
+	// plan may have a coarse record: read beside its own.
+	for i := range others {
+		src := &srcs[len(pl.windows)+i]
+		if src.r.gran >= reserveLife.Microseconds() {
+			continue
+		}
+		c := blockRing(src.r)
+		src.coarse = [4]int64{int64(pl.keyCount() + 1 + len(others) + len(s.coarse)), c.gran, c.n, c.unit}
+		s.coarse = append(s.coarse, c)
 	}
 	s.nums = append(s.nums, int64(len(srcs)))
 	for _, src := range srcs {
 		s.nums = append(s.nums, src.keyIndex, src.r.period, src.r.gran, src.r.n, src.r.unit)
+		s.nums = append(s.nums, src.coarse[:]...)
 	}
 	for i := range pl.windows {
 		r := &pl.windows[i]
@@ -301,8 +321,8 @@ func newSeeding(pl *plan, others []other, young []int64) *seeding {
 	var trans [][]int64
 	for i, o := range others {
 		if o.limit > 0 {
-			r := &s.extra[i]
-			trans = append(trans, []int64{srcs[len(pl.windows)+i].keyIndex, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS})
+			r, src := &s.extra[i], &srcs[len(pl.windows)+i]
+			trans = append(trans, append([]int64{src.keyIndex, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS}, src.coarse[:]...))
 		}
 	}
 	if len(young) == 0 && len(trans) == 0 {

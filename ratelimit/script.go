@@ -357,17 +357,16 @@ local function scan(s, R, n, g, unit, period, vh, hc, ho, from, b, excess, now)
   return now
 end
 
--- seed writes the record key of a window (period, g, n, unit, ttl) that
--- the key has none of yet, from ss, the key's record of another period
--- (sp, sg, sn, su), with its head at b: every bucket of ss whose last
--- event still counts in the window at now is carried over whole, at that
--- event's time (or into the oldest bucket kept). It returns the record it
--- wrote, or nil when there was nothing to carry. ringState.seedFrom
--- (state.go) is the same in Go.
-local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
+-- carry adds to cs and os (counts and last offsets of a new record's
+-- buckets, by age from its head b) every bucket of ss, a record of
+-- geometry sg, sn, su, whose last event still counts in a window of
+-- period (g, n, unit) at now, whole, at that event's time (or into the
+-- oldest bucket kept, or the head when it lies ahead), and returns how
+-- many it carried.
+local function carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os)
   local svh, stot, shc, sho = unpack_(RINGFMT, ss, 2)
-  if stot <= 0 then return nil end
-  local cs, os, total = {}, {}, 0
+  if stot <= 0 then return 0 end
+  local total = 0
   for j = svh - sn, svh do
     local c = cnt(ss, WR, sn, svh, shc, j)
     if c > 0 then
@@ -393,6 +392,23 @@ local function seed(key, ss, sp, sg, sn, su, period, g, n, unit, ttl, b, now)
       end
     end
   end
+  return total
+end
+
+-- seed writes the record key of a window (period, g, n, unit, ttl) that
+-- the key has none of yet, with its head at b, from the key's record of
+-- another period, ss (sg, sn, su), and that period's coarse record, cs2
+-- (cg, cn, cu; blocks.go), either false when the key has none: every
+-- bucket of either whose last event still counts in the window at now is
+-- carried over whole (carry). A block still being spent is so counted
+-- until its coarse bucket's last event, at most a bucket of the window
+-- past its current one. It returns the record it wrote, or nil when
+-- there was nothing to carry. ringState.seedFrom (state.go) is the same
+-- in Go, for one record.
+local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, ttl, b, now)
+  local cs, os, total = {}, {}, 0
+  if ss then total = carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os) end
+  if cs2 then total = total + carry(cs2, cg, cn, cu, period, g, n, unit, b, now, cs, os) end
   if total <= 0 then return nil end
   if total > MAXC then total = MAXC end
   local slots = {}
@@ -786,22 +802,33 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
 
   -- After a plan changed its periods: where a window the key has no
   -- record of may take its past from (the number of sources, each as
-  -- (KEYS index, period, g, n, unit), then per window the number of
-  -- sources to try, in order, and their indexes), then the transition
-  -- windows, enforced beside the plan's own where the key has a record of
-  -- them (another plan's windows, while an edit spreads over the
+  -- (KEYS index, period, g, n, unit) and its period's coarse record as
+  -- (KEYS index, g, n, unit), index 0 for none, then per window the
+  -- number of sources to try, in order, and their indexes), then the
+  -- transition windows, enforced beside the plan's own where the key has a
+  -- record of them (another plan's windows, while an edit spreads over the
   -- replicas): their number, each as (KEYS index, limit, period, g, n,
-  -- unit, ttl).
+  -- unit, ttl) and its coarse record as a source's. An index past the
+  -- plan's windows' is another period's record, after the coarse records
+  -- in KEYS (the numbers leave those out: at); a source that is one of the
+  -- plan's windows has that window's coarse record, if any (CO).
   local SRC, TRY, TRANS
   if SEED then
     SRC, TRY, TRANS = {}, {}, {}
+    local function at(k)
+      if k > 1 + nw then return k + nco end
+      return k
+    end
     local o = 1
     local ns = SEED[o]
     for s = 1, ns do
-      local q = o + 1 + 5 * (s - 1)
-      SRC[s] = {SEED[q] + nco, SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4]}
+      local q = o + 1 + 9 * (s - 1)
+      local k, ck, cg, cn, cu = SEED[q], SEED[q + 5], SEED[q + 6], SEED[q + 7], SEED[q + 8]
+      local x = k <= 1 + nw and CP and CP[k - 1]
+      if x then ck, cg, cn, cu = pl.kco + x, CO[x].g, CO[x].n, CO[x].unit elseif ck > 0 then ck = at(ck) end
+      SRC[s] = {at(k), SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], ck, cg, cn, cu}
     end
-    o = o + 1 + 5 * ns
+    o = o + 1 + 9 * ns
     for i = 1, nw do
       local k = SEED[o]
       TRY[i] = {}
@@ -809,8 +836,10 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       o = o + 1 + k
     end
     for j = 1, SEED[o] do
-      local q = o + 1 + 7 * (j - 1)
-      TRANS[j] = {SEED[q] + nco, SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6]}
+      local q = o + 1 + 11 * (j - 1)
+      local ck = SEED[q + 7]
+      if ck > 0 then ck = at(ck) end
+      TRANS[j] = {at(SEED[q]), SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6], ck, SEED[q + 8], SEED[q + 9], SEED[q + 10]}
     end
   end
   local peek = mode == 1
@@ -835,11 +864,18 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     if #h < 1 + HDR and TRY and TRY[i] then
       -- A period the key has no record of, after a plan edit: start from
       -- the best record of another period the key has.
+      -- (A record of that period, or its coarse record: blocks count
+      -- there alone.)
       for _, si in ipairs(TRY[i]) do
         local src = SRC[si]
-        local ss = call('GET', KEYS[base + src[1]])
-        if ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT then
-          if seed(key, ss, src[2], src[3], src[4], src[5], period, g, n, unit, pl.TTL[i], floor(now / g), now) then
+        local ss, cs2 = call('GET', KEYS[base + src[1]]), false
+        if not (ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT) then ss = false end
+        if src[6] > 0 then
+          cs2 = call('GET', KEYS[base + src[6]])
+          if not (cs2 and #cs2 >= 1 + HDR + (src[8] + 1) * SLOT) then cs2 = false end
+        end
+        if ss or cs2 then
+          if seed(key, ss, src[3], src[4], src[5], cs2, src[7], src[8], src[9], period, g, n, unit, pl.TTL[i], floor(now / g), now) then
             h = call('GETRANGE', key, '0', '18')
           end
           break
@@ -894,8 +930,18 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
         WCAP[x], WCEND[x] = readCap(key, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
         local limit = tr[2]
         if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
-        if WUSED[x] >= limit then admit = false end
-        if room < 0 or limit - WUSED[x] < room then room = limit - WUSED[x] end
+        local c = WUSED[x]
+        if tr[8] > 0 then
+          -- Its coarse record's blocks count too (working values -ntx),
+          -- as in the plan's own windows.
+          local ck = KEYS[base + tr[8]]
+          view(-ntx, ck, call('GETRANGE', ck, '0', '18'), tr[3], tr[9], tr[10], tr[11])
+          WCAP[-ntx], WCEND[-ntx] = readCap(ck, tr[10], tr[9], tr[11], WB[-ntx], WVH[-ntx], WHC[-ntx], WHO[-ntx])
+          if WCAP[-ntx] and WCAP[-ntx] < limit then limit = WCAP[-ntx] end
+          c = c + WUSED[-ntx]
+        end
+        if c >= limit then admit = false end
+        if room < 0 or limit - c < room then room = limit - c end
         if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
       end
     end
@@ -1091,7 +1137,12 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   if not admit then
     for j = 1, ntx do
       local tr = TX[j]
-      local u, rem, reset_, wait = standing(tb + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+      local u, rem, reset_, wait
+      if tr[8] > 0 then
+        u, rem, reset_, wait = pairStanding(tb + j, -j, tr[2], tr[3], tr[4], tr[5], tr[6], tr[9], tr[10], tr[11], 0, 0, true)
+      else
+        u, rem, reset_, wait = standing(tb + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+      end
       if wait > rt then rt = wait end
     end
   end
