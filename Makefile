@@ -48,7 +48,7 @@ vet:
 # (leases and reservations under random arrivals, on the fake clock, one request at a time) took 201 s
 # against 41 s; the race detector watches the same lease and reservation code in the invariant and
 # fleet-of-replicas tests, which run concurrently.
-NO_RACE_TESTS = ^(TestInvariantWindowsAndRetryAfterMiniredis|TestFastPathDecidesAsDecide|TestPeriodEditKeepsCountsMiniredis|TestCandidateWindowsMiniredis|TestShortReplyTellsWhatAPeekTells|TestGiveBackKeepsEveryBucketAtLeastAdmittedMiniredis|TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis|TestBlocksHoldEveryWindowMiniredis|TestLeaseWasteUnderRandomArrivals|TestReservationWasteUnderRandomArrivals|TestLeasesRefuseLittleBelowTheLimit)$$
+NO_RACE_TESTS = ^(TestInvariantWindowsAndRetryAfterMiniredis|TestFastPathDecidesAsDecide|TestPeriodEditKeepsCountsMiniredis|TestCandidateWindowsMiniredis|TestShortReplyTellsWhatAPeekTells|TestGiveBackKeepsEveryBucketAtLeastAdmittedMiniredis|TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis|TestBlocksHoldEveryWindowMiniredis|TestPeriodEditWithBlocksKeepsCountsMiniredis|TestPeriodEditWithBlocksWhileItSpreads|TestLeaseWasteUnderRandomArrivals|TestReservationWasteUnderRandomArrivals|TestLeasesRefuseLittleBelowTheLimit)$$
 unit:
 	$(GO) test -race -count=1 -timeout 20m -skip '$(NO_RACE_TESTS)' $$($(GO) list ./... | grep -v /internal/fleettest)
 	$(GO) test -count=1 -run 'FitsTheConnectionStack' ./internal/httpapi/

@@ -33,7 +33,8 @@ import "time"
 //     (lease.go): no round trip.
 //
 // What it costs: every decision of a key under such a plan reads the
-// coarse records too (and is made by decide, not fast), and a block's
+// coarse records too (by fast where the plan's one short window has one,
+// else by decide), and a block's
 // admissions, spent early or not at all, count until the end of the
 // coarse bucket of the block's end and a period after, where a lease's
 // count until their own fine bucket's end (Retry-After is exact for the
@@ -42,7 +43,11 @@ import "time"
 // announced to a block's holder (announceBan), which lets the block go.
 //
 // Blocks need every replica deciding a key to read the coarse records: a
-// replica that does not would admit into a window without them. So they
+// replica that does not would admit into a window without them. So does
+// every plan with a short window, a plan of short windows alone too (it
+// has no block of its own: plan.split), since another plan of the key, or
+// its own before an edit dropped its long windows, may have blocks
+// counted in the records of its periods. So they
 // come into force with finalizing's second level (finalize.go), once no
 // replica of an older release runs; Options.blocks forces them in tests
 // and benchmarks.

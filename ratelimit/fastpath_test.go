@@ -220,7 +220,7 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 				if rng.IntN(3) == 0 {
 					in = genFastInput(rng, plans[i])
 				}
-				if blocks && plans[i].blk != nil && rng.IntN(3) == 0 {
+				if blocks && plans[i].short != nil && rng.IntN(3) == 0 {
 					// Blocks large and small, so that they fill the
 					// short windows' coarse records.
 					in = input{lease: noLease, reserve: &reserveAsk{max: 1 + rng.Int64N(min(plans[i].windows[0].limit, 4096)), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}}

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -32,12 +33,30 @@ import (
 
 // genBlockEdit draws a plan of short and long windows and an edit of it
 // that changes one window's period, most often a short one's, and maybe
-// its limit; the edited plan keeps short and long windows, so that it
-// has blocks too.
+// its limit, or (a quarter of the time) drops its long windows; the
+// edited plan reads coarse records too.
 func genBlockEdit(rng *rand.Rand) (*plan, *plan) {
 	for {
-		old := genBlockPlans(rng)[0]
+		op := genBlockPlans(rng)[0].policy
+		if rng.IntN(4) > 0 {
+			// Long windows that the traffic leaves room in, so that the
+			// replicas hold blocks when the edit lands.
+			for i := range op.Windows {
+				if op.Windows[i].Period/time.Duration(DefaultBuckets) >= reserveLife {
+					op.Windows[i].Limit = 1_000_000
+				}
+			}
+		}
+		old := compile(op, DefaultBuckets, DefaultStrikeBuckets)
+		old.split()
 		ws := slices.Clone(old.policy.Windows)
+		if old.short != nil && rng.IntN(4) == 0 {
+			// The long windows dropped: the short ones keep their
+			// periods and records, where the blocks counted.
+			edited := compile(Policy{Name: old.policy.Name, Windows: ws[:len(old.blk.coarse)], Ban: old.policy.Ban}, DefaultBuckets, DefaultStrikeBuckets)
+			edited.split()
+			return old, edited
+		}
 		k := rng.IntN(len(ws))
 		if rng.IntN(3) > 0 {
 			k = 0
@@ -55,7 +74,7 @@ func genBlockEdit(rng *rand.Rand) (*plan, *plan) {
 		slices.SortFunc(ws, func(a, b Window) int { return int(a.Period - b.Period) })
 		edited := compile(Policy{Name: old.policy.Name, Windows: ws, Ban: old.policy.Ban}, DefaultBuckets, DefaultStrikeBuckets)
 		edited.split()
-		if old.blk != nil && edited.blk != nil {
+		if old.short != nil && edited.blk != nil {
 			return old, edited
 		}
 	}
@@ -68,12 +87,19 @@ type blockEditSpend struct {
 	early bool
 }
 
-func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) (admitted, fromBlocks, carried int) {
+// runBlockEdit drives one key through an edit (genBlockEdit): replicas
+// decide under the old plan, asking for blocks, then under the new one,
+// spending what they still hold; with spread, the old plan and the new
+// one in turn after the edit, as while an edit spreads over the
+// replicas, each enforcing the other's periods beside its own.
+func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, spread bool) (admitted, fromBlocks, carried int) {
 	t.Helper()
 	po, pn := genBlockEdit(rng)
 	what := fmt.Sprintf("old %v, new %v", po.policy.Windows, pn.policy.Windows)
 	prefix := randomPrefix(t)
-	sd := newSeeding(pn, otherPeriods(pn, po, false), youngPeriods(pn, po))
+	sd := newSeeding(pn, otherPeriods(pn, po, spread), youngPeriods(pn, po))
+	// The old plan's, while it spreads: the new plan's periods in use.
+	sdOld := newSeeding(po, otherPeriods(po, pn, true), nil)
 	ctx := context.Background()
 	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
 	clock := func() int64 {
@@ -88,14 +114,24 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 	if mini == nil {
 		margin = 1000
 	}
+	var edit int64 // T: the first decision under the new plan
 	call := func(underNew bool, in input) verdict {
 		t.Helper()
 		if mini != nil {
 			mini.SetTime(time.UnixMicro(now))
 		}
 		pl, cp, keys := po, po.blk, stateKeys(prefix, "k", po.blk)
+		if !underNew && spread && edit > 0 {
+			keys, in.seed = seedKeys(prefix, "k", sdOld, keys), sdOld
+		}
 		if underNew {
-			pl, cp, keys, in.seed = pn, pn.blk, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pn.blk)), sd
+			// (As Limiter.callPlan: with its coarse records where it has
+			// them.)
+			cp = pn
+			if pn.blk != nil {
+				cp = pn.blk
+			}
+			pl, keys, in.seed = pn, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", cp)), sd
 		}
 		ds := []decision{{keys: keys, pl: cp, nums: scriptNums(pl, in)}}
 		var replies []any
@@ -120,35 +156,57 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 	}
 	reps := make([]replica, 1+rng.IntN(3))
 	var spent []blockEditSpend
-	var edit int64 // T
-	check := func(x int64) {
+	// note keeps spent in time order (a real Redis's clock and this
+	// process's may disagree by a little).
+	note := func(s blockEditSpend) {
+		i, _ := slices.BinarySearchFunc(spent, s.at+1, func(e blockEditSpend, v int64) int { return cmp.Compare(e.at, v) })
+		spent = slices.Insert(spent, i, s)
+	}
+	check := func(x int64, v verdict, underNew bool) {
 		t.Helper()
-		for i := range pn.windows {
-			r := &pn.windows[i]
-			known := knownSince(r, po, edit)
-			var in, allowed int64
-			for _, s := range spent {
-				if s.at > x-r.period && s.at <= x {
-					in++
-					if s.at <= known || s.early {
-						allowed++
-					}
-				}
+		for i, r := range slices.Concat(pn.windows, po.windows) {
+			if i >= len(pn.windows) && (!spread || slices.ContainsFunc(pn.windows, func(w ring) bool { return w.period == r.period })) {
+				// The old plan's windows: while it spreads, every admission
+				// of either plan fits them too.
+				continue
 			}
-			if in > r.limit+allowed {
-				t.Fatalf("%s\nafter the edit at %d: %d admissions within %s ending at %d, limit %d (%d of them older than the records knew or spent from blocks granted before)",
+			known := knownSince(&r, po, edit)
+			if i >= len(pn.windows) {
+				known = 0
+			}
+			// spent is in time order: the admissions in (x-W, x] and,
+			// of them, those at or before known.
+			after := func(v int64) int64 {
+				i, _ := slices.BinarySearchFunc(spent, v+1, func(s blockEditSpend, v int64) int { return cmp.Compare(s.at, v) })
+				return int64(i)
+			}
+			from := after(x - r.period)
+			in := after(x) - from
+			allowed := max(after(min(known, x))-from, 0)
+			if v.outcome == Allowed && in > r.limit+allowed {
+				t.Fatalf("%s\nafter the edit at %d: %d admissions within %s ending at %d, limit %d (%d of them older than the records knew)",
 					what, edit, in, time.Duration(r.period)*time.Microsecond, x, r.limit, allowed)
+			}
+			// What makes it so: the window's count is never below the
+			// admissions it must hold (a count short of them admits past
+			// the limit as soon as traffic fills the rest).
+			if underNew && i < len(v.win) && v.win[i].used < in-allowed {
+				t.Fatalf("%s\nafter the edit at %d: the window of %s counts %d at %d, where %d admissions lie within it (%d of them older than the records knew)",
+					what, edit, time.Duration(r.period)*time.Microsecond, v.win[i].used, x, in, allowed)
 			}
 		}
 	}
-	step := func(underNew bool) {
+	step := func(underNew bool, r int) {
 		t.Helper()
-		rp := &reps[rng.IntN(len(reps))]
+		if r < 0 {
+			r = rng.IntN(len(reps))
+		}
+		rp := &reps[r]
 		x := clock()
 		if rp.left > 0 && x < rp.end-margin {
 			rp.left--
 			early := underNew && rp.old
-			spent = append(spent, blockEditSpend{at: x, early: early})
+			note(blockEditSpend{at: x, early: early})
 			fromBlocks++
 			admitted++
 			if early {
@@ -160,8 +218,9 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		}
 		rp.left = 0
 		in := input{lease: noLease}
-		if !underNew && rng.IntN(3) > 0 {
-			// Asked to reserve: a block of every window.
+		if !underNew && edit == 0 && rng.IntN(3) > 0 {
+			// Asked to reserve: a block of every window (none while an
+			// edit spreads: Limiter.reservedTrip).
 			in.reserve = &reserveAsk{max: 2 + rng.Int64N(300), replicas: int64(len(reps)), rtt: rng.Int64N(3000)}
 		}
 		v := call(underNew, in)
@@ -169,15 +228,18 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 			edit = v.now
 		}
 		if v.outcome != Allowed {
+			if edit > 0 {
+				check(v.now, v, underNew)
+			}
 			return
 		}
 		admitted++
-		spent = append(spent, blockEditSpend{at: v.now})
+		note(blockEditSpend{at: v.now})
 		if v.granted > 1 {
 			rp.left, rp.end, rp.old = v.granted-1, v.leaseEnd, !underNew
 		}
-		if underNew {
-			check(v.now)
+		if edit > 0 {
+			check(v.now, v, underNew)
 		}
 	}
 	advance := func() {
@@ -200,13 +262,53 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 	for range 60 {
 		advance()
 		for range 1 + rng.IntN(6) {
-			step(false)
+			step(false, -1)
 		}
 	}
-	for range 60 {
-		advance()
-		for range 1 + rng.IntN(6) {
-			step(true)
+	small := func() {
+		dt := rng.Int64N(reserveLife.Microseconds() / 20)
+		if mini != nil {
+			now += dt
+		} else if dt <= 20_000 {
+			time.Sleep(time.Duration(dt) * time.Microsecond)
+		}
+	}
+	// Seconds of steady traffic before the edit, so that the replicas
+	// hold blocks when it lands.
+	for range 20 {
+		small()
+		for r := range reps {
+			step(false, r)
+		}
+	}
+
+	// After the edit: the blocks granted before it spent over the next
+	// seconds beside the new plan's decisions, then, a window's period
+	// after the edit, the new plan's decisions again while those spends
+	// leave that window (where a block counted until its coarse bucket's
+	// end rather than its own would have left too early).
+	for k := range 60 {
+		if k < 20 || k >= 40 {
+			small()
+		} else {
+			advance()
+		}
+		if k == 40 && mini != nil && edit > 0 {
+			// A short window's period after the edit, about when what the
+			// blocks spent just after it would leave a window counting them
+			// too early.
+			w := pn.windows[0]
+			if at := edit + w.period - reserveLife.Microseconds()/10 + rng.Int64N(reserveLife.Microseconds()/2); at > now {
+				now = at
+			}
+		}
+		burst := 1 + rng.IntN(12)
+		if k >= 40 && rng.IntN(2) == 0 {
+			// Bursts that fill the new plan's windows.
+			burst = 1 + int(min(slices.MinFunc(pn.windows, func(a, b ring) int { return cmp.Compare(a.limit, b.limit) }).limit, 60))
+		}
+		for range burst {
+			step(!spread || rng.IntN(2) == 0, -1)
 		}
 	}
 	return admitted, fromBlocks, carried
@@ -219,14 +321,14 @@ func TestPeriodEditWithBlocksKeepsCountsMiniredis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	var admitted, fromBlocks, carried int
-	for range max(*invariantCases/2, 40) {
+	for range max(*invariantCases/4, 20) {
 		m.FlushAll()
-		a, b, c := runBlockEdit(t, rng, rdb, m)
+		a, b, c := runBlockEdit(t, rng, rdb, m, false)
 		admitted, fromBlocks, carried = admitted+a, fromBlocks+b, carried+c
 	}
 	t.Logf("%d admissions, %d of them from blocks, %d spent after the edit from blocks granted before it", admitted, fromBlocks, carried)
-	if fromBlocks < admitted/10 {
-		t.Fatalf("%d of %d admissions from blocks: the edits should meet blocks", fromBlocks, admitted)
+	if fromBlocks < admitted/20 || carried < 30 {
+		t.Fatalf("%d of %d admissions from blocks, %d of them spent after the edit: the edits should meet blocks being spent", fromBlocks, admitted, carried)
 	}
 }
 
@@ -237,11 +339,190 @@ func TestPeriodEditWithBlocksKeepsCountsRedis(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	var admitted, fromBlocks int
 	for range max(*invariantCases/4, 15) {
-		a, b, _ := runBlockEdit(t, rng, rdb, nil)
+		a, b, _ := runBlockEdit(t, rng, rdb, nil, false)
 		admitted, fromBlocks = admitted+a, fromBlocks+b
 	}
 	t.Logf("%d admissions, %d of them from blocks", admitted, fromBlocks)
-	if fromBlocks < admitted/10 {
+	if fromBlocks < admitted/20 {
 		t.Fatalf("%d of %d admissions from blocks: the edits should meet blocks", fromBlocks, admitted)
+	}
+}
+
+// TestPeriodEditCountsBlocksStillBeingSpent: a block granted before a
+// period edit and spent after it counts in the new window a whole period
+// after each spend. The key sends 20 requests a second under a 10-second
+// window and a day, is granted a block, and the edit to a 20-second
+// window lands; the block is spent over the next seconds (its end lies
+// ahead: its count, carried from the day's record at the block's end,
+// goes to the new window's coarse record, not the head bucket of its own,
+// which a window of 20 seconds ends 20.1 seconds later). A peek a window's
+// period after the edit must count every spend still within it.
+func TestPeriodEditCountsBlocksStillBeingSpent(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	po := compile(Policy{Name: "p", Windows: []Window{{Limit: 200, Period: 10 * time.Second}, {Limit: 1_000_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	pn := compile(Policy{Name: "p", Windows: []Window{{Limit: 200, Period: 20 * time.Second}, {Limit: 1_000_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	po.split()
+	pn.split()
+	sd := newSeeding(pn, otherPeriods(pn, po, false), youngPeriods(pn, po))
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+	ctx := context.Background()
+	call := func(underNew bool, in input) verdict {
+		t.Helper()
+		m.SetTime(time.UnixMicro(now))
+		pl, cp, keys := po, po.blk, stateKeys("e:", "k", po.blk)
+		if underNew {
+			pl, cp, keys, in.seed = pn, pn.blk, seedKeys("e:", "k", sd, stateKeys("e:", "k", pn.blk)), sd
+		}
+		rs, err := evalBatchAt(ctx, rdb, []decision{{keys: keys, pl: cp, nums: scriptNums(pl, in)}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := decode(pl, rs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for range 60 {
+		now += 50_000
+		if v := call(false, input{lease: noLease}); v.outcome != Allowed {
+			t.Fatalf("refused: %+v", v)
+		}
+	}
+	var left, end int64
+	for range 40 {
+		now += 200_000
+		v := call(false, input{lease: noLease, reserve: &reserveAsk{max: 300, replicas: 1}})
+		if v.granted > 1 {
+			left, end = v.granted-1, v.leaseEnd
+			break
+		}
+	}
+	if left < 10 {
+		t.Fatalf("no block worth the test: %d", left)
+	}
+	edit := now + 1
+	now = edit
+	if v := call(true, input{lease: noLease}); v.outcome != Allowed {
+		t.Fatalf("refused at the edit: %+v", v)
+	}
+	// The block spent over the next 3 seconds, within its end.
+	var spends []int64
+	for ; left > 0 && now+90_000 < end; left-- {
+		now += 90_000
+		spends = append(spends, now)
+	}
+	for _, x := range []int64{edit + 20_000_000 + 600_000, edit + 20_000_000 + 2_000_000} {
+		now = x
+		var in int64
+		for _, s := range spends {
+			if s > x-20_000_000 {
+				in++
+			}
+		}
+		if v := call(true, input{lease: noLease, peek: true}); v.win[0].used < in {
+			t.Fatalf("%d s after the edit the 20-second window counts %d, where %d admissions spent from the block lie within it", (x-edit)/1_000_000, v.win[0].used, in)
+		}
+	}
+}
+
+// TestPeriodEditWithBlocksWhileItSpreads: the old plan and the new one
+// decide in turn after the edit, each enforcing the other's periods
+// (transition windows) beside its own, their coarse records included:
+// every admission fits every window of both plans (the new plan's to
+// within what its records did not know), blocks granted before the edit
+// being spent throughout.
+func TestPeriodEditWithBlocksWhileItSpreads(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 33)
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	var admitted, fromBlocks, carried int
+	for range max(*invariantCases/4, 20) {
+		m.FlushAll()
+		a, b, c := runBlockEdit(t, rng, rdb, m, true)
+		admitted, fromBlocks, carried = admitted+a, fromBlocks+b, carried+c
+	}
+	t.Logf("%d admissions, %d of them from blocks, %d spent after the edit from blocks granted before it", admitted, fromBlocks, carried)
+	if fromBlocks < admitted/20 {
+		t.Fatalf("%d of %d admissions from blocks: the edits should meet blocks", fromBlocks, admitted)
+	}
+}
+
+// TestTransitionWindowsCountBlocks: while an edit spreads, the new plan
+// enforces the old plan's windows beside its own (transition windows),
+// and a block granted under the old plan counts there too. The key is
+// granted a block under a 10-second window of 100 and a day; the edit
+// raises the window to 20 seconds and 300; the new plan's admissions in
+// the next seconds stop where the old window, its blocks included, is
+// full.
+func TestTransitionWindowsCountBlocks(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	po := compile(Policy{Name: "p", Windows: []Window{{Limit: 100, Period: 10 * time.Second}, {Limit: 1_000_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	pn := compile(Policy{Name: "p", Windows: []Window{{Limit: 300, Period: 20 * time.Second}, {Limit: 1_000_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	po.split()
+	pn.split()
+	// The new plan while the old one is still in use somewhere.
+	sd := newSeeding(pn, otherPeriods(pn, po, true), youngPeriods(pn, po))
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro()
+	ctx := context.Background()
+	call := func(underNew bool, in input) verdict {
+		t.Helper()
+		m.SetTime(time.UnixMicro(now))
+		pl, cp, keys := po, po.blk, stateKeys("t:", "k", po.blk)
+		if underNew {
+			pl, cp, keys, in.seed = pn, pn.blk, seedKeys("t:", "k", sd, stateKeys("t:", "k", pn.blk)), sd
+		}
+		rs, err := evalBatchAt(ctx, rdb, []decision{{keys: keys, pl: cp, nums: scriptNums(pl, in)}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := decode(pl, rs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	admitted := 0
+	for range 30 {
+		now += 100_000
+		if call(false, input{lease: noLease}).outcome == Allowed {
+			admitted++
+		}
+	}
+	var block int64
+	for range 20 {
+		now += 100_000
+		v := call(false, input{lease: noLease, reserve: &reserveAsk{max: 300, replicas: 1}})
+		if v.outcome == Allowed {
+			admitted++
+		}
+		if v.granted > 1 {
+			block = v.granted - 1
+			break
+		}
+	}
+	if block < 5 {
+		t.Fatalf("no block worth the test: %d", block)
+	}
+	// All of it counts in the old window for the next 10 seconds, spent
+	// or not: the new plan admits what is left of 100 within them.
+	counted := int64(admitted) + block
+	var fresh int64
+	for range 200 {
+		now += 10_000
+		if call(true, input{lease: noLease}).outcome == Allowed {
+			fresh++
+		}
+	}
+	if counted+fresh > 100 {
+		t.Fatalf("the old 10-second window holds %d admissions and a block of %d; the new plan admitted %d more within 2 s", admitted, block, fresh)
 	}
 }

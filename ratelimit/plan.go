@@ -90,8 +90,8 @@ type plan struct {
 	// coarse are the coarse records of the plan's short windows, in their
 	// order (blockRing), on the plan that counts blocks (blk): stored as
 	// {KEY}:b:NAME after the plan's other records, and nil on every other
-	// plan. blk is the plan with them, for a plan with short and long
-	// windows and for its short part: the same windows, names and
+	// plan. blk is the plan with them, for a plan with short windows (and
+	// no candidate windows) and for its short part: the same windows, names and
 	// counters, with the coarse records read and written beside the short
 	// windows' own (blocks.go).
 	coarse []ring
@@ -144,7 +144,15 @@ func (pl *plan) split() {
 	for s < len(pl.windows) && pl.windows[s].gran < reserveLife.Microseconds() {
 		s++
 	}
-	if len(pl.candidates) > 0 || s == 0 || s == len(pl.windows) {
+	if len(pl.candidates) > 0 || s == 0 {
+		return
+	}
+	if s == len(pl.windows) {
+		// No long window, so no block of its own; but its windows' coarse
+		// records are read all the same (blk), where another plan's blocks
+		// count: its own before an edit dropped its long windows, or a
+		// plan of the same periods the key is also decided under.
+		pl.blk = pl.withBlocks(s)
 		return
 	}
 	pl.short = compile(Policy{Name: p.Name, Windows: p.Windows[:s], Ban: p.Ban, Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)

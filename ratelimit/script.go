@@ -18,7 +18,8 @@ import (
 // Two paths make the same decisions. decide serves every plan and every
 // request. fast serves the common case, a cold or busy key of a plan of
 // one to three windows, with or without a ban rule, and no candidate
-// windows, asked only to decide (with no strikes to count), not banned,
+// windows (with blocks, the first window's coarse record, if it alone has
+// one, read and a block written through decide's own functions), asked only to decide (with no strikes to count), not banned,
 // and admitted: the same reads, arithmetic and writes,
 // without what the rest would cost it (about a fifth of a cold
 // decision's Redis instructions, BENCHMARKS.md). Where decide would
@@ -359,11 +360,11 @@ end
 
 -- carry adds to cs and os (counts and last offsets of a new record's
 -- buckets, by age from its head b) every bucket of ss, a record of
--- geometry sg, sn, su, whose last event still counts in a window of
--- period (g, n, unit) at now, whole, at that event's time (or into the
--- oldest bucket kept, or the head when it lies ahead), and returns how
--- many it carried.
-local function carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os)
+-- geometry sg, sn, su, whose last event t still counts in a window of
+-- period (g, n, unit) at now and lies in (lo, hi], whole, at t (or into
+-- the oldest bucket kept, or the head when t lies past it), and returns
+-- how many it carried.
+local function carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os, lo, hi)
   local svh, stot, shc, sho = unpack_(RINGFMT, ss, 2)
   if stot <= 0 then return 0 end
   local total = 0
@@ -371,7 +372,7 @@ local function carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os)
     local c = cnt(ss, WR, sn, svh, shc, j)
     if c > 0 then
       local t = lastAt(ss, WR, sn, sg, su, svh, sho, j)
-      if t + period > now then
+      if t + period > now and t > lo and t <= hi then
         local bj = floor(t / g)
         if bj < b - n then bj = b - n end
         if bj > b then bj = b end
@@ -395,21 +396,9 @@ local function carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os)
   return total
 end
 
--- seed writes the record key of a window (period, g, n, unit, ttl) that
--- the key has none of yet, with its head at b, from the key's record of
--- another period, ss (sg, sn, su), and that period's coarse record, cs2
--- (cg, cn, cu; blocks.go), either false when the key has none: every
--- bucket of either whose last event still counts in the window at now is
--- carried over whole (carry). A block still being spent is so counted
--- until its coarse bucket's last event, at most a bucket of the window
--- past its current one. It returns the record it wrote, or nil when
--- there was nothing to carry. ringState.seedFrom (state.go) is the same
--- in Go, for one record.
-local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, ttl, b, now)
-  local cs, os, total = {}, {}, 0
-  if ss then total = carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os) end
-  if cs2 then total = total + carry(cs2, cg, cn, cu, period, g, n, unit, b, now, cs, os) end
-  if total <= 0 then return nil end
+-- ringWrite writes record key of a ring (g, n, ttl) with head b from the
+-- counts and last offsets carry made, total of them.
+local function ringWrite(key, cs, os, total, b, g, n, ttl)
   if total > MAXC then total = MAXC end
   local slots = {}
   for i = 1, n + 1 do slots[i] = '\0\0\0\0\0\0' end
@@ -419,6 +408,49 @@ local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, tt
   local rec = char(VERSION) .. pack_(RINGFMT, b, total, cs[0] or 0, os[0] or 0) .. table.concat(slots)
   call('SET', key, rec, 'PX', itoa(expiry(b, g, n, ttl) - NOWMS))
   return rec
+end
+
+-- seed writes the record key of a window (period, g, n, unit, ttl) that
+-- the key has none of yet, with its head at b, from the key's record of
+-- another period, ss (sg, sn, su), and that period's coarse record, cs2
+-- (cg, cn, cu; blocks.go), either false when the key has none: every
+-- bucket of either whose last event still counts in the window at now is
+-- carried over whole (carry). A bucket whose last event lies past the
+-- head bucket (a block or a reservation still being spent, counted at
+-- its end) goes to the window's coarse record C (key, g, n, unit, ttl),
+-- when it has one and the key has none of it yet, whose head may run a
+-- bucket ahead (blockWrite), so it counts until a period after that end;
+-- else it is counted in the head bucket, at most a bucket of the window
+-- past it. It returns the record it wrote, or nil when there was nothing
+-- to carry. ringState.seedFrom (state.go) is the same in Go, for one
+-- record.
+local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, ttl, b, now, C)
+  local hi = 2 ^ 53
+  if C then hi = (b + 1) * g end
+  local cs, os, total = {}, {}, 0
+  if ss then total = carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os, -1, hi) end
+  if cs2 then total = total + carry(cs2, cg, cn, cu, period, g, n, unit, b, now, cs, os, -1, hi) end
+  if C then
+    -- The coarse record's head: the bucket of the newest event's time
+    -- (each source's head holds its newest), at most one past the
+    -- current.
+    local tmax, hb = 0, floor(now / C.g)
+    if ss then
+      local vh, _, _, ho = unpack_(RINGFMT, ss, 2)
+      tmax = vh * sg + ho * su
+    end
+    if cs2 then
+      local vh, _, _, ho = unpack_(RINGFMT, cs2, 2)
+      if vh * cg + ho * cu > tmax then tmax = vh * cg + ho * cu end
+    end
+    if tmax > (hb + 1) * C.g then hb = hb + 1 end
+    local ccs, cos, ctot = {}, {}, 0
+    if ss then ctot = carry(ss, sg, sn, su, period, C.g, C.n, C.unit, hb, now, ccs, cos, hi, 2 ^ 53) end
+    if cs2 then ctot = ctot + carry(cs2, cg, cn, cu, period, C.g, C.n, C.unit, hb, now, ccs, cos, hi, 2 ^ 53) end
+    if ctot > 0 then ringWrite(C.key, ccs, cos, ctot, hb, C.g, C.n, C.ttl) end
+  end
+  if total <= 0 then return nil end
+  return ringWrite(key, cs, os, total, b, g, n, ttl)
 end
 
 -- Window working values, by index (windows 1..nw, then transition
@@ -875,7 +907,14 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
           if not (cs2 and #cs2 >= 1 + HDR + (src[8] + 1) * SLOT) then cs2 = false end
         end
         if ss or cs2 then
-          if seed(key, ss, src[3], src[4], src[5], cs2, src[7], src[8], src[9], period, g, n, unit, pl.TTL[i], floor(now / g), now) then
+          -- The window's coarse record, if it has one and the key none
+          -- of it yet, takes what is still being spent.
+          local x, C = CP and CP[i], nil
+          if x then
+            local cr, ck = CO[x], KEYS[base + pl.kco + x]
+            if #call('GETRANGE', ck, '0', '18') < 1 + HDR then C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl} end
+          end
+          if seed(key, ss, src[3], src[4], src[5], cs2, src[7], src[8], src[9], period, g, n, unit, pl.TTL[i], floor(now / g), now, C) then
             h = call('GETRANGE', key, '0', '18')
           end
           break
