@@ -253,11 +253,8 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		default:
 			dt = rng.Int64N(min(po.windows[0].period, pn.windows[0].period)/4 + 1)
 		}
-		if mini != nil {
-			now += dt
-		} else if dt <= 20_000 {
-			time.Sleep(time.Duration(dt) * time.Microsecond)
-		}
+		now += dt
+		sleepShort(mini, dt)
 	}
 	for range 60 {
 		advance()
@@ -267,11 +264,8 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 	}
 	small := func() {
 		dt := rng.Int64N(reserveLife.Microseconds() / 20)
-		if mini != nil {
-			now += dt
-		} else if dt <= 20_000 {
-			time.Sleep(time.Duration(dt) * time.Microsecond)
-		}
+		now += dt
+		sleepShort(mini, dt)
 	}
 	// Seconds of steady traffic before the edit, so that the replicas
 	// hold blocks when it lands.

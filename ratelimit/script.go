@@ -1243,18 +1243,18 @@ local function fast(base, pl, want, need, life, RSV)
   -- record: planAt): the window counts its coarse record's blocks too
   -- (cy) and is held to a cap on either record, read as decide reads it
   -- (view: working values y = nw + 1).
-  local y, cy, cr = nil, 0, nil
+  -- m1: window 1's limit under a cap on either record.
+  local y, cy, cr, m1 = nil, 0, nil, nil
   if pl.nco == 1 then
     cr, y = pl.CO[1], nw + 1
     local ck = KEYS[base + pl.kco + 1]
     view(y, ck, call('GETRANGE', ck, '0', '18'), period1, cr.g, cr.n, cr.unit)
     WCAP[y], WCEND[y] = readCap(ck, cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
-    cy = WUSED[y]
-    local m = l1
-    if cap1 and cap1 < m then m = cap1 end
-    if WCAP[y] and WCAP[y] < m then m = WCAP[y] end
-    if c1 + cy >= m then return nil end
-    if m - c1 - cy < room then room = m - c1 - cy end
+    cy, m1 = WUSED[y], l1
+    if cap1 and cap1 < m1 then m1 = cap1 end
+    if WCAP[y] and WCAP[y] < m1 then m1 = WCAP[y] end
+    if c1 + cy >= m1 then return nil end
+    if m1 - c1 - cy < room then room = m1 - c1 - cy end
   end
   local count, at = 1, now
   if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
@@ -1283,10 +1283,7 @@ local function fast(base, pl, want, need, life, RSV)
       -- A block (ns is 1: batch): window 1's room counts both records,
       -- and the block ends within the coarse bucket after the current
       -- (blockWrite).
-      local m = l1
-      if cap1 and cap1 < m then m = cap1 end
-      if WCAP[y] and WCAP[y] < m then m = WCAP[y] end
-      if m - c1 - cy - 1 < lroom then lroom = m - c1 - cy - 1 end
+      if m1 - c1 - cy - 1 < lroom then lroom = m1 - c1 - cy - 1 end
       local last = (floor(now / cr.g) + 2) * cr.g
       if last < rend then rend = last end
       sc = sc + cy
