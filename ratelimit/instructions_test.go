@@ -71,6 +71,12 @@ import (
 //     window granted where a reservation was; -decide: the same decisions
 //     by the code with its fast path off, as plans with coarse records
 //     were decided before the fast path took them.
+//   - head-moved-short-one, head-moved-short-two (and -blocks): plans
+//     of short windows alone, a minute, and ten seconds beside a minute,
+//     without and with blocks in force, where they read their windows'
+//     coarse records too (another plan of the key may count blocks
+//     there): the cost of that read, by fast for one window and by
+//     decide for two.
 //   - reservation: the call that reserves 20 admissions of a key's day
 //     window (every few seconds: the passes here are 300 ms apart).
 //   - floor-7-commands: the head-moved decision's seven commands on the
@@ -111,9 +117,16 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	// five: a short window short enough that the warm passes' three
 	// requests earn a reservation (3 × 10 s / 5 s = 6).
 	five := compile(Policy{Name: "five", Windows: []Window{{Limit: 1000, Period: 5 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	// Plans of short windows alone (no long window, so no block of their
+	// own), which with blocks in force read their windows' coarse records
+	// too (plan.split): one window (served by fast) and two (by decide).
+	minute := compile(Policy{Name: "minute", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
+	tenMinute := compile(Policy{Name: "ten-minute", Windows: []Window{{Limit: 100, Period: 10 * time.Second}, {Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
 	business.split()
 	banPlan.split()
 	five.split()
+	minute.split()
+	tenMinute.split()
 
 	const keys = 1000
 	cases := []struct {
@@ -148,6 +161,10 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-blocks-decide", business, 8, 2, generalLib + "_decide", 300 * time.Millisecond, 0},
 		{"head-moved-five-blocks-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-blocks-ride-decide", five, 8, 2, generalLib + "_decide", 300 * time.Millisecond, 0},
+		{"head-moved-short-one", minute, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-short-one-blocks", minute, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-short-two", tenMinute, 8, 2, "", 300 * time.Millisecond, 0},
+		{"head-moved-short-two-blocks", tenMinute, 8, 2, "", 300 * time.Millisecond, 0},
 		{"floor-7-commands", business, 8, 2, "floor_7", 300 * time.Millisecond, 0},
 		{"flat-logic-sketch", business, 8, 2, "flat_sketch", 300 * time.Millisecond, 0},
 		{"floor-4-commands", business, 8, 2, "floor_4", 300 * time.Millisecond, 0},
