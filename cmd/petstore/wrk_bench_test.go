@@ -182,8 +182,10 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				scriptUsec        float64
 				p50, p99          time.Duration // summed over rounds
 				rounds            int
+				reg               prometheus.Gatherer // the limiter's metrics, nil for none
+				counts            limiterCounts       // summed over the timed rounds
 			}
-			sides := []*side{{name: "off"}, {name: "on", limiter: limiter}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}, {name: "fields", limiter: fieldsOnly{}}}
+			sides := []*side{{name: "off"}, {name: "on", limiter: limiter, reg: limReg}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}, {name: "fields", limiter: fieldsOnly{}}}
 			if os.Getenv("BENCH_WHOLE") != "" {
 				whole, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, MaxLease: 1, Prefix: "whole:", Registerer: prometheus.NewRegistry()})
 				if err != nil {
@@ -192,15 +194,16 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				defer whole.Close()
 				sides = append(sides, &side{name: "whole", limiter: whole})
 			}
+			var finReg *prometheus.Registry
 			if os.Getenv("BENCH_FINALIZED_SIDE") != "" {
-				finReg := prometheus.NewRegistry()
+				finReg = prometheus.NewRegistry()
 				fin, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, Prefix: "fin:", Registerer: finReg})
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer fin.Close()
 				finalizeForBench(b, fin, finReg)
-				sides = append(sides, &side{name: "finalized", limiter: fin})
+				sides = append(sides, &side{name: "finalized", limiter: fin, reg: finReg})
 			}
 			sideNamed := func(name string) *side {
 				for _, s := range sides {
@@ -226,6 +229,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 						runWrkFor(b, script, url, wrkWarmup)
 					}
 					calls0, usec0 := rs.scripts(b)
+					lc0 := countsOf(b, s.reg)
 					cpu0, rcpu0, gc0, m0 := processCPU(b), rs.cpu(b), gcCPU(), machineCPU()
 					n, elapsed, p50, p99, wrk := runWrk(b, script, url)
 					s.machine += machineCPU() - m0
@@ -237,6 +241,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 					s.gc += gcCPU() - gc0
 					s.rcp += rs.cpu(b) - rcpu0
 					calls1, usec1 := rs.scripts(b)
+					s.counts.add(countsOf(b, s.reg), lc0)
 					s.scripts += calls1 - calls0
 					s.scriptUsec += usec1 - usec0
 					s.requests += n
@@ -259,9 +264,9 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(on.gc*1e6/on.requests, "on-gc-cpu-us/req")
 			b.ReportMetric(onRedis, "redis-cpu-us/req")
 			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
-			if decided := testenv.CounterSum(b, limReg, "petstore_ratelimit_decisions_total", nil); decided > 0 {
-				b.ReportMetric(testenv.CounterSum(b, limReg, "petstore_ratelimit_leased_total", nil)/decided, "leased/decision")
-				b.ReportMetric(testenv.CounterSum(b, limReg, "petstore_ratelimit_reserved_total", nil)/decided, "reserved/decision")
+			if c := on.counts; c.decided > 0 {
+				b.ReportMetric(c.leased/c.decided, "leased/decision")
+				b.ReportMetric(c.reserved/c.decided, "reserved/decision")
 			}
 			b.ReportMetric(on.scriptUsec/on.requests, "redis-script-us/req")
 			// redis_rate in the same stack, the same rounds: what an
@@ -301,6 +306,12 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				b.ReportMetric(perReq(fs.cpu, fs.requests)-perReq(off.cpu, off.requests), "finalized-server-cpu-us/req")
 				b.ReportMetric(perReq(fs.rcp, fs.requests), "finalized-redis-cpu-us/req")
 				b.ReportMetric(perReq(fs.rcp, fs.requests)/onRedis, "finalized/on-redis-cpu")
+				b.ReportMetric(float64(fs.scripts)/fs.requests, "finalized-scripts/req")
+				if c := fs.counts; c.decided > 0 {
+					// Spent in process, from a lease or a block; sent to Redis.
+					b.ReportMetric(c.leased/c.decided, "finalized-leased/decision")
+					b.ReportMetric(c.trips/c.decided, "finalized-trips/decision")
+				}
 			}
 			ms := func(d time.Duration, n int) float64 { return d.Seconds() * 1000 / float64(n) }
 			b.ReportMetric(perReq(off.wrk, off.requests), "off-wrk-cpu-us/req")
@@ -320,6 +331,32 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(ms(on.p99, on.rounds), "on-p99-ms")
 		})
 	}
+}
+
+// limiterCounts are a limiter's decisions, those spent from a lease or a
+// block, those under a reservation and those sent to Redis (each waits in
+// a pipeline's queue), as its metrics count them.
+type limiterCounts struct{ decided, leased, reserved, trips float64 }
+
+// countsOf reads g's limiterCounts (none for a nil g).
+func countsOf(b *testing.B, g prometheus.Gatherer) limiterCounts {
+	if g == nil {
+		return limiterCounts{}
+	}
+	return limiterCounts{
+		decided:  testenv.CounterSum(b, g, "petstore_ratelimit_decisions_total", nil),
+		leased:   testenv.CounterSum(b, g, "petstore_ratelimit_leased_total", nil),
+		reserved: testenv.CounterSum(b, g, "petstore_ratelimit_reserved_total", nil),
+		trips:    float64(testenv.Histogram(b, g, "petstore_ratelimit_queue_wait_seconds").GetSampleCount()),
+	}
+}
+
+// add adds to c what the counts grew by from before to now.
+func (c *limiterCounts) add(now, before limiterCounts) {
+	c.decided += now.decided - before.decided
+	c.leased += now.leased - before.leased
+	c.reserved += now.reserved - before.reserved
+	c.trips += now.trips - before.trips
 }
 
 // redisRateLimiter decides each window of a policy with redis_rate (a
