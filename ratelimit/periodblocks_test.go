@@ -301,6 +301,13 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 			// Bursts that fill the new plan's windows.
 			burst = 1 + int(min(slices.MinFunc(pn.windows, func(a, b ring) int { return cmp.Compare(a.limit, b.limit) }).limit, 60))
 		}
+		if spread && k < 20 && rng.IntN(2) == 0 {
+			// While it spreads, bursts that fill the old plan's windows,
+			// where the blocks granted before the edit count: the new
+			// plan's admissions stop where they are full (transition
+			// windows), blocks included.
+			burst = 1 + int(min(slices.MinFunc(po.windows, func(a, b ring) int { return cmp.Compare(a.limit, b.limit) }).limit, 60))
+		}
 		for range burst {
 			step(!spread || rng.IntN(2) == 0, -1)
 		}
