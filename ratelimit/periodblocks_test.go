@@ -156,11 +156,15 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 	}
 	reps := make([]replica, 1+rng.IntN(3))
 	var spent []blockEditSpend
+	// after returns how many of spent (in time order) lie at or before v.
+	after := func(v int64) int64 {
+		i, _ := slices.BinarySearchFunc(spent, v+1, func(s blockEditSpend, v int64) int { return cmp.Compare(s.at, v) })
+		return int64(i)
+	}
 	// note keeps spent in time order (a real Redis's clock and this
 	// process's may disagree by a little).
 	note := func(s blockEditSpend) {
-		i, _ := slices.BinarySearchFunc(spent, s.at+1, func(e blockEditSpend, v int64) int { return cmp.Compare(e.at, v) })
-		spent = slices.Insert(spent, i, s)
+		spent = slices.Insert(spent, int(after(s.at)), s)
 	}
 	check := func(x int64, v verdict, underNew bool) {
 		t.Helper()
@@ -174,12 +178,8 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 			if i >= len(pn.windows) {
 				known = 0
 			}
-			// spent is in time order: the admissions in (x-W, x] and,
-			// of them, those at or before known.
-			after := func(v int64) int64 {
-				i, _ := slices.BinarySearchFunc(spent, v+1, func(s blockEditSpend, v int64) int { return cmp.Compare(s.at, v) })
-				return int64(i)
-			}
+			// The admissions in (x-W, x] and, of them, those at or
+			// before known.
 			from := after(x - r.period)
 			in := after(x) - from
 			allowed := max(after(min(known, x))-from, 0)
@@ -299,20 +299,25 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		burst := 1 + rng.IntN(12)
 		if k >= 40 && rng.IntN(2) == 0 {
 			// Bursts that fill the new plan's windows.
-			burst = 1 + int(min(slices.MinFunc(pn.windows, func(a, b ring) int { return cmp.Compare(a.limit, b.limit) }).limit, 60))
+			burst = 1 + int(min(minLimit(pn.windows), 60))
 		}
 		if spread && k < 20 && rng.IntN(2) == 0 {
 			// While it spreads, bursts that fill the old plan's windows,
 			// where the blocks granted before the edit count: the new
 			// plan's admissions stop where they are full (transition
 			// windows), blocks included.
-			burst = 1 + int(min(slices.MinFunc(po.windows, func(a, b ring) int { return cmp.Compare(a.limit, b.limit) }).limit, 60))
+			burst = 1 + int(min(minLimit(po.windows), 60))
 		}
 		for range burst {
 			step(!spread || rng.IntN(2) == 0, -1)
 		}
 	}
 	return admitted, fromBlocks, carried
+}
+
+// minLimit returns the smallest limit of windows ws.
+func minLimit(ws []ring) int64 {
+	return slices.MinFunc(ws, func(a, b ring) int { return cmp.Compare(a.limit, b.limit) }).limit
 }
 
 func TestPeriodEditWithBlocksKeepsCountsMiniredis(t *testing.T) {

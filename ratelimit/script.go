@@ -423,7 +423,7 @@ end
 -- else it is counted in the head bucket, at most a bucket of the window
 -- past it. It returns the record it wrote, or nil when there was nothing
 -- to carry. ringState.seedFrom (state.go) is the same in Go, for one
--- record.
+-- record without a coarse record (the Go model has no blocks).
 local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, ttl, b, now, C)
   local hi = 2 ^ 53
   if C then hi = (b + 1) * g end
