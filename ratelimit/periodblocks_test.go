@@ -523,3 +523,191 @@ func (r *editRig) call(underNew bool, in input) verdict {
 	}
 	return v
 }
+
+// The lease cap holds transition windows too: while an edit spreads, a
+// replica on the new plan enforces the old plan's periods beside its own
+// at the largest limit the registry lists for them (registry.go), and a
+// block taken under a third plan with a lower limit on one of those
+// periods (replicas on three versions of a plan, or two plans of a key)
+// is still being spent in that period's coarse record. Every admission
+// of that third plan, its block's spends included, must find the window
+// within its own limit, so the new plan's admissions there are held to
+// the block's limit until the block ends (readCap on the transition
+// window's coarse record, script.go). Generated periods and limits: the
+// old plan's limit on the shared period at least twice the third plan's,
+// and the new plan's own window never the one that binds.
+func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	runTransitionCaps(t, invariantRNG(t, 101), rdb, m, max(*invariantCases/4, 40))
+}
+
+// TestTransitionWindowsHoldToABlocksCapRedis plays the same cases on a
+// real Redis by real time, with periods of one and three seconds.
+func TestTransitionWindowsHoldToABlocksCapRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	runTransitionCaps(t, invariantRNG(t, 102), rdb, nil, max(*invariantCases/16, 10))
+}
+
+func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cases int) {
+	t.Helper()
+	capped := 0
+	for range cases {
+		if mini != nil {
+			mini.FlushAll()
+		}
+		if runTransitionCap(t, rng, rdb, mini) {
+			capped++
+		}
+	}
+	t.Logf("%d cases of %d refused the new plan by the block's cap", capped, cases)
+	if capped < cases/2 {
+		t.Fatalf("%d cases of %d refused the new plan below the old plan's limit: the cases should exercise the cap", capped, cases)
+	}
+}
+
+// runTransitionCap plays one case of TestTransitionWindowsHoldToABlocksCap
+// and reports whether the new plan was refused where only the block's cap
+// refuses it: its window of the shared period holding, with the block's
+// unspent admissions, less than halfway from the third plan's limit to
+// the old plan's.
+func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) (capped bool) {
+	t.Helper()
+	day := Window{Limit: 1_000_000, Period: 24 * time.Hour}
+	periods := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
+	if mini == nil {
+		periods = periods[:2]
+	}
+	p := periods[rng.IntN(len(periods))] + time.Duration(rng.IntN(3))*time.Millisecond
+	lc := 8 + rng.Int64N(60)
+	la := 2*lc + rng.Int64N(400)
+	var pn2 time.Duration
+	for pn2 == 0 || pn2 == p {
+		pn2 = []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second, 2 * time.Minute}[rng.IntN(4)]
+	}
+	mk := func(w Window) *plan {
+		pl := compile(Policy{Name: "p", Windows: []Window{w, day}}, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		return pl
+	}
+	po, pc, pn := mk(Window{Limit: la, Period: p}), mk(Window{Limit: lc, Period: p}), mk(Window{Limit: la + 1 + rng.Int64N(1000), Period: pn2})
+	what := fmt.Sprintf("old %v, third %v, new %v", po.policy.Windows, pc.policy.Windows, pn.policy.Windows)
+	// The new plan, while the old one is in use somewhere: the old
+	// plan's period enforced beside its own at the old plan's limit.
+	sd := newSeeding(pn, otherPeriods(pn, po, true), youngPeriods(pn, po))
+	prefix := randomPrefix(t)
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	clock, wait := func() int64 { return now }, func(dt int64) { now += dt }
+	// A block is spent only within its end (less a millisecond's margin
+	// against a real Redis's clock).
+	var margin int64
+	if mini == nil {
+		clock, wait = func() int64 { return time.Now().UnixMicro() }, func(dt int64) { time.Sleep(time.Duration(dt) * time.Microsecond) }
+		margin = 1000
+	}
+	call := func(underNew bool, in input) verdict {
+		t.Helper()
+		pl, keys := pc, stateKeys(prefix, "k", pc.blk)
+		if underNew {
+			pl, keys, in.seed = pn, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pn.blk)), sd
+		}
+		ds := []decision{{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}}
+		var rs []any
+		var err error
+		if mini != nil {
+			mini.SetTime(time.UnixMicro(now))
+			rs, err = evalBatchAt(context.Background(), rdb, ds, 0)
+		} else {
+			rs, err = fcallBatchAt(context.Background(), rdb, ds, 0)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		v, err := decode(pl, rs[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// Admissions by time (Redis's for decisions, this process's for
+	// spends).
+	var at []int64
+	admit := func(x int64) {
+		i, _ := slices.BinarySearch(at, x+1)
+		at = slices.Insert(at, i, x)
+	}
+	within := func(x, w int64) int64 {
+		lo, _ := slices.BinarySearch(at, x-w+1)
+		hi, _ := slices.BinarySearch(at, x+1)
+		return int64(hi - lo)
+	}
+	pw := p.Microseconds()
+	spend := func(x int64) {
+		t.Helper()
+		admit(x)
+		if n := within(x, pw); n > lc {
+			t.Fatalf("%s: a spend from the third plan's block at %d finds %d admissions within %s, past its limit %d", what, x, n, p, lc)
+		}
+	}
+
+	// The third plan's steady traffic, a fifth of its limit a period,
+	// then asks for a block until one is granted.
+	gap := pw / (lc / 5 * 4)
+	var left, end int64
+	for range lc / 5 {
+		wait(gap)
+		if v := call(false, input{lease: noLease}); v.outcome == Allowed {
+			admit(v.now)
+		}
+	}
+	for range 4 * lc {
+		wait(gap)
+		v := call(false, input{lease: noLease, reserve: &reserveAsk{max: lc, replicas: 1}})
+		if v.outcome != Allowed {
+			break
+		}
+		admit(v.now)
+		if v.granted > 1 {
+			left, end = v.granted-1, v.leaseEnd-margin
+			break
+		}
+	}
+	if left == 0 {
+		return false
+	}
+	// Until the block ends: the new plan sends, the third plan spends
+	// its block between; the new plan's requests, twice the third
+	// plan's limit, would pass it by far without the cap.
+	step := max((end-clock())/(2*lc+left+1), 1)
+	spendEvery := max((end-clock())/(left+1), 1)
+	next := clock() + spendEvery
+	for clock()+step < end {
+		wait(step)
+		if x := clock(); x >= next && left > 0 {
+			left--
+			next += spendEvery
+			spend(x)
+			continue
+		}
+		v := call(true, input{lease: noLease})
+		if v.outcome != Allowed {
+			if within(v.now, pw)+left < (lc+la)/2 {
+				capped = true
+			}
+			continue
+		}
+		admit(v.now)
+		if n := within(v.now, pw); n > la {
+			t.Fatalf("%s: the new plan's admission at %d finds %d admissions within %s, past the old plan's %d", what, v.now, n, p, la)
+		}
+	}
+	// The rest of the block, spent as it ends.
+	for x := clock(); left > 0 && x < end; left-- {
+		spend(x)
+	}
+	return capped
+}
