@@ -541,32 +541,49 @@ func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	runTransitionCaps(t, invariantRNG(t, 101), rdb, m, max(*invariantCases/4, 40))
+	runTransitionCaps(t, invariantRNG(t, 101), rdb, m, max(*invariantCases/4, 40), false)
 }
 
-// TestTransitionWindowsHoldToABlocksCapRedis plays the same cases on a
-// real Redis by real time, with periods of one and three seconds.
+// TestDisagreeingPlanHoldsToABlocksCap: the same with no edit, the other
+// plan deciding on the same period (replicas that disagree on a key's
+// plan): a block taken under the plan with the lower limit holds the
+// other plan's window there to that limit until it ends (readCap on the
+// window's coarse record, script.go).
+func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	runTransitionCaps(t, invariantRNG(t, 103), rdb, m, max(*invariantCases/4, 40), true)
+}
+
+// TestTransitionWindowsHoldToABlocksCapRedis plays the cases of both
+// tests above on a real Redis by real time, with periods of one and three
+// seconds.
 func TestTransitionWindowsHoldToABlocksCapRedis(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
-	runTransitionCaps(t, invariantRNG(t, 102), rdb, nil, max(*invariantCases/16, 10))
+	rng := invariantRNG(t, 102)
+	for _, own := range []bool{false, true} {
+		runTransitionCaps(t, rng, rdb, nil, max(*invariantCases/24, 6), own)
+	}
 }
 
-func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cases int) {
+func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cases int, own bool) {
 	t.Helper()
 	capped := 0
 	for range cases {
 		if mini != nil {
 			mini.FlushAll()
 		}
-		if runTransitionCap(t, rng, rdb, mini) {
+		if runTransitionCap(t, rng, rdb, mini, own) {
 			capped++
 		}
 	}
-	t.Logf("%d cases of %d refused the new plan by the block's cap", capped, cases)
+	t.Logf("%d cases of %d refused the other plan by the block's cap", capped, cases)
 	if capped < cases/2 {
-		t.Fatalf("%d cases of %d refused the new plan below the old plan's limit: the cases should exercise the cap", capped, cases)
+		t.Fatalf("%d cases of %d refused the other plan below its own limit: the cases should exercise the cap", capped, cases)
 	}
 }
 
@@ -575,7 +592,7 @@ func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *mi
 // refuses it: its window of the shared period holding, with the block's
 // unspent admissions, less than halfway from the third plan's limit to
 // the old plan's.
-func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) (capped bool) {
+func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, own bool) (capped bool) {
 	t.Helper()
 	day := Window{Limit: 1_000_000, Period: 24 * time.Hour}
 	periods := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
@@ -599,6 +616,11 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	// The new plan, while the old one is in use somewhere: the old
 	// plan's period enforced beside its own at the old plan's limit.
 	sd := newSeeding(pn, otherPeriods(pn, po, true), youngPeriods(pn, po))
+	if own {
+		// No edit: the old plan itself decides beside the third.
+		pn, sd = po, nil
+		what = fmt.Sprintf("%v beside %v", po.policy.Windows, pc.policy.Windows)
+	}
 	prefix := randomPrefix(t)
 	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
 	clock, wait := func() int64 { return now }, func(dt int64) { now += dt }
@@ -613,7 +635,10 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		t.Helper()
 		pl, keys := pc, stateKeys(prefix, "k", pc.blk)
 		if underNew {
-			pl, keys, in.seed = pn, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pn.blk)), sd
+			pl, keys = pn, stateKeys(prefix, "k", pn.blk)
+			if sd != nil {
+				keys, in.seed = seedKeys(prefix, "k", sd, keys), sd
+			}
 		}
 		ds := []decision{{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}}
 		var rs []any
