@@ -342,7 +342,7 @@ func keysFileQuotas(ws []ratelimit.Window) []keysFileQuota {
 	return out
 }
 
-const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN | finalize [--wait DURATION | --undo | --status]"
+const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN | finalize [--wait DURATION] [--optional] | finalize --undo | finalize --status"
 
 func runLimits(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -350,7 +350,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 	}
 	sub, args := args[0], args[1:]
 	var planName string
-	var undo, status bool
+	var undo, status, optional bool
 	var wait time.Duration
 	extra := func(fs *flag.FlagSet) {
 		switch sub {
@@ -360,6 +360,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 			fs.BoolVar(&undo, "undo", false, "remove the mark, before rolling back to a release older than finalizing")
 			fs.BoolVar(&status, "status", false, "print the mark and the replicas live, change nothing")
 			fs.DurationVar(&wait, "wait", 0, "while replicas of an older release are live or Redis does not answer, try again, for at most this long (e.g. 5m, after a rollout)")
+			fs.BoolVar(&optional, "optional", false, "when it cannot finalize (older replicas live, Redis not answering; after --wait), say why and exit 0: the records stay as they are, which is safe (a fresh install's hook)")
 		}
 	}
 	cfg, _, fs, err := loadConfig("limits "+sub, limitsUsage, args, getenv, stderr, extra)
@@ -371,7 +372,7 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 		return errors.New("limits reset takes key ids or --plan, not both")
 	case sub == "reset" && planName == "" && fs.NArg() == 0:
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
-	case sub == "finalize" && (fs.NArg() != 0 || undo && status || wait < 0 || wait > 0 && (undo || status)):
+	case sub == "finalize" && (fs.NArg() != 0 || undo && status || wait < 0 || (wait > 0 || optional) && (undo || status)):
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
 	case sub != "reset" && sub != "finalize" && fs.NArg() != 1:
 		return fmt.Errorf("usage: petstore limits %s", limitsUsage)
@@ -399,7 +400,13 @@ func runLimits(ctx context.Context, args []string, getenv func(string) string, s
 
 	switch sub {
 	case "finalize":
-		return finalize(ctx, limiter, undo, status, wait, stdout, stderr)
+		err := finalize(ctx, limiter, undo, status, wait, stdout, stderr)
+		var nf *notFinalizedError
+		if optional && errors.As(err, &nf) {
+			fmt.Fprintf(stdout, "%v; the records stay as they are (safe, only dearer): finalize later with 'petstore limits finalize'\n", err)
+			return nil
+		}
+		return err
 	case "unban":
 		if err := limiter.Unban(ctx, keyID); err != nil {
 			return err
@@ -504,11 +511,11 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		}
 		switch {
 		case wait == 0 && older != nil:
-			return fmt.Errorf("not finalized: %d replica(s) of an older release are live; finalize once the rollout is done (--wait 5m tries until they are gone)", older.Count)
+			return &notFinalizedError{fmt.Errorf("not finalized: %d replica(s) of an older release are live; finalize once the rollout is done (--wait 5m tries until they are gone)", older.Count)}
 		case wait == 0:
-			return err
+			return &notFinalizedError{fmt.Errorf("not finalized: %w", err)}
 		case time.Until(deadline) < finalizeRetry:
-			return fmt.Errorf("not finalized after %s: %w", wait, err)
+			return &notFinalizedError{fmt.Errorf("not finalized after %s: %w", wait, err)}
 		}
 		if msg := err.Error(); msg != said {
 			fmt.Fprintf(stderr, "waiting: %s\n", msg)
@@ -521,6 +528,15 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		}
 	}
 }
+
+// notFinalizedError is finalize's answer when it could not finalize:
+// replicas of an older release live, or Redis not answering, after the
+// wait if any. With --optional it is said on stdout and the command
+// exits 0.
+type notFinalizedError struct{ err error }
+
+func (e *notFinalizedError) Error() string { return e.err.Error() }
+func (e *notFinalizedError) Unwrap() error { return e.err }
 
 // finalizeRetry is how often 'limits finalize --wait' asks again.
 const finalizeRetry = 500 * time.Millisecond

@@ -256,6 +256,17 @@ func TestLimitsFinalize(t *testing.T) {
 	if m.Exists("petstore:rl:{replicas}:finalized") {
 		t.Fatal("a finalize that waited in vain left the mark")
 	}
+	// --optional says why it did not and exits 0, with --wait or not,
+	// leaving no mark.
+	for _, args := range [][]string{{"--optional"}, {"--wait", "700ms", "--optional"}} {
+		out := runOK(t, env, append([]string{"limits", "finalize"}, args...)...)
+		if !strings.HasPrefix(out, "not finalized") || !strings.Contains(out, "1 replica(s) of an older release") || !strings.Contains(out, "the records stay as they are") {
+			t.Fatalf("finalize %v beside an older replica printed %q", args, out)
+		}
+		if m.Exists("petstore:rl:{replicas}:finalized") {
+			t.Fatalf("finalize %v left the mark beside an older replica", args)
+		}
+	}
 	// ... and finalizes once it leaves the census.
 	out.Reset()
 	errOut.Reset()
@@ -309,7 +320,11 @@ func TestLimitsFinalize(t *testing.T) {
 	if err == nil || time.Since(start) > 20*time.Second {
 		t.Fatalf("finalize without --wait, no Redis: %v after %v", err, time.Since(start))
 	}
-	for _, args := range [][]string{{"--wait", "1m", "--undo"}, {"--wait", "1m", "--status"}, {"--wait", "-1s"}} {
+	// --optional: a Redis that does not answer is no failure either.
+	if out := runOK(t, noRedis, "limits", "finalize", "--optional"); !strings.HasPrefix(out, "not finalized") || !strings.Contains(out, "the records stay as they are") {
+		t.Fatalf("finalize --optional, no Redis, printed %q", out)
+	}
+	for _, args := range [][]string{{"--wait", "1m", "--undo"}, {"--wait", "1m", "--status"}, {"--wait", "-1s"}, {"--optional", "--undo"}, {"--optional", "--status"}} {
 		err := run(context.Background(), append([]string{"limits", "finalize"}, args...), func(k string) string { return env[k] }, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "usage: petstore limits") {
 			t.Fatalf("limits finalize %v: %v", args, err)

@@ -48,7 +48,7 @@ Usage:
   petstore limits unban KEY-ID            lift a key's temporary ban
   petstore limits reset KEY-ID... | --plan P
                                           clear counts, strikes and bans (between load tests)
-  petstore limits finalize [--wait D | --undo | --status]
+  petstore limits finalize [--wait D] [--optional] | --undo | --status
                                           once a rollout is done: records written as only this release may
   petstore plans check FILE [--keys FILE] validate a plans file (and a keys file) as a reload would
   petstore plans show [--plans FILE] [--format text|yaml|json]

@@ -151,6 +151,73 @@ func TestFinalizeJobWaitsForTheRollout(t *testing.T) {
 	}
 }
 
+// TestFinalizeOnInstallNeverFailsTheInstall: with the chart's defaults
+// (onInstall), the finalize Job runs after a fresh install alone, and
+// beside a pod of an older release sharing the Redis it gives up after
+// its wait with a line saying so and exit status 0 (a failed hook would
+// fail the install), leaving no mark; with no such pod it finalizes.
+func TestFinalizeOnInstallNeverFailsTheInstall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the service")
+	}
+	for _, tool := range []string{"go", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is needed: %v", tool, err)
+			}
+			t.Skipf("%s not found: %v", tool, err)
+		}
+	}
+	t.Parallel()
+	addr := startRedis(t)
+	bin := buildService(t)
+	objs := mustRender(t, map[string]any{
+		"redis":     map[string]any{"enabled": true, "url": "redis://" + addr},
+		"rateLimit": map[string]any{"finalize": map[string]any{"wait": "2s"}},
+	}, renderOptions{})
+	var job *batchv1.Job
+	for _, j := range only[*batchv1.Job](objs) {
+		if j.Labels["app.kubernetes.io/component"] == "finalize" {
+			job = j
+		}
+	}
+	if job == nil || job.Annotations["helm.sh/hook"] != "post-install" {
+		t.Fatalf("the defaults must render the finalize Job as a post-install hook alone: %v", job)
+	}
+	pod := startPod(t, bin, objs)
+	waitStatus(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", pod.ops), http.StatusOK, pod.exited)
+	c := job.Spec.Template.Spec.Containers[0]
+	runJob := func() (string, error) {
+		var out, errOut lockedBuffer
+		fin := exec.CommandContext(pod.ctx, bin, c.Args...)
+		fin.Env = pod.resolve(c.Env)
+		fin.Stdout, fin.Stderr = &out, &errOut
+		err := fin.Run()
+		return out.String() + errOut.String(), err
+	}
+
+	// An older release's pod shares the Redis for the whole wait.
+	if _, err := redisDo(addr, "ZADD", "petstore:rl:{replicas}", strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10), "old-pod"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runJob()
+	if err != nil || !strings.Contains(out, "not finalized after 2s: 1 replica(s) of an older release live") || !strings.Contains(out, "the records stay as they are") {
+		t.Fatalf("the install's finalize Job beside an older pod: %v\n%s", err, out)
+	}
+	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized"); err != nil || v != ":0" {
+		t.Fatalf("mark beside an older pod: %q %v", v, err)
+	}
+	if _, err := redisDo(addr, "ZREM", "petstore:rl:{replicas}", "old-pod"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runJob(); err != nil || !strings.HasPrefix(out, "finalized at ") {
+		t.Fatalf("the install's finalize Job alone: %v\n%s", err, out)
+	}
+	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized"); err != nil || v != ":1" {
+		t.Fatalf("no mark after the install's Job: %q %v", v, err)
+	}
+}
+
 // startRedis starts a private redis-server on a free port, keeping nothing
 // on disk, and stops it (by its PID) when the test ends.
 func startRedis(t *testing.T) string {
