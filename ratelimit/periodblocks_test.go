@@ -541,7 +541,7 @@ func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	runTransitionCaps(t, invariantRNG(t, 101), rdb, m, max(*invariantCases/4, 40), false)
+	runTransitionCaps(t, invariantRNG(t, 101), rdb, m, max(*invariantCases/4, 40), capCase{})
 }
 
 // TestDisagreeingPlanHoldsToABlocksCap: the same with no edit, the other
@@ -554,34 +554,52 @@ func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	runTransitionCaps(t, invariantRNG(t, 103), rdb, m, max(*invariantCases/4, 40), true)
+	runTransitionCaps(t, invariantRNG(t, 103), rdb, m, max(*invariantCases/4, 40), capCase{own: true})
 }
 
-// TestTransitionWindowsHoldToABlocksCapRedis plays the cases of both
-// tests above on a real Redis by real time, with periods of one and three
-// seconds.
+// TestTransitionWindowsHoldToABlocksCapRedis plays the cases of the tests
+// above and below on a real Redis by real time: periods of one and three
+// seconds for blocks, of 30 s and a minute for leases (a lease ends with
+// its window's bucket, a 200th of the period).
 func TestTransitionWindowsHoldToABlocksCapRedis(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 102)
-	for _, own := range []bool{false, true} {
-		runTransitionCaps(t, rng, rdb, nil, max(*invariantCases/24, 6), own)
+	for _, cc := range []capCase{{}, {own: true}, {lease: true}} {
+		runTransitionCaps(t, rng, rdb, nil, max(*invariantCases/24, 6), cc)
 	}
 }
 
-func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cases int, own bool) {
+// TestTransitionWindowsHoldToALeasesCap: the same for a lease, whose cap
+// is written in the records of its plan's windows (the old plan's period
+// among them), not in a coarse record.
+func TestTransitionWindowsHoldToALeasesCap(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	runTransitionCaps(t, invariantRNG(t, 104), rdb, m, max(*invariantCases/4, 40), capCase{lease: true})
+}
+
+// capCase is what runTransitionCap plays: with own, the other plan is
+// the old plan itself (no edit); with lease, the third plan holds a lease
+// (counted in its windows' own records, the cap written there) instead of
+// a block.
+type capCase struct{ own, lease bool }
+
+func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cases int, cc capCase) {
 	t.Helper()
 	capped := 0
 	for range cases {
 		if mini != nil {
 			mini.FlushAll()
 		}
-		if runTransitionCap(t, rng, rdb, mini, own) {
+		if runTransitionCap(t, rng, rdb, mini, cc) {
 			capped++
 		}
 	}
-	t.Logf("%d cases of %d refused the other plan by the block's cap", capped, cases)
+	t.Logf("%+v: %d cases of %d refused the other plan by the cap", cc, capped, cases)
 	if capped < cases/2 {
 		t.Fatalf("%d cases of %d refused the other plan below its own limit: the cases should exercise the cap", capped, cases)
 	}
@@ -592,11 +610,16 @@ func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *mi
 // refuses it: its window of the shared period holding, with the block's
 // unspent admissions, less than halfway from the third plan's limit to
 // the old plan's.
-func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, own bool) (capped bool) {
+func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cc capCase) (capped bool) {
 	t.Helper()
 	day := Window{Limit: 1_000_000, Period: 24 * time.Hour}
 	periods := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
-	if mini == nil {
+	switch {
+	case mini == nil && cc.lease:
+		// A lease ends with its window's bucket (a 200th of the
+		// period): long enough to fill by real time.
+		periods = periods[3:]
+	case mini == nil:
 		periods = periods[:2]
 	}
 	p := periods[rng.IntN(len(periods))] + time.Duration(rng.IntN(3))*time.Millisecond
@@ -616,7 +639,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	// The new plan, while the old one is in use somewhere: the old
 	// plan's period enforced beside its own at the old plan's limit.
 	sd := newSeeding(pn, otherPeriods(pn, po, true), youngPeriods(pn, po))
-	if own {
+	if cc.own {
 		// No edit: the old plan itself decides beside the third.
 		pn, sd = po, nil
 		what = fmt.Sprintf("%v beside %v", po.policy.Windows, pc.policy.Windows)
@@ -675,13 +698,18 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		t.Helper()
 		admit(x)
 		if n := within(x, pw); n > lc {
-			t.Fatalf("%s: a spend from the third plan's block at %d finds %d admissions within %s, past its limit %d", what, x, n, p, lc)
+			t.Fatalf("%s: a spend from the third plan's block or lease at %d finds %d admissions within %s, past its limit %d", what, x, n, p, lc)
 		}
 	}
 
 	// The third plan's steady traffic, a fifth of its limit a period,
-	// then asks for a block until one is granted.
+	// then asks for a block until one is granted. Or, for a lease, a fifth
+	// of its limit at once, then a lease asked just after its window's
+	// bucket begins (a lease ends with it).
 	gap := pw / (lc / 5 * 4)
+	if cc.lease {
+		gap = 1000
+	}
 	var left, end int64
 	for range lc / 5 {
 		wait(gap)
@@ -690,6 +718,17 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		}
 	}
 	for range 4 * lc {
+		if cc.lease {
+			g := pc.windows[0].gran
+			wait((clock()/g+1)*g + 200 - clock())
+			want := max((lc-lc/5)/(leaseMargin+1), 2)
+			v := call(false, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
+			if v.outcome == Allowed {
+				admit(v.now)
+				left, end = v.granted-1, v.leaseEnd-margin
+			}
+			break
+		}
 		wait(gap)
 		v := call(false, input{lease: noLease, reserve: &reserveAsk{max: lc, replicas: 1}})
 		if v.outcome != Allowed {
