@@ -548,25 +548,32 @@ func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
 // plan deciding on the same period (replicas that disagree on a key's
 // plan): a block taken under the plan with the lower limit holds the
 // other plan's window there to that limit until it ends (readCap on the
-// window's coarse record, script.go).
+// window's coarse record, script.go). Then with the other plan asking for
+// blocks of its own, sized within what the cap leaves (the caps in
+// reserveSize's room, in decide and in fast): beside the third plan's
+// block, and beside its lease, whose day window, half the time, is the
+// one that binds.
 func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {
 	t.Parallel()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	runTransitionCaps(t, invariantRNG(t, 103), rdb, m, max(*invariantCases/4, 40), capCase{own: true})
+	rng := invariantRNG(t, 103)
+	for _, cc := range []capCase{{own: true}, {own: true, reserve: true}, {own: true, lease: true, reserve: true}} {
+		runTransitionCaps(t, rng, rdb, m, max(*invariantCases/4, 40), cc)
+	}
 }
 
-// TestTransitionWindowsHoldToABlocksCapRedis plays the cases of the tests
+// TestBlockAndLeaseCapsHoldOnRedis plays the cases of the tests
 // above and below on a real Redis by real time: periods of one and three
 // seconds for blocks, of 30 s and a minute for leases (a lease ends with
 // its window's bucket, a 200th of the period).
-func TestTransitionWindowsHoldToABlocksCapRedis(t *testing.T) {
+func TestBlockAndLeaseCapsHoldOnRedis(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 102)
-	for _, cc := range []capCase{{}, {own: true}, {lease: true}} {
+	for _, cc := range []capCase{{}, {own: true}, {lease: true}, {own: true, reserve: true}, {own: true, lease: true, reserve: true}} {
 		runTransitionCaps(t, rng, rdb, nil, max(*invariantCases/24, 6), cc)
 	}
 }
@@ -585,21 +592,28 @@ func TestTransitionWindowsHoldToALeasesCap(t *testing.T) {
 // capCase is what runTransitionCap plays: with own, the other plan is
 // the old plan itself (no edit); with lease, the third plan holds a lease
 // (counted in its windows' own records, the cap written there) instead of
-// a block.
-type capCase struct{ own, lease bool }
+// a block; with reserve (and own: no reservation is asked while an edit
+// spreads), the other plan asks for blocks too and spends them, each
+// sized within what the cap leaves.
+type capCase struct{ own, lease, reserve bool }
 
 func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cases int, cc capCase) {
 	t.Helper()
-	capped := 0
+	capped, oblocks := 0, 0
 	for range cases {
 		if mini != nil {
 			mini.FlushAll()
 		}
-		if runTransitionCap(t, rng, rdb, mini, cc) {
+		c, ob := runTransitionCap(t, rng, rdb, mini, cc)
+		if c {
 			capped++
 		}
+		oblocks += ob
 	}
-	t.Logf("%+v: %d cases of %d refused the other plan by the cap", cc, capped, cases)
+	t.Logf("%+v: %d cases of %d refused the other plan by the cap; it was granted %d blocks", cc, capped, cases, oblocks)
+	if cc.reserve && oblocks < cases {
+		t.Fatalf("the other plan was granted %d blocks in %d cases: the cases should have it size blocks beside the cap", oblocks, cases)
+	}
 	if capped < cases/2 {
 		t.Fatalf("%d cases of %d refused the other plan below its own limit: the cases should exercise the cap", capped, cases)
 	}
@@ -610,7 +624,7 @@ func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *mi
 // refuses it: its window of the shared period holding, with the block's
 // unspent admissions, less than halfway from the third plan's limit to
 // the old plan's.
-func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cc capCase) (capped bool) {
+func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cc capCase) (capped bool, oblocks int) {
 	t.Helper()
 	day := Window{Limit: 1_000_000, Period: 24 * time.Hour}
 	periods := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}
@@ -629,12 +643,27 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	for pn2 == 0 || pn2 == p {
 		pn2 = []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second, 2 * time.Minute}[rng.IntN(4)]
 	}
-	mk := func(w Window) *plan {
-		pl := compile(Policy{Name: "p", Windows: []Window{w, day}}, DefaultBuckets, DefaultStrikeBuckets)
+	// With reserve, a second short window of plenty, so that the plans
+	// go through decide (fast serves one coarse record) half the time,
+	// and, with a lease, half the time the third plan's day window below
+	// its short window's limit: its cap, written in the day's record too,
+	// is then the one that binds, below the other plan's day limit.
+	var second []Window
+	cday := day
+	if cc.reserve {
+		if rng.IntN(2) == 0 {
+			second = []Window{{Limit: 1_000_000, Period: 2 * p}}
+		}
+		if cc.lease && rng.IntN(2) == 0 {
+			cday.Limit = lc/2 + rng.Int64N(lc/2)
+		}
+	}
+	mk := func(w, d Window) *plan {
+		pl := compile(Policy{Name: "p", Windows: slices.Concat([]Window{w}, second, []Window{d})}, DefaultBuckets, DefaultStrikeBuckets)
 		pl.split()
 		return pl
 	}
-	po, pc, pn := mk(Window{Limit: la, Period: p}), mk(Window{Limit: lc, Period: p}), mk(Window{Limit: la + 1 + rng.Int64N(1000), Period: pn2})
+	po, pc, pn := mk(Window{Limit: la, Period: p}, day), mk(Window{Limit: lc, Period: p}, cday), mk(Window{Limit: la + 1 + rng.Int64N(1000), Period: pn2}, day)
 	what := fmt.Sprintf("old %v, third %v, new %v", po.policy.Windows, pc.policy.Windows, pn.policy.Windows)
 	// The new plan, while the old one is in use somewhere: the old
 	// plan's period enforced beside its own at the old plan's limit.
@@ -700,6 +729,9 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		if n := within(x, pw); n > lc {
 			t.Fatalf("%s: a spend from the third plan's block or lease at %d finds %d admissions within %s, past its limit %d", what, x, n, p, lc)
 		}
+		if n := int64(len(at)); n > cday.Limit {
+			t.Fatalf("%s: a spend from the third plan's block or lease at %d finds %d admissions within its day, past its limit %d", what, x, n, cday.Limit)
+		}
 	}
 
 	// The third plan's steady traffic, a fifth of its limit a period,
@@ -721,7 +753,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		if cc.lease {
 			g := pc.windows[0].gran
 			wait((clock()/g+1)*g + 200 - clock())
-			want := max((lc-lc/5)/(leaseMargin+1), 2)
+			want := max((min(lc, cday.Limit)-lc/5)/(leaseMargin+1), 2)
 			v := call(false, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
 			if v.outcome == Allowed {
 				admit(v.now)
@@ -741,7 +773,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		}
 	}
 	if left == 0 {
-		return false
+		return false, 0
 	}
 	// Until the block ends: the new plan sends, the third plan spends
 	// its block between; the new plan's requests, twice the third
@@ -749,6 +781,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	step := max((end-clock())/(2*lc+left+1), 1)
 	spendEvery := max((end-clock())/(left+1), 1)
 	next := clock() + spendEvery
+	var oleft, oend int64 // the other plan's block
 	for clock()+step < end {
 		wait(step)
 		if x := clock(); x >= next && left > 0 {
@@ -757,7 +790,22 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 			spend(x)
 			continue
 		}
-		v := call(true, input{lease: noLease})
+		if x := clock(); oleft > 0 && x < oend {
+			oleft--
+			admit(x)
+			if n := within(x, pw); n > la {
+				t.Fatalf("%s: a spend from the other plan's block at %d finds %d admissions within %s, past its %d", what, x, n, p, la)
+			}
+			continue
+		}
+		in := input{lease: noLease}
+		if cc.reserve {
+			in.reserve = &reserveAsk{max: 4 * la, replicas: 1}
+		}
+		v := call(true, in)
+		if v.granted > 1 {
+			oleft, oend, oblocks = v.granted-1, v.leaseEnd-margin, oblocks+1
+		}
 		if v.outcome != Allowed {
 			if within(v.now, pw)+left < (lc+la)/2 {
 				capped = true
@@ -773,5 +821,5 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	for x := clock(); left > 0 && x < end; left-- {
 		spend(x)
 	}
-	return capped
+	return capped, oblocks
 }
