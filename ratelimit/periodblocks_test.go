@@ -782,6 +782,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	spendEvery := max((end-clock())/(left+1), 1)
 	next := clock() + spendEvery
 	var oleft, oend int64 // the other plan's block
+	retried := false
 	for clock()+step < end {
 		wait(step)
 		if x := clock(); x >= next && left > 0 {
@@ -809,6 +810,21 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		if v.outcome != Allowed {
 			if within(v.now, pw)+left < (lc+la)/2 {
 				capped = true
+			}
+			if mini != nil && !retried {
+				// Its Retry-After is exact, the cap's end included: a
+				// microsecond before it the request is still refused,
+				// at it admitted (peeks: nothing recorded).
+				retried = true
+				at := now
+				now = v.now + v.retry - 1
+				before := call(true, input{lease: noLease, peek: true})
+				now = v.now + v.retry
+				then := call(true, input{lease: noLease, peek: true})
+				now = at
+				if before.outcome == Allowed || then.outcome != Allowed {
+					t.Fatalf("%s: refused at %d with Retry-After %d µs; 1 µs before it %v, at it %v", what, v.now, v.retry, before.outcome, then.outcome)
+				}
 			}
 			continue
 		}
