@@ -100,7 +100,6 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 	sd := newSeeding(pn, otherPeriods(pn, po, spread), youngPeriods(pn, po))
 	// The old plan's, while it spreads: the new plan's periods in use.
 	sdOld := newSeeding(po, otherPeriods(po, pn, true), nil)
-	ctx := context.Background()
 	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
 	clock := func() int64 {
 		if mini != nil {
@@ -133,22 +132,7 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 			}
 			pl, keys, in.seed = pn, seedKeys(prefix, "k", sd, stateKeys(prefix, "k", cp)), sd
 		}
-		ds := []decision{{keys: keys, pl: cp, nums: scriptNums(pl, in)}}
-		var replies []any
-		var err error
-		if mini != nil {
-			replies, err = evalBatchAt(ctx, rdb, ds, 0)
-		} else {
-			replies, err = fcallBatchAt(ctx, rdb, ds, 0)
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		v, err := decode(pl, replies[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
+		return decideOne(t, rdb, mini, decision{keys: keys, pl: cp, nums: scriptNums(pl, in)}, pl, what)
 	}
 	type replica struct {
 		left, end int64
@@ -313,6 +297,28 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		}
 	}
 	return admitted, fromBlocks, carried
+}
+
+// decideOne runs decision d under plan pl (whose reply it decodes) in one
+// call: by EVAL on miniredis (mini), by FCALL on a real Redis; what names
+// the case in a failure.
+func decideOne(t *testing.T, rdb *redis.Client, mini *miniredis.Miniredis, d decision, pl *plan, what string) verdict {
+	t.Helper()
+	var replies []any
+	var err error
+	if mini != nil {
+		replies, err = evalBatchAt(context.Background(), rdb, []decision{d}, 0)
+	} else {
+		replies, err = fcallBatchAt(context.Background(), rdb, []decision{d}, 0)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	v, err := decode(pl, replies[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // minLimit returns the smallest limit of windows ws.
@@ -701,23 +707,10 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 				keys, in.seed = seedKeys(prefix, "k", sd, keys), sd
 			}
 		}
-		ds := []decision{{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}}
-		var rs []any
-		var err error
 		if mini != nil {
 			mini.SetTime(time.UnixMicro(now))
-			rs, err = evalBatchAt(context.Background(), rdb, ds, 0)
-		} else {
-			rs, err = fcallBatchAt(context.Background(), rdb, ds, 0)
 		}
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		v, err := decode(pl, rs[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
+		return decideOne(t, rdb, mini, decision{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
 	}
 	// Admissions by time (Redis's for decisions, this process's for
 	// spends).

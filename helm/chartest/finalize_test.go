@@ -23,38 +23,8 @@ import (
 // the finalize hook Job's command as rendered. The Job must wait while the
 // older pod is live, leaving no mark, and finalize once it has left; the
 // chart's pod then writes its records as finalized (its metric says so).
-//
-// It needs the Go toolchain and redis-server (a private one on a free
-// port, stopped by its PID); -short skips it.
 func TestFinalizeJobWaitsForTheRollout(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the service")
-	}
-	for _, tool := range []string{"go", "redis-server"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is needed: %v", tool, err)
-			}
-			t.Skipf("%s not found: %v", tool, err)
-		}
-	}
-	t.Parallel()
-	addr := startRedis(t)
-	bin := buildService(t)
-
-	objs := mustRender(t, map[string]any{
-		"redis":     map[string]any{"enabled": true, "url": "redis://" + addr},
-		"rateLimit": map[string]any{"finalize": map[string]any{"afterUpgrade": true, "wait": "30s"}},
-	}, renderOptions{})
-	var job *batchv1.Job
-	for _, j := range only[*batchv1.Job](objs) {
-		if j.Labels["app.kubernetes.io/component"] == "finalize" {
-			job = j
-		}
-	}
-	if job == nil {
-		t.Fatal("no finalize Job rendered")
-	}
+	addr, bin, objs, job := finalizeRig(t, map[string]any{"afterUpgrade": true, "wait": "30s"})
 	pod := startPod(t, bin, objs)
 	waitStatus(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", pod.ops), http.StatusOK, pod.exited)
 	metric := func(name string) string {
@@ -157,32 +127,9 @@ func TestFinalizeJobWaitsForTheRollout(t *testing.T) {
 // its wait with a line saying so and exit status 0 (a failed hook would
 // fail the install), leaving no mark; with no such pod it finalizes.
 func TestFinalizeOnInstallNeverFailsTheInstall(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs the service")
-	}
-	for _, tool := range []string{"go", "redis-server"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is needed: %v", tool, err)
-			}
-			t.Skipf("%s not found: %v", tool, err)
-		}
-	}
-	t.Parallel()
-	addr := startRedis(t)
-	bin := buildService(t)
-	objs := mustRender(t, map[string]any{
-		"redis":     map[string]any{"enabled": true, "url": "redis://" + addr},
-		"rateLimit": map[string]any{"finalize": map[string]any{"wait": "2s"}},
-	}, renderOptions{})
-	var job *batchv1.Job
-	for _, j := range only[*batchv1.Job](objs) {
-		if j.Labels["app.kubernetes.io/component"] == "finalize" {
-			job = j
-		}
-	}
-	if job == nil || job.Annotations["helm.sh/hook"] != "post-install" {
-		t.Fatalf("the defaults must render the finalize Job as a post-install hook alone: %v", job)
+	addr, bin, objs, job := finalizeRig(t, map[string]any{"wait": "2s"})
+	if hook := job.Annotations["helm.sh/hook"]; hook != "post-install" {
+		t.Fatalf("the defaults must render the finalize Job as a post-install hook alone, got %q", hook)
 	}
 	pod := startPod(t, bin, objs)
 	waitStatus(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", pod.ops), http.StatusOK, pod.exited)
@@ -216,6 +163,42 @@ func TestFinalizeOnInstallNeverFailsTheInstall(t *testing.T) {
 	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized"); err != nil || v != ":1" {
 		t.Fatalf("no mark after the install's Job: %q %v", v, err)
 	}
+}
+
+// finalizeRig starts a private redis-server and builds the service, then
+// renders the chart with that Redis and the rateLimit.finalize values
+// given, and returns the Redis's address, the binary, the objects and the
+// finalize Job. It needs the Go toolchain and redis-server (a private one
+// on a free port, stopped by its PID); -short skips its tests.
+func finalizeRig(t *testing.T, finalize map[string]any) (addr, bin string, objs []object, job *batchv1.Job) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the service")
+	}
+	for _, tool := range []string{"go", "redis-server"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is needed: %v", tool, err)
+			}
+			t.Skipf("%s not found: %v", tool, err)
+		}
+	}
+	t.Parallel()
+	addr = startRedis(t)
+	bin = buildService(t)
+	objs = mustRender(t, map[string]any{
+		"redis":     map[string]any{"enabled": true, "url": "redis://" + addr},
+		"rateLimit": map[string]any{"finalize": finalize},
+	}, renderOptions{})
+	for _, j := range only[*batchv1.Job](objs) {
+		if j.Labels["app.kubernetes.io/component"] == "finalize" {
+			job = j
+		}
+	}
+	if job == nil {
+		t.Fatal("no finalize Job rendered")
+	}
+	return addr, bin, objs, job
 }
 
 // startRedis starts a private redis-server on a free port, keeping nothing
