@@ -852,3 +852,65 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	}
 	return capped, oblocks, true
 }
+
+// TestLeaseEndsWithTheTransitionWindowsBucket: a lease granted while an
+// edit spreads counts in the old plan's windows too (transition windows),
+// in their current bucket, so it must end with that bucket, as with the
+// plan's own windows': a lease spent past it would leave the old window
+// while its spends still lie within it. The new plan's window is twenty
+// times the old one's, so its buckets outlast the old window's: the lease
+// is spent to its end, then the new plan sends a period later, as the
+// lease's bucket leaves the old window; every admission finds the old
+// window, by its spends' times, within its limit.
+func TestLeaseEndsWithTheTransitionWindowsBucket(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 105)
+	cases, played := max(*invariantCases/4, 20), 0
+	for range cases {
+		la := 8 + rng.Int64N(60)
+		p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second}[rng.IntN(3)]
+		r := newEditRig(t, Window{Limit: la, Period: p}, Window{Limit: 1_000_000, Period: 20 * p}, true)
+		r.now += rng.Int64N(p.Microseconds())
+		pw := p.Microseconds()
+		var at []int64
+		admit := func(x int64) {
+			i, _ := slices.BinarySearch(at, x+1)
+			at = slices.Insert(at, i, x)
+			lo, _ := slices.BinarySearch(at, x-pw+1)
+			hi, _ := slices.BinarySearch(at, x+1)
+			if n := int64(hi - lo); n > la {
+				t.Fatalf("old [%d/%s], new [1000000/%s]: %d admissions within %s ending at %d, past the old plan's %d", la, p, 20*p, n, p, x, la)
+			}
+		}
+		// The old plan's admission first: the key has a record of its
+		// window, which the new plan then enforces and counts in.
+		if v := r.call(false, input{lease: noLease}); v.outcome == Allowed {
+			admit(v.now)
+		}
+		r.now += 1 + rng.Int64N(pw/DefaultBuckets)
+		want := max(la/5, 2)
+		v := r.call(true, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
+		if v.outcome != Allowed || v.granted <= 1 {
+			continue
+		}
+		played++
+		admit(v.now)
+		start, end := v.now, v.leaseEnd
+		// The lease spent evenly to its end.
+		for i := int64(1); i < v.granted; i++ {
+			admit(start + (end-1-start)*i/(v.granted-1))
+		}
+		// A period on, the new plan sends through the time the lease's
+		// spends leave the old window.
+		step := max((end-start+pw/DefaultBuckets)/(2*la), 1)
+		for r.now = start + pw; r.now <= end+pw+pw/DefaultBuckets; r.now += step {
+			if v := r.call(true, input{lease: noLease}); v.outcome == Allowed {
+				admit(v.now)
+			}
+		}
+	}
+	t.Logf("%d cases of %d were granted a lease", played, cases)
+	if played < cases/2 {
+		t.Fatalf("%d cases of %d were granted a lease", played, cases)
+	}
+}
