@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -16,23 +17,54 @@ import (
 // port from that range, free when checked, can be taken by any new
 // connection before the child binds it (seen as "address already in use"
 // while a fleet test's load generator opened connections). Below the
-// range only an explicit bind can take it.
+// range only an explicit bind can take it. No port is handed out twice in
+// one test process (claim): parallel tests drawing at random would
+// otherwise meet on one port now and then, one of their children then
+// failing to bind it.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	lo := ephemeralLow()
 	if lo > 12000 {
 		for range 200 {
-			if port := 10000 + rand.IntN(lo-10000); portFree(port) {
+			if port := 10000 + rand.IntN(lo-10000); portFree(port) && claim(port) {
 				return port
 			}
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 200 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if claim(port) {
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port that this process has not handed out already")
+	return 0
+}
+
+// handedOut holds the ports FreePort and FreeClusterPort have returned in
+// this process.
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// claim marks port as handed out, reporting whether it was not already.
+func claim(port int) bool {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports[port] {
+		return false
+	}
+	if handedOut.ports == nil {
+		handedOut.ports = make(map[int]bool)
+	}
+	handedOut.ports[port] = true
+	return true
 }
 
 // FreeClusterPort returns a port for a Redis Cluster node, which also
@@ -46,13 +78,13 @@ func FreeClusterPort(t testing.TB) int {
 	if lo > 22000 {
 		for range 200 {
 			port := 10000 + rand.IntN(lo-20000)
-			if portFree(port) && portFree(port+10000) {
+			if portFree(port) && portFree(port+10000) && claim(port) && claim(port+10000) {
 				return port
 			}
 		}
 	}
 	for range 200 {
-		if port := FreePort(t); port+10000 <= 65535 && portFree(port+10000) {
+		if port := FreePort(t); port+10000 <= 65535 && portFree(port+10000) && claim(port+10000) {
 			return port
 		}
 	}
