@@ -713,28 +713,18 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		return decideOne(t, rdb, mini, decision{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
 	}
 	// Admissions by time (Redis's for decisions, this process's for
-	// spends).
-	var at []int64
-	admit := func(x int64) {
-		i, _ := slices.BinarySearch(at, x+1)
-		at = slices.Insert(at, i, x)
-	}
-	within := func(x, w int64) int64 {
-		lo, _ := slices.BinarySearch(at, x-w+1)
-		hi, _ := slices.BinarySearch(at, x+1)
-		return int64(hi - lo)
-	}
+	// spends), each under the windows it must fit: the third plan's own,
+	// or for the other plan the old plan's (its own with no edit; while
+	// an edit spreads, the new plan's admissions fit the old plan's too).
+	var log admissionLog
 	pw := p.Microseconds()
-	spend := func(x int64) {
+	admit := func(pl *plan, x int64, who string) {
 		t.Helper()
-		admit(x)
-		if n := within(x, pw); n > lc {
-			t.Fatalf("%s: a spend from the third plan's block or lease at %d finds %d admissions within %s, past its limit %d", what, x, n, p, lc)
-		}
-		if n := int64(len(at)); n > cday.Limit {
-			t.Fatalf("%s: a spend from the third plan's block or lease at %d finds %d admissions within its day, past its limit %d", what, x, n, cday.Limit)
+		if w, n := log.admit(pl, x); w != nil {
+			t.Fatalf("%s: %s at %d finds %d admissions within %s, past its limit %d", what, who, x, n, time.Duration(w.period)*time.Microsecond, w.limit)
 		}
 	}
+	spend := func(x int64) { t.Helper(); admit(pc, x, "a spend from the third plan's block or lease") }
 
 	// The third plan's steady traffic, a fifth of its limit a period,
 	// then asks for a block until one is granted. Or, for a lease, a fifth
@@ -753,7 +743,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	for range first {
 		wait(gap)
 		if v := call(false, input{lease: noLease}); v.outcome == Allowed {
-			admit(v.now)
+			admit(pc, v.now, "the third plan's admission")
 		}
 	}
 	for range 4 * lc {
@@ -763,7 +753,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 			want := max((min(lc, cday.Limit)-first)/(leaseMargin+1), 2)
 			v := call(false, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
 			if v.outcome == Allowed {
-				admit(v.now)
+				admit(pc, v.now, "the third plan's admission")
 				left, end = v.granted-1, v.leaseEnd-margin
 			}
 			break
@@ -773,7 +763,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		if v.outcome != Allowed {
 			break
 		}
-		admit(v.now)
+		admit(pc, v.now, "the third plan's admission")
 		if v.granted > 1 {
 			left, end = v.granted-1, v.leaseEnd-margin
 			break
@@ -806,10 +796,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		}
 		if x := clock(); oleft > 0 && x < oend {
 			oleft--
-			admit(x)
-			if n := within(x, pw); n > la {
-				t.Fatalf("%s: a spend from the other plan's block at %d finds %d admissions within %s, past its %d", what, x, n, p, la)
-			}
+			admit(po, x, "a spend from the other plan's block")
 			continue
 		}
 		in := input{lease: noLease}
@@ -821,7 +808,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 			oleft, oend, oblocks = v.granted-1, v.leaseEnd-margin, oblocks+1
 		}
 		if v.outcome != Allowed {
-			if within(v.now, pw)+left < (lc+la)/2 {
+			if log.count(pw, v.now)+left < (lc+la)/2 {
 				capped = true
 			}
 			if mini != nil && !retried {
@@ -841,10 +828,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 			}
 			continue
 		}
-		admit(v.now)
-		if n := within(v.now, pw); n > la {
-			t.Fatalf("%s: the new plan's admission at %d finds %d admissions within %s, past the old plan's %d", what, v.now, n, p, la)
-		}
+		admit(po, v.now, "the other plan's admission")
 	}
 	// The rest of the block, spent as it ends.
 	for x := clock(); left > 0 && x < end; left-- {
@@ -872,14 +856,12 @@ func TestLeaseEndsWithTheTransitionWindowsBucket(t *testing.T) {
 		r := newEditRig(t, Window{Limit: la, Period: p}, Window{Limit: 1_000_000, Period: 20 * p}, true)
 		r.now += rng.Int64N(p.Microseconds())
 		pw := p.Microseconds()
-		var at []int64
+		// Every admission, the new plan's too, fits the old plan's
+		// windows.
+		var log admissionLog
 		admit := func(x int64) {
-			i, _ := slices.BinarySearch(at, x+1)
-			at = slices.Insert(at, i, x)
-			lo, _ := slices.BinarySearch(at, x-pw+1)
-			hi, _ := slices.BinarySearch(at, x+1)
-			if n := int64(hi - lo); n > la {
-				t.Fatalf("old [%d/%s], new [1000000/%s]: %d admissions within %s ending at %d, past the old plan's %d", la, p, 20*p, n, p, x, la)
+			if w, n := log.admit(r.po, x); w != nil {
+				t.Fatalf("old [%d/%s], new [1000000/%s]: %d admissions within %s ending at %d, past the old plan's %d", la, p, 20*p, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 			}
 		}
 		// The old plan's admission first: the key has a record of its
