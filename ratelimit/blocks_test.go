@@ -536,3 +536,224 @@ func TestNamesFollowTheCallPlan(t *testing.T) {
 		t.Fatalf("usage %+v %v, want both requests counted", u, err)
 	}
 }
+
+// TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent: a block ends
+// with its long windows' current buckets when one of them ends before
+// the coarse bucket would, so, with two plans on one short period whose
+// long windows differ, a block granted later may end earlier than one
+// granted before it, in a coarse bucket the head has already left
+// (blockWrite's slot write). The bucket then keeps its latest event, not
+// the later block's: otherwise the earlier block, spent at its end, would
+// slide out of the window early, once the head is a period past it. The
+// case, drawn over short periods (coarse buckets of 1 s to 15 s) and
+// long windows whose buckets end inside a coarse bucket (an hour's 18 s,
+// and others): plan A (the short window and a day) is granted block A1
+// ending late in coarse bucket E and block A2 ending in E+1; plan B (the
+// same short window and the long one) is granted block B, which ends
+// with its long window's bucket, inside E, before A1's end. A1 is spent
+// in its last microsecond. A period after B's end, before A1's, plan A
+// is granted block A3, which moves the head a period past E, then fills
+// its window. Every admission fits its plan's windows by its spend time.
+func TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 72)
+	cases, played := max(*invariantCases/2, 30), 0
+	for range cases {
+		mini, rdb := newMini(t, time.Now())
+		if runBlockBeforeTheHead(t, rng, rdb, mini) {
+			played++
+		}
+		mini.Close()
+	}
+	t.Logf("%d cases of %d played as drawn", played, cases)
+	if played < cases/2 {
+		t.Fatalf("%d cases of %d played as drawn", played, cases)
+	}
+}
+
+// TestBlockEndingBeforeTheHeadOnRedis plays the cases above on a real
+// Redis by real time, on short periods of 1-3 s and long windows of
+// buckets of 10-12 s.
+func TestBlockEndingBeforeTheHeadOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 73)
+	cases, played := 3, 0
+	for range cases {
+		if runBlockBeforeTheHead(t, rng, rdb, nil) {
+			played++
+		}
+	}
+	t.Logf("%d cases of %d played as drawn", played, cases)
+	if played == 0 {
+		t.Fatalf("no case of %d played as drawn", cases)
+	}
+}
+
+// runBlockBeforeTheHead plays one case of
+// TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent, on miniredis
+// (mini) by its clock or on a real Redis by real time, and reports
+// whether its blocks were granted where the case needs them (on a real
+// Redis, a late call may miss its mark).
+func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) bool {
+	t.Helper()
+	p := []time.Duration{time.Second, 3 * time.Second, 7 * time.Second, 10 * time.Second, 15 * time.Second, 20 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(8)]
+	if mini == nil {
+		p = []time.Duration{time.Second, 1500 * time.Millisecond, 2 * time.Second, 3 * time.Second}[rng.IntN(4)]
+	}
+	p += time.Duration(rng.IntN(20)) * time.Millisecond
+	m := 30 + rng.Int64N(40) // plan A's admissions in the period before A1
+	short := Window{Limit: 3*m + rng.Int64N(3*m), Period: p}
+	mk := func(ws ...Window) *plan {
+		pl := compile(Policy{Name: "p", Windows: ws}, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		return pl
+	}
+	pa := mk(short, Window{Limit: 1_000_000, Period: 24 * time.Hour})
+	pw, g, n := p.Microseconds(), blockRing(pa.windows[0]).gran, blockRing(pa.windows[0]).n
+	dayG, life := pa.windows[1].gran, reserveLife.Microseconds()
+
+	// By real time, a call lands a little after its mark: the marks
+	// keep that far from the edges they must not cross.
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	clock, waitUntil := func() int64 { return now }, func(x int64) { now = x }
+	var slack int64 = 1
+	if mini == nil {
+		clock = func() int64 { return time.Now().UnixMicro() }
+		waitUntil = func(x int64) { time.Sleep(time.Duration(x-clock()) * time.Microsecond) }
+		slack = 20_000
+	}
+
+	// H, the end of B's long window's bucket, inside coarse bucket E:
+	// late enough that A2, granted after E begins, can end past E (with
+	// coarse buckets longer than a block's life, only after E's first
+	// g - life), early enough that A1 ends after it. All within one
+	// bucket of the day, which would otherwise end a block first. By
+	// real time, among the long window's next two bucket ends (its
+	// period drawn again until one fits), so as not to wait long.
+	lo := max(g-life, 0) + g/8 + 200_000
+	hi := min(g, life) - g/8
+	var H int64
+	var pb *plan
+	for draw := 0; H == 0 && draw < 200; draw++ {
+		long := []time.Duration{time.Hour, 2 * time.Hour, 50 * time.Minute, 3*time.Hour + 7*time.Second}[rng.IntN(4)]
+		tries := 1000
+		if mini == nil {
+			long, tries = 2000*time.Second+time.Duration(rng.IntN(400))*time.Second, 2
+		}
+		pb = mk(short, Window{Limit: 1_000_000, Period: long})
+		h := pb.windows[1].gran
+		x := ((clock()+pw+g)/h + 1) * h
+		for range tries {
+			if off := x % g; off > lo && off < hi && x/dayG == (x-2*pw-3*g)/dayG && x/dayG == (x+2*pw+3*g)/dayG {
+				H = x
+				break
+			}
+			x += h
+		}
+	}
+	if H == 0 {
+		return false // no bucket of the long window ends inside a coarse one
+	}
+	what := fmt.Sprintf("A %v, B %v", pa.policy.Windows, pb.policy.Windows)
+	E := H / g
+	t1 := E*g - slack - rng.Int64N(min(g, life)/16) // A1: the end of E, or within it past H
+	t2 := max(E*g, (E+1)*g-life) + slack + rng.Int64N((H-max(E*g, (E+1)*g-life))/4)
+	t3 := t2 + slack + rng.Int64N((H-t2)/4)
+	if mini != nil {
+		mini.FlushAll()
+	}
+
+	prefix := randomPrefix(t)
+	call := func(pl *plan, in input) verdict {
+		t.Helper()
+		if mini != nil {
+			mini.SetTime(time.UnixMicro(now))
+		}
+		return decideOne(t, rdb, mini, decision{keys: stateKeys(prefix, "k", pl.blk), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
+	}
+	var log admissionLog
+	admit := func(pl *plan, x int64, who string) {
+		t.Helper()
+		if w, n := log.admit(pl, x); w != nil {
+			t.Fatalf("%s: %s at %d finds %d admissions within %s, past its limit %d (E %d..%d, H %d)", what, who, x, n, time.Duration(w.period)*time.Microsecond, w.limit, E*g, (E+1)*g, H)
+		}
+	}
+	block := func(pl *plan, at int64, most int64) verdict {
+		t.Helper()
+		waitUntil(at)
+		v := call(pl, input{lease: noLease, reserve: &reserveAsk{max: most, replicas: 1}})
+		if v.outcome != Allowed {
+			t.Fatalf("%s: a block's request at %d refused", what, v.now)
+		}
+		admit(pl, v.now, "a block's request")
+		return v
+	}
+	// misplaced reports a block that does not end where the case needs
+	// it: a failure on miniredis, a missed mark by real time.
+	misplaced := func(name string, v verdict, ok bool, want string) bool {
+		t.Helper()
+		if !ok && mini != nil {
+			t.Fatalf("%s: %s, granted at %d, ends at %d, not %s", what, name, v.now, v.leaseEnd, want)
+		}
+		return !ok
+	}
+
+	// Plan A's traffic over the period before A1.
+	start := t1 - pw
+	for i := range m {
+		waitUntil(start + (pw-slack)*i/m)
+		if v := call(pa, input{lease: noLease}); v.outcome == Allowed {
+			admit(pa, v.now, "plan A's admission")
+		}
+	}
+	a1 := block(pa, t1, m)
+	a2 := block(pa, t2, 2+rng.Int64N(4))
+	b := block(pb, t3, 2+rng.Int64N(4))
+	if a1.granted < 3 || a2.granted < 3 || b.granted < 3 {
+		return false
+	}
+	if misplaced("A1", a1, (a1.leaseEnd-1)/g == E && a1.leaseEnd > H, fmt.Sprintf("in coarse bucket %d after H %d", E, H)) ||
+		misplaced("A2", a2, (a2.leaseEnd-1)/g == E+1, fmt.Sprintf("in coarse bucket %d", E+1)) ||
+		misplaced("B", b, b.leaseEnd == H, fmt.Sprintf("with its long window's bucket at %d", H)) {
+		return false
+	}
+	// A2 and B spent at once; A1 in its last microsecond (by real time,
+	// its last millisecond).
+	for range a2.granted - 1 {
+		admit(pa, a2.now, "a spend from A2")
+	}
+	for range b.granted - 1 {
+		admit(pb, b.now, "a spend from B")
+	}
+	for range a1.granted - 1 {
+		admit(pa, a1.leaseEnd-max(slack/20, 1), "a spend from A1")
+	}
+	// A period after B's end, before A1's, plan A asks a block that ends
+	// in the coarse bucket a period (n - 1 buckets) past E: the head is
+	// then there, and E counts until its last event is a period old
+	// (untl). (A block asked at x ends at min(x + life, the end of the
+	// coarse bucket after x's).) Then plan A fills its window.
+	from := max(H+pw, (E+n-1)*g, (E+n)*g-life) + slack
+	to := min(a1.leaseEnd+pw, (E+n)*g) - slack
+	if from >= to {
+		return false
+	}
+	a3 := block(pa, from+rng.Int64N(to-from), 2)
+	if a3.granted < 2 || misplaced("A3", a3, (a3.leaseEnd-1)/g == E+n, fmt.Sprintf("in coarse bucket %d", E+n)) {
+		return false
+	}
+	for range a3.granted - 1 {
+		admit(pa, a3.now, "a spend from A3")
+	}
+	for range short.Limit + 1 {
+		v := call(pa, input{lease: noLease})
+		if v.outcome != Allowed {
+			return true
+		}
+		admit(pa, v.now, "plan A's admission after B's bucket left the window")
+	}
+	t.Fatalf("%s: plan A admitted %d requests from %d", what, short.Limit+1, a3.now)
+	return true
+}
