@@ -17,7 +17,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 export PETSTORE_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 export PETSTORE_TEST_REDIS_ADDR   ?= 127.0.0.1:6379
 
-.PHONY: run build test services vet unit system helm-test alerts-test image image-test api-test cluster cluster-down loadtest bench fuzz clean
+.PHONY: run build test services vet unit system helm-test alerts-test image image-test api-test cluster cluster-down loadtest bench fuzz mutants clean
 
 ## run: start the service on embedded defaults (in-memory pets, a dev key printed at start-up)
 run:
@@ -105,6 +105,12 @@ bench:
 	bin/petstore.test -test.run '^$$' -test.bench ServeWithWrk -test.benchtime 2x | tee -a bench.txt
 	bin/petstore.test -test.run '^$$' -test.bench Simulate -test.benchtime 5x -test.count 3 | tee -a bench.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/memstore/ ./internal/apikey/ ./internal/httpapi/ | tee -a bench.txt
+
+## mutants: delete each line of the limiter's script that keeps a promise (ratelimit/testdata/mutants.txt), one at a
+## time in a copy of the tree, and run the package's short tests against it: each must fail a test (about two minutes
+## a line; MUTANTS_REDIS=1 also runs the Redis tests, on a private redis-server)
+mutants:
+	@bash .ci/mutants
 
 ## fuzz: the createPet fuzzer, the hand-written JSON encoders' fuzzers (pets, the access log line), the
 ## access-log scanner against encoding/json and time.Parse, the limiter's invariant tests (and the replay
