@@ -271,6 +271,7 @@ func startCallgrindRedis(b *testing.B) *callgrindRedis {
 	// the decisions, in proportion to valgrind's slowness.
 	cg.cmd = exec.Command("valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file="+cg.out,
 		"redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1", "--dir", dir)
+	testenv.EndWithTest(cg.cmd)
 	if err := cg.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}

@@ -86,6 +86,7 @@ func (s *redisServer) tryStart() error {
 	s.out = &testenv.Buffer{}
 	cmd := exec.Command("redis-server", args...)
 	cmd.Stdout, cmd.Stderr = s.out, s.out
+	testenv.EndWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		return err
 	}

@@ -627,6 +627,7 @@ func startPrivateRedis(b *testing.B, dir string) *privateRedis {
 		args = append([]string{"taskset", "-c", cpu}, args...)
 	}
 	cmd := exec.Command(args[0], args[1:]...)
+	testenv.EndWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}

@@ -101,6 +101,7 @@ func startProc(t testing.TB, dir, name, bin string, args ...string) *proc {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	testenv.EndWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatalf("start %s: %v", name, err)
