@@ -375,6 +375,119 @@ func TestLeaseHoldsOtherPlansToItsLimit(t *testing.T) {
 	}
 }
 
+// TestLeaseCapRefusalWaitsUntilTheWindowFitsUnderIt: a request held by
+// another plan's lease cap is admitted again at whichever comes first,
+// the cap's end or enough of the window sliding out to fit under the
+// cap, so its Retry-After is the earlier. Generated periods and limits:
+// plan X (the higher limit) admits a few requests; a period later, just
+// before they slide out, plan Y (the lower limit) takes a lease, which
+// ends with the window's bucket, after they have slid out; X then sends
+// until the cap refuses it. Its Retry-After is exact (a peek 1 µs before
+// it refused, at it admitted), and falls before the lease's end; every
+// admission fits its plan's window.
+func TestLeaseCapRefusalWaitsUntilTheWindowFitsUnderIt(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 106)
+	cases, early := max(*invariantCases/2, 40), 0
+	for range cases {
+		if runLeaseCapUnder(t, rng) {
+			early++
+		}
+	}
+	t.Logf("%d cases of %d were admitted again before the lease ended", early, cases)
+	if early < cases/2 {
+		t.Fatalf("%d cases of %d were admitted again before the lease ended: the cases should exercise it", early, cases)
+	}
+}
+
+// runLeaseCapUnder plays one case of
+// TestLeaseCapRefusalWaitsUntilTheWindowFitsUnderIt and reports whether
+// X's Retry-After fell before the lease's end.
+func runLeaseCapUnder(t *testing.T, rng *rand.Rand) bool {
+	t.Helper()
+	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour}[rng.IntN(6)] +
+		time.Duration(rng.IntN(1000))*time.Millisecond
+	c := 10 + rng.Int64N(400) // Y's limit, the cap
+	lx := 2*c + rng.Int64N(1000)
+	u0 := 1 + rng.Int64N(c/4)
+	want := 2 + rng.Int64N(max((c-u0)/leaseMargin-2, 1))
+	var day []Window
+	if rng.IntN(2) == 0 {
+		day = []Window{{Limit: 1_000_000, Period: 24 * time.Hour}}
+	}
+	py := compile(Policy{Name: "y", Windows: slices.Concat([]Window{{Limit: c, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
+	px := compile(Policy{Name: "x", Windows: slices.Concat([]Window{{Limit: lx, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
+	what := fmt.Sprintf("x %v, y %v with a lease of %d", px.policy.Windows, py.policy.Windows, want)
+	pw, g := p.Microseconds(), py.windows[0].gran
+
+	// T1, early in a bucket B of the window: the lease ends at B's end,
+	// or a second on. X's first admissions, u0 of them at T0, slide out
+	// a period on, at T0 + p (plus an offset unit), before that end.
+	t1 := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	t1 = (t1/g+1)*g + rng.Int64N(g/10+1)
+	lend := min((t1/g+1)*g, t1+leaseLife.Microseconds())
+	unit := py.windows[0].unit
+	slide := t1 + 2*unit + 200 + rng.Int64N(max(lend-t1-4*unit-400, 1))
+	t0 := slide - pw
+
+	mini, rdb := newMini(t, time.UnixMicro(t0))
+	defer mini.Close()
+	now := t0
+	call := func(pl *plan, in input) verdict {
+		t.Helper()
+		mini.SetTime(time.UnixMicro(now))
+		return decideOne(t, rdb, mini, decision{keys: stateKeys("t:", "k", pl), pl: pl, nums: scriptNums(pl, in)}, pl, what)
+	}
+	var log admissionLog
+	admit := func(pl *plan, x int64, who string) {
+		t.Helper()
+		if w, n := log.admit(pl, x); w != nil {
+			t.Fatalf("%s: %s at %d finds %d admissions within %s, past its limit %d", what, who, x, n, time.Duration(w.period)*time.Microsecond, w.limit)
+		}
+	}
+	for range u0 {
+		if v := call(px, input{lease: noLease}); v.outcome != Allowed {
+			t.Fatalf("%s: X's first admissions refused", what)
+		}
+		admit(px, now, "X's admission")
+	}
+	now = t1
+	v := call(py, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
+	if v.outcome != Allowed || v.granted != want || v.leaseEnd != lend {
+		t.Fatalf("%s: Y asked a lease at %d: %v, %d granted until %d, want %d until %d", what, t1, v.outcome, v.granted, v.leaseEnd, want, lend)
+	}
+	admit(py, now, "Y's admission")
+	// X sends until the cap refuses it: the window holds c.
+	var refused verdict
+	for range c + 1 {
+		now++
+		if refused = call(px, input{lease: noLease}); refused.outcome != Allowed {
+			break
+		}
+		admit(px, now, "X's admission")
+	}
+	if refused.outcome == Allowed || now >= slide {
+		t.Fatalf("%s: X not refused by the cap before %d", what, slide)
+	}
+	at := now + refused.retry
+	for _, x := range []int64{at - 1, at} {
+		now = x
+		if pk := call(px, input{lease: noLease, peek: true}); (pk.outcome == Allowed) != (x == at) {
+			t.Fatalf("%s: X refused at %d with Retry-After %d µs (its first admissions slide out at %d, the lease ends at %d); at %d it is %v",
+				what, refused.now, refused.retry, slide, lend, x, pk.outcome)
+		}
+	}
+	// Y spends its lease to its last microsecond, X sends once more.
+	for range want - 1 {
+		admit(py, lend-1, "Y's leased admission")
+	}
+	now = at
+	if v := call(px, input{lease: noLease}); v.outcome == Allowed {
+		admit(px, now, "X's admission after its Retry-After")
+	}
+	return at < lend
+}
+
 // TestLeaseHoldsOtherPlansToItsLimitOnRedis plays the same scenario on a
 // real Redis, by real time, and checks the windows by Redis's times.
 func TestLeaseHoldsOtherPlansToItsLimitOnRedis(t *testing.T) {
