@@ -611,7 +611,8 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 		return pl
 	}
 	pa := mk(short, Window{Limit: 1_000_000, Period: 24 * time.Hour})
-	pw, g, n := p.Microseconds(), blockRing(pa.windows[0]).gran, blockRing(pa.windows[0]).n
+	coarse := blockRing(pa.windows[0])
+	pw, g, n := p.Microseconds(), coarse.gran, coarse.n
 	dayG, life := pa.windows[1].gran, reserveLife.Microseconds()
 
 	// By real time, a call lands a little after its mark: the marks
@@ -673,13 +674,9 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 		}
 		return decideOne(t, rdb, mini, decision{keys: stateKeys(prefix, "k", pl.blk), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
 	}
+	what += fmt.Sprintf(" (E %d..%d, H %d)", E*g, (E+1)*g, H)
 	var log admissionLog
-	admit := func(pl *plan, x int64, who string) {
-		t.Helper()
-		if w, n := log.admit(pl, x); w != nil {
-			t.Fatalf("%s: %s at %d finds %d admissions within %s, past its limit %d (E %d..%d, H %d)", what, who, x, n, time.Duration(w.period)*time.Microsecond, w.limit, E*g, (E+1)*g, H)
-		}
-	}
+	admit := func(pl *plan, x int64, who string) { t.Helper(); log.mustAdmit(t, pl, x, what, who) }
 	block := func(pl *plan, at int64, most int64) verdict {
 		t.Helper()
 		waitUntil(at)

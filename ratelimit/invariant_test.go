@@ -178,6 +178,16 @@ func (a *admissionLog) admit(pl *plan, x int64) (over *ring, n int64) {
 	return nil, 0
 }
 
+// mustAdmit logs one admission at x under plan pl, and fails the test,
+// naming the case (what) and the admission (who), when one of pl's
+// windows then holds more than its limit.
+func (a *admissionLog) mustAdmit(t testing.TB, pl *plan, x int64, what, who string) {
+	t.Helper()
+	if w, n := a.admit(pl, x); w != nil {
+		t.Fatalf("%s: %s at %d finds %d admissions within %s, past its limit %d", what, who, x, n, time.Duration(w.period)*time.Microsecond, w.limit)
+	}
+}
+
 // idealWait returns how long after x a request would wait for window
 // (limit, p) under an exact sliding window over the logged admissions.
 func (a *admissionLog) idealWait(limit, p, x int64) int64 {

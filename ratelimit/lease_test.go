@@ -439,12 +439,7 @@ func runLeaseCapUnder(t *testing.T, rng *rand.Rand) bool {
 		return decideOne(t, rdb, mini, decision{keys: stateKeys("t:", "k", pl), pl: pl, nums: scriptNums(pl, in)}, pl, what)
 	}
 	var log admissionLog
-	admit := func(pl *plan, x int64, who string) {
-		t.Helper()
-		if w, n := log.admit(pl, x); w != nil {
-			t.Fatalf("%s: %s at %d finds %d admissions within %s, past its limit %d", what, who, x, n, time.Duration(w.period)*time.Microsecond, w.limit)
-		}
-	}
+	admit := func(pl *plan, x int64, who string) { t.Helper(); log.mustAdmit(t, pl, x, what, who) }
 	for range u0 {
 		if v := call(px, input{lease: noLease}); v.outcome != Allowed {
 			t.Fatalf("%s: X's first admissions refused", what)

@@ -718,12 +718,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	// an edit spreads, the new plan's admissions fit the old plan's too).
 	var log admissionLog
 	pw := p.Microseconds()
-	admit := func(pl *plan, x int64, who string) {
-		t.Helper()
-		if w, n := log.admit(pl, x); w != nil {
-			t.Fatalf("%s: %s at %d finds %d admissions within %s, past its limit %d", what, who, x, n, time.Duration(w.period)*time.Microsecond, w.limit)
-		}
-	}
+	admit := func(pl *plan, x int64, who string) { t.Helper(); log.mustAdmit(t, pl, x, what, who) }
 	spend := func(x int64) { t.Helper(); admit(pc, x, "a spend from the third plan's block or lease") }
 
 	// The third plan's steady traffic, a fifth of its limit a period,
