@@ -483,6 +483,98 @@ func runLeaseCapUnder(t *testing.T, rng *rand.Rand) bool {
 	return at < lend
 }
 
+// TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow: a request held by
+// another plan's lease cap while its window is also over the request's
+// own limit (a replica's report of what it admitted without Redis landed
+// meanwhile) is admitted again only once the window fits its own limit,
+// even after the cap has ended. Generated periods and limits: plan X
+// (the higher limit) admits a few requests, which slide out a period on,
+// after the lease's end; plan Y (the lower limit) takes a lease; while it
+// lasts, a replica of X reports admissions that take the window to X's
+// limit or past it, but not so far that X's first admissions sliding out
+// leave it there. X's refusal's Retry-After is exact (a peek 1 µs before
+// it refused, at it admitted) and falls after the lease's end: waiting
+// for the cap's end alone is caught.
+func TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 107)
+	for range max(*invariantCases/2, 40) {
+		runLeaseCapOver(t, rng)
+	}
+}
+
+// runLeaseCapOver plays one case of
+// TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow.
+func runLeaseCapOver(t *testing.T, rng *rand.Rand) {
+	t.Helper()
+	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour}[rng.IntN(6)] +
+		time.Duration(rng.IntN(1000))*time.Millisecond
+	c := 10 + rng.Int64N(400) // Y's limit, the cap
+	lx := 2*c + rng.Int64N(1000)
+	u0 := 1 + rng.Int64N(c/4)
+	want := 2 + rng.Int64N(max((c-u0)/leaseMargin-2, 1))
+	// The report takes the window to X's limit at least, and leaves it
+	// under once X's first u0 admissions have slid out.
+	report := lx - u0 - want + rng.Int64N(u0)
+	var day []Window
+	if rng.IntN(2) == 0 {
+		day = []Window{{Limit: 1_000_000, Period: 24 * time.Hour}}
+	}
+	py := compile(Policy{Name: "y", Windows: slices.Concat([]Window{{Limit: c, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
+	px := compile(Policy{Name: "x", Windows: slices.Concat([]Window{{Limit: lx, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
+	what := fmt.Sprintf("x %v, y %v with a lease of %d, a report of %d", px.policy.Windows, py.policy.Windows, want, report)
+	pw, g, unit := p.Microseconds(), py.windows[0].gran, py.windows[0].unit
+
+	// T1, early in a bucket of the window: the lease ends at its end or
+	// a second on. X's first admissions, at T0, slide out a period on,
+	// after that end and before Y's lease slides out.
+	t1 := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	t1 = (t1/g+1)*g + rng.Int64N(g/10+1)
+	lend := min((t1/g+1)*g, t1+leaseLife.Microseconds())
+	slide := lend + 2*unit + 200 + rng.Int64N(max(t1+pw-lend-4*unit-400, 1))
+	t0 := slide - pw
+
+	mini, rdb := newMini(t, time.UnixMicro(t0))
+	defer mini.Close()
+	now := t0
+	call := func(pl *plan, in input) verdict {
+		t.Helper()
+		mini.SetTime(time.UnixMicro(now))
+		return decideOne(t, rdb, mini, decision{keys: stateKeys("t:", "k", pl), pl: pl, nums: scriptNums(pl, in)}, pl, what)
+	}
+	for range u0 {
+		if v := call(px, input{lease: noLease}); v.outcome != Allowed {
+			t.Fatalf("%s: X's first admissions refused", what)
+		}
+	}
+	now = t1
+	v := call(py, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
+	if v.outcome != Allowed || v.granted != want || v.leaseEnd != lend {
+		t.Fatalf("%s: Y asked a lease at %d: %v, %d granted until %d, want %d until %d", what, t1, v.outcome, v.granted, v.leaseEnd, want, lend)
+	}
+	// While the lease lasts, X's request carries the report.
+	now = t1 + 1 + rng.Int64N(max(lend-t1-2, 1))
+	add := make([]int64, len(px.windows))
+	for i := range add {
+		add[i] = report
+	}
+	refused := call(px, input{add: add, lease: noLease})
+	if refused.outcome == Allowed {
+		t.Fatalf("%s: X admitted at %d with the window over its cap and its own limit", what, now)
+	}
+	at := now + refused.retry
+	for _, x := range []int64{at - 1, at} {
+		now = x
+		if pk := call(px, input{lease: noLease, peek: true}); (pk.outcome == Allowed) != (x == at) {
+			t.Fatalf("%s: X refused at %d with Retry-After %d µs (its first admissions slide out at %d, the lease ends at %d); at %d it is %v",
+				what, refused.now, refused.retry, slide, lend, x, pk.outcome)
+		}
+	}
+	if at <= lend {
+		t.Fatalf("%s: X admitted again at %d, by the lease's end %d, though its first admissions slide out at %d", what, at, lend, slide)
+	}
+}
+
 // TestLeaseHoldsOtherPlansToItsLimitOnRedis plays the same scenario on a
 // real Redis, by real time, and checks the windows by Redis's times.
 func TestLeaseHoldsOtherPlansToItsLimitOnRedis(t *testing.T) {
