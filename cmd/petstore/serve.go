@@ -204,6 +204,8 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		Metrics:        httpapi.NewMetrics(reg),
 		TrustedProxies: cfg.TrustedProxies,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
+
+		OmitDraftLimitFields: !cfg.DraftFields,
 	})
 	// Where the replica stands is known, and logged, before it listens.
 	readiness := httpapi.NewReadiness(httpapi.ReadinessConfig{Checks: checks, Logger: log})

@@ -85,8 +85,9 @@ var (
 
 // parseRateLimit reads and cross-checks the rate-limit fields of a
 // response received at now: the X-RateLimit-* fields, the IETF RateLimit
-// and RateLimit-Policy fields, and Retry-After on a 429. The error says
-// what is missing or inconsistent.
+// and RateLimit-Policy fields (both, or neither from a server that does
+// not send the draft's), and Retry-After on a 429. The error says what is
+// missing or inconsistent.
 func parseRateLimit(h http.Header, status int, now time.Time) (rateLimit, error) {
 	var rl rateLimit
 	num := func(name string) (int64, error) {
@@ -121,6 +122,12 @@ func parseRateLimit(h http.Header, status int, now time.Time) (rateLimit, error)
 		return rl, fmt.Errorf("X-RateLimit-Reset %d is in the past (now %d)", reset, now.Unix())
 	}
 
+	if h.Get("RateLimit") == "" && h.Get("RateLimit-Policy") == "" {
+		// A server started with --ratelimit-draft-fields=false sends
+		// the specification's three alone; with no window to bound it,
+		// the Remaining check (remainingTracker) passes over this key.
+		return rl, retryAfter(h, status, &rl)
+	}
 	m := rateLimitRE.FindStringSubmatch(h.Get("RateLimit"))
 	if m == nil {
 		return rl, fmt.Errorf("RateLimit %q is not \"NAME\";r=N;t=N", h.Get("RateLimit"))
@@ -148,14 +155,20 @@ func parseRateLimit(h http.Header, status int, now time.Time) (rateLimit, error)
 	if !found {
 		return rl, fmt.Errorf("RateLimit names window %q, which RateLimit-Policy %q does not list", m[1], h.Get("RateLimit-Policy"))
 	}
-	if status == http.StatusTooManyRequests {
-		ra, err := num("Retry-After")
-		if err != nil || ra < 1 {
-			return rl, fmt.Errorf("429 with Retry-After %q", h.Get("Retry-After"))
-		}
-		rl.retryAfter = time.Duration(ra) * time.Second
+	return rl, retryAfter(h, status, &rl)
+}
+
+// retryAfter reads a 429's Retry-After into rl: whole seconds, at least 1.
+func retryAfter(h http.Header, status int, rl *rateLimit) error {
+	if status != http.StatusTooManyRequests {
+		return nil
 	}
-	return rl, nil
+	ra, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64)
+	if err != nil || ra < 1 {
+		return fmt.Errorf("429 with Retry-After %q", h.Get("Retry-After"))
+	}
+	rl.retryAfter = time.Duration(ra) * time.Second
+	return nil
 }
 
 // remainingTracker checks that X-RateLimit-Remaining never rises for a key

@@ -40,6 +40,17 @@ func TestParseRateLimit(t *testing.T) {
 	if rl, err := parseRateLimit(h, 429, now); err != nil || rl.retryAfter != 7*time.Second {
 		t.Fatalf("429 with Retry-After 7: %+v, %v", rl, err)
 	}
+	// Without the draft's fields: the three alone, no window known.
+	h = good()
+	h.Del("RateLimit")
+	h.Del("RateLimit-Policy")
+	if rl, err := parseRateLimit(h, 200, now); err != nil || rl.limit != 60 || rl.remaining != 12 || rl.window != 0 {
+		t.Fatalf("without the draft's fields: %+v, %v", rl, err)
+	}
+	h.Set("Retry-After", "7")
+	if rl, err := parseRateLimit(h, 429, now); err != nil || rl.retryAfter != 7*time.Second {
+		t.Fatalf("429 without the draft's fields, Retry-After 7: %+v, %v", rl, err)
+	}
 	tests := []struct {
 		name    string
 		edit    func(http.Header)
@@ -56,6 +67,9 @@ func TestParseRateLimit(t *testing.T) {
 		{"q differs", func(h http.Header) { h.Set("RateLimit-Policy", `"1m";q=61;w=60`) }, 200, "q=61"},
 		{"window not in policy", func(h http.Header) { h.Set("RateLimit-Policy", `"24h";q=60;w=86400`) }, 200, "does not list"},
 		{"malformed policy", func(h http.Header) { h.Set("RateLimit-Policy", `1m;q=60`) }, 200, "RateLimit-Policy"},
+		{"no RateLimit-Policy", func(h http.Header) { h.Del("RateLimit-Policy") }, 200, "RateLimit-Policy \"\""},
+		{"neither draft field, 429 without Retry-After", func(h http.Header) { h.Del("RateLimit"); h.Del("RateLimit-Policy") }, 429, "Retry-After"},
+		{"neither draft field, limit missing", func(h http.Header) { h.Del("RateLimit"); h.Del("RateLimit-Policy"); h.Del("X-RateLimit-Limit") }, 200, "no X-RateLimit-Limit"},
 		{"429 without Retry-After", func(http.Header) {}, 429, "Retry-After"},
 		{"429 with Retry-After 0", func(h http.Header) { h.Set("Retry-After", "0") }, 429, "Retry-After"},
 	}

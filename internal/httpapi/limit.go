@@ -60,7 +60,7 @@ func (s *server) apply(w http.ResponseWriter, r *http.Request, info *requestInfo
 		}
 		return true
 	}
-	setLimitHeaders(w.Header(), d, time.Now)
+	setLimitHeaders(w.Header(), d, time.Now, s.draftFields)
 	if !d.Allowed() {
 		s.writeError(w, r, &refusedError{decision: *d})
 		return false
@@ -116,7 +116,7 @@ func (s *server) throttleUsage(next http.Handler) http.Handler {
 			s.writeError(w, r, fmt.Errorf("usage throttle %s: %w", p.KeyID, err))
 			return
 		}
-		setLimitHeaders(w.Header(), &d, s.now)
+		setLimitHeaders(w.Header(), &d, s.now, s.draftFields)
 		if !d.Allowed() {
 			s.writeError(w, r, &refusedError{decision: d})
 			return
@@ -157,7 +157,7 @@ func (s *server) chargeIP(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("throttle %s: %w", key, err)
 	}
-	setLimitHeaders(w.Header(), &d, time.Now)
+	setLimitHeaders(w.Header(), &d, time.Now, s.draftFields)
 	if !d.Allowed() {
 		return &refusedError{decision: d}
 	}
@@ -178,6 +178,10 @@ const (
 	headerRateLimit = "RateLimit"
 )
 
+// limitNames are the rate-limit fields in the order setLimitHeaders
+// writes them: the specification's three, then the draft's two.
+var limitNames = [...]string{headerLimit, headerRemaining, headerReset, headerPolicy, headerRateLimit}
+
 // canonicalLimitNames are the canonical spellings of the rate-limit
 // fields (http.CanonicalHeaderKey), which setLimitHeaders removes so that
 // a response never carries a field twice.
@@ -197,9 +201,10 @@ var canonicalLimitNames = [...]string{"X-Ratelimit-Limit", "X-Ratelimit-Remainin
 // the decision (Redis's, for shared decisions) when it says which, as
 // every decision of the limiter and the throttle does; the clock now is
 // read only for one that does not (a read is 65 ns on some virtual
-// machines). The five values are written into one buffer and share one
-// string and one slice: every limited response carries them.
-func setLimitHeaders(h http.Header, d *ratelimit.Decision, clock func() time.Time) {
+// machines). The values are written into one buffer and share one string
+// and one slice: every limited response carries them. draft false leaves
+// out the draft's two fields (Config.OmitDraftLimitFields).
+func setLimitHeaders(h http.Header, d *ratelimit.Decision, clock func() time.Time, draft bool) {
 	if len(d.Windows) == 0 {
 		return
 	}
@@ -228,28 +233,39 @@ func setLimitHeaders(h http.Header, d *ratelimit.Decision, clock func() time.Tim
 	ends[1] = len(b)
 	b = strconv.AppendInt(b, ceilUnix(reset), 10)
 	ends[2] = len(b)
-	for i, w := range d.Windows {
-		if i > 0 {
-			b = append(b, ", "...)
+	fields := len(limitNames)
+	if draft {
+		for i, w := range d.Windows {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendPolicyName(b, w.Period)
+			b = append(b, ";q="...)
+			b = strconv.AppendInt(b, w.Limit, 10)
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, max(ceilSeconds(w.Period), 1), 10)
 		}
-		b = appendPolicyName(b, w.Period)
-		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, w.Limit, 10)
-		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, max(ceilSeconds(w.Period), 1), 10)
+		ends[3] = len(b)
+		b = appendPolicyName(b, bound.Period)
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, remaining, 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, ceilSeconds(reset.Sub(now)), 10)
+		ends[4] = len(b)
+	} else {
+		// The specification's three alone: a draft field set earlier
+		// (a throttle's, before the key's) goes too.
+		fields = 3
+		for i := fields; i < len(limitNames); i++ {
+			delete(h, limitNames[i])
+			delete(h, canonicalLimitNames[i])
+		}
 	}
-	ends[3] = len(b)
-	b = appendPolicyName(b, bound.Period)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, remaining, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, ceilSeconds(reset.Sub(now)), 10)
-	ends[4] = len(b)
 
 	all := string(b)
-	vals := make([]string, 5)
+	vals := make([]string, fields)
 	from := 0
-	for i, name := range [...]string{headerLimit, headerRemaining, headerReset, headerPolicy, headerRateLimit} {
+	for i, name := range limitNames[:fields] {
 		delete(h, canonicalLimitNames[i])
 		vals[i] = all[from:ends[i]]
 		h[name] = vals[i : i+1 : i+1]
@@ -268,7 +284,7 @@ func appendPolicyName(b []byte, period time.Duration) []byte {
 
 // clearLimitHeaders removes the rate-limit fields, in either spelling.
 func clearLimitHeaders(h http.Header) {
-	for _, name := range []string{headerLimit, headerRemaining, headerReset, headerPolicy, headerRateLimit} {
+	for _, name := range limitNames {
 		h.Del(name)
 		delete(h, name)
 	}

@@ -126,7 +126,7 @@ func TestRateLimitHeadersBindingWindow(t *testing.T) {
 				h.Set(name, "stale")
 			}
 		}
-		setLimitHeaders(h, &tt.d, func() time.Time { return now })
+		setLimitHeaders(h, &tt.d, func() time.Time { return now }, true)
 		for name, v := range tt.want {
 			// Read by the exact name: the X-RateLimit fields must be
 			// spelled as the specification spells them.
@@ -152,6 +152,8 @@ func TestRateLimitHeadersBindingWindow(t *testing.T) {
 // then, rounded up; RateLimit-Policy lists every window, named by a
 // period that parses back exactly, with its limit and its period in whole
 // seconds (at least 1). Every value fits its schema in openapi.yaml.
+// Without the draft's fields the X-RateLimit fields are the same, and
+// alone.
 func TestRateLimitHeadersOverGeneratedDecisions(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(7, 11))
@@ -209,7 +211,15 @@ func TestRateLimitHeadersOverGeneratedDecisions(t *testing.T) {
 			d.RetryAfter = time.Duration(1 + rng.Int64N(int64(2*d.Bound().Period)))
 		}
 		h := http.Header{}
-		setLimitHeaders(h, &d, func() time.Time { return clock })
+		setLimitHeaders(h, &d, func() time.Time { return clock }, true)
+		// Without the draft's fields: the specification's three, as
+		// with them, and nothing else, though fields were set before
+		// (a throttle's, in either spelling).
+		lean := http.Header{"RateLimit": {"stale"}, "Ratelimit-Policy": {"stale"}, "X-Ratelimit-Limit": {"stale"}}
+		setLimitHeaders(lean, &d, func() time.Time { return clock }, false)
+		if len(lean) != 3 || !slices.Equal(lean[headerLimit], h[headerLimit]) || !slices.Equal(lean[headerRemaining], h[headerRemaining]) || !slices.Equal(lean[headerReset], h[headerReset]) {
+			t.Fatalf("decision %d %+v: without the draft's fields %v, with them %v", c, d, lean, h)
+		}
 
 		b := d.Bound()
 		remaining := b.Remaining
@@ -445,5 +455,82 @@ func TestRateLimitShadowMode(t *testing.T) {
 				t.Errorf("shadow refusal log lines %v, want one at DEBUG naming key, plan, outcome %s and request id", logged, d.Outcome)
 			}
 		})
+	}
+}
+
+// TestDraftLimitFieldsOmitted: a server configured without the draft's
+// fields (OmitDraftLimitFields) answers every request as one sending them
+// does, the same status and the same X-RateLimit-Limit, -Remaining and
+// -Reset, but with neither RateLimit nor RateLimit-Policy in any
+// spelling: a key's 200, 201, 404 and 429 (the real limiter on
+// miniredis), a request without a valid key (the per-IP throttle's
+// fields), and GET /v1/rate_limit's 200 (the quota's) and its
+// throttle's 429.
+func TestDraftLimitFieldsOmitted(t *testing.T) {
+	t.Parallel()
+	full := newQuotaFixture(t, ratelimit.Options{})
+	lean := newQuotaFixture(t, ratelimit.Options{}, func(c *Config) { c.OmitDraftLimitFields = true })
+	lean.now = full.now
+	lean.mini.SetTime(lean.now)
+	// The per-IP throttle is a fake: the same decision on both.
+	lean.throttle.decision = full.throttle.decision
+	type step struct {
+		what string
+		req  func(f *quotaFixture) request
+		// clock: the throttle's fields are stated on this process's
+		// clock, so Reset may differ by the second boundary between
+		// the two requests.
+		clock bool
+	}
+	get := func(target, key string) func(f *quotaFixture) request {
+		return func(f *quotaFixture) request { return request{target: target, key: f.keys[key]} }
+	}
+	steps := []step{
+		{what: "200", req: get("/v1/pets", "free")},
+		{what: "201", req: func(f *quotaFixture) request {
+			return request{method: http.MethodPost, target: "/v1/pets", key: f.keys["free"], body: `{"name":"Rex","categoryId":1}`}
+		}},
+		{what: "404", req: get("/v1/pets/424242", "free")},
+		{what: "401", req: func(*quotaFixture) request { return request{target: "/v1/pets", key: "nope"} }},
+		{what: "rate_limit 200", req: get("/v1/rate_limit", "tiny"), clock: true},
+	}
+	for i := range 4 {
+		steps = append(steps, step{what: fmt.Sprintf("tiny's request %d", i+1), req: get("/v1/pets", "tiny")})
+	}
+	for i := range 11 {
+		steps = append(steps, step{what: fmt.Sprintf("ask %d", i+2), req: get("/v1/rate_limit", "free"), clock: true})
+	}
+	statuses := map[int]bool{}
+	for _, st := range steps {
+		a, b := full.do(st.req(full)), lean.do(st.req(lean))
+		if a.StatusCode != b.StatusCode {
+			t.Fatalf("%s: %d without the draft's fields, %d with them", st.what, b.StatusCode, a.StatusCode)
+		}
+		statuses[a.StatusCode] = true
+		want, got := rateLimitFields(a.Header), rateLimitFields(b.Header)
+		if want["RateLimit"] == "" || want["RateLimit-Policy"] == "" {
+			t.Fatalf("%s (%d): the full server sent %v, want the draft's fields among them", st.what, a.StatusCode, want)
+		}
+		for name := range b.Header {
+			if strings.EqualFold(name, headerRateLimit) || strings.EqualFold(name, headerPolicy) {
+				t.Errorf("%s (%d): %s sent without the draft's fields", st.what, b.StatusCode, name)
+			}
+		}
+		for _, name := range []string{headerLimit, headerRemaining, headerReset} {
+			if got[name] == want[name] {
+				continue
+			}
+			x, _ := strconv.ParseInt(want[name], 10, 64)
+			y, err := strconv.ParseInt(got[name], 10, 64)
+			if name == headerReset && st.clock && err == nil && (y == x+1 || y == x-1) {
+				continue
+			}
+			t.Errorf("%s (%d): %s %q without the draft's fields, %q with them", st.what, b.StatusCode, name, got[name], want[name])
+		}
+	}
+	for _, code := range []int{200, 201, 404, 401, 429} {
+		if !statuses[code] {
+			t.Errorf("no %d among the answers %v: the steps should reach it", code, statuses)
+		}
 	}
 }

@@ -57,7 +57,7 @@ var errSharedCountsUnreachable = errors.New("the shared counts cannot be read (R
 // request. Without the shared counts it answers 503 in either failure
 // mode: what a replica knows alone is a guess at its own share, not where
 // the key stands.
-func handleRateLimit(usage UsageReader, now func() time.Time, fail errorWriter) http.HandlerFunc {
+func handleRateLimit(usage UsageReader, now func() time.Time, draftFields bool, fail errorWriter) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if _, err := queryParams(r); err != nil {
 			fail(w, r, err)
@@ -84,7 +84,7 @@ func handleRateLimit(usage UsageReader, now func() time.Time, fail errorWriter) 
 		clearLimitHeaders(h)
 		if !p.Policy.Shadow {
 			d := usageDecision(u, t)
-			setLimitHeaders(h, &d, func() time.Time { return t })
+			setLimitHeaders(h, &d, func() time.Time { return t }, draftFields)
 		}
 		body := rateLimitBody{Plan: p.Plan, Mode: "enforce", Windows: rateLimitWindows(u.Windows, t), Ban: banState(u.Strikes, u.Offences, u.BannedUntil, t)}
 		if p.Policy.Shadow {

@@ -49,7 +49,7 @@ type quotaFixture struct {
 
 // newQuotaFixture builds the fixture; opts may set the failure mode and
 // the Redis timeout.
-func newQuotaFixture(t *testing.T, opts ratelimit.Options) *quotaFixture {
+func newQuotaFixture(t *testing.T, opts ratelimit.Options, more ...serverOption) *quotaFixture {
 	t.Helper()
 	f := &quotaFixture{mini: miniredis.RunT(t)}
 	// A quarter second past the start of a bucket of every window used
@@ -59,13 +59,13 @@ func newQuotaFixture(t *testing.T, opts ratelimit.Options) *quotaFixture {
 	f.mini.SetTime(f.now)
 	client := redis.NewClient(&redis.Options{Addr: f.mini.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
-	f.start(t, client, opts, func() time.Time { return f.now })
+	f.start(t, client, opts, func() time.Time { return f.now }, more...)
 	return f
 }
 
 // start serves the fixture's keys with a limiter and throttle on client;
 // clock is the server's (time.Now when nil).
-func (f *quotaFixture) start(t *testing.T, client redis.UniversalClient, opts ratelimit.Options, clock func() time.Time) {
+func (f *quotaFixture) start(t *testing.T, client redis.UniversalClient, opts ratelimit.Options, clock func() time.Time, more ...serverOption) {
 	t.Helper()
 	f.keys = map[string]string{}
 	plans, err := plan.Parse([]byte(quotaPlans))
@@ -107,13 +107,13 @@ func (f *quotaFixture) start(t *testing.T, client redis.UniversalClient, opts ra
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = thr.Close() })
-	f.testServer = newTestServer(t, func(c *Config) {
+	f.testServer = newTestServer(t, append([]serverOption{func(c *Config) {
 		c.Auth = auth
 		c.Limiter = lim
 		c.Usage = lim
 		c.UsageThrottle = thr
 		c.now = clock
-	})
+	}}, more...)...)
 }
 
 // quota asks GET /v1/rate_limit with the named key and decodes a 200.

@@ -44,7 +44,7 @@ func (s *server) routes() *chi.Mux {
 	// Reading the quota spends none of it: the operation has a per-key
 	// throttle of its own instead of the key's limits.
 	if s.usage != nil {
-		v1.With(s.throttleUsage).Get("/v1/rate_limit", handleRateLimit(s.usage, s.now, s.writeError))
+		v1.With(s.throttleUsage).Get("/v1/rate_limit", handleRateLimit(s.usage, s.now, s.draftFields, s.writeError))
 	}
 
 	// Unknown paths and methods under /v1 are answered after

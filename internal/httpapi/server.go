@@ -98,6 +98,11 @@ type Config struct {
 	// IdempotencyTTL is how long an Idempotency-Key is remembered
 	// (DefaultIdempotencyTTL when zero).
 	IdempotencyTTL time.Duration
+	// OmitDraftLimitFields leaves out the two rate-limit fields of
+	// draft-ietf-httpapi-ratelimit-headers (RateLimit, RateLimit-Policy):
+	// responses carry the specification's X-RateLimit-Limit, -Remaining
+	// and -Reset alone. The draft's fields are sent by default.
+	OmitDraftLimitFields bool
 
 	// now replaces time.Now in tests.
 	now func() time.Time
@@ -117,6 +122,7 @@ type server struct {
 	proxies        []netip.Prefix
 	maxBodyBytes   int64
 	idempotencyTTL time.Duration
+	draftFields    bool // the draft's rate-limit fields too (setLimitHeaders)
 	now            func() time.Time
 	openapi        openAPIDocument
 	// mux is the finished router, consulted to compute Allow headers and to
@@ -138,6 +144,7 @@ func NewServer(cfg Config) http.Handler {
 		proxies:        cfg.TrustedProxies,
 		maxBodyBytes:   cfg.MaxBodyBytes,
 		idempotencyTTL: cfg.IdempotencyTTL,
+		draftFields:    !cfg.OmitDraftLimitFields,
 		now:            cfg.now,
 	}
 	if s.log == nil {
