@@ -658,16 +658,21 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	for pn2 == 0 || pn2 == p {
 		pn2 = []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second, 2 * time.Minute}[rng.IntN(4)]
 	}
-	// With reserve, a second short window of plenty, so that the plans
-	// go through decide (fast serves one coarse record) half the time,
-	// and, with a lease, half the time the third plan's day window below
-	// its short window's limit: its cap, written in the day's record too,
-	// is then the one that binds, below the other plan's day limit.
+	// With reserve, a third of the time a second short window of plenty,
+	// so that the plans go through decide (fast serves one coarse
+	// record), and a third of the time a second long window of plenty,
+	// an hour, so that the day is the fast path's window 3; and, with a
+	// lease, half the time the third plan's day window below its short
+	// window's limit: its cap, written in the day's record too, is then
+	// the one that binds, below the other plan's day limit.
 	var second []Window
 	cday := day
 	if cc.reserve {
-		if rng.IntN(2) == 0 {
+		switch rng.IntN(3) {
+		case 0:
 			second = []Window{{Limit: 1_000_000, Period: 2 * p}}
+		case 1:
+			second = []Window{{Limit: 1_000_000, Period: time.Hour}}
 		}
 		if cc.lease && rng.IntN(2) == 0 {
 			cday.Limit = lc/2 + rng.Int64N(lc/2)
