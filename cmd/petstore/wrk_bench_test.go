@@ -72,6 +72,9 @@ import (
 // limiter finalized (records of its own), beside the unfinalized one in
 // the same rotating rounds, reported as finalized/on, its server and Redis
 // CPU a request, and its Redis CPU as a share of on's.
+// BENCH_SPEC_FIELDS (say 1) serves every side without the IETF draft's
+// two rate-limit fields (--ratelimit-draft-fields=false): the
+// specification's three alone.
 // BENCH_PIPELINES sets Options.Pipelines, BENCH_PIPELINE_HOLD (say
 // 200us, or -1ns for none) Options.PipelineHold; BENCH_REDIS_DELAY (say 100us)
 // puts the limiter's Redis that far away in each direction, through a
@@ -88,6 +91,7 @@ import (
 // on/off then measures what the limiter costs a replica's own core.
 func BenchmarkServeWithWrk(b *testing.B) {
 	testenv.RedisAddr(b)
+	specFields := os.Getenv("BENCH_SPEC_FIELDS") != ""
 	for _, tool := range []string{"wrk", "redis-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			b.Skipf("%s not installed: %v", tool, err)
@@ -162,7 +166,8 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			// off; connection goroutines inherit it from Serve's), so that
 			// -test.cpuprofile can be split: go tool pprof -tagfocus side=on.
 			serve := func(name string, l httpapi.Limiter) (url string, stop func()) {
-				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry())})
+				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry()),
+					OmitDraftLimitFields: specFields})
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				if err != nil {
 					b.Fatal(err)
@@ -217,7 +222,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 				url, stop := serve(name, l)
 				b.Cleanup(stop)
 				return url
-			}, sides[0].limiter, sides[1].limiter, sides[2].limiter, sides[3].limiter)
+			}, specFields, sides[0].limiter, sides[1].limiter, sides[2].limiter, sides[3].limiter)
 			b.ResetTimer()
 			for i := range b.N {
 				for k := range sides {
@@ -385,11 +390,11 @@ func (r redisRateLimiter) Allow(ctx context.Context, key string, p ratelimit.Pol
 }
 
 // checkSideFields fails the benchmark unless the sides answer with the
-// same header fields but for the five rate-limit fields, which every side
-// with a limiter (on, redis_rate, fields) sends and off does not: else
-// the sides' ratios would compare different responses. serve starts a
-// side's server and returns its address.
-func checkSideFields(b *testing.B, key string, serve func(string, httpapi.Limiter) string, off, on, rr, fields httpapi.Limiter) {
+// same header fields but for the five rate-limit fields (three with
+// specFields), which every side with a limiter (on, redis_rate, fields)
+// sends and off does not: else the sides' ratios would compare different
+// responses. serve starts a side's server and returns its address.
+func checkSideFields(b *testing.B, key string, serve func(string, httpapi.Limiter) string, specFields bool, off, on, rr, fields httpapi.Limiter) {
 	b.Helper()
 	names := func(name string, l httpapi.Limiter) []string {
 		req, err := http.NewRequest(http.MethodGet, serve(name+"-check", l)+"/v1/pets?limit=20", nil)
@@ -425,9 +430,12 @@ func checkSideFields(b *testing.B, key string, serve func(string, httpapi.Limite
 		}
 	}
 	limitFields := []string{"Ratelimit", "Ratelimit-Policy", "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
+	if specFields {
+		limitFields = limitFields[2:]
+	}
 	withoutLimit := slices.DeleteFunc(slices.Clone(want), func(n string) bool { return slices.Contains(limitFields, n) })
-	if len(withoutLimit) != len(want)-len(limitFields) {
-		b.Fatalf("on answers with fields %v, want the five rate-limit fields among them", want)
+	if len(withoutLimit) != len(want)-len(limitFields) || specFields && (slices.Contains(want, "Ratelimit") || slices.Contains(want, "Ratelimit-Policy")) {
+		b.Fatalf("on answers with fields %v, want the rate-limit fields %v among them, and no other", want, limitFields)
 	}
 	if got := names("off", off); !slices.Equal(got, withoutLimit) {
 		b.Fatalf("off answers with fields %v, want %v", got, withoutLimit)

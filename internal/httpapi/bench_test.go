@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -147,12 +150,21 @@ func BenchmarkStackVsBareChi(b *testing.B) {
 // middleware and its five response fields; with the request id, the two
 // common fields, Link, Content-Type and Content-Length they make eleven,
 // past the eight a small Go map holds, so the handler's header map grows
-// into a table and net/http's copy of it at WriteHeader is one too. The
-// two sides alternate in blocks of 2,000 requests in one run; time,
-// allocations and bytes per request are reported for each, and the
-// difference.
+// into a table and net/http's copy of it at WriteHeader is one too; the
+// copy is then written sorted by name, as the server writes it
+// (wireWriter). A third side leaves out the draft's two fields
+// (OmitDraftLimitFields): draft-ns/req is what they cost. The sides
+// alternate in blocks of 2,000 requests in one run; time, allocations and
+// bytes per request are reported for each, and the differences.
 //
 //	go test -run '^$' -bench LimitFields -benchtime 200000x -count 5 ./internal/httpapi/
+//
+// One side alone, its instructions counted (ratelimit/BENCHMARKS.md,
+// 2026-11-30; callgrind needs Go's preemption signals off):
+//
+//	go test -c -o httpapi.test ./internal/httpapi/
+//	BENCH_FIELDS_SIDE=on GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind \
+//	  ./httpapi.test -test.run '^$' -test.bench LimitFields -test.benchtime 40000x
 func BenchmarkLimitFields(b *testing.B) {
 	store := memstore.New()
 	for i := range 1000 {
@@ -160,19 +172,23 @@ func BenchmarkLimitFields(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	server := func(l Limiter) http.Handler {
+	server := func(l Limiter, omitDraft bool) http.Handler {
 		return NewServer(Config{
-			Store:   store,
-			Auth:    testAuth{},
-			Limiter: l,
-			Logger:  slog.New(NewJSONLogHandler(discard{}, nil)),
-			Metrics: NewMetrics(prometheus.NewRegistry()),
+			Store:                store,
+			Auth:                 testAuth{},
+			Limiter:              l,
+			Logger:               slog.New(NewJSONLogHandler(discard{}, nil)),
+			Metrics:              NewMetrics(prometheus.NewRegistry()),
+			OmitDraftLimitFields: omitDraft,
 		})
 	}
-	sides := []http.Handler{server(nil), server(fixedLimiter{allowed(time.Now().Add(time.Hour), 59, 999)})}
+	fixed := fixedLimiter{allowed(time.Now().Add(time.Hour), 59, 999)}
+	// off, on (five fields), spec (the specification's three alone).
+	names := [...]string{"off", "on", "spec"}
+	sides := [...]http.Handler{server(nil, false), server(fixed, false), server(fixed, true)}
 	req := httptest.NewRequest(http.MethodGet, "/v1/pets?limit=20", nil)
 	req.Header.Set("Authorization", "Bearer "+keyFree)
-	fields := [2]int{}
+	var fields [len(sides)]int
 	for k, h := range sides {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
@@ -181,21 +197,31 @@ func BenchmarkLimitFields(b *testing.B) {
 		}
 		fields[k] = len(rec.Result().Header)
 	}
-	if fields[1] != fields[0]+5 {
-		b.Fatalf("response fields: %d without a limiter, %d with one; want five more", fields[0], fields[1])
+	if fields[1] != fields[0]+5 || fields[2] != fields[0]+3 {
+		b.Fatalf("response fields: %d without a limiter, %d with one, %d without the draft's; want five and three more", fields[0], fields[1], fields[2])
+	}
+	// BENCH_FIELDS_SIDE (off, on or spec) runs that side alone, for
+	// callgrind or a profile of one side.
+	only := os.Getenv("BENCH_FIELDS_SIDE")
+	if only != "" && !slices.Contains(names[:], only) {
+		b.Fatalf("BENCH_FIELDS_SIDE=%s: want one of %v", only, names)
 	}
 	const block = 2000
-	var spent [2]time.Duration
-	var n, allocs, bytes [2]uint64
+	var spent [len(sides)]time.Duration
+	var n, allocs, bytes [len(sides)]uint64
 	var m0, m1 runtime.MemStats
 	b.ResetTimer()
-	for i := 0; i < b.N; i += 2 * block {
+	for i := 0; i < b.N; {
 		for k, h := range sides {
+			if only != "" && names[k] != only {
+				continue
+			}
 			runtime.ReadMemStats(&m0)
 			start := time.Now()
-			for j := 0; j < block && i+j < b.N; j++ {
-				h.ServeHTTP(httptest.NewRecorder(), req)
+			for j := 0; j < block && i < b.N; j++ {
+				h.ServeHTTP(&wireWriter{h: make(http.Header)}, req)
 				n[k]++
+				i++
 			}
 			spent[k] += time.Since(start)
 			runtime.ReadMemStats(&m1)
@@ -205,14 +231,48 @@ func BenchmarkLimitFields(b *testing.B) {
 	}
 	b.StopTimer()
 	per := func(v float64, k int) float64 { return v / float64(n[k]) }
-	for k, name := range []string{"off", "on"} {
+	for k, name := range names {
+		if n[k] == 0 {
+			continue
+		}
 		b.ReportMetric(per(float64(spent[k]), k), name+"-ns/req")
 		b.ReportMetric(per(float64(allocs[k]), k), name+"-allocs/req")
 		b.ReportMetric(per(float64(bytes[k]), k), name+"-B/req")
 	}
+	if only != "" {
+		return
+	}
 	b.ReportMetric(per(float64(spent[1]), 1)-per(float64(spent[0]), 0), "fields-ns/req")
 	b.ReportMetric(per(float64(allocs[1]), 1)-per(float64(allocs[0]), 0), "fields-allocs/req")
 	b.ReportMetric(per(float64(bytes[1]), 1)-per(float64(bytes[0]), 0), "fields-B/req")
+	b.ReportMetric(per(float64(spent[1]), 1)-per(float64(spent[2]), 2), "draft-ns/req")
+}
+
+// wireWriter answers as net/http's server does, but for the socket: at
+// WriteHeader it copies the handler's header map and writes the copy as
+// the response's header block, its fields sorted by name, to nowhere; the
+// body is dropped. So a response field costs here what it costs a
+// server: the map, the copy, the sort and the line.
+type wireWriter struct {
+	h    http.Header
+	code int
+}
+
+func (w *wireWriter) Header() http.Header { return w.h }
+
+func (w *wireWriter) WriteHeader(code int) {
+	if w.code != 0 {
+		return
+	}
+	w.code = code
+	if err := w.h.Clone().Write(io.Discard); err != nil {
+		panic(err)
+	}
+}
+
+func (w *wireWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return len(p), nil
 }
 
 // fixedLimiter answers every request with one decision, at once.
