@@ -537,6 +537,119 @@ func TestNamesFollowTheCallPlan(t *testing.T) {
 	}
 }
 
+// TestBlockCapKeepsTheLaterEnd: a block's cap written over another's in
+// force keeps the lower limit until the later of their ends. With two
+// plans on one short period whose long windows differ, a block granted
+// later may end earlier: plan A (a higher short limit and a day) is
+// granted a block that ends after H, the end of an hour's bucket; plan B
+// (a lower short limit and an hour) is then granted one ending at H. After
+// H, before A's block ends, plan C (a short limit above A's, and a day)
+// sends until refused, and A's block is spent in its last microsecond:
+// the window must hold no more than A's limit then, so the cap must not
+// end with B's block. Drawn over short periods of 1 s to a minute (coarse
+// buckets of 1 s to 10 s), limits and the moment of each grant; every
+// admission fits its plan's windows by its spend time.
+func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 74)
+	cases, played := max(*invariantCases/2, 30), 0
+	for range cases {
+		if runBlockCapLaterEnd(t, rng) {
+			played++
+		}
+	}
+	t.Logf("%d cases of %d played as drawn", played, cases)
+	if played < cases/2 {
+		t.Fatalf("%d cases of %d played as drawn", played, cases)
+	}
+}
+
+// runBlockCapLaterEnd plays one case of TestBlockCapKeepsTheLaterEnd and
+// reports whether both blocks were granted with room for the case.
+func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand) bool {
+	t.Helper()
+	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(5)] +
+		time.Duration(rng.IntN(20))*time.Millisecond
+	m := 20 + rng.Int64N(30) // plan A's admissions in the period before its block
+	lb := 2*m + 30 + rng.Int64N(m)
+	la := lb + 10 + rng.Int64N(m)
+	lc := 2*la + rng.Int64N(la)
+	mk := func(short int64, long time.Duration) *plan {
+		pl := compile(Policy{Name: "p", Windows: []Window{{Limit: short, Period: p}, {Limit: 1_000_000, Period: long}}}, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		return pl
+	}
+	pa, pb, pc := mk(la, 24*time.Hour), mk(lb, time.Hour), mk(lc, 24*time.Hour)
+	what := fmt.Sprintf("A %v, B %v, C %v", pa.policy.Windows, pb.policy.Windows, pc.policy.Windows)
+	pw, g := p.Microseconds(), blockRing(pa.windows[0]).gran
+	hourG, dayG := pb.windows[1].gran, pa.windows[1].gran
+
+	// H, an hour's bucket end with no day's bucket end near it; A's block
+	// asked at t1, within a coarse bucket (and a block's life) before H,
+	// so that it ends past H; B's at t3, between.
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	H := (now/hourG + 2) * hourG
+	for H/dayG != (H-2*pw-2*g)/dayG || H/dayG != (H+2*g)/dayG {
+		H += hourG
+	}
+	span := min(g, reserveLife.Microseconds())
+	t1 := H - span/4 - rng.Int64N(span/2)
+	t3 := t1 + 1 + rng.Int64N(H-t1-2)
+	mini, rdb := newMini(t, time.UnixMicro(t1-pw))
+	defer mini.Close()
+	call := func(pl *plan, at int64, in input) verdict {
+		t.Helper()
+		mini.SetTime(time.UnixMicro(at))
+		return decideOne(t, rdb, mini, decision{keys: stateKeys("t:", "k", pl.blk), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
+	}
+	var log admissionLog
+	admit := func(pl *plan, x int64, who string) { t.Helper(); log.mustAdmit(t, pl, x, what, who) }
+
+	// Plan A's traffic over the period before its block, then the block.
+	for i := range m {
+		x := t1 - pw + 1 + (pw-2)*i/m
+		if v := call(pa, x, input{lease: noLease}); v.outcome == Allowed {
+			admit(pa, v.now, "plan A's admission")
+		}
+	}
+	a := call(pa, t1, input{lease: noLease, reserve: &reserveAsk{max: m, replicas: 1}})
+	if a.outcome != Allowed {
+		t.Fatalf("%s: A's block request at %d refused", what, t1)
+	}
+	admit(pa, a.now, "A's block request")
+	b := call(pb, t3, input{lease: noLease, reserve: &reserveAsk{max: 2 + rng.Int64N(4), replicas: 1}})
+	if b.outcome != Allowed {
+		t.Fatalf("%s: B's block request at %d refused", what, t3)
+	}
+	admit(pb, b.now, "B's block request")
+	if a.granted < 2 || b.granted < 2 {
+		return false
+	}
+	if a.leaseEnd <= H+2 || b.leaseEnd != H {
+		t.Fatalf("%s: A's block granted at %d ends at %d, B's at %d ends at %d; want A's past H %d and B's at it", what, t1, a.leaseEnd, t3, b.leaseEnd, H)
+	}
+	for range b.granted - 1 {
+		admit(pb, t3, "a spend from B's block")
+	}
+	// After B's block, before A's ends, plan C sends until refused.
+	x := H
+	for range lc + 1 {
+		x++
+		if x >= a.leaseEnd-1 {
+			t.Fatalf("%s: plan C not refused between %d and A's block's end %d", what, H, a.leaseEnd)
+		}
+		v := call(pc, x, input{lease: noLease})
+		if v.outcome != Allowed {
+			break
+		}
+		admit(pc, v.now, "plan C's admission")
+	}
+	for range a.granted - 1 {
+		admit(pa, a.leaseEnd-1, "a spend from A's block in its last microsecond")
+	}
+	return true
+}
+
 // TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent: a block ends
 // with its long windows' current buckets when one of them ends before
 // the coarse bucket would, so, with two plans on one short period whose
