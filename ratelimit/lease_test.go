@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/animal-store/petstore/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -405,82 +406,33 @@ func TestLeaseCapRefusalWaitsUntilTheWindowFitsUnderIt(t *testing.T) {
 // X's Retry-After fell before the lease's end.
 func runLeaseCapUnder(t *testing.T, rng *rand.Rand) bool {
 	t.Helper()
-	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour}[rng.IntN(6)] +
-		time.Duration(rng.IntN(1000))*time.Millisecond
-	c := 10 + rng.Int64N(400) // Y's limit, the cap
-	lx := 2*c + rng.Int64N(1000)
-	u0 := 1 + rng.Int64N(c/4)
-	want := 2 + rng.Int64N(max((c-u0)/leaseMargin-2, 1))
-	var day []Window
-	if rng.IntN(2) == 0 {
-		day = []Window{{Limit: 1_000_000, Period: 24 * time.Hour}}
-	}
-	py := compile(Policy{Name: "y", Windows: slices.Concat([]Window{{Limit: c, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
-	px := compile(Policy{Name: "x", Windows: slices.Concat([]Window{{Limit: lx, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
-	what := fmt.Sprintf("x %v, y %v with a lease of %d", px.policy.Windows, py.policy.Windows, want)
-	pw, g := p.Microseconds(), py.windows[0].gran
-
-	// T1, early in a bucket B of the window: the lease ends at B's end,
-	// or a second on. X's first admissions, u0 of them at T0, slide out
-	// a period on, at T0 + p (plus an offset unit), before that end.
-	t1 := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
-	t1 = (t1/g+1)*g + rng.Int64N(g/10+1)
-	lend := min((t1/g+1)*g, t1+leaseLife.Microseconds())
-	unit := py.windows[0].unit
-	slide := t1 + 2*unit + 200 + rng.Int64N(max(lend-t1-4*unit-400, 1))
-	t0 := slide - pw
-
-	mini, rdb := newMini(t, time.UnixMicro(t0))
-	defer mini.Close()
-	now := t0
-	call := func(pl *plan, in input) verdict {
-		t.Helper()
-		mini.SetTime(time.UnixMicro(now))
-		return decideOne(t, rdb, mini, decision{keys: stateKeys("t:", "k", pl), pl: pl, nums: scriptNums(pl, in)}, pl, what)
-	}
-	var log admissionLog
-	admit := func(pl *plan, x int64, who string) { t.Helper(); log.mustAdmit(t, pl, x, what, who) }
-	for range u0 {
-		if v := call(px, input{lease: noLease}); v.outcome != Allowed {
-			t.Fatalf("%s: X's first admissions refused", what)
-		}
-		admit(px, now, "X's admission")
-	}
-	now = t1
-	v := call(py, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
-	if v.outcome != Allowed || v.granted != want || v.leaseEnd != lend {
-		t.Fatalf("%s: Y asked a lease at %d: %v, %d granted until %d, want %d until %d", what, t1, v.outcome, v.granted, v.leaseEnd, want, lend)
-	}
-	admit(py, now, "Y's admission")
+	r := drawLeaseCap(t, rng)
+	// X's first admissions slide out before the lease's end.
+	slide := r.t1 + 2*r.unit + 200 + rng.Int64N(max(r.lend-r.t1-4*r.unit-400, 1))
+	r.start(slide)
+	defer r.mini.Close()
 	// X sends until the cap refuses it: the window holds c.
 	var refused verdict
-	for range c + 1 {
-		now++
-		if refused = call(px, input{lease: noLease}); refused.outcome != Allowed {
+	for range r.c + 1 {
+		r.now++
+		if refused = r.call(r.px, input{lease: noLease}); refused.outcome != Allowed {
 			break
 		}
-		admit(px, now, "X's admission")
+		r.admit(r.px, r.now, "X's admission")
 	}
-	if refused.outcome == Allowed || now >= slide {
-		t.Fatalf("%s: X not refused by the cap before %d", what, slide)
+	if refused.outcome == Allowed || r.now >= slide {
+		t.Fatalf("%s: X not refused by the cap before %d", r.what, slide)
 	}
-	at := now + refused.retry
-	for _, x := range []int64{at - 1, at} {
-		now = x
-		if pk := call(px, input{lease: noLease, peek: true}); (pk.outcome == Allowed) != (x == at) {
-			t.Fatalf("%s: X refused at %d with Retry-After %d µs (its first admissions slide out at %d, the lease ends at %d); at %d it is %v",
-				what, refused.now, refused.retry, slide, lend, x, pk.outcome)
-		}
-	}
+	at := r.retryAfterExact(refused, slide)
 	// Y spends its lease to its last microsecond, X sends once more.
-	for range want - 1 {
-		admit(py, lend-1, "Y's leased admission")
+	for range r.want - 1 {
+		r.admit(r.py, r.lend-1, "Y's leased admission")
 	}
-	now = at
-	if v := call(px, input{lease: noLease}); v.outcome == Allowed {
-		admit(px, now, "X's admission after its Retry-After")
+	r.now = at
+	if v := r.call(r.px, input{lease: noLease}); v.outcome == Allowed {
+		r.admit(r.px, r.now, "X's admission after its Retry-After")
 	}
-	return at < lend
+	return at < r.lend
 }
 
 // TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow: a request held by
@@ -507,72 +459,122 @@ func TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow(t *testing.T) {
 // TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow.
 func runLeaseCapOver(t *testing.T, rng *rand.Rand) {
 	t.Helper()
-	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour}[rng.IntN(6)] +
-		time.Duration(rng.IntN(1000))*time.Millisecond
-	c := 10 + rng.Int64N(400) // Y's limit, the cap
-	lx := 2*c + rng.Int64N(1000)
-	u0 := 1 + rng.Int64N(c/4)
-	want := 2 + rng.Int64N(max((c-u0)/leaseMargin-2, 1))
+	r := drawLeaseCap(t, rng)
 	// The report takes the window to X's limit at least, and leaves it
 	// under once X's first u0 admissions have slid out.
-	report := lx - u0 - want + rng.Int64N(u0)
+	report := r.lx - r.u0 - r.want + rng.Int64N(r.u0)
+	r.what += fmt.Sprintf(", a report of %d", report)
+	// X's first admissions slide out after the lease's end, before Y's
+	// lease does.
+	slide := r.lend + 2*r.unit + 200 + rng.Int64N(max(r.t1+r.pw-r.lend-4*r.unit-400, 1))
+	r.start(slide)
+	defer r.mini.Close()
+	// While the lease lasts, X's request carries the report (admissions
+	// made without Redis: not this test's log, whose windows they pass).
+	r.now = r.t1 + 1 + rng.Int64N(max(r.lend-r.t1-2, 1))
+	add := make([]int64, len(r.px.windows))
+	for i := range add {
+		add[i] = report
+	}
+	refused := r.call(r.px, input{add: add, lease: noLease})
+	if refused.outcome == Allowed {
+		t.Fatalf("%s: X admitted at %d with the window over its cap and its own limit", r.what, r.now)
+	}
+	if at := r.retryAfterExact(refused, slide); at <= r.lend {
+		t.Fatalf("%s: X admitted again at %d, by the lease's end %d, though its first admissions slide out at %d", r.what, at, r.lend, slide)
+	}
+}
+
+// leaseCapRig is a case of the lease-cap Retry-After tests above, on
+// miniredis by its clock: plan X (the higher limit, lx) and plan Y (the
+// lower, c: the cap) on one period of 1 s to an hour and up to a second
+// more (half the time with a day beside), X's u0 first admissions a
+// period before slide, and Y's lease of want granted at t1, early in a
+// bucket of the window, ending at lend, with the bucket or a second on.
+type leaseCapRig struct {
+	t                  *testing.T
+	px, py             *plan
+	c, lx, u0, want    int64
+	pw, unit, t1, lend int64
+	what               string
+	mini               *miniredis.Miniredis
+	rdb                *redis.Client
+	now                int64
+	log                admissionLog
+}
+
+// drawLeaseCap draws a leaseCapRig's plans, limits and lease; start
+// plays it up to the lease, on a miniredis of its own (the caller closes
+// it).
+func drawLeaseCap(t *testing.T, rng *rand.Rand) *leaseCapRig {
+	t.Helper()
+	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour}[rng.IntN(6)] +
+		time.Duration(rng.IntN(1000))*time.Millisecond
+	r := &leaseCapRig{t: t, c: 10 + rng.Int64N(400)}
+	r.lx = 2*r.c + rng.Int64N(1000)
+	r.u0 = 1 + rng.Int64N(r.c/4)
+	r.want = 2 + rng.Int64N(max((r.c-r.u0)/leaseMargin-2, 1))
 	var day []Window
 	if rng.IntN(2) == 0 {
 		day = []Window{{Limit: 1_000_000, Period: 24 * time.Hour}}
 	}
-	py := compile(Policy{Name: "y", Windows: slices.Concat([]Window{{Limit: c, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
-	px := compile(Policy{Name: "x", Windows: slices.Concat([]Window{{Limit: lx, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
-	what := fmt.Sprintf("x %v, y %v with a lease of %d, a report of %d", px.policy.Windows, py.policy.Windows, want, report)
-	pw, g, unit := p.Microseconds(), py.windows[0].gran, py.windows[0].unit
+	r.py = compile(Policy{Name: "y", Windows: slices.Concat([]Window{{Limit: r.c, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
+	r.px = compile(Policy{Name: "x", Windows: slices.Concat([]Window{{Limit: r.lx, Period: p}}, day)}, DefaultBuckets, DefaultStrikeBuckets)
+	r.what = fmt.Sprintf("x %v, y %v with a lease of %d", r.px.policy.Windows, r.py.policy.Windows, r.want)
+	g := r.py.windows[0].gran
+	r.pw, r.unit = p.Microseconds(), r.py.windows[0].unit
+	r.t1 = time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	r.t1 = (r.t1/g+1)*g + rng.Int64N(g/10+1)
+	r.lend = min((r.t1/g+1)*g, r.t1+leaseLife.Microseconds())
+	return r
+}
 
-	// T1, early in a bucket of the window: the lease ends at its end or
-	// a second on. X's first admissions, at T0, slide out a period on,
-	// after that end and before Y's lease slides out.
-	t1 := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
-	t1 = (t1/g+1)*g + rng.Int64N(g/10+1)
-	lend := min((t1/g+1)*g, t1+leaseLife.Microseconds())
-	slide := lend + 2*unit + 200 + rng.Int64N(max(t1+pw-lend-4*unit-400, 1))
-	t0 := slide - pw
-
-	mini, rdb := newMini(t, time.UnixMicro(t0))
-	defer mini.Close()
-	now := t0
-	call := func(pl *plan, in input) verdict {
-		t.Helper()
-		mini.SetTime(time.UnixMicro(now))
-		return decideOne(t, rdb, mini, decision{keys: stateKeys("t:", "k", pl), pl: pl, nums: scriptNums(pl, in)}, pl, what)
-	}
-	for range u0 {
-		if v := call(px, input{lease: noLease}); v.outcome != Allowed {
-			t.Fatalf("%s: X's first admissions refused", what)
+// start plays X's first admissions, a period before slide, then Y's
+// lease at t1.
+func (r *leaseCapRig) start(slide int64) {
+	r.t.Helper()
+	r.now = slide - r.pw
+	r.mini, r.rdb = newMini(r.t, time.UnixMicro(r.now))
+	for range r.u0 {
+		if v := r.call(r.px, input{lease: noLease}); v.outcome != Allowed {
+			r.t.Fatalf("%s: X's first admissions refused", r.what)
 		}
+		r.admit(r.px, r.now, "X's admission")
 	}
-	now = t1
-	v := call(py, input{lease: leaseAsk{want: want, need: want * leaseMargin, life: leaseLife.Microseconds()}})
-	if v.outcome != Allowed || v.granted != want || v.leaseEnd != lend {
-		t.Fatalf("%s: Y asked a lease at %d: %v, %d granted until %d, want %d until %d", what, t1, v.outcome, v.granted, v.leaseEnd, want, lend)
+	r.now = r.t1
+	v := r.call(r.py, input{lease: leaseAsk{want: r.want, need: r.want * leaseMargin, life: leaseLife.Microseconds()}})
+	if v.outcome != Allowed || v.granted != r.want || v.leaseEnd != r.lend {
+		r.t.Fatalf("%s: Y asked a lease at %d: %v, %d granted until %d, want %d until %d", r.what, r.t1, v.outcome, v.granted, v.leaseEnd, r.want, r.lend)
 	}
-	// While the lease lasts, X's request carries the report.
-	now = t1 + 1 + rng.Int64N(max(lend-t1-2, 1))
-	add := make([]int64, len(px.windows))
-	for i := range add {
-		add[i] = report
-	}
-	refused := call(px, input{add: add, lease: noLease})
-	if refused.outcome == Allowed {
-		t.Fatalf("%s: X admitted at %d with the window over its cap and its own limit", what, now)
-	}
-	at := now + refused.retry
+	r.admit(r.py, r.now, "Y's admission")
+}
+
+// call decides one request under pl at r.now.
+func (r *leaseCapRig) call(pl *plan, in input) verdict {
+	r.t.Helper()
+	r.mini.SetTime(time.UnixMicro(r.now))
+	return decideOne(r.t, r.rdb, r.mini, decision{keys: stateKeys("t:", "k", pl), pl: pl, nums: scriptNums(pl, in)}, pl, r.what)
+}
+
+// admit logs an admission under pl at x; the window must hold it.
+func (r *leaseCapRig) admit(pl *plan, x int64, who string) {
+	r.t.Helper()
+	r.log.mustAdmit(r.t, pl, x, r.what, who)
+}
+
+// retryAfterExact checks X's refusal's Retry-After by peeks, refused 1 µs
+// before it and admitted at it, and returns when that is.
+func (r *leaseCapRig) retryAfterExact(refused verdict, slide int64) int64 {
+	r.t.Helper()
+	at := refused.now + refused.retry
 	for _, x := range []int64{at - 1, at} {
-		now = x
-		if pk := call(px, input{lease: noLease, peek: true}); (pk.outcome == Allowed) != (x == at) {
-			t.Fatalf("%s: X refused at %d with Retry-After %d µs (its first admissions slide out at %d, the lease ends at %d); at %d it is %v",
-				what, refused.now, refused.retry, slide, lend, x, pk.outcome)
+		r.now = x
+		if pk := r.call(r.px, input{lease: noLease, peek: true}); (pk.outcome == Allowed) != (x == at) {
+			r.t.Fatalf("%s: X refused at %d with Retry-After %d µs (its first admissions slide out at %d, the lease ends at %d); at %d it is %v",
+				r.what, refused.now, refused.retry, slide, r.lend, x, pk.outcome)
 		}
 	}
-	if at <= lend {
-		t.Fatalf("%s: X admitted again at %d, by the lease's end %d, though its first admissions slide out at %d", what, at, lend, slide)
-	}
+	return at
 }
 
 // TestLeaseHoldsOtherPlansToItsLimitOnRedis plays the same scenario on a
