@@ -532,6 +532,38 @@ func TestServePprof(t *testing.T) {
 	}
 }
 
+// TestServeDraftFields: petstore serve sends the IETF draft's two
+// rate-limit fields by default, and leaves them out with
+// --ratelimit-draft-fields=false or its environment variable, the
+// specification's three still sent.
+func TestServeDraftFields(t *testing.T) {
+	t.Parallel()
+	for name, tt := range map[string]struct {
+		args  []string
+		env   map[string]string
+		draft bool
+	}{
+		"default":                               {draft: true},
+		"--ratelimit-draft-fields=false":        {args: []string{"--ratelimit-draft-fields=false"}},
+		"PETSTORE_RATELIMIT_DRAFT_FIELDS=false": {env: map[string]string{"PETSTORE_RATELIMIT_DRAFT_FIELDS": "false"}},
+	} {
+		in := start(t, tt.env, tt.args...)
+		m := devKeyRE.FindStringSubmatch(in.stdout.String())
+		if m == nil {
+			t.Fatalf("%s: no development key printed:\n%s", name, in.stdout.String())
+		}
+		for _, key := range []string{m[1], "pst_wrong"} {
+			resp, _ := do(t, "GET", in.api+"/v1/pets", key, "")
+			if resp.Header.Get("X-RateLimit-Limit") == "" || resp.Header.Get("X-RateLimit-Remaining") == "" || resp.Header.Get("X-RateLimit-Reset") == "" {
+				t.Errorf("%s: %d without the specification's fields: %v", name, resp.StatusCode, resp.Header)
+			}
+			if got := resp.Header.Get("RateLimit") != "" && resp.Header.Get("RateLimit-Policy") != ""; got != tt.draft {
+				t.Errorf("%s: %d carries the draft's fields: %v, want %v (%v)", name, resp.StatusCode, got, tt.draft, resp.Header)
+			}
+		}
+	}
+}
+
 // The flag's 0 means no hold; the limiter's Options take 0 as the default
 // hold and a negative value as none.
 func TestPipelineHoldFlagMeaning(t *testing.T) {
