@@ -544,9 +544,9 @@ func TestNamesFollowTheCallPlan(t *testing.T) {
 // granted a block that ends after H, the end of an hour's bucket; plan B
 // (a lower short limit and an hour) is then granted one ending at H. After
 // H, before A's block ends, plan C (a short limit above A's, and a day)
-// sends until refused, and A's block is spent in its last microsecond:
-// the window must hold no more than A's limit then, so the cap must not
-// end with B's block. Drawn over short periods of 1 s to a minute (coarse
+// sends until refused, and A's block is spent, half then, half in its
+// last microsecond: the window must hold no more than A's limit at
+// either, so the cap must not end with B's block. Drawn over short periods of 1 s to a minute (coarse
 // buckets of 1 s to 10 s), limits and the moment of each grant; every
 // admission fits its plan's windows by its spend time.
 func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
@@ -554,9 +554,11 @@ func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
 	rng := invariantRNG(t, 74)
 	cases, played := max(*invariantCases/2, 30), 0
 	for range cases {
-		if runBlockCapLaterEnd(t, rng) {
+		mini, rdb := newMini(t, time.Now())
+		if runBlockCapLaterEnd(t, rng, rdb, mini) {
 			played++
 		}
+		mini.Close()
 	}
 	t.Logf("%d cases of %d played as drawn", played, cases)
 	if played < cases/2 {
@@ -564,12 +566,40 @@ func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
 	}
 }
 
-// runBlockCapLaterEnd plays one case of TestBlockCapKeepsTheLaterEnd and
-// reports whether both blocks were granted with room for the case.
-func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand) bool {
+// TestBlockCapKeepsTheLaterEndOnRedis plays the cases above on a real
+// Redis by real time, on short periods of 1-3 s, with B's long window one
+// of 2000-2400 s (buckets of 10-12 s) in place of the hour, so that H is
+// seconds away.
+func TestBlockCapKeepsTheLaterEndOnRedis(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rng := invariantRNG(t, 75)
+	cases, played := 3, 0
+	for range cases {
+		if runBlockCapLaterEnd(t, rng, rdb, nil) {
+			played++
+		}
+	}
+	t.Logf("%d cases of %d played as drawn", played, cases)
+	if played == 0 {
+		t.Fatalf("no case of %d played as drawn", cases)
+	}
+}
+
+// runBlockCapLaterEnd plays one case of TestBlockCapKeepsTheLaterEnd, on
+// miniredis (mini) by its clock or on a real Redis by real time, and
+// reports whether both blocks were granted where and with the room the
+// case needs (on a real Redis, a late call may miss its mark).
+func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) bool {
 	t.Helper()
-	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(5)] +
-		time.Duration(rng.IntN(20))*time.Millisecond
+	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(5)]
+	bLong := time.Hour
+	if mini == nil {
+		p = []time.Duration{time.Second, 2 * time.Second, 3 * time.Second}[rng.IntN(3)]
+		bLong = 2000*time.Second + time.Duration(rng.IntN(400))*time.Second
+	}
+	p += time.Duration(rng.IntN(20)) * time.Millisecond
 	m := 20 + rng.Int64N(30) // plan A's admissions in the period before its block
 	lb := 2*m + 30 + rng.Int64N(m)
 	la := lb + 10 + rng.Int64N(m)
@@ -579,73 +609,105 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand) bool {
 		pl.split()
 		return pl
 	}
-	pa, pb, pc := mk(la, 24*time.Hour), mk(lb, time.Hour), mk(lc, 24*time.Hour)
+	pa, pb, pc := mk(la, 24*time.Hour), mk(lb, bLong), mk(lc, 24*time.Hour)
 	what := fmt.Sprintf("A %v, B %v, C %v", pa.policy.Windows, pb.policy.Windows, pc.policy.Windows)
 	pw, g := p.Microseconds(), blockRing(pa.windows[0]).gran
 	hourG, dayG := pb.windows[1].gran, pa.windows[1].gran
 
+	// By real time, a call lands a little after its mark: the marks
+	// keep that far from the edges they must not cross.
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	clock, waitUntil := func() int64 { return now }, func(x int64) { now = x }
+	var slack int64 = 1
+	if mini == nil {
+		clock = func() int64 { return time.Now().UnixMicro() }
+		waitUntil = func(x int64) { time.Sleep(time.Duration(x-clock()) * time.Microsecond) }
+		slack = 20_000
+	}
 	// H, an hour's bucket end with no day's bucket end near it; A's block
 	// asked at t1, within a coarse bucket (and a block's life) before H,
 	// so that it ends past H; B's at t3, between.
-	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
-	H := (now/hourG + 2) * hourG
+	H := (clock()/hourG + 2) * hourG
 	for H/dayG != (H-2*pw-2*g)/dayG || H/dayG != (H+2*g)/dayG {
 		H += hourG
 	}
 	span := min(g, reserveLife.Microseconds())
 	t1 := H - span/4 - rng.Int64N(span/2)
-	t3 := t1 + 1 + rng.Int64N(H-t1-2)
-	mini, rdb := newMini(t, time.UnixMicro(t1-pw))
-	defer mini.Close()
-	call := func(pl *plan, at int64, in input) verdict {
+	t3 := t1 + slack + rng.Int64N(H-t1-2*slack)
+	what += fmt.Sprintf(" (H %d)", H)
+
+	prefix := randomPrefix(t)
+	call := func(pl *plan, in input) verdict {
 		t.Helper()
-		mini.SetTime(time.UnixMicro(at))
-		return decideOne(t, rdb, mini, decision{keys: stateKeys("t:", "k", pl.blk), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
+		if mini != nil {
+			mini.SetTime(time.UnixMicro(now))
+		}
+		return decideOne(t, rdb, mini, decision{keys: stateKeys(prefix, "k", pl.blk), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
 	}
 	var log admissionLog
 	admit := func(pl *plan, x int64, who string) { t.Helper(); log.mustAdmit(t, pl, x, what, who) }
+	// misplaced reports a block or call that does not land where the
+	// case needs it: a failure on miniredis, a missed mark by real time.
+	misplaced := func(ok bool, format string, args ...any) bool {
+		t.Helper()
+		if !ok && mini != nil {
+			t.Fatalf("%s: "+format, append([]any{what}, args...)...)
+		}
+		return !ok
+	}
 
 	// Plan A's traffic over the period before its block, then the block.
 	for i := range m {
-		x := t1 - pw + 1 + (pw-2)*i/m
-		if v := call(pa, x, input{lease: noLease}); v.outcome == Allowed {
+		waitUntil(t1 - pw + 1 + (pw-2*slack)*i/m)
+		if v := call(pa, input{lease: noLease}); v.outcome == Allowed {
 			admit(pa, v.now, "plan A's admission")
 		}
 	}
-	a := call(pa, t1, input{lease: noLease, reserve: &reserveAsk{max: m, replicas: 1}})
-	if a.outcome != Allowed {
-		t.Fatalf("%s: A's block request at %d refused", what, t1)
+	block := func(pl *plan, at, most int64, name string) verdict {
+		t.Helper()
+		waitUntil(at)
+		v := call(pl, input{lease: noLease, reserve: &reserveAsk{max: most, replicas: 1}})
+		if v.outcome != Allowed {
+			t.Fatalf("%s: %s's block request at %d refused", what, name, v.now)
+		}
+		admit(pl, v.now, name+"'s block request")
+		return v
 	}
-	admit(pa, a.now, "A's block request")
-	b := call(pb, t3, input{lease: noLease, reserve: &reserveAsk{max: 2 + rng.Int64N(4), replicas: 1}})
-	if b.outcome != Allowed {
-		t.Fatalf("%s: B's block request at %d refused", what, t3)
-	}
-	admit(pb, b.now, "B's block request")
+	a := block(pa, t1, m, "A")
+	b := block(pb, t3, 2+rng.Int64N(4), "B")
 	if a.granted < 2 || b.granted < 2 {
 		return false
 	}
-	if a.leaseEnd <= H+2 || b.leaseEnd != H {
-		t.Fatalf("%s: A's block granted at %d ends at %d, B's at %d ends at %d; want A's past H %d and B's at it", what, t1, a.leaseEnd, t3, b.leaseEnd, H)
+	if misplaced(a.leaseEnd > H+2*slack && b.leaseEnd == H,
+		"A's block granted at %d ends at %d, B's at %d ends at %d; want A's past H %d and B's at it", a.now, a.leaseEnd, b.now, b.leaseEnd, H) {
+		return false
 	}
 	for range b.granted - 1 {
-		admit(pb, t3, "a spend from B's block")
+		admit(pb, b.now, "a spend from B's block")
 	}
 	// After B's block, before A's ends, plan C sends until refused.
-	x := H
+	waitUntil(H + slack)
+	var last int64
 	for range lc + 1 {
-		x++
-		if x >= a.leaseEnd-1 {
-			t.Fatalf("%s: plan C not refused between %d and A's block's end %d", what, H, a.leaseEnd)
+		now++
+		v := call(pc, input{lease: noLease})
+		if misplaced(v.now < a.leaseEnd-slack, "plan C not refused between %d and A's block's end %d", H, a.leaseEnd) {
+			return false
 		}
-		v := call(pc, x, input{lease: noLease})
-		if v.outcome != Allowed {
+		if last = v.now; v.outcome != Allowed {
 			break
 		}
 		admit(pc, v.now, "plan C's admission")
 	}
-	for range a.granted - 1 {
-		admit(pa, a.leaseEnd-1, "a spend from A's block in its last microsecond")
+	// Half of A's block spent as C is refused, when the window holds all
+	// C was admitted (A's block may end more than a period after), the
+	// rest in its last microsecond.
+	for i := range a.granted - 1 {
+		x := a.leaseEnd - max(slack/20, 1)
+		if i < (a.granted-1)/2 {
+			x = last
+		}
+		admit(pa, x, "a spend from A's block")
 	}
 	return true
 }
