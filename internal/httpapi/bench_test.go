@@ -281,3 +281,55 @@ type fixedLimiter struct{ d ratelimit.Decision }
 func (f fixedLimiter) Allow(context.Context, string, ratelimit.Policy) (ratelimit.Decision, error) {
 	return f.d, nil
 }
+
+// BenchmarkResponseFieldCount measures what net/http's handling of a
+// response's header map costs by the number of fields in it: a list
+// response's six (request id, the two hardening fields, content type and
+// length, the next page's Link), then the specification's three
+// rate-limit fields and the draft's two, one by one. Each count is set in
+// a fresh map as a handler sets it, copied and written sorted as the
+// server does (wireWriter), in interleaved blocks. Go keeps a map of up
+// to 8 entries in one small group; the 9th makes both the handler's map
+// and the server's copy hash tables (ratelimit/BENCHMARKS.md,
+// 2026-11-30, second entry).
+//
+//	go test -run '^$' -bench ResponseFieldCount -benchtime 300000x -count 3 ./internal/httpapi/
+func BenchmarkResponseFieldCount(b *testing.B) {
+	names := [...]string{"X-Request-Id", "X-Content-Type-Options", "Cache-Control", "Content-Type", "Content-Length", "Link",
+		"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit", "Ratelimit-Policy"}
+	const first, block = 6, 2000
+	var spent [len(names) + 1]time.Duration
+	var n, allocs, bytes [len(names) + 1]uint64
+	var m0, m1 runtime.MemStats
+	value := []string{"0123456789"}
+	b.ResetTimer()
+	for i := 0; i < b.N; {
+		for k := first; k <= len(names); k++ {
+			runtime.ReadMemStats(&m0)
+			start := time.Now()
+			for j := 0; j < block && i < b.N; j++ {
+				w := &wireWriter{h: make(http.Header)}
+				h := w.Header()
+				for _, name := range names[:k] {
+					h[name] = value
+				}
+				w.WriteHeader(http.StatusOK)
+				n[k]++
+				i++
+			}
+			spent[k] += time.Since(start)
+			runtime.ReadMemStats(&m1)
+			allocs[k] += m1.Mallocs - m0.Mallocs
+			bytes[k] += m1.TotalAlloc - m0.TotalAlloc
+		}
+	}
+	b.StopTimer()
+	for k := first; k <= len(names); k++ {
+		if n[k] == 0 {
+			continue
+		}
+		b.ReportMetric(float64(spent[k])/float64(n[k]), fmt.Sprintf("%d-fields-ns/req", k))
+		b.ReportMetric(float64(allocs[k])/float64(n[k]), fmt.Sprintf("%d-fields-allocs/req", k))
+		b.ReportMetric(float64(bytes[k])/float64(n[k]), fmt.Sprintf("%d-fields-B/req", k))
+	}
+}
