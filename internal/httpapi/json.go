@@ -27,12 +27,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		body = append(body[:0], `{"code":"internal_error","message":"internal error","status":500}`...)
 	}
 	body = append(body, '\n')
-	// Both values in one allocation (Header.Set makes one each), under
-	// names spelled canonically; each with capacity one, so that
-	// appending to either copies it.
-	values := []string{"application/json", strconv.Itoa(len(body))}
+	// Under names spelled canonically (Header.Set canonicalises again),
+	// each value with capacity one, so that appending to it copies.
 	h := w.Header()
-	h["Content-Type"], h["Content-Length"] = values[0:1:1], values[1:2:2]
+	if len(body) <= netHTTPBuffered {
+		// net/http sends Content-Length itself, outside the map.
+		h["Content-Type"] = []string{"application/json"}
+	} else {
+		// Both values in one allocation (Header.Set makes one each).
+		values := []string{"application/json", strconv.Itoa(len(body))}
+		h["Content-Type"], h["Content-Length"] = values[0:1:1], values[1:2:2]
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body) // a Writer never keeps what it is given (io.Writer)
 	if cap(body) <= maxPooledBody {
@@ -40,6 +45,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 		bodyBuffers.Put(buf)
 	}
 }
+
+// netHTTPBuffered is how much of a body net/http's server holds before
+// sending the header (its bufferBeforeChunkingSize): a body of at most
+// this much, written in one piece, is still held when the handler
+// returns, and the server then sends its Content-Length itself, beside
+// Date, outside the handler's header map. writeJSON leaves the field out
+// of the map for such bodies, so that a page of pets with the
+// specification's three rate-limit fields holds eight entries, not nine:
+// Go keeps a map of up to eight in one small group, and a ninth makes
+// both the handler's map and the server's copy of it hash tables, about
+// three times the cost of the header (BenchmarkResponseFieldCount).
+// TestJSONBodiesCarryTheirLength holds the field to every length.
+const netHTTPBuffered = 2048
 
 // bodyBuffers holds response bodies between requests; a page of 100 pets
 // with long names fits in maxPooledBody, larger ones are left to the GC.

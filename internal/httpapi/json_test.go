@@ -3,7 +3,13 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -123,4 +129,54 @@ func decodedJSONString(s string) string {
 		i += size
 	}
 	return b.String()
+}
+
+// TestJSONBodiesCarryTheirLength: every JSON answer carries a
+// Content-Length equal to its body's length, never chunked, whether
+// writeJSON sets the field (bodies past netHTTPBuffered) or net/http does
+// (bodies it still holds when the handler returns); HEAD the same field
+// without the body. Over a real server, for every body length around the
+// threshold and lengths drawn up to three times it, under each status
+// writeJSON answers with.
+func TestJSONBodiesCarryTheirLength(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		status, _ := strconv.Atoi(r.URL.Query().Get("status"))
+		writeJSON(w, status, strings.Repeat("x", n)) // "x…x" and a newline: n + 3 bytes
+	}))
+	defer srv.Close()
+	lengths := []int{0, 1}
+	for n := netHTTPBuffered - 8; n <= netHTTPBuffered+8; n++ {
+		lengths = append(lengths, n-3)
+	}
+	rng := rand.New(rand.NewPCG(1, uint64(len(lengths))))
+	for range 40 {
+		lengths = append(lengths, rng.IntN(3*netHTTPBuffered))
+	}
+	statuses := []int{http.StatusOK, http.StatusCreated, http.StatusNotFound, http.StatusTooManyRequests, http.StatusServiceUnavailable}
+	for i, n := range lengths {
+		status := statuses[i%len(statuses)]
+		want := int64(n + 3)
+		for _, method := range []string{http.MethodGet, http.MethodHead} {
+			req, _ := http.NewRequest(method, fmt.Sprintf("%s/?n=%d&status=%d", srv.URL, n, status), nil)
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl := resp.Header.Get("Content-Length")
+			if resp.StatusCode != status || cl != strconv.FormatInt(want, 10) || len(resp.TransferEncoding) != 0 || resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("%s of a %d-byte body: %d, Content-Length %q, Transfer-Encoding %v, Content-Type %q; want %d, %d, none, application/json",
+					method, want, resp.StatusCode, cl, resp.TransferEncoding, resp.Header.Get("Content-Type"), status, want)
+			}
+			if method == http.MethodGet && int64(len(body)) != want || method == http.MethodHead && len(body) != 0 {
+				t.Fatalf("%s of a %d-byte body: %d bytes read", method, want, len(body))
+			}
+		}
+	}
 }
