@@ -551,19 +551,7 @@ func TestNamesFollowTheCallPlan(t *testing.T) {
 // admission fits its plan's windows by its spend time.
 func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
 	t.Parallel()
-	rng := invariantRNG(t, 74)
-	cases, played := max(*invariantCases/2, 30), 0
-	for range cases {
-		mini, rdb := newMini(t, time.Now())
-		if runBlockCapLaterEnd(t, rng, rdb, mini) {
-			played++
-		}
-		mini.Close()
-	}
-	t.Logf("%d cases of %d played as drawn", played, cases)
-	if played < cases/2 {
-		t.Fatalf("%d cases of %d played as drawn", played, cases)
-	}
+	playOnMiniredis(t, 74, runBlockCapLaterEnd)
 }
 
 // TestBlockCapKeepsTheLaterEndOnRedis plays the cases above on a real
@@ -572,19 +560,7 @@ func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
 // seconds away.
 func TestBlockCapKeepsTheLaterEndOnRedis(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rng := invariantRNG(t, 75)
-	cases, played := 3, 0
-	for range cases {
-		if runBlockCapLaterEnd(t, rng, rdb, nil) {
-			played++
-		}
-	}
-	t.Logf("%d cases of %d played as drawn", played, cases)
-	if played == 0 {
-		t.Fatalf("no case of %d played as drawn", cases)
-	}
+	playOnRedis(t, 75, runBlockCapLaterEnd)
 }
 
 // runBlockCapLaterEnd plays one case of TestBlockCapKeepsTheLaterEnd, on
@@ -614,16 +590,7 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 	pw, g := p.Microseconds(), blockRing(pa.windows[0]).gran
 	hourG, dayG := pb.windows[1].gran, pa.windows[1].gran
 
-	// By real time, a call lands a little after its mark: the marks
-	// keep that far from the edges they must not cross.
-	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
-	clock, waitUntil := func() int64 { return now }, func(x int64) { now = x }
-	var slack int64 = 1
-	if mini == nil {
-		clock = func() int64 { return time.Now().UnixMicro() }
-		waitUntil = func(x int64) { time.Sleep(time.Duration(x-clock()) * time.Microsecond) }
-		slack = 20_000
-	}
+	clock, waitUntil, slack := caseTime(rng, mini)
 	// H, an hour's bucket end with no day's bucket end near it; A's block
 	// asked at t1, within a coarse bucket (and a block's life) before H,
 	// so that it ends past H; B's at t3, between.
@@ -639,9 +606,6 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 	prefix := randomPrefix(t)
 	call := func(pl *plan, in input) verdict {
 		t.Helper()
-		if mini != nil {
-			mini.SetTime(time.UnixMicro(now))
-		}
 		return decideOne(t, rdb, mini, decision{keys: stateKeys(prefix, "k", pl.blk), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
 	}
 	var log admissionLog
@@ -689,7 +653,7 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 	waitUntil(H + slack)
 	var last int64
 	for range lc + 1 {
-		now++
+		waitUntil(clock() + 1)
 		v := call(pc, input{lease: noLease})
 		if misplaced(v.now < a.leaseEnd-slack, "plan C not refused between %d and A's block's end %d", H, a.leaseEnd) {
 			return false
@@ -731,11 +695,47 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 // its window. Every admission fits its plan's windows by its spend time.
 func TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent(t *testing.T) {
 	t.Parallel()
-	rng := invariantRNG(t, 72)
+	playOnMiniredis(t, 72, runBlockBeforeTheHead)
+}
+
+// TestBlockEndingBeforeTheHeadOnRedis plays the cases above on a real
+// Redis by real time, on short periods of 1-3 s and long windows of
+// buckets of 10-12 s.
+func TestBlockEndingBeforeTheHeadOnRedis(t *testing.T) {
+	t.Parallel()
+	playOnRedis(t, 73, runBlockBeforeTheHead)
+}
+
+// caseTime returns a case's clock (µs), a wait until a time on it, and
+// how far the case's marks keep from the edges they must not cross: on
+// miniredis (mini), its clock, which the wait moves, from a moment drawn
+// in an hour of 2031, and a microsecond; on a real Redis, real time, on
+// which a call lands a little after its mark, and 20 ms.
+func caseTime(rng *rand.Rand, mini *miniredis.Miniredis) (clock func() int64, waitUntil func(int64), slack int64) {
+	if mini == nil {
+		clock = func() int64 { return time.Now().UnixMicro() }
+		return clock, func(x int64) { time.Sleep(time.Duration(x-clock()) * time.Microsecond) }, 20_000
+	}
+	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
+	waitUntil = func(x int64) { now = x; mini.SetTime(time.UnixMicro(x)) }
+	waitUntil(now)
+	return func() int64 { return now }, waitUntil, 1
+}
+
+// blockCase plays one drawn case on miniredis (mini) by its clock, or on
+// a real Redis (mini nil) by real time, and reports whether it played as
+// drawn (on a real Redis, a late call may miss its mark).
+type blockCase func(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) bool
+
+// playOnMiniredis plays cases of run drawn from seed, each on a miniredis
+// of its own: half of them at least must play as drawn.
+func playOnMiniredis(t *testing.T, seed uint64, run blockCase) {
+	t.Helper()
+	rng := invariantRNG(t, seed)
 	cases, played := max(*invariantCases/2, 30), 0
 	for range cases {
 		mini, rdb := newMini(t, time.Now())
-		if runBlockBeforeTheHead(t, rng, rdb, mini) {
+		if run(t, rng, rdb, mini) {
 			played++
 		}
 		mini.Close()
@@ -746,17 +746,16 @@ func TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent(t *testing.T) {
 	}
 }
 
-// TestBlockEndingBeforeTheHeadOnRedis plays the cases above on a real
-// Redis by real time, on short periods of 1-3 s and long windows of
-// buckets of 10-12 s.
-func TestBlockEndingBeforeTheHeadOnRedis(t *testing.T) {
-	t.Parallel()
+// playOnRedis plays three cases of run drawn from seed on a real Redis by
+// real time: one at least must play as drawn.
+func playOnRedis(t *testing.T, seed uint64, run blockCase) {
+	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
-	rng := invariantRNG(t, 73)
+	rng := invariantRNG(t, seed)
 	cases, played := 3, 0
 	for range cases {
-		if runBlockBeforeTheHead(t, rng, rdb, nil) {
+		if run(t, rng, rdb, nil) {
 			played++
 		}
 	}
@@ -790,16 +789,7 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 	pw, g, n := p.Microseconds(), coarse.gran, coarse.n
 	dayG, life := pa.windows[1].gran, reserveLife.Microseconds()
 
-	// By real time, a call lands a little after its mark: the marks
-	// keep that far from the edges they must not cross.
-	now := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro() + rng.Int64N(int64(time.Hour/time.Microsecond))
-	clock, waitUntil := func() int64 { return now }, func(x int64) { now = x }
-	var slack int64 = 1
-	if mini == nil {
-		clock = func() int64 { return time.Now().UnixMicro() }
-		waitUntil = func(x int64) { time.Sleep(time.Duration(x-clock()) * time.Microsecond) }
-		slack = 20_000
-	}
+	clock, waitUntil, slack := caseTime(rng, mini)
 
 	// H, the end of B's long window's bucket, inside coarse bucket E:
 	// late enough that A2, granted after E begins, can end past E (with
@@ -844,9 +834,6 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 	prefix := randomPrefix(t)
 	call := func(pl *plan, in input) verdict {
 		t.Helper()
-		if mini != nil {
-			mini.SetTime(time.UnixMicro(now))
-		}
 		return decideOne(t, rdb, mini, decision{keys: stateKeys(prefix, "k", pl.blk), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
 	}
 	what += fmt.Sprintf(" (E %d..%d, H %d)", E*g, (E+1)*g, H)
