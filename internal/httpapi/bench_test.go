@@ -207,46 +207,72 @@ func BenchmarkLimitFields(b *testing.B) {
 	if only != "" && !slices.Contains(names[:], only) {
 		b.Fatalf("BENCH_FIELDS_SIDE=%s: want one of %v", only, names)
 	}
-	const block = 2000
-	var spent [len(sides)]time.Duration
-	var n, allocs, bytes [len(sides)]uint64
-	var m0, m1 runtime.MemStats
-	b.ResetTimer()
-	for i := 0; i < b.N; {
-		for k, h := range sides {
-			if only != "" && names[k] != only {
-				continue
-			}
-			runtime.ReadMemStats(&m0)
-			start := time.Now()
-			for j := 0; j < block && i < b.N; j++ {
-				h.ServeHTTP(&wireWriter{h: make(http.Header)}, req)
-				n[k]++
-				i++
-			}
-			spent[k] += time.Since(start)
-			runtime.ReadMemStats(&m1)
-			allocs[k] += m1.Mallocs - m0.Mallocs
-			bytes[k] += m1.TotalAlloc - m0.TotalAlloc
-		}
-	}
-	b.StopTimer()
-	per := func(v float64, k int) float64 { return v / float64(n[k]) }
+	var st [len(sides)]sideStats
+	interleave(b, st[:], func(k int) bool { return only == "" || names[k] == only }, func(k int) {
+		sides[k].ServeHTTP(&wireWriter{h: make(http.Header)}, req)
+	})
 	for k, name := range names {
-		if n[k] == 0 {
-			continue
-		}
-		b.ReportMetric(per(float64(spent[k]), k), name+"-ns/req")
-		b.ReportMetric(per(float64(allocs[k]), k), name+"-allocs/req")
-		b.ReportMetric(per(float64(bytes[k]), k), name+"-B/req")
+		st[k].report(b, name+"-")
 	}
 	if only != "" {
 		return
 	}
-	b.ReportMetric(per(float64(spent[1]), 1)-per(float64(spent[0]), 0), "fields-ns/req")
-	b.ReportMetric(per(float64(allocs[1]), 1)-per(float64(allocs[0]), 0), "fields-allocs/req")
-	b.ReportMetric(per(float64(bytes[1]), 1)-per(float64(bytes[0]), 0), "fields-B/req")
-	b.ReportMetric(per(float64(spent[1]), 1)-per(float64(spent[2]), 2), "draft-ns/req")
+	b.ReportMetric(st[1].ns()-st[0].ns(), "fields-ns/req")
+	b.ReportMetric(st[1].allocsPer()-st[0].allocsPer(), "fields-allocs/req")
+	b.ReportMetric(st[1].bytesPer()-st[0].bytesPer(), "fields-B/req")
+	b.ReportMetric(st[1].ns()-st[2].ns(), "draft-ns/req")
+}
+
+// sideStats is what interleave measured of one side: its requests, and
+// the time, allocations and bytes they took.
+type sideStats struct {
+	n, allocs, bytes uint64
+	spent            time.Duration
+}
+
+func (s sideStats) ns() float64        { return float64(s.spent) / float64(s.n) }
+func (s sideStats) allocsPer() float64 { return float64(s.allocs) / float64(s.n) }
+func (s sideStats) bytesPer() float64  { return float64(s.bytes) / float64(s.n) }
+
+// report reports a side's time, allocations and bytes a request, each
+// named with prefix, if it ran.
+func (s sideStats) report(b *testing.B, prefix string) {
+	if s.n == 0 {
+		return
+	}
+	b.ReportMetric(s.ns(), prefix+"ns/req")
+	b.ReportMetric(s.allocsPer(), prefix+"allocs/req")
+	b.ReportMetric(s.bytesPer(), prefix+"B/req")
+}
+
+// interleave makes b.N requests, serve(k) making one of side k, in turns
+// of 2,000 for each side that runs says it runs, so that load from
+// elsewhere on the machine weighs on all alike, and adds up each side's
+// figures in st[k].
+func interleave(b *testing.B, st []sideStats, runs func(k int) bool, serve func(k int)) {
+	const block = 2000
+	var m0, m1 runtime.MemStats
+	b.ResetTimer()
+	for i := 0; i < b.N; {
+		for k := range st {
+			if !runs(k) {
+				continue
+			}
+			runtime.ReadMemStats(&m0)
+			start := time.Now()
+			j := 0
+			for ; j < block && i < b.N; j++ {
+				serve(k)
+				i++
+			}
+			st[k].spent += time.Since(start)
+			runtime.ReadMemStats(&m1)
+			st[k].n += uint64(j)
+			st[k].allocs += m1.Mallocs - m0.Mallocs
+			st[k].bytes += m1.TotalAlloc - m0.TotalAlloc
+		}
+	}
+	b.StopTimer()
 }
 
 // wireWriter answers as net/http's server does, but for the socket: at
@@ -298,39 +324,18 @@ func (f fixedLimiter) Allow(context.Context, string, ratelimit.Policy) (ratelimi
 func BenchmarkResponseFieldCount(b *testing.B) {
 	names := [...]string{"X-Request-Id", "X-Content-Type-Options", "Cache-Control", "Content-Type", "Link",
 		"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit", "Ratelimit-Policy", "Content-Length"}
-	const first, block = 5, 2000
-	var spent [len(names) + 1]time.Duration
-	var n, allocs, bytes [len(names) + 1]uint64
-	var m0, m1 runtime.MemStats
+	const first = 5
+	var st [len(names) + 1]sideStats
 	value := []string{"0123456789"}
-	b.ResetTimer()
-	for i := 0; i < b.N; {
-		for k := first; k <= len(names); k++ {
-			runtime.ReadMemStats(&m0)
-			start := time.Now()
-			for j := 0; j < block && i < b.N; j++ {
-				w := &wireWriter{h: make(http.Header)}
-				h := w.Header()
-				for _, name := range names[:k] {
-					h[name] = value
-				}
-				w.WriteHeader(http.StatusOK)
-				n[k]++
-				i++
-			}
-			spent[k] += time.Since(start)
-			runtime.ReadMemStats(&m1)
-			allocs[k] += m1.Mallocs - m0.Mallocs
-			bytes[k] += m1.TotalAlloc - m0.TotalAlloc
+	interleave(b, st[:], func(k int) bool { return k >= first }, func(k int) {
+		w := &wireWriter{h: make(http.Header)}
+		h := w.Header()
+		for _, name := range names[:k] {
+			h[name] = value
 		}
-	}
-	b.StopTimer()
+		w.WriteHeader(http.StatusOK)
+	})
 	for k := first; k <= len(names); k++ {
-		if n[k] == 0 {
-			continue
-		}
-		b.ReportMetric(float64(spent[k])/float64(n[k]), fmt.Sprintf("%d-fields-ns/req", k))
-		b.ReportMetric(float64(allocs[k])/float64(n[k]), fmt.Sprintf("%d-fields-allocs/req", k))
-		b.ReportMetric(float64(bytes[k])/float64(n[k]), fmt.Sprintf("%d-fields-B/req", k))
+		st[k].report(b, fmt.Sprintf("%d-fields-", k))
 	}
 }
