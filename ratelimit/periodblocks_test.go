@@ -896,3 +896,110 @@ func TestLeaseEndsWithTheTransitionWindowsBucket(t *testing.T) {
 		t.Fatalf("%d cases of %d were granted a lease", played, cases)
 	}
 }
+
+// TestNewLongWindowCountsABlockToItsEnd: a plan edit that gives a window
+// a new long period (one without a coarse record: buckets of reserveLife
+// or more) starts its record from the key's record of another period,
+// and a block granted before the edit and spent after it counts there
+// until a period past the block's end, even when that end lies past the
+// new record's current bucket, as it may when the edit lands in the last
+// seconds of a bucket. The case: the old plan a short window and an hour
+// of plenty; the new one the same short window and a long window of 40
+// to 130 minutes (buckets of 12 to 39 s, which do not all end with one of
+// the hour's, where a block would end too) whose limit is what the
+// block spends after the edit; the block asked under the old plan just
+// before B, the end of the new window's bucket, and ending past it; the
+// edit between; the block spent after B; then a decision under the new
+// plan a period past B, before a period past the block's end: the window
+// must count those spends, and so refuse it. Drawn over short periods of
+// 1 s to a minute, long periods, limits and moments.
+func TestNewLongWindowCountsABlockToItsEnd(t *testing.T) {
+	t.Parallel()
+	playOnMiniredis(t, 105, runNewLongWindowBlock)
+}
+
+// runNewLongWindowBlock plays one case of
+// TestNewLongWindowCountsABlockToItsEnd on miniredis and reports whether
+// the block was granted where and with the room the case needs.
+func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) bool {
+	t.Helper()
+	p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(5)] +
+		time.Duration(rng.IntN(20))*time.Millisecond
+	long := []time.Duration{40 * time.Minute, 50 * time.Minute, 70 * time.Minute, 100 * time.Minute, 130 * time.Minute}[rng.IntN(5)]
+	m := 20 + rng.Int64N(30) // admissions in the period before the block
+	short := Window{Limit: 2*m + 20 + rng.Int64N(m), Period: p}
+	mk := func(ws ...Window) *plan {
+		pl := compile(Policy{Name: "p", Windows: ws}, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		return pl
+	}
+	po := mk(short, Window{Limit: 1_000_000, Period: time.Hour})
+	clock, waitUntil, _ := caseTime(rng, mini)
+	pw, g := p.Microseconds(), blockRing(po.windows[0]).gran
+	hourG, span := po.windows[1].gran, min(g, reserveLife.Microseconds())
+	newG := mk(short, Window{Limit: 1, Period: long}).windows[1].gran
+
+	// B, the end of a bucket of the new window with no end of the hour's
+	// buckets just before or at it (where the block would end first);
+	// the block asked at t1 within half a coarse bucket (and a block's
+	// life) before B, so that it ends past B; the edit at T, between.
+	B := (clock()/newG + 2) * newG
+	for range 100 {
+		if (B-span)/hourG == (B+1)/hourG {
+			break
+		}
+		B += newG
+	}
+	if (B-span)/hourG != (B+1)/hourG {
+		return false // every bucket of the new window ends with one of the hour's
+	}
+	t1 := B - 1 - rng.Int64N(span/2)
+	T := t1 + 1 + rng.Int64N(B-t1-1)
+	prefix := randomPrefix(t)
+	what := fmt.Sprintf("old %v, new long window %v (B %d)", po.policy.Windows, long, B)
+	callOld := func(in input) verdict {
+		t.Helper()
+		return decideOne(t, rdb, mini, decision{keys: stateKeys(prefix, "k", po.blk), pl: po.blk, nums: scriptNums(po, in)}, po, what)
+	}
+	var log admissionLog
+	for i := range m {
+		waitUntil(t1 - pw + 1 + (pw-2)*i/m)
+		if v := callOld(input{lease: noLease}); v.outcome == Allowed {
+			log.mustAdmit(t, po, v.now, what, "an admission before the block")
+		}
+	}
+	waitUntil(t1)
+	a := callOld(input{lease: noLease, reserve: &reserveAsk{max: m, replicas: 1}})
+	if a.outcome != Allowed {
+		t.Fatalf("%s: the block request at %d refused", what, t1)
+	}
+	if a.granted < 3 {
+		return false
+	}
+	if a.leaseEnd <= B+1 {
+		t.Fatalf("%s: the block granted at %d ends at %d, not past B", what, t1, a.leaseEnd)
+	}
+	// The new plan: its long window's limit what the block spends after B.
+	spends := a.granted - 1
+	pn := mk(short, Window{Limit: spends, Period: long})
+	sd := newSeeding(pn, otherPeriods(pn, po, false), youngPeriods(pn, po))
+	callNew := func() verdict {
+		t.Helper()
+		in := input{lease: noLease, seed: sd}
+		return decideOne(t, rdb, mini, decision{keys: seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pn.blk)), pl: pn.blk, nums: scriptNums(pn, in)}, pn, what)
+	}
+	waitUntil(T)
+	callNew() // the edit: the new window's record starts from the hour's
+	// The block spent after B, in its last microsecond; then, a period
+	// later, the new plan decides while those spends are within it.
+	x := B + long.Microseconds() + 1 + rng.Int64N(a.leaseEnd-1-B-1)
+	waitUntil(x)
+	v := callNew()
+	if v.win[1].used < spends {
+		t.Fatalf("%s: the new window counts %d at %d, where the block's %d spends at %d lie within it (%s)", what, v.win[1].used, x, spends, a.leaseEnd-1, time.Duration(x-(a.leaseEnd-1))*time.Microsecond)
+	}
+	if v.outcome == Allowed {
+		t.Fatalf("%s: admitted at %d, where the block's %d spends at %d fill the new window (limit %d)", what, x, spends, a.leaseEnd-1, spends)
+	}
+	return true
+}

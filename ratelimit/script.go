@@ -420,29 +420,41 @@ end
 -- its end) goes to the window's coarse record C (key, g, n, unit, ttl),
 -- when it has one and the key has none of it yet, whose head may run a
 -- bucket ahead (blockWrite), so it counts until a period after that end;
--- else it is counted in the head bucket, at most a bucket of the window
--- past it. It returns the record it wrote, or nil when there was nothing
+-- else the record's head moves to the bucket of that end, one past b at
+-- most (which reaches it for a window with no coarse record, whose
+-- buckets last a block's life or more), and what the key sends in the
+-- meantime counts there too, at that end at the earliest. It returns the record it wrote, or nil when there was nothing
 -- to carry. ringState.seedFrom (state.go) is the same in Go, for one
 -- record without a coarse record (the Go model has no blocks).
 local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, ttl, b, now, C)
+  -- The newest event's time (each source's head holds its newest).
+  local tmax = 0
+  if ss then
+    local vh, _, _, ho = unpack_(RINGFMT, ss, 2)
+    tmax = vh * sg + ho * su
+  end
+  if cs2 then
+    local vh, _, _, ho = unpack_(RINGFMT, cs2, 2)
+    if vh * cg + ho * cu > tmax then tmax = vh * cg + ho * cu end
+  end
   local hi = 2 ^ 53
-  if C then hi = (b + 1) * g end
+  if C then
+    hi = (b + 1) * g
+  elseif tmax > (b + 1) * g then
+    -- No coarse record to take what is still being spent: the head moves
+    -- to the newest event's bucket, so that it counts until a period
+    -- after its end. One past the current at most: an end lies within
+    -- a block's life of now, and a window without a coarse record has
+    -- buckets that long at least (blockRing).
+    b = b + 1
+  end
   local cs, os, total = {}, {}, 0
   if ss then total = carry(ss, sg, sn, su, period, g, n, unit, b, now, cs, os, -1, hi) end
   if cs2 then total = total + carry(cs2, cg, cn, cu, period, g, n, unit, b, now, cs, os, -1, hi) end
   if C then
-    -- The coarse record's head: the bucket of the newest event's time
-    -- (each source's head holds its newest), at most one past the
-    -- current.
-    local tmax, hb = 0, floor(now / C.g)
-    if ss then
-      local vh, _, _, ho = unpack_(RINGFMT, ss, 2)
-      tmax = vh * sg + ho * su
-    end
-    if cs2 then
-      local vh, _, _, ho = unpack_(RINGFMT, cs2, 2)
-      if vh * cg + ho * cu > tmax then tmax = vh * cg + ho * cu end
-    end
+    -- The coarse record's head: the bucket of the newest event's time,
+    -- at most one past the current.
+    local hb = floor(now / C.g)
     if tmax > (hb + 1) * C.g then hb = hb + 1 end
     local ccs, cos, ctot = {}, {}, 0
     if ss then ctot = carry(ss, sg, sn, su, period, C.g, C.n, C.unit, hb, now, ccs, cos, hi, 2 ^ 53) end
