@@ -423,9 +423,10 @@ end
 -- else the record's head moves to the bucket of that end, one past b at
 -- most (which reaches it for a window with no coarse record, whose
 -- buckets last a block's life or more), and what the key sends in the
--- meantime counts there too, at that end at the earliest. It returns the record it wrote, or nil when there was nothing
--- to carry. ringState.seedFrom (state.go) is the same in Go, for one
--- record without a coarse record (the Go model has no blocks).
+-- meantime counts there too, at that end at the earliest. It returns
+-- the record it wrote, or nil when there was nothing to carry.
+-- ringState.seedFrom (state.go) is the same in Go, for one record
+-- without a coarse record (the Go model has no blocks).
 local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, ttl, b, now, C)
   -- The newest event's time (each source's head holds its newest).
   local tmax = 0
