@@ -546,9 +546,10 @@ func TestNamesFollowTheCallPlan(t *testing.T) {
 // H, before A's block ends, plan C (a short limit above A's, and a day)
 // sends until refused, and A's block is spent, half then, half in its
 // last microsecond: the window must hold no more than A's limit at
-// either, so the cap must not end with B's block. Drawn over short periods of 1 s to a minute (coarse
-// buckets of 1 s to 10 s), limits and the moment of each grant; every
-// admission fits its plan's windows by its spend time.
+// either, so the cap must not end with B's block. Drawn over short
+// periods of 1 s to a minute (coarse buckets of 1 s to 10 s), limits and
+// the moment of each grant; every admission fits its plan's windows by
+// its spend time.
 func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
 	t.Parallel()
 	playOnMiniredis(t, 74, runBlockCapLaterEnd)
