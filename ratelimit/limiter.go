@@ -120,6 +120,11 @@ type Options struct {
 	noHeartbeat bool
 	// blocks puts blocks in force (blocks.go; tests and benchmarks).
 	blocks bool
+	// inStep does no work in the background on real time (tests that
+	// replay a seed): no sweep loop (the test sweeps), and a give-back is
+	// sent on the goroutine that lets its block go, before it goes on, so
+	// that it reaches Redis in the same place among decisions every run.
+	inStep bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -226,7 +231,9 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		cancel: cancel,
 	}
 	if client == nil {
-		l.goBackground(ctx, l.sweepLoop)
+		if !opts.inStep {
+			l.goBackground(ctx, l.sweepLoop)
+		}
 		return l, nil
 	}
 	// Everything the background goroutines read is built before the first
@@ -243,6 +250,9 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		l.lease.prefix = opts.Prefix
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
+		if opts.inStep {
+			l.lease.back = func(g giveBack) { l.back.sendBatch(context.Background(), max(opts.Timeout, 100*time.Millisecond), g) }
+		}
 	}
 	l.fb = newFallback(fallbackSize, l.replicas.live)
 	l.breaker = &breaker{
@@ -268,7 +278,9 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	for range opts.Pipelines {
 		l.goBackground(ctx, l.batch.run)
 	}
-	l.goBackground(ctx, l.sweepLoop)
+	if !opts.inStep {
+		l.goBackground(ctx, l.sweepLoop)
+	}
 	l.goBackground(ctx, l.breaker.run)
 	if l.back != nil {
 		l.goBackground(ctx, func(ctx context.Context) { l.back.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
