@@ -1003,3 +1003,167 @@ func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 	}
 	return true
 }
+
+// TestSeedBesideALiveCoarseRecordCountsABlockToItsEnd: a short window's
+// record and its coarse record (blocks.go) expire apart, the coarse one
+// up to a few seconds later (its buckets and its TTL's margin are
+// longer). A key whose plan drops the window's period and takes it back
+// within that gap has the coarse record and no window record, and the
+// edit back seeds the window record (seed in script.go) from the
+// periods it has. A block the key is spending, granted under the plan in
+// between, must count in the window until a period after its end, where
+// it is spent: the window record's head moves a bucket at most, so the
+// block goes to the coarse record, as it does when that is new too.
+//
+// Drawn over short periods, limits and moments, on miniredis: plan Y (a
+// short period P2 and an hour) takes a block, so that P2's coarse record
+// exists; plan X (another short period and the hour) is the key's while
+// P2's window record expires (deleted at the moment its TTL ends, as
+// miniredis's clock moves no TTL) and the coarse record lives; X grants
+// a block that ends a couple of P2's buckets or more after the edit back
+// to Y. A decision under Y a period after that block's last microsecond
+// must find the block's spends within P2's window (its limit), and be
+// refused.
+func TestSeedBesideALiveCoarseRecordCountsABlockToItsEnd(t *testing.T) {
+	t.Parallel()
+	playOnMiniredis(t, 106, runSeedBesideALiveCoarseRecord)
+}
+
+// runSeedBesideALiveCoarseRecord plays one case of
+// TestSeedBesideALiveCoarseRecordCountsABlockToItsEnd and reports whether
+// it played as drawn (the records expire in that order, the blocks are
+// granted with the room the case needs).
+func runSeedBesideALiveCoarseRecord(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) bool {
+	t.Helper()
+	periods := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute, 5 * time.Minute}
+	i1, i2 := rng.IntN(len(periods)), rng.IntN(len(periods)-1)
+	if i2 >= i1 {
+		i2++
+	}
+	jitter := func() time.Duration { return time.Duration(rng.IntN(20)) * time.Millisecond }
+	p1, p2 := periods[i1]+jitter(), periods[i2]+jitter()
+	// Admissions in the period before each block: a few a second at
+	// least, so that the block is worth granting.
+	m1 := 20 + rng.Int64N(30) + int64(p1/(2*time.Second))
+	m2 := 20 + rng.Int64N(30) + int64(p2/(2*time.Second))
+	hour := Window{Limit: 1_000_000, Period: time.Hour}
+	mk := func(ws ...Window) *plan {
+		pl := compile(Policy{Name: "p", Windows: ws}, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		return pl
+	}
+	px := mk(Window{Limit: 2*m1 + 20 + rng.Int64N(m1), Period: p1}, hour)
+	py := mk(Window{Limit: 2*m2 + 20 + rng.Int64N(m2), Period: p2}, hour)
+	if len(py.blk.coarse) == 0 || len(px.blk.coarse) == 0 {
+		return false
+	}
+	clock, waitUntil, _ := caseTime(rng, mini)
+	prefix := randomPrefix(t)
+	what := fmt.Sprintf("X %v, Y %v", px.policy.Windows, py.policy.Windows)
+	call := func(pl *plan, in input, sd *seeding) verdict {
+		t.Helper()
+		return decideOne(t, rdb, mini, decision{keys: seedKeys(prefix, "k", sd, stateKeys(prefix, "k", pl.blk)), pl: pl.blk, nums: scriptNums(pl, in)}, pl, what)
+	}
+	// block plays m admissions under pl over the period before t0 (from
+	// the clock's time on, if later), then asks a block at t0.
+	block := func(pl *plan, m, t0 int64, sd *seeding) verdict {
+		from := max(t0-pl.windows[0].period+1, clock()+1)
+		for i := range m {
+			waitUntil(from + (t0-1-from)*i/m)
+			call(pl, input{lease: noLease, seed: sd}, sd)
+		}
+		waitUntil(t0)
+		return call(pl, input{lease: noLease, seed: sd, reserve: &reserveAsk{max: m, replicas: 1}}, sd)
+	}
+	keys := stateKeys(prefix, "k", py.blk)
+	wkey, ckey := keys[1], keys[len(keys)-1] // P2's window record, its coarse record
+	ta := clock() + p2.Microseconds()
+	if a := block(py, m2, ta, nil); a.outcome != Allowed || a.granted < 2 {
+		return false
+	}
+	ttlW, ttlC := mini.TTL(wkey).Microseconds(), mini.TTL(ckey).Microseconds()
+	if ttlW <= 0 || ttlC <= 0 {
+		t.Fatalf("%s: P2's records without TTLs (%d, %d µs)", what, ttlW, ttlC)
+	}
+	// X's block is asked once P2's window record has expired, and the
+	// edit back lands while the coarse record lives.
+	lo, hi := ta+ttlW+1, ta+ttlC-1
+	if hi-lo < 4 {
+		return false // the coarse record expires first, or with it
+	}
+	sdx := newSeeding(px, otherPeriods(px, py, false), youngPeriods(px, py))
+	// (Half the cases as early as they can: Y's block, counted in the
+	// coarse record, then often counts still at the edit.)
+	early := rng.IntN(2) == 0
+	t1 := lo + rng.Int64N((hi-lo)/2)
+	if early {
+		t1 = lo + rng.Int64N(max((hi-lo)/16, 1))
+	}
+	mini.Del(wkey)
+	b := block(px, m1, t1, sdx)
+	if b.outcome != Allowed || b.granted < 3 {
+		return false
+	}
+	// The edit back at T, at least two of P2's buckets before the block's
+	// end: past the bucket the window record's head may move to.
+	g2 := py.windows[0].gran
+	latest := min(hi, b.leaseEnd-1-3*g2-2)
+	if latest <= t1+1 {
+		return false
+	}
+	T := t1 + 1 + rng.Int64N(latest-t1)
+	if early {
+		T = t1 + 1 + rng.Int64N(min(latest-t1, 4*g2))
+	}
+	if !mini.Exists(ckey) || mini.Exists(wkey) {
+		t.Fatalf("%s: at the edit, P2's coarse record is gone or its window record back", what)
+	}
+	spends := b.granted - 1
+	pn := mk(Window{Limit: spends, Period: p2}, hour)
+	sdn := newSeeding(pn, otherPeriods(pn, px, false), youngPeriods(pn, px))
+	waitUntil(T)
+	cr, cg := len(pn.windows), pn.blk.coarse[0].gran
+	before := readBuckets(t, rdb, keys, pn.blk)[cr]
+	oldRec, _ := mini.Get(ckey)
+	call(pn, input{lease: noLease, seed: sdn}, sdn) // the edit: P2's record starts from X's
+	// The coarse record, written again, keeps what it counted in every
+	// bucket of its own that still counts, there or in a later bucket
+	// (one whose last event lies on a bucket's end is carried into the
+	// next, which counts it as long), and what follows its ring.
+	after := readBuckets(t, rdb, keys, pn.blk)[cr]
+	newRec, _ := mini.Get(ckey)
+	for bk := range before.count {
+		var was, is int64
+		for j, c := range before.count {
+			if j >= bk && j*cg+p2.Microseconds() > T {
+				was += c
+			}
+		}
+		for j, c := range after.count {
+			if j >= bk {
+				is += c
+			}
+		}
+		if is < was {
+			t.Fatalf("%s: the edit at %d left P2's coarse record counting %d from bucket %d on, where it counted %d that still count (%v, now %v)", what, T, is, bk, was, before.count, after.count)
+		}
+	}
+	ringEnd := windowRingAt - 1 + int(ringSize(pn.blk.coarse[0].n))
+	if oldRec[ringEnd:] != newRec[ringEnd:] {
+		t.Fatalf("%s: the edit at %d changed what follows P2's coarse record's ring from %x to %x", what, T, oldRec[ringEnd:], newRec[ringEnd:])
+	}
+	// The block spent in its last microsecond; a period later, past
+	// where the window record's head may have moved to, the new plan
+	// decides while those spends lie within P2's window.
+	B := (T/g2 + 2) * g2
+	x := B + p2.Microseconds() + 1 + rng.Int64N(b.leaseEnd-1-B-1)
+	waitUntil(x)
+	v := call(pn, input{lease: noLease, seed: sdn}, sdn)
+	if v.win[0].used < spends {
+		t.Fatalf("%s: P2's window counts %d at %d, where the block's %d spends at %d lie within it (%s before its end)", what, v.win[0].used, x, spends, b.leaseEnd-1, time.Duration(b.leaseEnd-1+p2.Microseconds()-x)*time.Microsecond)
+	}
+	if v.outcome == Allowed {
+		t.Fatalf("%s: admitted at %d, where the block's %d spends at %d fill P2's window (limit %d)", what, x, spends, b.leaseEnd-1, spends)
+	}
+	return true
+}

@@ -398,7 +398,8 @@ end
 
 -- ringWrite writes record key of a ring (g, n, ttl) with head b from the
 -- counts and last offsets carry made, total of them.
-local function ringWrite(key, cs, os, total, b, g, n, ttl)
+-- What follows the ring (tail: a cap, format.go) is written after it.
+local function ringWrite(key, cs, os, total, b, g, n, ttl, tail)
   if total > MAXC then total = MAXC end
   local slots = {}
   for i = 1, n + 1 do slots[i] = '\0\0\0\0\0\0' end
@@ -406,7 +407,7 @@ local function ringWrite(key, cs, os, total, b, g, n, ttl)
     if a > 0 then slots[((b - a) % (n + 1)) + 1] = pack_('>I4I2', c, os[a]) end
   end
   local rec = char(VERSION) .. pack_(RINGFMT, b, total, cs[0] or 0, os[0] or 0) .. table.concat(slots)
-  call('SET', key, rec, 'PX', itoa(expiry(b, g, n, ttl) - NOWMS))
+  call('SET', key, rec .. (tail or ''), 'PX', itoa(expiry(b, g, n, ttl) - NOWMS))
   return rec
 end
 
@@ -418,13 +419,17 @@ end
 -- carried over whole (carry). A bucket whose last event lies past the
 -- head bucket (a block or a reservation still being spent, counted at
 -- its end) goes to the window's coarse record C (key, g, n, unit, ttl),
--- when it has one and the key has none of it yet, whose head may run a
--- bucket ahead (blockWrite), so it counts until a period after that end;
--- else the record's head moves to the bucket of that end, one past b at
--- most (which reaches it for a window with no coarse record, whose
--- buckets last a block's life or more), and what the key sends in the
--- meantime counts there too, at that end at the earliest. It returns
--- the record it wrote, or nil when there was nothing to carry.
+-- when it has one, whose head may run a bucket ahead (blockWrite), so it
+-- counts until a period after that end; else the record's head moves to
+-- the bucket of that end, one past b at most (which reaches it for a
+-- window with no coarse record, whose buckets last a block's life or
+-- more), and what the key sends in the meantime counts there too, at
+-- that end at the earliest. A coarse record the key has already (C.cur:
+-- it outlived the window's record, whose TTL is shorter, while the
+-- key's plan lacked the period) is written again with what it counts
+-- carried over whole beside what goes to it, and its cap after the
+-- ring. It returns the record it wrote, or nil when there was nothing
+-- to carry.
 -- ringState.seedFrom (state.go) is the same in Go, for one record
 -- without a coarse record (the Go model has no blocks).
 local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, ttl, b, now, C)
@@ -437,6 +442,12 @@ local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, tt
   if cs2 then
     local vh, _, _, ho = unpack_(RINGFMT, cs2, 2)
     if vh * cg + ho * cu > tmax then tmax = vh * cg + ho * cu end
+  end
+  local cur = C and C.cur
+  local ctmax = tmax
+  if cur then
+    local vh, _, _, ho = unpack_(RINGFMT, cur, 2)
+    if vh * C.g + ho * C.unit > ctmax then ctmax = vh * C.g + ho * C.unit end
   end
   local hi = 2 ^ 53
   if C then
@@ -456,11 +467,22 @@ local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, tt
     -- The coarse record's head: the bucket of the newest event's time,
     -- at most one past the current.
     local hb = floor(now / C.g)
-    if tmax > (hb + 1) * C.g then hb = hb + 1 end
+    if ctmax > (hb + 1) * C.g then hb = hb + 1 end
     local ccs, cos, ctot = {}, {}, 0
     if ss then ctot = carry(ss, sg, sn, su, period, C.g, C.n, C.unit, hb, now, ccs, cos, hi, 2 ^ 53) end
     if cs2 then ctot = ctot + carry(cs2, cg, cn, cu, period, C.g, C.n, C.unit, hb, now, ccs, cos, hi, 2 ^ 53) end
-    if ctot > 0 then ringWrite(C.key, ccs, cos, ctot, hb, C.g, C.n, C.ttl) end
+    if ctot > 0 then
+      local tail
+      if cur then
+        ctot = ctot + carry(cur, C.g, C.n, C.unit, period, C.g, C.n, C.unit, hb, now, ccs, cos, -1, 2 ^ 53)
+        tail = sub(cur, WR + (C.n + 1) * SLOT)
+      end
+      ringWrite(C.key, ccs, cos, ctot, hb, C.g, C.n, C.ttl, tail)
+      -- The window's record is written too, empty if need be: another
+      -- plan's replicas hold the key to this window (transition windows)
+      -- only where it has a record, and read its coarse record with it.
+      return ringWrite(key, cs, os, total, b, g, n, ttl)
+    end
   end
   if total <= 0 then return nil end
   return ringWrite(key, cs, os, total, b, g, n, ttl)
@@ -920,12 +942,19 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
           if not (cs2 and #cs2 >= 1 + HDR + (src[8] + 1) * SLOT) then cs2 = false end
         end
         if ss or cs2 then
-          -- The window's coarse record, if it has one and the key none
-          -- of it yet, takes what is still being spent.
+          -- The window's coarse record, if it has one, takes what is
+          -- still being spent: a new one, or the key's (cur), which
+          -- seed writes again with what it holds (a record too short
+          -- for its ring is another format's: left alone).
           local x, C = CP and CP[i], nil
           if x then
             local cr, ck = CO[x], KEYS[base + pl.kco + x]
-            if #call('GETRANGE', ck, '0', '18') < 1 + HDR then C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl} end
+            local cur = call('GET', ck)
+            if not cur or #cur < 1 + HDR then
+              C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl}
+            elseif #cur >= WR - 1 + (cr.n + 1) * SLOT then
+              C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl, cur = cur}
+            end
           end
           if seed(key, ss, src[3], src[4], src[5], cs2, src[7], src[8], src[9], period, g, n, unit, pl.TTL[i], floor(now / g), now, C) then
             h = call('GETRANGE', key, '0', '18')
