@@ -1018,10 +1018,11 @@ func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 // Drawn over short periods, limits and moments, on miniredis: plan Y (a
 // short period P2 and an hour) takes a block, so that P2's coarse record
 // exists; plan X (another short period and the hour) is the key's while
-// P2's window record expires (deleted at the moment its TTL ends, as
-// miniredis's clock moves no TTL) and the coarse record lives; X grants
-// a block that ends a couple of P2's buckets or more after the edit back
-// to Y. A decision under Y a period after that block's last microsecond
+// P2's window record expires and the coarse record lives (miniredis's
+// clock moves no TTL: the record is deleted before X's first request,
+// and the edit lands past its TTL and within the coarse record's); X
+// grants a block that ends a couple of P2's buckets or more after the
+// edit back to Y. A decision under Y a period after that block's last microsecond
 // must find the block's spends within P2's window (its limit), and be
 // refused.
 func TestSeedBesideALiveCoarseRecordCountsABlockToItsEnd(t *testing.T) {
