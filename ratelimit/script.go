@@ -444,7 +444,7 @@ local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, tt
     if vh * cg + ho * cu > tmax then tmax = vh * cg + ho * cu end
   end
   local cur = C and C.cur
-  local ctmax = tmax
+  local ctmax, wroteC = tmax, false
   if cur then
     local vh, _, _, ho = unpack_(RINGFMT, cur, 2)
     if vh * C.g + ho * C.unit > ctmax then ctmax = vh * C.g + ho * C.unit end
@@ -481,10 +481,10 @@ local function seed(key, ss, sg, sn, su, cs2, cg, cn, cu, period, g, n, unit, tt
       -- The window's record is written too, empty if need be: another
       -- plan's replicas hold the key to this window (transition windows)
       -- only where it has a record, and read its coarse record with it.
-      return ringWrite(key, cs, os, total, b, g, n, ttl)
+      wroteC = true
     end
   end
-  if total <= 0 then return nil end
+  if total <= 0 and not wroteC then return nil end
   return ringWrite(key, cs, os, total, b, g, n, ttl)
 end
 
@@ -950,9 +950,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
           if x then
             local cr, ck = CO[x], KEYS[base + pl.kco + x]
             local cur = call('GET', ck)
-            if not cur or #cur < 1 + HDR then
-              C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl}
-            elseif #cur >= WR - 1 + (cr.n + 1) * SLOT then
+            if cur and #cur < 1 + HDR then cur = false end
+            if not cur or #cur >= WR - 1 + (cr.n + 1) * SLOT then
               C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl, cur = cur}
             end
           end
