@@ -532,10 +532,11 @@ func TestServePprof(t *testing.T) {
 	}
 }
 
-// TestServeDraftFields: petstore serve sends the IETF draft's two
-// rate-limit fields by default, and leaves them out with
-// --ratelimit-draft-fields=false or its environment variable, the
-// specification's three still sent.
+// TestServeDraftFields: petstore serve sends the specification's three
+// rate-limit fields alone by default, and the IETF draft's two beside
+// them with --ratelimit-draft-fields or its environment variable (and
+// not with either set false), to a key's request and to one without a
+// valid key alike.
 func TestServeDraftFields(t *testing.T) {
 	t.Parallel()
 	for name, tt := range map[string]struct {
@@ -543,7 +544,9 @@ func TestServeDraftFields(t *testing.T) {
 		env   map[string]string
 		draft bool
 	}{
-		"default":                               {draft: true},
+		"default":                               {},
+		"--ratelimit-draft-fields":              {args: []string{"--ratelimit-draft-fields"}, draft: true},
+		"PETSTORE_RATELIMIT_DRAFT_FIELDS=true":  {env: map[string]string{"PETSTORE_RATELIMIT_DRAFT_FIELDS": "true"}, draft: true},
 		"--ratelimit-draft-fields=false":        {args: []string{"--ratelimit-draft-fields=false"}},
 		"PETSTORE_RATELIMIT_DRAFT_FIELDS=false": {env: map[string]string{"PETSTORE_RATELIMIT_DRAFT_FIELDS": "false"}},
 	} {
@@ -557,8 +560,10 @@ func TestServeDraftFields(t *testing.T) {
 			if resp.Header.Get("X-RateLimit-Limit") == "" || resp.Header.Get("X-RateLimit-Remaining") == "" || resp.Header.Get("X-RateLimit-Reset") == "" {
 				t.Errorf("%s: %d without the specification's fields: %v", name, resp.StatusCode, resp.Header)
 			}
-			if got := resp.Header.Get("RateLimit") != "" && resp.Header.Get("RateLimit-Policy") != ""; got != tt.draft {
-				t.Errorf("%s: %d carries the draft's fields: %v, want %v (%v)", name, resp.StatusCode, got, tt.draft, resp.Header)
+			for _, field := range []string{"RateLimit", "RateLimit-Policy"} {
+				if got := resp.Header.Get(field) != ""; got != tt.draft {
+					t.Errorf("%s: %d carries %s: %v, want %v (%v)", name, resp.StatusCode, field, got, tt.draft, resp.Header)
+				}
 			}
 		}
 	}

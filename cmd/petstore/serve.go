@@ -205,7 +205,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		TrustedProxies: cfg.TrustedProxies,
 		MaxBodyBytes:   cfg.MaxBodyBytes,
 
-		OmitDraftLimitFields: !cfg.DraftFields,
+		DraftLimitFields: cfg.DraftFields,
 	})
 	// Where the replica stands is known, and logged, before it listens.
 	readiness := httpapi.NewReadiness(httpapi.ReadinessConfig{Checks: checks, Logger: log})

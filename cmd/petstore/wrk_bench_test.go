@@ -167,7 +167,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			// -test.cpuprofile can be split: go tool pprof -tagfocus side=on.
 			serve := func(name string, l httpapi.Limiter) (url string, stop func()) {
 				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry()),
-					OmitDraftLimitFields: specFields})
+					DraftLimitFields: !specFields})
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
 				if err != nil {
 					b.Fatal(err)

@@ -123,9 +123,9 @@ func parseRateLimit(h http.Header, status int, now time.Time) (rateLimit, error)
 	}
 
 	if h.Get("RateLimit") == "" && h.Get("RateLimit-Policy") == "" {
-		// A server started with --ratelimit-draft-fields=false sends
-		// the specification's three alone; with no window to bound it,
-		// the Remaining check (remainingTracker) passes over this key.
+		// The specification's three alone (petstore's default, without
+		// --ratelimit-draft-fields): the kit knows the key's shortest
+		// window from GET /v1/rate_limit (kit.learnWindows).
 		return rl, retryAfter(h, status, &rl)
 	}
 	m := rateLimitRE.FindStringSubmatch(h.Get("RateLimit"))

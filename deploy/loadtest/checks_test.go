@@ -167,13 +167,23 @@ func TestFlags(t *testing.T) {
 
 // fakeService answers like petstore for keys on a plan of `limit` per
 // minute, from one counter per key; rising makes Remaining go up on every
-// tenth answer, as a broken limiter would.
-func fakeService(limit int, rising bool) http.Handler {
+// tenth answer, as a broken limiter would; draft adds the IETF draft's two
+// fields to the specification's three. GET /v1/rate_limit names the
+// window and spends nothing.
+func fakeService(limit int, rising, draft bool) http.Handler {
 	var mu sync.Mutex
 	counts := map[string]int{}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
 		k := r.Header.Get("Authorization")
+		if r.URL.Path == "/v1/rate_limit" {
+			mu.Lock()
+			n := counts[k]
+			mu.Unlock()
+			fmt.Fprintf(w, `{"plan":"loadtest","mode":"enforce","windows":[{"period":"1m","limit":%d,"used":%d,"remaining":%d,"reset":%d}]}`,
+				limit, n, max(limit-n, 0), time.Now().Add(time.Minute).Unix())
+			return
+		}
+		mu.Lock()
 		counts[k]++
 		n := counts[k]
 		mu.Unlock()
@@ -185,8 +195,10 @@ func fakeService(limit int, rising bool) http.Handler {
 		h.Set("X-RateLimit-Limit", strconv.Itoa(limit))
 		h.Set("X-RateLimit-Remaining", strconv.Itoa(max(rem, 0)))
 		h.Set("X-RateLimit-Reset", strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10))
-		h.Set("RateLimit", fmt.Sprintf(`"1m";r=%d;t=60`, max(rem, 0)))
-		h.Set("RateLimit-Policy", fmt.Sprintf(`"1m";q=%d;w=60`, limit))
+		if draft {
+			h.Set("RateLimit", fmt.Sprintf(`"1m";r=%d;t=60`, max(rem, 0)))
+			h.Set("RateLimit-Policy", fmt.Sprintf(`"1m";q=%d;w=60`, limit))
+		}
 		if rem < 0 {
 			h.Set("Retry-After", "60")
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -198,10 +210,11 @@ func fakeService(limit int, rising bool) http.Handler {
 }
 
 // TestRunAgainstFakes runs the kit end to end: a service that keeps its
-// promises passes, one whose Remaining rises, that refuses steady load or
-// that is slower than the thresholds fails the run. The latency thresholds
-// are wide where latency is not the point: the fakes share the machine
-// with everything else.
+// promises passes, one whose Remaining rises (with the draft's fields or
+// the specification's three alone), that refuses steady load, that is
+// slower than the thresholds or whose GET /v1/rate_limit fails fails the
+// run. The latency thresholds are wide where latency is not the point:
+// the fakes share the machine with everything else.
 func TestRunAgainstFakes(t *testing.T) {
 	t.Parallel()
 	keys := filepath.Join(t.TempDir(), "keys.csv")
@@ -210,7 +223,14 @@ func TestRunAgainstFakes(t *testing.T) {
 	}
 	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(30 * time.Millisecond)
-		fakeService(100000, false).ServeHTTP(w, r)
+		fakeService(100000, false, true).ServeHTTP(w, r)
+	})
+	noQuota := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/rate_limit" {
+			http.NotFound(w, r)
+			return
+		}
+		fakeService(100000, false, false).ServeHTTP(w, r)
 	})
 	wide := []string{"-p95", "10s", "-p99", "10s", "-burst-p99", "10s"}
 	tests := []struct {
@@ -220,10 +240,13 @@ func TestRunAgainstFakes(t *testing.T) {
 		wantErr bool
 		want    string
 	}{
-		{"keeps its promises", fakeService(100000, false), wide, false, "all thresholds passed"},
-		{"Remaining rises", fakeService(100000, true), wide, true, "FAIL Remaining never rises"},
-		{"refuses steady load", fakeService(50, false), wide, true, "FAIL status is what the scenario expects"},
+		{"keeps its promises", fakeService(100000, false, true), wide, false, "all thresholds passed"},
+		{"keeps its promises, three fields", fakeService(100000, false, false), wide, false, "ok   Remaining never rises"},
+		{"Remaining rises", fakeService(100000, true, true), wide, true, "FAIL Remaining never rises"},
+		{"Remaining rises, three fields", fakeService(100000, true, false), wide, true, "FAIL Remaining never rises"},
+		{"refuses steady load", fakeService(50, false, true), wide, true, "FAIL status is what the scenario expects"},
 		{"slower than the thresholds", slow, []string{"-p95", "20ms", "-p99", "10s", "-burst-p99", "10s"}, true, "FAIL steady latency p95"},
+		{"no GET /v1/rate_limit", noQuota, wide, true, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -233,7 +256,7 @@ func TestRunAgainstFakes(t *testing.T) {
 			var out bytes.Buffer
 			args := append([]string{"-url", srv.URL, "-keys", keys, "-rate", "200", "-duration", "1s", "-burst", "50", "-workers", "16"}, tt.flags...)
 			err := run(context.Background(), args, &out, &bytes.Buffer{})
-			if (err != nil) != tt.wantErr || !strings.Contains(out.String(), tt.want) {
+			if (err != nil) != tt.wantErr || !strings.Contains(out.String(), tt.want) || tt.want == "" && !strings.Contains(fmt.Sprint(err), "GET /v1/rate_limit for key_") {
 				t.Fatalf("run: %v, want error %v and %q in:\n%s", err, tt.wantErr, tt.want, out.String())
 			}
 		})

@@ -48,6 +48,9 @@ type kit struct {
 	checks    *checks
 	remaining *remainingTracker
 	log       io.Writer
+	// windows is each key's shortest window, by key id, as GET
+	// /v1/rate_limit named it (learnWindows).
+	windows map[string]time.Duration
 
 	mu       sync.Mutex
 	latency  map[string][]time.Duration // by scenario
@@ -133,9 +136,89 @@ func (k *kit) get(ctx context.Context, scenario string, key key) response {
 	if r.status == http.StatusTooManyRequests {
 		k.checks.record(checkRetryAfter, r.rl.retryAfter >= time.Second, fmt.Sprintf("%s: Retry-After %s", scenario, r.rl.retryAfter))
 	}
+	if r.rl.window == 0 {
+		// The specification's three fields alone name no window.
+		r.rl.window = k.windows[key.id]
+	}
+	if r.rl.window == 0 {
+		// Nothing to bound the check by: not checked, rather than passed.
+		return r
+	}
 	ok, bound := k.remaining.observe(key.id, r.send, r.recv, r.rl)
 	k.checks.record(checkRemaining, ok, fmt.Sprintf("%s: %s answered Remaining %d after an earlier answer said %d", scenario, key.id, r.rl.remaining, bound))
 	return r
+}
+
+// learnWindows asks GET /v1/rate_limit, which spends none of a key's
+// quota, for every key's windows, and keeps the shortest of each: the
+// Remaining check needs it, and a server that sends the specification's
+// three rate-limit fields alone (petstore's default) names no window in
+// them. At most workers requests are in flight at once.
+func (k *kit) learnWindows(ctx context.Context, keys []key) error {
+	k.windows = make(map[string]time.Duration, len(keys))
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	next := make(chan key)
+	for range min(k.cfg.workers, 16, len(keys)) {
+		wg.Go(func() {
+			for key := range next {
+				w, err := k.shortestWindow(ctx, key)
+				mu.Lock()
+				if err != nil && first == nil {
+					first = err
+				}
+				k.windows[key.id] = w
+				mu.Unlock()
+			}
+		})
+	}
+	for _, key := range keys {
+		next <- key
+	}
+	close(next)
+	wg.Wait()
+	return first
+}
+
+// shortestWindow returns the shortest window GET /v1/rate_limit lists
+// for key.
+func (k *kit) shortestWindow(ctx context.Context, key key) (time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.cfg.url+"/v1/rate_limit", nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key.secret)
+	resp, err := k.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET /v1/rate_limit for %s: %w", key.id, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /v1/rate_limit for %s: %d %.200s", key.id, resp.StatusCode, body)
+	}
+	var q struct {
+		Windows []struct {
+			Period string `json:"period"`
+		} `json:"windows"`
+	}
+	if err := json.Unmarshal(body, &q); err != nil || len(q.Windows) == 0 {
+		return 0, fmt.Errorf("GET /v1/rate_limit for %s: no windows in %.200s (%v)", key.id, body, err)
+	}
+	var shortest time.Duration
+	for _, w := range q.Windows {
+		d, err := time.ParseDuration(w.Period)
+		if err != nil || d <= 0 {
+			return 0, fmt.Errorf("GET /v1/rate_limit for %s: period %q: %v", key.id, w.Period, err)
+		}
+		if shortest == 0 || d < shortest {
+			shortest = d
+		}
+	}
+	return shortest, nil
 }
 
 // report is what a run measured.

@@ -26,6 +26,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"time"
 )
 
@@ -121,6 +122,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	k := newKit(cfg, stderr)
+	if err := k.learnWindows(ctx, append(slices.Clone(keys), tiny...)); err != nil {
+		return err
+	}
 	report := k.run(ctx, keys, tiny)
 	failed := report.print(stdout, cfg)
 	if ctx.Err() != nil {

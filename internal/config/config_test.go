@@ -27,7 +27,7 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Addr != ":8080" || cfg.OpsAddr != ":9090" || cfg.Store != "memory" || cfg.Redis.Configured() || cfg.Pprof || !cfg.DraftFields {
+	if cfg.Addr != ":8080" || cfg.OpsAddr != ":9090" || cfg.Store != "memory" || cfg.Redis.Configured() || cfg.Pprof || cfg.DraftFields {
 		t.Fatalf("unexpected defaults: %+v", cfg)
 	}
 	if err := cfg.Validate(); err != nil {
@@ -48,7 +48,7 @@ func TestEnvironmentAndFlags(t *testing.T) {
 		"PETSTORE_AUTH_FAILURE_LIMIT":      "5/10s",
 		"PETSTORE_RATELIMIT_PIPELINES":     "8",
 		"PETSTORE_RATELIMIT_PIPELINE_HOLD": "1ms",
-		"PETSTORE_RATELIMIT_DRAFT_FIELDS":  "false",
+		"PETSTORE_RATELIMIT_DRAFT_FIELDS":  "true",
 	}
 	cfg, s, err := parse(t, []string{"--addr", ":4321"}, env)
 	if err != nil {
@@ -73,8 +73,8 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	if cfg.Pipelines != 8 || cfg.PipelineHold != time.Millisecond {
 		t.Errorf("ratelimit pipelines: %d, hold %s", cfg.Pipelines, cfg.PipelineHold)
 	}
-	if cfg.DraftFields {
-		t.Errorf("PETSTORE_RATELIMIT_DRAFT_FIELDS=false left the draft's fields on")
+	if !cfg.DraftFields {
+		t.Errorf("PETSTORE_RATELIMIT_DRAFT_FIELDS=true left the draft's fields off")
 	}
 	red := s.Redacted()
 	if strings.Contains(red["database-url"], "secret") || !strings.Contains(red["database-url"], "db") {

@@ -259,7 +259,7 @@ func TestBansAcrossFleet(t *testing.T) {
 // measures when each one applies it: within the reload interval.
 func TestPlansFileReachesAll(t *testing.T) {
 	const interval = time.Second
-	f := newFleet(t, fleetOptions{plans: tinyPlans, keys: map[string]int{"probe": 1}, reloadInterval: interval})
+	f := newFleet(t, fleetOptions{plans: tinyPlans, keys: map[string]int{"probe": 1}, reloadInterval: interval, draftFields: true})
 	key := f.keys["probe"][0]
 	f.writeFile("plans.yaml", strings.Replace(tinyPlans, "limit: 1000,", "limit: 1001,", 1))
 	changed := time.Now()
@@ -283,8 +283,14 @@ func TestPlansFileReachesAll(t *testing.T) {
 	}
 }
 
-// policy returns a request's RateLimit-Policy header.
+// policy returns a request's RateLimit-Policy header: every window of
+// the plan the replica applied, for a fleet started with draftFields.
+// (GET /v1/rate_limit says the same but has a throttle of its own, one
+// request a second past a burst of 10, which polling would trip.)
 func (f *fleet) policy(ctx context.Context, base, key string) (result, string) {
+	if !f.opts.draftFields {
+		f.t.Fatal("fleet.policy reads RateLimit-Policy: start the fleet with draftFields")
+	}
 	req, _ := newGet(ctx, base, key)
 	res := result{target: base, send: time.Now()}
 	resp, err := f.client.Do(req)

@@ -243,6 +243,7 @@ type fleetOptions struct {
 	binaries       map[int]string // replica index -> a petstore binary other than this tree's
 	maxLease       int            // --ratelimit-max-lease (0: the default)
 	balance        string         // HAProxy's balancing lines (default balanceRoundRobin; make cluster BALANCE=...)
+	draftFields    bool           // --ratelimit-draft-fields: RateLimit-Policy shows the plan a replica applies (fleet.policy)
 }
 
 // fleet is N replicas of one build sharing a private Redis, behind
@@ -427,6 +428,9 @@ func (r *replica) start() {
 	}
 	if f.opts.maxLease > 0 {
 		args = append(args, "--ratelimit-max-lease", strconv.Itoa(f.opts.maxLease))
+	}
+	if f.opts.draftFields {
+		args = append(args, "--ratelimit-draft-fields")
 	}
 	r.p = startProc(f.t, f.dir, fmt.Sprintf("%s-%d", r.name, r.restarts), r.bin, args...)
 	deadline := time.Now().Add(20 * time.Second)

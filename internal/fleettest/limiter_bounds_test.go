@@ -157,7 +157,7 @@ func TestPeriodChangeKeepsCounts(t *testing.T) {
 		newW     = 8 * time.Second
 	)
 	plans := func(quota string) string { return "plans:\n  edit: {quotas: [" + quota + "], ban: off}\n" }
-	f := newFleet(t, fleetOptions{plans: plans("{limit: 10, period: 4s}"), keys: map[string]int{"edit": 2}, reloadInterval: interval})
+	f := newFleet(t, fleetOptions{plans: plans("{limit: 10, period: 4s}"), keys: map[string]int{"edit": 2}, reloadInterval: interval, draftFields: true})
 	sprayed, probe := f.keys["edit"][:1], f.keys["edit"][1]
 	first := f.startLoad(loadSpec{rate: 20, workers: 8, targets: f.targets(), keys: sprayed})
 	time.Sleep(6 * time.Second)

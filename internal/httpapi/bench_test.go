@@ -153,7 +153,7 @@ func BenchmarkStackVsBareChi(b *testing.B) {
 // net/http's copy of it at WriteHeader is one too; the copy is then
 // written sorted by name, as the server writes it (wireWriter; the page's
 // Content-Length net/http sends itself, outside the map, writeJSON). A
-// third side leaves out the draft's two fields (OmitDraftLimitFields):
+// third side leaves out the draft's two fields (DraftLimitFields false):
 // eight in the map, under the line; draft-ns/req is what the two cost. The sides
 // alternate in blocks of 2,000 requests in one run; time, allocations and
 // bytes per request are reported for each, and the differences.
@@ -175,12 +175,12 @@ func BenchmarkLimitFields(b *testing.B) {
 	}
 	server := func(l Limiter, omitDraft bool) http.Handler {
 		return NewServer(Config{
-			Store:                store,
-			Auth:                 testAuth{},
-			Limiter:              l,
-			Logger:               slog.New(NewJSONLogHandler(discard{}, nil)),
-			Metrics:              NewMetrics(prometheus.NewRegistry()),
-			OmitDraftLimitFields: omitDraft,
+			Store:            store,
+			Auth:             testAuth{},
+			Limiter:          l,
+			Logger:           slog.New(NewJSONLogHandler(discard{}, nil)),
+			Metrics:          NewMetrics(prometheus.NewRegistry()),
+			DraftLimitFields: !omitDraft,
 		})
 	}
 	fixed := fixedLimiter{allowed(time.Now().Add(time.Hour), 59, 999)}

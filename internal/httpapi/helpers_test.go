@@ -207,6 +207,10 @@ func newTestServer(t *testing.T, opts ...serverOption) *testServer {
 		Logger:         slog.New(NewJSONLogHandler(ts.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics:        NewMetrics(ts.registry),
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+		// Every rate-limit field, so that the tests check the draft's
+		// two as well; TestDraftLimitFieldsOmitted checks a server
+		// without them (the default).
+		DraftLimitFields: true,
 	}
 	for _, o := range opts {
 		o(&cfg)

@@ -202,8 +202,8 @@ var canonicalLimitNames = [...]string{"X-Ratelimit-Limit", "X-Ratelimit-Remainin
 // every decision of the limiter and the throttle does; the clock now is
 // read only for one that does not (a read is 65 ns on some virtual
 // machines). The values are written into one buffer and share one string
-// and one slice: every limited response carries them. draft false leaves
-// out the draft's two fields (Config.OmitDraftLimitFields).
+// and one slice: every limited response carries them. draft adds the
+// draft's two fields (Config.DraftLimitFields).
 func setLimitHeaders(h http.Header, d *ratelimit.Decision, clock func() time.Time, draft bool) {
 	if len(d.Windows) == 0 {
 		return

@@ -459,7 +459,7 @@ func TestRateLimitShadowMode(t *testing.T) {
 }
 
 // TestDraftLimitFieldsOmitted: a server configured without the draft's
-// fields (OmitDraftLimitFields) answers every request as one sending them
+// fields (DraftLimitFields false, the default) answers every request as one sending them
 // does, the same status and the same X-RateLimit-Limit, -Remaining and
 // -Reset, but with neither RateLimit nor RateLimit-Policy in any
 // spelling: a key's 200, 201, 404 and 429 (the real limiter on
@@ -469,7 +469,7 @@ func TestRateLimitShadowMode(t *testing.T) {
 func TestDraftLimitFieldsOmitted(t *testing.T) {
 	t.Parallel()
 	full := newQuotaFixture(t, ratelimit.Options{})
-	lean := newQuotaFixture(t, ratelimit.Options{}, func(c *Config) { c.OmitDraftLimitFields = true })
+	lean := newQuotaFixture(t, ratelimit.Options{}, func(c *Config) { c.DraftLimitFields = false })
 	lean.now = full.now
 	lean.mini.SetTime(lean.now)
 	// The per-IP throttle is a fake: the same decision on both.

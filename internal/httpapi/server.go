@@ -98,11 +98,11 @@ type Config struct {
 	// IdempotencyTTL is how long an Idempotency-Key is remembered
 	// (DefaultIdempotencyTTL when zero).
 	IdempotencyTTL time.Duration
-	// OmitDraftLimitFields leaves out the two rate-limit fields of
-	// draft-ietf-httpapi-ratelimit-headers (RateLimit, RateLimit-Policy):
-	// responses carry the specification's X-RateLimit-Limit, -Remaining
-	// and -Reset alone. The draft's fields are sent by default.
-	OmitDraftLimitFields bool
+	// DraftLimitFields adds the two rate-limit fields of
+	// draft-ietf-httpapi-ratelimit-headers (RateLimit, RateLimit-Policy)
+	// beside the specification's X-RateLimit-Limit, -Remaining and -Reset,
+	// which alone are sent by default.
+	DraftLimitFields bool
 
 	// now replaces time.Now in tests.
 	now func() time.Time
@@ -144,7 +144,7 @@ func NewServer(cfg Config) http.Handler {
 		proxies:        cfg.TrustedProxies,
 		maxBodyBytes:   cfg.MaxBodyBytes,
 		idempotencyTTL: cfg.IdempotencyTTL,
-		draftFields:    !cfg.OmitDraftLimitFields,
+		draftFields:    cfg.DraftLimitFields,
 		now:            cfg.now,
 	}
 	if s.log == nil {

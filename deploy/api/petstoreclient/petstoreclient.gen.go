@@ -455,11 +455,11 @@ type ClientInterface interface {
 	// `429 rate_limited` with `Retry-After`.
 	//
 	// **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
-	// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
-	// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
-	// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
-	// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
-	// 401 carries the per-IP throttle's.
+	// nothing spent: `X-RateLimit-*` for the binding window (while the key is banned, nothing remaining
+	// until the ban ends), and where the draft's fields are on, `RateLimit` for it and `RateLimit-Policy`
+	// for every window. Keys on a plan in shadow mode (`mode: shadow`: limits measured, never enforced)
+	// get none, as on every operation. Every other answer of this operation carries its throttle's fields
+	// (`X-RateLimit-Limit: 10`, a window of 10 s), as a 401 carries the per-IP throttle's.
 	//
 	// **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
 	// reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
@@ -614,11 +614,11 @@ func (c *Client) GetPet(ctx context.Context, petId PetId, reqEditors ...RequestE
 // `429 rate_limited` with `Retry-After`.
 //
 // **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
-// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
-// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
-// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
-// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
-// 401 carries the per-IP throttle's.
+// nothing spent: `X-RateLimit-*` for the binding window (while the key is banned, nothing remaining
+// until the ban ends), and where the draft's fields are on, `RateLimit` for it and `RateLimit-Policy`
+// for every window. Keys on a plan in shadow mode (`mode: shadow`: limits measured, never enforced)
+// get none, as on every operation. Every other answer of this operation carries its throttle's fields
+// (`X-RateLimit-Limit: 10`, a window of 10 s), as a 401 carries the per-IP throttle's.
 //
 // **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
 // reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
@@ -985,11 +985,11 @@ type ClientWithResponsesInterface interface {
 	// `429 rate_limited` with `Retry-After`.
 	//
 	// **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
-	// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
-	// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
-	// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
-	// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
-	// 401 carries the per-IP throttle's.
+	// nothing spent: `X-RateLimit-*` for the binding window (while the key is banned, nothing remaining
+	// until the ban ends), and where the draft's fields are on, `RateLimit` for it and `RateLimit-Policy`
+	// for every window. Keys on a plan in shadow mode (`mode: shadow`: limits measured, never enforced)
+	// get none, as on every operation. Every other answer of this operation carries its throttle's fields
+	// (`X-RateLimit-Limit: 10`, a window of 10 s), as a 401 carries the per-IP throttle's.
 	//
 	// **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
 	// reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
@@ -1782,11 +1782,11 @@ func (c *ClientWithResponses) GetPetWithResponse(ctx context.Context, petId PetI
 // `429 rate_limited` with `Retry-After`.
 //
 // **Rate-limit fields.** A 200 carries the key's, as the request after it would find them but with
-// nothing spent: `X-RateLimit-*` and `RateLimit` for the binding window (while the key is banned,
-// nothing remaining until the ban ends), `RateLimit-Policy` for every window. Keys on a plan in shadow
-// mode (`mode: shadow`: limits measured, never enforced) get none, as on every operation. Every other
-// answer of this operation carries its throttle's fields (`RateLimit-Policy: "10s";q=10;w=10`), as a
-// 401 carries the per-IP throttle's.
+// nothing spent: `X-RateLimit-*` for the binding window (while the key is banned, nothing remaining
+// until the ban ends), and where the draft's fields are on, `RateLimit` for it and `RateLimit-Policy`
+// for every window. Keys on a plan in shadow mode (`mode: shadow`: limits measured, never enforced)
+// get none, as on every operation. Every other answer of this operation carries its throttle's fields
+// (`X-RateLimit-Limit: 10`, a window of 10 s), as a 401 carries the per-IP throttle's.
 //
 // **Figures.** `used` is what the window holds now; for a busy key it includes admissions a replica has
 // reserved and not yet granted (at most 64 per replica, for at most a second). `reset` is Unix time in
