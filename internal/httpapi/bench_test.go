@@ -147,14 +147,17 @@ func BenchmarkStackVsBareChi(b *testing.B) {
 // layer beyond the limiter itself: the stack with a limiter that answers
 // at once with a fixed decision (two windows), against the same stack
 // with none, on the same page of 20 pets. The difference is the rate-limit
-// middleware and its five response fields; with the request id, the two
+// middleware and its response fields; "on" sends all five (the
+// specification's three and, with DraftLimitFields, the draft's two);
+// with the request id, the two
 // common fields, Link and Content-Type they make ten, past the eight a
 // small Go map holds, so the handler's header map grows into a table and
 // net/http's copy of it at WriteHeader is one too; the copy is then
 // written sorted by name, as the server writes it (wireWriter; the page's
 // Content-Length net/http sends itself, outside the map, writeJSON). A
-// third side leaves out the draft's two fields (DraftLimitFields false):
-// eight in the map, under the line; draft-ns/req is what the two cost. The sides
+// third side, "spec", sends the specification's three alone (petstore's
+// default): eight in the map, under the line; draft-ns/req is what the
+// draft's two cost. The sides
 // alternate in blocks of 2,000 requests in one run; time, allocations and
 // bytes per request are reported for each, and the differences.
 //
