@@ -151,7 +151,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			pipelines, _ := strconv.Atoi(os.Getenv("BENCH_PIPELINES"))
 			hold, _ := time.ParseDuration(os.Getenv("BENCH_PIPELINE_HOLD"))
 			limReg := prometheus.NewRegistry()
-			limiter, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, Registerer: limReg})
+			limiter, err := newLabelled("on", rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, Registerer: limReg})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -163,8 +163,11 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			log := slog.New(httpapi.NewJSONLogHandler(io.Discard, nil))
 
 			// Each side's connections run under a profile label (side=on or
-			// off; connection goroutines inherit it from Serve's), so that
+			// off; connection goroutines inherit it from Serve's), as do the
+			// limiters' own goroutines (newLabelled), so that
 			// -test.cpuprofile can be split: go tool pprof -tagfocus side=on.
+			// The collector's workers and redis_rate's side carry none of
+			// their own beyond the connections'.
 			serve := func(name string, l httpapi.Limiter) (url string, stop func()) {
 				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry()),
 					DraftLimitFields: draftFields})
@@ -192,7 +195,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			}
 			sides := []*side{{name: "off"}, {name: "on", limiter: limiter, reg: limReg}, {name: "redis_rate", limiter: redisRateLimiter{redis_rate.NewLimiter(rdb)}}, {name: "fields", limiter: fieldsOnly{}}}
 			if os.Getenv("BENCH_WHOLE") != "" {
-				whole, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, MaxLease: 1, Prefix: "whole:", Registerer: prometheus.NewRegistry()})
+				whole, err := newLabelled("whole", rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, MaxLease: 1, Prefix: "whole:", Registerer: prometheus.NewRegistry()})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -202,7 +205,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			var finReg *prometheus.Registry
 			if os.Getenv("BENCH_FINALIZED_SIDE") != "" {
 				finReg = prometheus.NewRegistry()
-				fin, err := ratelimit.New(rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, Prefix: "fin:", Registerer: finReg})
+				fin, err := newLabelled("finalized", rdb, ratelimit.Options{Pipelines: pipelines, PipelineHold: hold, Prefix: "fin:", Registerer: finReg})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -336,6 +339,15 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(ms(on.p99, on.rounds), "on-p99-ms")
 		})
 	}
+}
+
+// newLabelled makes a limiter under the profile label of the side it
+// serves (side=NAME), so that the goroutines it starts (its pipelines, the
+// give-back sender, the sweep) carry the label as the side's connections
+// do, and -tagfocus side=NAME counts its background work too.
+func newLabelled(side string, rdb redis.UniversalClient, opts ratelimit.Options) (l *ratelimit.Limiter, err error) {
+	pprof.Do(context.Background(), pprof.Labels("side", side), func(context.Context) { l, err = ratelimit.New(rdb, opts) })
+	return l, err
 }
 
 // limiterCounts are a limiter's decisions, those spent from a lease or a
