@@ -166,8 +166,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			// off; connection goroutines inherit it from Serve's), as do the
 			// limiters' own goroutines (newLabelled), so that
 			// -test.cpuprofile can be split: go tool pprof -tagfocus side=on.
-			// The collector's workers and redis_rate's side carry none of
-			// their own beyond the connections'.
+			// The collector's workers carry none.
 			serve := func(name string, l httpapi.Limiter) (url string, stop func()) {
 				h := httpapi.NewServer(httpapi.Config{Store: store, Auth: auth, Limiter: l, Logger: log, Metrics: httpapi.NewMetrics(prometheus.NewRegistry()),
 					DraftLimitFields: draftFields})
