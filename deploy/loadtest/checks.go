@@ -14,7 +14,7 @@ import (
 // Check names, as the summary prints them.
 const (
 	checkStatus       = "status is what the scenario expects"
-	checkHeaders      = "X-RateLimit-* and RateLimit fields present and consistent"
+	checkHeaders      = "rate-limit fields present and consistent"
 	checkRemaining    = "Remaining never rises within a window for a key that only sends"
 	checkRetryAfter   = "a 429 carries a whole-seconds Retry-After"
 	checkFirstRetry   = "admitted on the first retry after waiting Retry-After"
