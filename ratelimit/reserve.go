@@ -176,7 +176,9 @@ const minReserve = 2
 // (the script's mode 2). The script works out the block's size from the
 // counts that decision reads, so that it stands on the key's traffic up
 // to that instant: the requests the plan's last short window counts with
-// this one (all replicas' over a minute, for the common plan), scaled to
+// this one (all replicas' over a minute, for the common plan), at their
+// rate over its period, or over the time since the oldest it counts for a
+// key it has held for less (demandSpan in script.go), scaled to
 // the time the reservation could be spent (until the end of every long
 // window's current bucket and within reserveLife, less two round trips);
 // at most max, this replica's own share of that demand (ownShare), and at
@@ -206,7 +208,9 @@ func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
 // worthAsking reports whether a reservation is worth asking for a key
 // whose round trip under pl, at now, was decided as d: the script's rule
 // (reserveSize in script.go) applied to d's counts, the requests its last
-// short window counts and what its long windows have left, as if all the
+// short window counts over its whole period (the script's rate for a key
+// it has held for less is higher: demandSpan; d tells no age) and what
+// its long windows have left, as if all the
 // key's requests came to this replica. It only saves asking for keys that
 // would be granted nothing (the ask makes the script read and work out
 // more: about 12,000 instructions, BENCHMARKS.md), and keeps such keys in
