@@ -583,10 +583,10 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 				add[i] = rng.Int64N(w.limit + 1)
 			}
 		}
-		// Recorded in one decision, or in two: part of them earlier, up
-		// to the last short window's period less two of its buckets
-		// before (miniredis's clock only), so that the key is young in
-		// that window or old. recorded holds when each decision that
+		// Recorded in one decision, or in up to three: parts of them
+		// earlier, up to the last short window's period less two of its
+		// buckets before (miniredis's clock only), so that the key is
+		// young in that window or old. recorded holds when each decision that
 		// recorded any of them in that window made it.
 		sw := pl.windows[ns-1]
 		var recorded []int64

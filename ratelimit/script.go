@@ -871,11 +871,12 @@ end
 -- reserveSize returns the admissions of the long windows to reserve
 -- beside a request admitted now (mode 2, reserve.go), worked out from the
 -- counts its decision read: the requests the last short window counts
--- with this one (sc), at the rate they came at over its period (sp, µs)
--- or, for a key that window has held for less (demandSpan: the record
--- key and its geometry and reading g .. from), over the time since,
--- over the time the reservation could be spent (rest, µs: until its end)
--- less the round trips' allowance (RSV[4]); at most RSV[6] (the replica's
+-- with this one (sc), at their rate over its period (sp, µs) or, for a
+-- key the window has held for less, over the time since the oldest of
+-- them (demandSpan, given the window's record key and what window read
+-- of it, g .. from), scaled to the time the reservation could be spent
+-- (rest, µs: until its end) less the round trips' allowance (RSV[4]);
+-- at most RSV[6] (the replica's
 -- own share of that demand), and at most what leaves every long window
 -- the margin (RSV[2]) times the size times the replicas (RSV[1])
 -- remaining (lroom: the least any long window has left after this
