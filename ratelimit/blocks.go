@@ -36,10 +36,14 @@ import "time"
 // coarse records too (by fast where the plan's one short window has one,
 // else by decide), and a block's
 // admissions, spent early or not at all, count until the end of the
-// coarse bucket of the block's end and a period after, where a lease's
-// count until their own fine bucket's end (Retry-After is exact for the
-// counts either way; it is a coarse bucket late at most against a window
-// that counted each admission at its own time). A ban issued elsewhere is
+// coarse bucket of the block's end and a period after, rounded up to
+// whole coarse buckets, where a lease's count until their own fine
+// bucket's end (Retry-After is exact for the counts either way; against a
+// window that counted each admission at its own time it is a coarse
+// bucket late at most where the coarse bucket divides the period, as
+// reserveLife divides a minute, and up to one more where it does not: a
+// 32 s period has buckets of 10,666,666 µs, and the period spans one more
+// of them than three, so a bucket counts 42.7 s past its end). A ban issued elsewhere is
 // announced to a block's holder (announceBan), which lets the block go.
 //
 // Blocks need every replica deciding a key to read the coarse records: a

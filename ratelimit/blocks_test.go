@@ -92,9 +92,23 @@ func (d *blockDriver) checkWindows(p int, x int64) {
 	}
 }
 
+// coarseLate is how much longer than a period after its end a coarse
+// bucket of short window w's blocks counts: the period rounded up to
+// whole coarse buckets, less the period (blockRing; untl in script.go).
+// None where the coarse bucket divides the period, as reserveLife divides
+// a minute; under a coarse bucket otherwise: a 32 s period has buckets of
+// 10,666,666 µs and counts a bucket for four of them past its end, 10.7 s
+// more than the period.
+func coarseLate(w ring) int64 {
+	cr := blockRing(w)
+	return (cr.n-1)*cr.gran - w.period
+}
+
 // spanWait is how long after x a request under plan p would wait were
 // each grant counted in each window from its start until its end: the
-// least a Retry-After may say.
+// least a Retry-After may say; and slack, how much more it may say: the
+// widest bucket of the plan's records, a coarse one's with its period's
+// rounding (coarseLate).
 func (d *blockDriver) spanWait(p int, x int64) (wait int64, slack int64) {
 	for i, w := range d.plans[p].windows {
 		var in []blockSpan
@@ -107,7 +121,7 @@ func (d *blockDriver) spanWait(p int, x int64) (wait int64, slack int64) {
 		}
 		g := w.gran
 		if pl := d.plans[p].blk; i < len(pl.coarse) {
-			g = pl.coarse[i].gran
+			g = pl.coarse[i].gran + coarseLate(w)
 		}
 		slack = max(slack, g)
 		if c < w.limit {
@@ -241,7 +255,8 @@ func (d *blockDriver) margin() int64 {
 // checkRetry holds a refusal at x under plan p to its promise: no shorter
 // than a window counting each grant until its end would wait (for a plan
 // without a ban rule: a ban's wait is its own), at most a coarse bucket
-// past it when only one plan decides, and, where the clock can be set,
+// and the period's rounding up to whole ones (coarseLate) past it when
+// only one plan decides, and, where the clock can be set,
 // exact: a peek a microsecond before it is refused, one at it admitted.
 func (d *blockDriver) checkRetry(p int, x int64, v verdict) {
 	t := d.t
@@ -255,7 +270,7 @@ func (d *blockDriver) checkRetry(p int, x int64, v verdict) {
 			t.Fatalf("%s\nrefused at %d: Retry-After %dµs, short of the %dµs its grants' ends need", d.describe(), x, v.retry, ideal)
 		}
 		if d.singleLimits && v.retry > ideal+slack+1 {
-			t.Fatalf("%s\nrefused at %d: Retry-After %dµs, more than a bucket (%dµs) past the %dµs its grants' ends need", d.describe(), x, v.retry, slack, ideal)
+			t.Fatalf("%s\nrefused at %d: Retry-After %dµs, more than a coarse bucket and its period's rounding (%dµs) past the %dµs its grants' ends need", d.describe(), x, v.retry, slack, ideal)
 		}
 	}
 	if d.mini == nil || d.rng.IntN(3) > 0 {
@@ -294,7 +309,9 @@ func genBlockPlans(rng *rand.Rand) []*plan {
 		// Short windows whose blocks are large against their limits: a
 		// reservation's life is most of such a period, or longer.
 		for i := range ns {
-			pl.policy.Windows[i].Period = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, time.Minute}[rng.IntN(5)] + time.Duration(i)*time.Millisecond
+			// (32 s: a period reserveLife does not divide, whose coarse
+			// buckets count longer: coarseLate.)
+			pl.policy.Windows[i].Period = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, 32 * time.Second, time.Minute}[rng.IntN(6)] + time.Duration(i)*time.Millisecond
 		}
 	}
 	for i := range pl.policy.Windows {

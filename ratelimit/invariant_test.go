@@ -982,9 +982,9 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 		if c.blocks && w.gran < reserveLife.Microseconds() {
 			// A block is counted in the coarse bucket of its end, at most
 			// the one after the current, until that bucket's end plus the
-			// period (blocks.go).
+			// period rounded up to whole coarse buckets (blocks.go).
 			cr := blockRing(w)
-			g, unit = 2*cr.gran, cr.unit
+			g, unit = 2*cr.gran+coarseLate(w), cr.unit
 		}
 		if reset, most := d.Windows[i].Reset.UnixMicro(), x+w.period+g+unit; reset < x+w.period || reset > most {
 			t.Fatalf("replica %d (leased %v, reserved %v) at %d µs: the %s window's reset %d µs is not within [%d, %d] (x + period, plus a bucket of %d µs and a unit)",

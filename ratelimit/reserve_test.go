@@ -305,16 +305,10 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 		if rng.IntN(4) == 0 {
 			// Longer than a reservation's life: the key is young in it
 			// for most of the case (demandSpan in script.go).
+			// With blocks, periods reserveLife divides (a minute) and
+			// periods it does not (32 s), whose coarse buckets count
+			// longer (coarseLate).
 			short = time.Duration(15+rng.IntN(46)) * time.Second
-			if blocks {
-				// A period reserveLife divides, as a minute: for others
-				// the coarse record's bucket width rounds down (newRing),
-				// the period spans a bucket more, and a block counts up
-				// to about half a coarse bucket longer than
-				// windowFieldsCheck's Reset allows (later, never earlier;
-				// ratelimit/README.md).
-				short = time.Duration(2+rng.IntN(5)) * reserveLife
-			}
 		}
 		p := Policy{Name: "res", Windows: []Window{{Limit: 2 + rng.Int64N(60), Period: short}}}
 		if blocks && rng.IntN(2) == 0 {
