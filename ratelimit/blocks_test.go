@@ -53,9 +53,11 @@ type blockDriver struct {
 	now      int64
 	// spent: every admission at the time it was spent, with its plan;
 	// spans: every grant, as a window counting it until its end would.
-	spent        []blockSpan
-	spans        []blockSpan
-	stats        struct{ calls, admitted, refused, blocks, fromBlocks, leases, exact int }
+	spent []blockSpan
+	spans []blockSpan
+	// stats: allShort counts the blocks granted under plans of short
+	// windows alone.
+	stats        struct{ calls, admitted, refused, blocks, allShort, fromBlocks, leases, exact int }
 	singleLimits bool
 }
 
@@ -219,6 +221,9 @@ func (d *blockDriver) request(r int) {
 	if v.granted > 1 {
 		if in.reserve != nil {
 			d.stats.blocks++
+			if d.plans[rep.plan].allShort {
+				d.stats.allShort++
+			}
 		} else {
 			d.stats.leases++
 		}
@@ -300,7 +305,8 @@ func shortenReservation(rng *rand.Rand, nums []byte) {
 	}
 }
 
-// genBlockPlans draws a plan of short and long windows and, in half the
+// genBlockPlans draws a plan of short and long windows (in a quarter of
+// the cases, short ones alone) and, in half the
 // cases, a second plan of the same periods with other limits (replicas
 // that disagree on the key's plan share its records, coarse ones too).
 func genBlockPlans(rng *rand.Rand) []*plan {
@@ -313,6 +319,11 @@ func genBlockPlans(rng *rand.Rand) []*plan {
 			// buckets count longer: coarseLate.)
 			pl.policy.Windows[i].Period = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, 32 * time.Second, time.Minute}[rng.IntN(6)] + time.Duration(i)*time.Millisecond
 		}
+	}
+	if rng.IntN(4) == 0 {
+		// Short windows alone (a minute only, say): blocks asked on the
+		// whole decision, no long window reserved.
+		pl.policy.Windows = pl.policy.Windows[:ns]
 	}
 	for i := range pl.policy.Windows {
 		if rng.IntN(3) > 0 {
@@ -341,7 +352,7 @@ func genBlockPlans(rng *rand.Rand) []*plan {
 
 func runBlockCase(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, steps int) *blockDriver {
 	d := &blockDriver{t: t, rng: rng, rdb: rdb, mini: mini, plans: genBlockPlans(rng)}
-	for !slices.ContainsFunc(d.plans, func(pl *plan) bool { return pl.short != nil }) {
+	for !slices.ContainsFunc(d.plans, func(pl *plan) bool { return pl.short != nil || pl.allShort }) {
 		d.plans = genBlockPlans(rng)
 	}
 	d.singleLimits = len(d.plans) == 1
@@ -393,6 +404,7 @@ func TestBlocksHoldEveryWindowMiniredis(t *testing.T) {
 		d := runBlockCase(t, rng, rdb, mini, 400)
 		total.stats.calls += d.stats.calls
 		total.stats.blocks += d.stats.blocks
+		total.stats.allShort += d.stats.allShort
 		total.stats.fromBlocks += d.stats.fromBlocks
 		total.stats.refused += d.stats.refused
 		total.stats.exact += d.stats.exact
@@ -401,10 +413,10 @@ func TestBlocksHoldEveryWindowMiniredis(t *testing.T) {
 		_ = c
 	}
 	s := total.stats
-	t.Logf("%d calls, %d refused (%d retried exactly at Retry-After), %d blocks granted, %d admissions spent from blocks or leases, %d leases",
-		s.calls, s.refused, s.exact, s.blocks, s.fromBlocks, s.leases)
-	if s.blocks == 0 || s.refused == 0 || s.exact == 0 {
-		t.Fatal("the cases granted no block, refused nothing or checked no Retry-After exactly")
+	t.Logf("%d calls, %d refused (%d retried exactly at Retry-After), %d blocks granted (%d under plans of short windows alone), %d admissions spent from blocks or leases, %d leases",
+		s.calls, s.refused, s.exact, s.blocks, s.allShort, s.fromBlocks, s.leases)
+	if s.blocks == 0 || s.allShort == 0 || s.refused == 0 || s.exact == 0 {
+		t.Fatal("the cases granted no block (or none under a plan of short windows alone), refused nothing or checked no Retry-After exactly")
 	}
 }
 
@@ -933,4 +945,47 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 	}
 	t.Fatalf("%s: plan A admitted %d requests from %d", what, short.Limit+1, a3.now)
 	return true
+}
+
+// TestPlansOfShortWindowsAloneTakeBlocks: a plan of a minute window alone
+// (no long window to reserve) takes blocks, asked on its whole decision,
+// so that its cold keys, too slow to lease, are decided in process: 100
+// keys at five requests a second each, from 10 s to 30 s after they
+// begin, send at most 4% of their decisions to Redis with blocks in force;
+// without blocks, every one. Their windows holding is
+// TestBlocksHoldEveryWindowMiniredis's (plans of short windows alone in a
+// quarter of its cases) and TestBlocksHoldEveryWindowThroughTheLimiter's.
+func TestPlansOfShortWindowsAloneTakeBlocks(t *testing.T) {
+	t.Parallel()
+	minute := Policy{Name: "minute", Windows: []Window{{Limit: 1000, Period: time.Minute}}}
+	for _, blocks := range []bool{true, false} {
+		f := newFixture(t, Options{blocks: blocks, MaxLease: 64})
+		const keys, rate = 100, 5
+		step := time.Second / (keys * rate)
+		start := f.clk.Now()
+		var trips, decisions int
+		for i := 0; ; i++ {
+			el := f.clk.Add(step).Sub(start)
+			if el >= 30*time.Second {
+				break
+			}
+			d := f.allow(t, fmt.Sprint("k", i%keys), minute)
+			if !d.Allowed() {
+				t.Fatalf("request %d refused: %+v", i, d)
+			}
+			if el >= 10*time.Second {
+				decisions++
+				if !d.Leased {
+					trips++
+				}
+			}
+		}
+		t.Logf("blocks %v: %d of %d decisions from 10 s to 30 s went to Redis", blocks, trips, decisions)
+		if blocks && trips*100 > decisions*4 {
+			t.Fatalf("blocks in force: %d of %d decisions from 10 s to 30 s went to Redis (%.1f%%), want at most 4%%", trips, decisions, 100*float64(trips)/float64(decisions))
+		}
+		if !blocks && trips != decisions {
+			t.Fatalf("no blocks: %d of %d decisions from 10 s to 30 s went to Redis, want every one (too slow to lease)", trips, decisions)
+		}
+	}
 }

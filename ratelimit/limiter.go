@@ -429,7 +429,7 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 	if !entered.IsZero() {
 		budget -= time.Since(entered)
 	}
-	if pl.short != nil && extra == 0 && ask == noLease && l.lease != nil {
+	if (pl.short != nil || pl.allShort && l.blocksOn()) && extra == 0 && ask == noLease && l.lease != nil {
 		return l.reservedTrip(ctx, key, pl, start, budget, names, d)
 	}
 	return l.roundTrip(ctx, key, pl, start, extra, ask, budget, names, d)
@@ -506,7 +506,7 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	// this process's to grant: a lease's and a block's in every window, a
 	// reservation's in the long ones.
 	from := 0
-	if rsv != nil && cp.coarse == nil {
+	if rsv != nil && cp.coarse == nil && pl.short != nil {
 		l.lease.reserved(key, pl, start, v)
 		from = len(pl.short.windows)
 	}

@@ -86,6 +86,10 @@ type plan struct {
 	// (stateKeys), as its windows are: a key's names under the plan, cut,
 	// serve its short part.
 	shortNamesFirst bool
+	// allShort: every window is short (and no candidates). Such a plan
+	// has no reservation, but blocks, in force, asked on its whole
+	// decision (blocks.go).
+	allShort bool
 
 	// coarse are the coarse records of the plan's short windows, in their
 	// order (blockRing), on the plan that counts blocks (blk): stored as
@@ -135,6 +139,16 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	return pl
 }
 
+// shortWindows returns how many of pl's windows are short, for a plan
+// that reserves or takes blocks: its short part's, or every window of a
+// plan of short windows alone.
+func (pl *plan) shortWindows() int {
+	if pl.short != nil {
+		return len(pl.short.windows)
+	}
+	return len(pl.windows)
+}
+
 // split sets pl's short and long parts, when it has both kinds of window
 // and no candidates: the windows whose buckets are shorter than
 // reserveLife, the first ones, and the rest.
@@ -148,11 +162,12 @@ func (pl *plan) split() {
 		return
 	}
 	if s == len(pl.windows) {
-		// No long window, so no block of its own; but its windows' coarse
-		// records are read all the same (blk), where another plan's blocks
-		// count: its own before an edit dropped its long windows, or a
-		// plan of the same periods the key is also decided under.
+		// No long window, so no reservation, but blocks, asked on the
+		// whole decision; its windows' coarse records are read (blk)
+		// whenever they may count blocks, its own or another plan's of
+		// the same periods the key is also decided under.
 		pl.blk = pl.withBlocks(s)
+		pl.allShort = true
 		return
 	}
 	pl.short = compile(Policy{Name: p.Name, Windows: p.Windows[:s], Ban: p.Ban, Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)

@@ -147,7 +147,7 @@ func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 // server's clock).
 func reserveRest(pl *plan, us, rtt int64, blocks bool) int64 {
 	rest := reserveLife.Microseconds()
-	for i := len(pl.short.windows); i < len(pl.windows); i++ {
+	for i := pl.shortWindows(); i < len(pl.windows); i++ {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
 	}
@@ -199,7 +199,7 @@ type reserveAsk struct {
 // every ask has (script.go): the replicas, the margin, the least granted,
 // the round trips' allowance (µs) and how many of pl's windows are short.
 func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
-	for _, v := range [5]int64{a.replicas, leaseMargin, minReserve, 2 * a.rtt, int64(len(pl.short.windows))} {
+	for _, v := range [5]int64{a.replicas, leaseMargin, minReserve, 2 * a.rtt, int64(pl.shortWindows())} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
 	return b
@@ -218,7 +218,7 @@ func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
 // which bounds the ask (askReservation), builds up; the script sizes a
 // reservation from the counts it reads itself.
 func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64, blocks bool) bool {
-	ns := len(pl.short.windows)
+	ns := pl.shortWindows()
 	rest := reserveRest(pl, now.UnixMicro(), rtt, blocks)
 	if rest <= 0 {
 		return false
@@ -300,22 +300,27 @@ func (e *leaseEntry) dropReservation() (unspent int64) {
 }
 
 // reservedTrip decides a request of a key too slow to lease under a plan
-// with long windows: under the plan's short part when this replica holds a
+// with long windows, or with blocks in force under a plan of short windows
+// alone: under the plan's short part when this replica holds a
 // reservation for the key, else by a round trip under the whole plan,
-// asked to reserve for the key's next requests when its last such round
-// trip showed the demand and none is being asked already. (A function of
-// its own, so that allowShared's frame stays as small for every other
-// request.)
+// asked to reserve (with blocks in force, for a block) for the key's next
+// requests when its last such round trip showed the demand and none is
+// being asked already. (A function of its own, so that allowShared's frame
+// stays as small for every other request.)
 func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, names []string, d *Decision) error {
-	if handled, err := l.spendReserved(ctx, key, pl, start, budget, names, d); handled {
-		return err
+	if pl.short != nil {
+		if handled, err := l.spendReserved(ctx, key, pl, start, budget, names, d); handled {
+			return err
+		}
 	}
 	var v verdict
 	var ask *reserveAsk
 	var asking, warm bool
 	// (No ask while coarse records are read but blocks are not in force:
-	// the script would grant a block, which only blocks in force spend.)
-	if l.reg.seeding(pl) == nil && (l.blocksOn() || !l.readsCoarse()) {
+	// the script would grant a block, which only blocks in force spend;
+	// nor then for a plan of short windows alone, which has no
+	// reservation.)
+	if l.reg.seeding(pl) == nil && (l.blocksOn() || !l.readsCoarse() && pl.short != nil) {
 		rtt := l.lease.rtt.Load()
 		var most int64
 		if most, warm = l.lease.askReservation(key, pl, start, rtt); most > 0 {

@@ -317,8 +317,14 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 		}
 		// Long windows: periods whose buckets last a reservation's life
 		// or more, limits from below a reservation's margin to plenty.
+		// With blocks, a quarter of the cases have none: a plan of a
+		// short window alone takes blocks on its whole decision.
 		longs := []time.Duration{2000 * time.Second, time.Hour, 24 * time.Hour}
-		for _, i := range rng.Perm(len(longs))[:1+rng.IntN(2)] {
+		nl := 1 + rng.IntN(2)
+		if blocks && rng.IntN(4) == 0 {
+			nl = 0
+		}
+		for _, i := range rng.Perm(len(longs))[:nl] {
 			p.Windows = append(p.Windows, Window{Limit: 5 + rng.Int64N(400), Period: longs[i]})
 		}
 		if rng.IntN(3) == 0 {

@@ -1586,13 +1586,16 @@ local function batch()
         RSV = RSVS
         RSV[1], RSV[2], RSV[3], RSV[4], RSV[5], pos = unpack_('>I8I8I8I8I8', calls, pos)
         RSV[6], RSV[7] = want, life
-        if RSV[5] < 1 or RSV[5] >= pl.V[1] then RSV = nil end
+        -- (Every window short: a block alone, where every short window
+        -- has a coarse record.)
+        if RSV[5] < 1 or RSV[5] > pl.V[1] or RSV[5] == pl.V[1] and pl.nco ~= RSV[5] then RSV = nil end
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
       -- (With blocks, a reservation of other short windows than the
-      -- coarse records' is decide's to refuse.)
-      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) and (not RSV or pl.nco == 0 or RSV[5] == pl.nco) then
+      -- coarse records' is decide's to refuse, and a block of a plan
+      -- with no long window decide's to grant.)
+      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) and (not RSV or (pl.nco == 0 or RSV[5] == pl.nco) and RSV[5] < pl.V[1]) then
         r = fast(base, pl, want, need, life, RSV)
       end
     end
