@@ -46,12 +46,18 @@ import "time"
 // of them than three, so a bucket counts 42.7 s past its end). A ban issued elsewhere is
 // announced to a block's holder (announceBan), which lets the block go.
 //
+// A plan of short windows alone (a minute, say) has no long window to
+// reserve, but takes blocks all the same, asked on its whole decision
+// (plan.allShort): the argument above needs no long window. A replica of
+// the release before, which granted none for such a plan, read its
+// coarse records all the same whenever blocks were in force, so the two
+// share a fleet without a finalize level of their own.
+//
 // Blocks need every replica deciding a key to read the coarse records: a
 // replica that does not would admit into a window without them. So does
-// every plan with a short window, a plan of short windows alone too (it
-// has no block of its own: plan.split), since another plan of the key, or
-// its own before an edit dropped its long windows, may have blocks
-// counted in the records of its periods. So they
+// every plan with a short window, since another plan of the key, or its
+// own before an edit, may have blocks counted in the records of its
+// periods. So they
 // come into force with finalizing's second level (finalize.go), once no
 // replica of an older release runs; Options.blocks forces them in tests
 // and benchmarks.

@@ -53,7 +53,8 @@ import (
 // limiter's records finalized (finalize.go) beside itself without, as
 // "petstore-unfinalized"; and cold-blocks and steady-blocks, cold and
 // steady with blocks in force (blocks.go) beside this limiter without
-// them, as "petstore-noblocks". The
+// them, as "petstore-noblocks", and steady-blocks-minute, steady-blocks
+// under a plan of a minute window alone, with no long window to reserve. The
 // limiters take turns in rounds of b.N decisions from compareCallers
 // goroutines, in a rotating order, so that load from elsewhere on the
 // machine weighs on all alike. Reported
@@ -81,6 +82,8 @@ func BenchmarkCompareLimiters(b *testing.B) {
 	// warm: keys that lease on one replica (tens of requests a second
 	// each) but seldom when spread over four.
 	warm := Policy{Name: "warm", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
+	// minute: a plan of a minute window alone, no long window to reserve.
+	minute := Policy{Name: "minute", Windows: []Window{{Limit: 1000, Period: time.Minute}}}
 	others := []string{"redis_rate", "httprate-redis"}
 	workloads := []struct {
 		name     string
@@ -113,6 +116,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		{"steady-finalized", 20_000, cold, 15 * time.Second, []string{"petstore-unfinalized"}, 1, false, true, false},
 		{"cold-blocks", 20_000, cold, 0, []string{"petstore-noblocks"}, 1, false, false, true},
 		{"steady-blocks", 20_000, cold, 15 * time.Second, []string{"petstore-noblocks"}, 1, false, false, true},
+		{"steady-blocks-minute", 20_000, minute, 15 * time.Second, []string{"petstore-noblocks"}, 1, false, false, true},
 	}
 	for _, wl := range workloads {
 		b.Run(wl.name, func(b *testing.B) {
