@@ -989,3 +989,59 @@ func TestPlansOfShortWindowsAloneTakeBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestNoBlockWithoutCoarseRecords: the script grants a plan of short
+// windows alone a block only where every short window has its coarse
+// record to count it in. Asked to reserve without them (no replica does:
+// it asks only with blocks in force, when it calls the plan with them),
+// it grants nothing, since no window would count the grant; with them,
+// it grants blocks to the same traffic.
+func TestNoBlockWithoutCoarseRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rng := invariantRNG(t, 75)
+	for c := range 20 {
+		var ws []Window
+		for i := range 1 + rng.IntN(2) {
+			ws = append(ws, Window{Limit: 200 + rng.Int64N(2000), Period: []time.Duration{time.Second, 10 * time.Second, time.Minute}[i+rng.IntN(2)]})
+		}
+		pl := compile(Policy{Name: "short", Windows: ws}, DefaultBuckets, DefaultStrikeBuckets)
+		pl.split()
+		if !pl.allShort {
+			t.Fatalf("%v: not a plan of short windows alone", ws)
+		}
+		granted := map[bool]int64{}
+		for _, coarse := range []bool{false, true} {
+			start := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC).Add(time.Duration(rng.Int64N(1e15)))
+			mini, rdb := newMini(t, start)
+			cp := pl
+			if coarse {
+				cp = pl.blk
+			}
+			keys := stateKeys(randomPrefix(t), "k", cp)
+			// Five requests a second for 20 s, each asking to reserve, as
+			// though every one reached another replica.
+			for i := range 100 {
+				mini.SetTime(start.Add(time.Duration(i) * 200 * time.Millisecond))
+				nums := scriptNums(pl, input{reserve: &reserveAsk{max: 64, replicas: 1}})
+				rs, err := evalBatch(ctx, rdb, []decision{{keys: keys, pl: cp, nums: nums}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				v, err := decode(pl, rs[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				// (Blocks granted and never spent fill the windows: the
+				// later requests may be refused.)
+				if v.outcome == Allowed {
+					granted[coarse] += v.granted - 1
+				}
+			}
+			mini.Close()
+		}
+		if granted[false] != 0 || granted[true] == 0 {
+			t.Fatalf("case %d (%v): granted %d beyond the requests without coarse records (want none), %d with them (want some)", c, ws, granted[false], granted[true])
+		}
+	}
+}
