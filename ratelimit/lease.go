@@ -80,6 +80,10 @@ type leaseEntry struct {
 	// size stands on (ownShare).
 	own, ownPrev           int64
 	ownStart, ownPrevStart time.Time
+	// born is when this replica began to track the key (the entry's
+	// making): the key's windows have held it no longer as far as this
+	// replica knows (worthAsking).
+	born time.Time
 
 	// The lease: left admissions to spend before deadline (local clock),
 	// granted under pl by a round trip that started at sent and ran at
@@ -147,7 +151,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 			t.untracked.Add(1)
 			return false, noLease, nil, nil
 		}
-		e = &leaseEntry{curStart: now, ownStart: now}
+		e = &leaseEntry{curStart: now, ownStart: now, born: now}
 		sh.keys[key] = e
 	}
 	if first {

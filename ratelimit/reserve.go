@@ -94,23 +94,23 @@ func (t *leaseTable) reserveGiveBack(key string, pl *plan, deadline time.Time) {
 // decision showed no demand for one (noteDemand), one is in flight, the
 // key holds a usable reservation (or no entry: the table is full), or its
 // own demand here is below the least granted. warm is what that last
-// decision showed.
-func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int64) (most int64, warm bool) {
+// decision showed, born when the entry was made (zero without one).
+func (t *leaseTable) askReservation(key string, pl *plan, now time.Time, rtt int64) (most int64, warm bool, born time.Time) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.keys[key]
 	if e == nil {
-		return 0, false
+		return 0, false, time.Time{}
 	}
 	if !e.res.warm || e.res.asking || e.res.pl == pl && e.res.left > 0 && now.Before(e.res.deadline) {
-		return 0, e.res.warm
+		return 0, e.res.warm, e.born
 	}
 	if most = min(e.ownShare(now, reserveRest(pl, now.UnixMicro(), rtt, t.blocksOn())), t.maxLease); most < minReserve {
-		return 0, true
+		return 0, true, e.born
 	}
 	e.res.asking = true
-	return most, true
+	return most, true, e.born
 }
 
 // ownShare returns what this replica can expect to spend of a reservation
@@ -208,23 +208,31 @@ func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
 // worthAsking reports whether a reservation is worth asking for a key
 // whose round trip under pl, at now, was decided as d: the script's rule
 // (reserveSize in script.go) applied to d's counts, the requests its last
-// short window counts over its whole period (the script's rate for a key
-// it has held for less is higher: demandSpan; d tells no age) and what
-// its long windows have left, as if all the
-// key's requests came to this replica. It only saves asking for keys that
-// would be granted nothing (the ask makes the script read and work out
-// more: about 12,000 instructions, BENCHMARKS.md), and keeps such keys in
-// the lease table (warm) while this replica's own share of their demand,
-// which bounds the ask (askReservation), builds up; the script sizes a
-// reservation from the counts it reads itself.
-func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt int64, blocks bool) bool {
+// short window counts over its period or, for a key this replica began to
+// track at born, less than a period before now, over the time since plus
+// a reservation's life (the script's span for a key its window has held
+// for less, demandSpan, where d tells no age: a key older in Redis than
+// here reads as faster than it is, and askReservation's own share, the
+// ask's bound, holds it to what this replica has seen), and what its
+// windows have left, as if all the key's requests came to this replica.
+// It only saves asking for keys that would be granted nothing (the ask
+// makes the script read and work out more: about 12,000 instructions,
+// BENCHMARKS.md), and keeps such keys in the lease table (warm) while
+// this replica's own share of their demand, which bounds the ask
+// (askReservation), builds up; the script sizes a reservation from the
+// counts it reads itself.
+func worthAsking(pl *plan, d *Decision, now, born time.Time, maxLease, replicas, rtt int64, blocks bool) bool {
 	ns := pl.shortWindows()
 	rest := reserveRest(pl, now.UnixMicro(), rtt, blocks)
 	if rest <= 0 {
 		return false
 	}
 	sw := d.Windows[ns-1]
-	k := min((sw.Limit-sw.Remaining)*rest/sw.Period.Microseconds(), maxLease)
+	span := sw.Period
+	if !born.IsZero() {
+		span = min(span, max(now.Sub(born), 0)+reserveLife)
+	}
+	k := min((sw.Limit-sw.Remaining)*rest/span.Microseconds(), maxLease)
 	from := ns
 	if blocks {
 		// A block is counted in the short windows too.
@@ -237,9 +245,10 @@ func worthAsking(pl *plan, d *Decision, now time.Time, maxLease, replicas, rtt i
 }
 
 // demands reports whether key's round trip under pl at now, decided as d,
-// shows a reservation worth asking for its next one (worthAsking).
-func (t *leaseTable) demands(pl *plan, d *Decision, now time.Time) bool {
-	return d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, t.maxLease, max(t.replicas(), 1), t.rtt.Load(), t.blocksOn())
+// shows a reservation worth asking for its next one (worthAsking; born
+// when this replica began to track the key, zero if unknown).
+func (t *leaseTable) demands(pl *plan, d *Decision, now, born time.Time) bool {
+	return d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, born, t.maxLease, max(t.replicas(), 1), t.rtt.Load(), t.blocksOn())
 }
 
 // noteDemand ends key's round trip under a whole plan, which asked to
@@ -316,6 +325,7 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 	var v verdict
 	var ask *reserveAsk
 	var asking, warm bool
+	var born time.Time
 	// (No ask while coarse records are read but blocks are not in force:
 	// the script would grant a block, which only blocks in force spend;
 	// nor then for a plan of short windows alone, which has no
@@ -323,7 +333,7 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 	if l.reg.seeding(pl) == nil && (l.blocksOn() || !l.readsCoarse() && pl.short != nil) {
 		rtt := l.lease.rtt.Load()
 		var most int64
-		if most, warm = l.lease.askReservation(key, pl, start, rtt); most > 0 {
+		if most, warm, born = l.lease.askReservation(key, pl, start, rtt); most > 0 {
 			asking = true
 			ask = &reserveAsk{max: most, replicas: max(l.replicas.live(), 1), rtt: rtt}
 		}
@@ -331,7 +341,7 @@ func (l *Limiter) reservedTrip(ctx context.Context, key string, pl *plan, start 
 	err := l.decide(ctx, key, pl, start, 0, noLease, budget, names, d, &v, ask)
 	// The table is written only when this changes it: most cold keys show
 	// no demand, decision after decision.
-	if demand := err == nil && l.lease.demands(pl, d, start); demand != warm || asking {
+	if demand := err == nil && l.lease.demands(pl, d, start, born); demand != warm || asking {
 		l.lease.noteDemand(key, demand, asking)
 	}
 	return err
