@@ -959,27 +959,8 @@ func TestPlansOfShortWindowsAloneTakeBlocks(t *testing.T) {
 	t.Parallel()
 	minute := Policy{Name: "minute", Windows: []Window{{Limit: 1000, Period: time.Minute}}}
 	for _, blocks := range []bool{true, false} {
-		f := newFixture(t, Options{blocks: blocks, MaxLease: 64})
-		const keys, rate = 100, 5
-		step := time.Second / (keys * rate)
-		start := f.clk.Now()
-		var trips, decisions int
-		for i := 0; ; i++ {
-			el := f.clk.Add(step).Sub(start)
-			if el >= 30*time.Second {
-				break
-			}
-			d := f.allow(t, fmt.Sprint("k", i%keys), minute)
-			if !d.Allowed() {
-				t.Fatalf("request %d refused: %+v", i, d)
-			}
-			if el >= 10*time.Second {
-				decisions++
-				if !d.Leased {
-					trips++
-				}
-			}
-		}
+		ts, ds := youngKeys(t, newFixture(t, Options{blocks: blocks, MaxLease: 64}), minute)
+		trips, decisions := ts[1], ds[1]
 		t.Logf("blocks %v: %d of %d decisions from 10 s to 30 s went to Redis", blocks, trips, decisions)
 		if blocks && trips*100 > decisions*4 {
 			t.Fatalf("blocks in force: %d of %d decisions from 10 s to 30 s went to Redis (%.1f%%), want at most 4%%", trips, decisions, 100*float64(trips)/float64(decisions))

@@ -1368,6 +1368,32 @@ func TestShortNamesAreTheFirstOfThePlans(t *testing.T) {
 	}
 }
 
+// youngKeys sends 100 keys' requests under p, five a second each from a
+// standing start for 30 s, on f's fake clock, the keys in turn, and
+// returns how many went to Redis (not leased: a block's admissions are) and
+// how many there were, in the keys' first 10 s and from 10 s to 30 s.
+func youngKeys(t *testing.T, f *fixture, p Policy) (trips, decisions [2]int) {
+	t.Helper()
+	const keys, rate = 100, 5
+	step := time.Second / (keys * rate)
+	start := f.clk.Now()
+	for i := 0; ; i++ {
+		el := f.clk.Add(step).Sub(start)
+		if el >= 30*time.Second {
+			return trips, decisions
+		}
+		d := f.allow(t, fmt.Sprint("k", i%keys), p)
+		if !d.Allowed() {
+			t.Fatalf("request %d refused: %+v", i, d)
+		}
+		s := min(int(el/(10*time.Second)), 1)
+		decisions[s]++
+		if !d.Leased {
+			trips[s]++
+		}
+	}
+}
+
 // TestYoungKeysReserveAtTheirRate: keys that begin sending, each at a
 // steady five requests a second under a plan of a minute and a day with
 // blocks in force, reserve blocks at their rate while the minute has held
@@ -1382,26 +1408,7 @@ func TestShortNamesAreTheFirstOfThePlans(t *testing.T) {
 // miniredis, by the fake clock, the keys in turn.
 func TestYoungKeysReserveAtTheirRate(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{blocks: true, MaxLease: 64})
-	const keys, rate = 100, 5
-	step := time.Second / (keys * rate)
-	start := f.clk.Now()
-	var trips, decisions [2]int // the first 10 s, then 10 s to 30 s
-	for i := 0; ; i++ {
-		el := f.clk.Add(step).Sub(start)
-		if el >= 30*time.Second {
-			break
-		}
-		d := f.allow(t, fmt.Sprint("k", i%keys), coldPlan)
-		if !d.Allowed() {
-			t.Fatalf("request %d refused: %+v", i, d)
-		}
-		s := min(int(el/(10*time.Second)), 1)
-		decisions[s]++
-		if !d.Leased {
-			trips[s]++
-		}
-	}
+	trips, decisions := youngKeys(t, newFixture(t, Options{blocks: true, MaxLease: 64}), coldPlan)
 	t.Logf("decisions sent to Redis: %d of %d in the first 10 s, %d of %d from 10 s to 30 s", trips[0], decisions[0], trips[1], decisions[1])
 	for s, most := range [2]int{25, 4} {
 		if trips[s]*100 > decisions[s]*most {
