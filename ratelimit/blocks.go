@@ -43,8 +43,9 @@ import "time"
 // bucket late at most where the coarse bucket divides the period, as
 // reserveLife divides a minute, and up to one more where it does not: a
 // 32 s period has buckets of 10,666,666 µs, and the period spans one more
-// of them than three, so a bucket counts 42.7 s past its end). A ban issued elsewhere is
-// announced to a block's holder (announceBan), which lets the block go.
+// of them than three, so a bucket counts 42.7 s past its end). A ban
+// issued elsewhere is announced to a block's holder (announceBan), which
+// lets the block go.
 //
 // A plan of short windows alone (a minute, say) has no long window to
 // reserve, but takes blocks all the same, asked on its whole decision
