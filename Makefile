@@ -108,7 +108,8 @@ bench:
 
 ## mutants: delete each line of the limiter's script that keeps a promise (ratelimit/testdata/mutants.txt), one at a
 ## time in a copy of the tree, and run the package's short tests against it: each must fail a test (about two minutes
-## a line; MUTANTS_REDIS=1 also runs the Redis tests, on a private redis-server)
+## a line on a first run, seconds once a line's killer is remembered; MUTANTS_REDIS=1 also runs the Redis tests, on a
+## private redis-server)
 mutants:
 	@bash .ci/mutants
 
