@@ -187,30 +187,47 @@ func TestFallbackPendingCountNeverLow(t *testing.T) {
 // passed since that answer's round trip began. Half the cases run with
 // leases and reservations: an answer that granted a lease, or spent a
 // reservation, left R as Redis counted it, the block whole (its unspent
-// part is added to the Remaining the caller sees).
+// part is added to the Remaining the caller sees). A quarter of them
+// run with blocks in force (finalized, as a fresh install of the chart
+// runs) at a pace that earns blocks: a block is counted whole in every
+// window, the short ones through their coarse records, and an answer that
+// granted one left R as both records counted it.
 func TestFallbackKeepsItsBound(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 8)
-	local, reservedLast := 0, 0
+	local, reservedLast, blockLast := 0, 0, 0
 	for c := range max(*invariantCases, 40) {
 		p := genPolicies(rng, 24*time.Hour)[0]
 		n := int64(1 + rng.IntN(5))
 		// Enough before the outage to spend part of small limits.
 		before, during := rng.IntN(300), 100+rng.IntN(200)
-		maxLease, cold := 1, false
+		maxLease, cold, blocks := 1, false, false
 		if c%2 == 1 {
 			// The default: leases and reservations, with a long window to
-			// reserve and, half the time, a pace that earns reservations.
+			// reserve and, half the time, a pace that earns reservations
+			// (or, with blocks in force, blocks).
 			maxLease, cold = 0, rng.IntN(2) == 0
+			if blocks = c%4 == 3; blocks {
+				// A short window whose limit the traffic comes near, and
+				// room for blocks of a few requests beside it (the
+				// margin asks four times a block a replica).
+				cold, before = true, 100+rng.IntN(300)
+				p.Windows = slices.DeleteFunc(p.Windows, func(w Window) bool { return w.Period < 200*reserveLife })
+				p.Windows = append(p.Windows, Window{Limit: 8*n + rng.Int64N(600), Period: reserveLife/2 + time.Duration(rng.Int64N(int64(190*reserveLife))).Truncate(time.Millisecond)})
+			}
 			if cold || !slices.ContainsFunc(p.Windows, func(w Window) bool { return w.Period >= 200*reserveLife }) {
 				// A long window whose limit the traffic can come near, so
 				// that its share ⌊R/N⌋ binds.
 				p.Windows = slices.DeleteFunc(p.Windows, func(w Window) bool { return w.Period >= 200*reserveLife })
 				p.Windows = append(p.Windows, Window{Limit: 16 + rng.Int64N(400), Period: 200*reserveLife + time.Duration(rng.Int64N(int64(MaxPeriod-200*reserveLife)))})
 			}
+			if blocks && rng.IntN(3) == 0 {
+				// A plan of short windows alone takes blocks too.
+				p.Windows = p.Windows[:len(p.Windows)-1]
+			}
 		}
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			f := newFixture(t, Options{Replicas: int(n), MaxLease: maxLease})
+			f := newFixture(t, Options{Replicas: int(n), MaxLease: maxLease, blocks: blocks})
 			step := func() {
 				w := p.Windows[rng.IntN(len(p.Windows))].Period
 				switch rng.IntN(8) {
@@ -259,6 +276,14 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 			if last.Reserved {
 				reservedLast++
 			}
+			if blocks && leaseEntryField(f.l, "k", func(e *leaseEntry) int64 {
+				if e.block {
+					return e.left
+				}
+				return 0
+			}) > 0 {
+				blockLast++
+			}
 			// What each window's last shared answer leaves this replica:
 			// ⌊R/N⌋ until a period has passed since it.
 			share := map[time.Duration]int64{}
@@ -306,8 +331,11 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 			return
 		}
 	}
-	t.Logf("%d degraded admissions checked; %d cases' last shared answer spent a reservation", local, reservedLast)
+	t.Logf("%d degraded admissions checked; %d cases' last shared answer spent a reservation, in %d a block was held when Redis failed", local, reservedLast, blockLast)
 	if local == 0 {
 		t.Fatal("no degraded admission: the bound went unexercised")
+	}
+	if blockLast == 0 {
+		t.Fatal("no case held a block when Redis failed: the bound went unexercised with blocks")
 	}
 }
