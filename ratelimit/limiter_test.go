@@ -568,51 +568,92 @@ func TestFailClosedSpendsHeldLeases(t *testing.T) {
 // promise over generated plans (one window, or a short one and a day),
 // replica counts and rates: once Redis fails, a replica admits only from
 // leases it held (each admission Leased, no more of them than the leases
-// held when Redis failed), and nothing once they end, a second at most.
+// held when Redis failed, none after its lease's end), and nothing once
+// they end: a second at most. Half the cases run with blocks in force
+// (finalized, as a fresh install of the chart runs) at a pace that earns
+// them, where a block held when Redis failed is spent until its end, up
+// to reserveLife later.
 func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 89)
+	blockCases, lateCases := 0, 0
 	for c := range 24 {
 		replicas := 1 + rng.IntN(3)
+		blocks := c%2 == 1
 		w := Window{Limit: 200 + rng.Int64N(100_000), Period: time.Second * time.Duration(1+rng.IntN(3600))}
+		rate := 50 + rng.Float64()*350 // the fleet's requests a second
+		before := time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))
+		if blocks {
+			// Too slow to lease a bucket, and history enough to be
+			// granted blocks.
+			rate = (0.5 + rng.Float64()*6) * float64(replicas)
+			before = 5*time.Second + time.Duration(rng.Int64N(int64(25*time.Second)))
+		}
 		p := Policy{Name: "closed", Windows: []Window{w}}
 		if rng.IntN(2) == 0 {
 			p.Windows = append(p.Windows, Window{Limit: 100 * w.Limit, Period: 24 * time.Hour})
 		}
-		rate := 50 + rng.Float64()*350 // the fleet's requests a second
-		f := newFixture(t, Options{FailureMode: FailClosed, Replicas: replicas})
+		f := newFixture(t, Options{FailureMode: FailClosed, Replicas: replicas, blocks: blocks})
 		ls := f.fleet(t, replicas)
 		next := func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
-		for end := f.clk.Now().Add(time.Second + time.Duration(rng.Int64N(int64(3*time.Second)))); f.clk.Now().Before(end); f.clk.Add(next()) {
+		for end := f.clk.Now().Add(before); f.clk.Now().Before(end); f.clk.Add(next()) {
 			if _, err := ls[rng.IntN(replicas)].Allow(context.Background(), "k", p); err != nil {
 				t.Fatalf("case %d before the failure: %v", c, err)
 			}
 		}
-		var held int64
-		for _, l := range ls {
-			held += leaseLeft(l, "k")
+		var held, heldBlocks int64
+		ends := make([]time.Time, replicas) // each replica's lease's end, on its clock
+		for i, l := range ls {
+			left := leaseLeft(l, "k")
+			held += left
+			if left > 0 {
+				ends[i] = time.Unix(0, leaseEntryField(l, "k", func(e *leaseEntry) int64 { return e.deadline.UnixNano() }))
+				heldBlocks += leaseEntryField(l, "k", func(e *leaseEntry) int64 {
+					if e.block {
+						return e.left
+					}
+					return 0
+				})
+			}
+		}
+		if heldBlocks > 0 {
+			blockCases++
 		}
 		f.mini.SetError("LOADING Redis is loading the dataset in memory")
 		failed := f.clk.Now()
 		var admitted int64
-		for ; f.clk.Now().Sub(failed) < 2*time.Second; f.clk.Add(next()) {
-			d, err := ls[rng.IntN(replicas)].Allow(context.Background(), "k", p)
+		var lastAdmitted time.Duration // after the failure
+		for ; f.clk.Now().Sub(failed) < reserveLife+time.Second; f.clk.Add(next()) {
+			i := rng.IntN(replicas)
+			d, err := ls[i].Allow(context.Background(), "k", p)
 			switch {
 			case err == nil && d.Allowed() && !d.Leased:
 				t.Fatalf("case %d: %s after Redis failed: admitted without a lease: %+v", c, f.clk.Now().Sub(failed), d)
 			case err == nil && d.Allowed():
 				admitted++
-				if el := f.clk.Now().Sub(failed); el >= leaseLife {
+				lastAdmitted = f.clk.Now().Sub(failed)
+				if !f.clk.Now().Before(ends[i]) {
+					t.Fatalf("case %d: replica %d admitted from a lease %s after Redis failed, past the end (%s after) of the lease it held then",
+						c, i, f.clk.Now().Sub(failed), ends[i].Sub(failed))
+				}
+				if el := f.clk.Now().Sub(failed); heldBlocks == 0 && el >= leaseLife || el >= reserveLife {
 					t.Fatalf("case %d: admitted from a lease %s after Redis failed, past any lease's life", c, el)
 				}
 			case err != nil && !errors.Is(err, ErrUnavailable):
 				t.Fatalf("case %d: err %v, want ErrUnavailable", c, err)
 			}
 		}
-		t.Logf("case %d: %d replicas, %v at %.0f/s: %d admitted from the %d leased admissions held when Redis failed", c, replicas, p.Windows, rate, admitted, held)
+		t.Logf("case %d: %d replicas, %v at %.1f/s: %d admitted from the %d admissions held when Redis failed (%d of them in blocks), the last %s after it",
+			c, replicas, p.Windows, rate, admitted, held, heldBlocks, lastAdmitted.Round(time.Millisecond))
+		if lastAdmitted >= leaseLife {
+			lateCases++
+		}
 		if admitted > held {
 			t.Fatalf("case %d: %d admitted after Redis failed, more than the %d leases held", c, admitted, held)
 		}
+	}
+	if blockCases == 0 || lateCases == 0 {
+		t.Fatalf("%d cases held a block when Redis failed, %d spent one past a lease's life: the promise went unexercised with blocks", blockCases, lateCases)
 	}
 }
 
