@@ -439,24 +439,7 @@ func TestRollingUpgradeThenFinalize(t *testing.T) {
 	}
 	// (The last replica of the release before leaves the census a
 	// heartbeat TTL after it stopped: --wait rides that out.)
-	if out := f.petstore("limits", "finalize", "--wait", "15s"); !strings.HasPrefix(out, "finalized at ") {
-		t.Fatalf("finalize printed %q", out)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, r := range f.replicas {
-		for _, gauge := range []string{"petstore_ratelimit_records_finalized", "petstore_ratelimit_blocks_in_force"} {
-			for {
-				v, err := r.metric(gauge)
-				if err == nil && v == 1 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s never put the finalize mark in force (%s): %v %v", r.name, gauge, v, err)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
-	}
+	f.finalize(t)
 	t.Logf("finalized; every replica has it in force, blocks too")
 	leased := f.leasedAdmissions(t, "roomy")
 	// Three periods of the longer window: a dozen epochs of each, and
@@ -471,6 +454,37 @@ func TestRollingUpgradeThenFinalize(t *testing.T) {
 		t.Fatal("no request of the roomy plan was spent from a block once blocks were in force")
 	} else {
 		t.Logf("%v requests of the roomy plan spent from blocks", got)
+	}
+}
+
+// finalize runs 'petstore limits finalize --wait 15s' and waits until
+// every replica has the marks in force: records finalized, blocks too.
+func (f *fleet) finalize(t *testing.T) {
+	t.Helper()
+	if out := f.petstore("limits", "finalize", "--wait", "15s"); !strings.HasPrefix(out, "finalized at ") {
+		t.Fatalf("finalize printed %q", out)
+	}
+	f.waitGauges(t, 10*time.Second, 1, "petstore_ratelimit_records_finalized", "petstore_ratelimit_blocks_in_force")
+}
+
+// waitGauges waits up to d until every replica reports value for each
+// gauge.
+func (f *fleet) waitGauges(t *testing.T, d time.Duration, value float64, gauges ...string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for _, r := range f.replicas {
+		for _, gauge := range gauges {
+			for {
+				v, err := r.metric(gauge)
+				if err == nil && v == value {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: %s is %v (%v) after %s, want %v", r.name, gauge, v, err, d, value)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
 	}
 }
 

@@ -153,3 +153,78 @@ func checkHeld(t *testing.T, log []served, timeout time.Duration, faults []fault
 		t.Errorf("%s held a request %s, more than three --redis-timeout %s, during %s", s.replica, s.held, timeout, during)
 	}
 }
+
+// TestRedisFaultsWithBlocksKeepWindows holds the degraded-mode bound on a
+// finalized fleet, as a fresh install of the chart runs it: a key well
+// under its limits spends blocks in process, so when Redis pauses or dies
+// the replicas hold admissions it counted before. For each fault a fresh
+// key (a plan of its own: 150 per 10 s and a day) is sprayed over every
+// replica at 20 a second, more than its limit allows, from 3 s before the
+// fault (its blocks formed) to a window and a second after Redis answered
+// again, and its admissions are judged by client send and receive times
+// as TestRedisFaultsKeepWindows judges them: at most L decided through
+// Redis in a window (2L across a restart that lost the counts) plus what
+// the replicas admitted alone. Blocks must be spent while Redis is out.
+func TestRedisFaultsWithBlocksKeepWindows(t *testing.T) {
+	const (
+		limit  = 150
+		period = 10 * time.Second
+		rate   = 20
+	)
+	faults := []redisFault{pauseFor(100 * time.Millisecond), pauseFor(500 * time.Millisecond), pauseFor(3 * time.Second), crashFor(2 * time.Second)}
+	plans := "plans:\n"
+	keys := map[string]int{}
+	for i := range faults {
+		plans += fmt.Sprintf("  roomy%d: {quotas: [{limit: %d, period: 10s}, {limit: 100000, period: 24h}], ban: off}\n", i, limit)
+		keys[fmt.Sprint("roomy", i)] = 1
+	}
+	f := newFleet(t, fleetOptions{plans: plans, keys: keys, redisTimeout: 50 * time.Millisecond})
+	f.finalize(t)
+	type run struct {
+		fault       fault
+		load        *load
+		end         time.Time // a window and a second after Redis answered
+		local, held float64 // admissions alone over the key's run; spent from blocks while Redis was out
+	}
+	runs := make([]*run, len(faults))
+	var spentOut float64
+	for i, fl := range faults {
+		plan := fmt.Sprint("roomy", i)
+		r := &run{load: f.startLoad(loadSpec{rate: rate, workers: 8, targets: f.targets(), keys: f.keys[plan]})}
+		runs[i] = r
+		time.Sleep(3 * time.Second)
+		blocksBefore := f.leasedAdmissions(t, plan)
+		began := time.Now()
+		back := fl.do(f.redis)
+		r.fault = fault{fl.name, fl.crash, began, back}
+		f.waitShared(t, back)
+		r.held = f.leasedAdmissions(t, plan) - blocksBefore
+		spentOut += r.held
+		r.end = back.Add(period + time.Second)
+	}
+	share := max(1, limit/len(f.replicas))
+	for i, r := range runs {
+		plan := fmt.Sprint("roomy", i)
+		time.Sleep(time.Until(r.end))
+		rs := r.load.stop()
+		r.local = f.localAdmissions(t, plan)
+		adm := judgeLoad(t, plan, rs, time.Since(r.load.start))
+		alone := min(int(r.local), share*len(f.replicas))
+		bound := limit + alone
+		if r.fault.crash {
+			bound += limit
+		}
+		n, at := windowCount(adm, period)
+		t.Logf("Redis %s: %v spent from blocks from the fault until every replica shared again; at most %d admissions certainly within one %s window (limit %d; %v admitted by replicas alone; bound %d), from %s",
+			r.fault.name, r.held, n, period, limit, r.local, bound, at.Format("15:04:05.000"))
+		if n > bound {
+			t.Errorf("Redis %s: %d requests within one %s window, more than the bound %d", r.fault.name, n, period, bound)
+		}
+		if n < limit/2 {
+			t.Errorf("Redis %s: at most %d admissions in a %s window of a key sent %d a second: the key never came near its limit", r.fault.name, n, period, rate)
+		}
+	}
+	if spentOut == 0 {
+		t.Fatal("no request was spent from a block while Redis was out: the bound went unexercised with blocks")
+	}
+}
