@@ -184,7 +184,7 @@ func TestRedisFaultsWithBlocksKeepWindows(t *testing.T) {
 		fault       fault
 		load        *load
 		end         time.Time // a window and a second after Redis answered
-		local, held float64 // admissions alone over the key's run; spent from blocks while Redis was out
+		local, held float64   // admissions alone over the key's run; spent from blocks while Redis was out
 	}
 	runs := make([]*run, len(faults))
 	var spentOut float64
