@@ -78,6 +78,45 @@ const (
 	blocksMarkSuffix   = "{replicas}:finalized2"
 )
 
+// The marks outlive a Redis that loses its dataset (restarted without
+// persistence, flushed, failed over to an empty replica): finalizing is
+// the operator's word that no older release runs, and a lost dataset
+// does not start one. The heartbeat keeps a token of the dataset,
+// PREFIX{replicas}:dataset, written where there is none, and each
+// replica holds the marks its last heartbeat found in force beside the
+// token it read (heldMarks). A heartbeat that finds another token, or
+// none, finds the dataset the replica last read gone, and sets the marks
+// it held again where they are missing, at their own times; a replica
+// that held none (a mark out of force beside an older replica, or
+// undone) restores nothing. The marks' own times serve: every record
+// written before them was lost with the dataset, and what older replicas
+// would write since is the census's to catch, as after any finalizing
+// (a replica that counts one holds the marks out of force, and holds
+// none). The one case it gets wrong: Redis
+// losing its dataset after 'petstore limits finalize --undo' and before
+// every replica's next heartbeat read the marks gone (a second) restores
+// what was undone; so Unfinalize, after heartbeatTTL, removes them again
+// should they be back.
+const datasetSuffix = "{replicas}:dataset"
+
+// heldMarks is what a replica's last heartbeat found: the marks in force
+// (as read, empty where not in force) and the dataset's token.
+type heldMarks struct {
+	mark, mark2, dataset string
+}
+
+// hold records what a heartbeat found (observeFinal, observeBlocks).
+func (r *replicas) hold(mark, older, mark2, older2 int64, dataset string) {
+	h := &heldMarks{dataset: dataset}
+	if mark > 0 && older == 0 {
+		h.mark = strconv.FormatInt(mark, 10)
+	}
+	if mark2 > 0 && older2 == 0 {
+		h.mark2 = strconv.FormatInt(mark2, 10)
+	}
+	r.held.Store(h)
+}
+
 // blockView is a replica's view of the blocks mark: whether blocks are in
 // force (grant) and coarse records read (read) until until (Unix ns), and
 // until when coarse records are read regardless (readUntil: reserveLife
@@ -292,15 +331,45 @@ func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err
 // Unfinalize removes both marks: within Unfinalizing every replica
 // refreshes expiries on every head move again and has stopped reading
 // coarse records (and the blocks granted before have ended), and a
-// release before this one may then be rolled back to.
+// release before this one may then be rolled back to. It returns after
+// heartbeatTTL, by when every live replica has read the marks gone, and
+// removes them again if they are back as they were: a replica that had
+// not read them gone sets them again should Redis lose its dataset
+// meanwhile (heldMarks).
 func (l *Limiter) Unfinalize(ctx context.Context) error {
 	if l.rdb == nil {
 		return errNoRedis
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	r := l.replicas
+	keys := []string{r.mark, r.mark2}
+	tctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	pipe := l.rdb.TxPipeline()
+	mark := pipe.Get(tctx, r.mark)
+	mark2 := pipe.Get(tctx, r.mark2)
+	del := pipe.Del(tctx, keys...)
+	_, _ = pipe.Exec(tctx)
+	cancel()
+	if err := del.Err(); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(heartbeatTTL):
+	}
+	tctx, cancel = context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	return l.rdb.Del(ctx, l.replicas.mark, l.replicas.mark2).Err()
+	return unmarkScript.Run(tctx, l.rdb, keys, mark.Val(), mark2.Val()).Err()
 }
+
+// unmarkScript removes KEYS[i] where it holds ARGV[i] (a mark set again
+// as it was, not a later finalizing's).
+var unmarkScript = redis.NewScript(`
+for i = 1, 2 do
+  if ARGV[i] ~= '' and redis.call('GET', KEYS[i]) == ARGV[i] then redis.call('DEL', KEYS[i]) end
+end
+return 0
+`)
 
 // Unfinalizing is how long after Unfinalize every replica has stopped
 // writing records as finalized and reading coarse records, and every

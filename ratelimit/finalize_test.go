@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/animal-store/petstore/internal/testenv"
@@ -372,5 +373,141 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	state(false, false, "undone, a reservation's life after the last block")
 	if Unfinalizing < heartbeatTTL+reserveLife+heartbeatTTL {
 		t.Fatalf("Unfinalizing %v is shorter than the last block's life after the last heartbeat that saw it in force", Unfinalizing)
+	}
+}
+
+// TestFinalizeMarksOutliveALostDataset: a Redis that loses its dataset
+// (restarted without persistence, flushed) loses the finalize marks, and
+// a heartbeat of a replica that held them in force sets them again, at
+// their own times, in force again. A replica that held none restores nothing: after --undo,
+// beside an older release, or one that never read them. A replica whose
+// first heartbeat after the loss finds the token another wrote (a
+// replica that held nothing beat first) still restores them. Undone just
+// before the loss, they are restored by a replica that had not read them
+// gone, and Unfinalize removes them again.
+func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	l, ctx := f.l, context.Background()
+	beat := heartbeat(t, l)
+	marks := func() [2]string {
+		t.Helper()
+		var m [2]string
+		for i, k := range []string{l.replicas.mark, l.replicas.mark2} {
+			v, err := f.rdb.Get(ctx, k).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatal(err)
+			}
+			m[i] = v
+		}
+		return m
+	}
+	inForce := func(want bool, what string) {
+		t.Helper()
+		if got := l.replicas.finalized() != notFinalized; got != want {
+			t.Fatalf("%s: records finalized %v, want %v", what, got, want)
+		}
+		if got := l.replicas.grantsBlocks(); got != want {
+			t.Fatalf("%s: blocks in force %v, want %v", what, got, want)
+		}
+	}
+	beat()
+	if _, _, err := l.Finalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	beat()
+	inForce(true, "finalized")
+	set := marks()
+
+	f.clk.Add(time.Minute)
+	f.mini.FlushAll()
+	beat()
+	if got := marks(); got != set {
+		t.Fatalf("after the dataset was lost, marks %q, want %q set again", got, set)
+	}
+	inForce(true, "the dataset lost, the marks set again")
+	if !strings.Contains(f.logs.String(), "Redis lost its data") {
+		t.Fatalf("the restore was not logged: %s", f.logs)
+	}
+
+	// A replica that never read the marks beats first after the next
+	// loss; the one that held them restores them at its own heartbeat.
+	other, err := New(f.rdb, Options{clock: f.clk.Now, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	f.mini.FlushAll()
+	heartbeat(t, other)()
+	if got := marks(); got != [2]string{} {
+		t.Fatalf("a replica that never held the marks set %q", got)
+	}
+	beat()
+	if got := marks(); got != set {
+		t.Fatalf("after a token written by another replica, marks %q, want %q set again", got, set)
+	}
+
+	// Beside an older release the marks are out of force: not held.
+	older := func() {
+		t.Helper()
+		if err := f.rdb.ZAdd(ctx, l.opts.Prefix+"{replicas}", redis.Z{Score: float64(f.clk.Now().UnixMilli()), Member: "older"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	older()
+	beat()
+	inForce(false, "an older replica live")
+	heartbeat(t, other)()
+	f.mini.FlushAll()
+	beat()
+	heartbeat(t, other)()
+	if got := marks(); got != [2]string{} {
+		t.Fatalf("marks out of force when the dataset was lost were set again: %q", got)
+	}
+
+	// Undone: not held once a heartbeat read them gone.
+	f.clk.Add(heartbeatTTL + time.Millisecond)
+	if _, _, err := l.Finalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	beat()
+	heartbeat(t, other)()
+	inForce(true, "finalized again")
+	set = marks()
+	if err := l.Unfinalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	beat()
+	heartbeat(t, other)()
+	f.mini.FlushAll()
+	beat()
+	if got := marks(); got != [2]string{} {
+		t.Fatalf("undone marks set again after the dataset was lost: %q", got)
+	}
+
+	// Undone, and the dataset lost before a heartbeat read them gone: a
+	// replica restores them, and Unfinalize removes them again.
+	if _, _, err := l.Finalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	beat()
+	set = marks()
+	done := make(chan error, 1)
+	go func() { done <- l.Unfinalize(ctx) }()
+	for deadline := time.Now().Add(5 * time.Second); marks() != [2]string{}; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Unfinalize did not remove the marks")
+		}
+	}
+	f.mini.FlushAll()
+	beat()
+	if got := marks(); got != set {
+		t.Fatalf("marks %q, want %q: restored by a replica that had not read them undone", got, set)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := marks(); got != [2]string{} {
+		t.Fatalf("Unfinalize left the restored marks %q", got)
 	}
 }

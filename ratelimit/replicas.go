@@ -45,6 +45,11 @@ type replicas struct {
 	final2, mark2 string
 	blk           atomic.Pointer[blockView]
 	warnedBlocks  atomic.Bool
+	// dataset names the record holding the token of Redis's dataset, and
+	// held what the last heartbeat found in force, to restore should
+	// that dataset be lost (finalize.go, heldMarks).
+	dataset string
+	held    atomic.Pointer[heldMarks]
 }
 
 const (
@@ -57,13 +62,32 @@ const (
 // and KEYS[3] (blocks) (finalize.go), drops members silent for ARGV[2] ms
 // from all three, and returns the live count, how many of them are of
 // releases before each level (in the first census and not in the
-// level's), the marks KEYS[4] and KEYS[5] (empty when none) and the
-// server's time (µs). The release before this one writes KEYS[1] and
+// level's), the marks KEYS[4] and KEYS[5] (empty when none), the
+// server's time (µs), the dataset's token KEYS[6] and whether it
+// restored a mark. The release before this one writes KEYS[1] and
 // KEYS[2] alone, the one before that KEYS[1].
+//
+// First it keeps the finalize marks through the loss of Redis's dataset
+// (finalize.go, heldMarks): KEYS[6] holds a token for the dataset,
+// written (ARGV[6], fresh) where there is none. Where the token is not
+// the one this replica last read (ARGV[5]; empty: it read none), the
+// dataset it last read is gone, and the marks it held in force then
+// (ARGV[3], ARGV[4]; empty: not in force) are set again where missing.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
+local ds = redis.call('GET', KEYS[6])
+if not ds then
+  ds = ARGV[6]
+  redis.call('SET', KEYS[6], ds)
+end
+local restored = 0
+if ARGV[5] ~= '' and ARGV[5] ~= ds then
+  for i = 3, 4 do
+    if ARGV[i] ~= '' and redis.call('SET', KEYS[i + 1], ARGV[i], 'NX') then restored = 1 end
+  end
+end
 for i = 1, 3 do
   redis.call('ZADD', KEYS[i], now, ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - ttl)
@@ -74,15 +98,20 @@ local older = n - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
 local older2 = n - redis.call('ZCARD', KEYS[3])
 if older2 < 0 then older2 = 0 end
-return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2]))}
+return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2])), ds, restored}
 `)
 
-func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *metrics, log *slog.Logger) *replicas {
+// newToken returns 16 random hex digits.
+func newToken() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: hex.EncodeToString(b), met: met, log: log,
+	return hex.EncodeToString(b)
+}
+
+func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *metrics, log *slog.Logger) *replicas {
+	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: newToken(), met: met, log: log,
 		final: prefix + finalCensusSuffix, mark: prefix + finalMarkSuffix,
-		final2: prefix + blocksCensusSuffix, mark2: prefix + blocksMarkSuffix,
+		final2: prefix + blocksCensusSuffix, mark2: prefix + blocksMarkSuffix, dataset: prefix + datasetSuffix,
 		initial: int64(max(initial, 1)), started: time.Now()}
 	r.set(r.initial)
 	return r
@@ -99,8 +128,13 @@ func (r *replicas) set(n int64) {
 func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2}, r.id, heartbeatTTL.Milliseconds()).Slice()
-	if err == nil && len(res) != 6 {
+	h := r.held.Load()
+	if h == nil {
+		h = &heldMarks{}
+	}
+	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2, r.dataset},
+		r.id, heartbeatTTL.Milliseconds(), h.mark, h.mark2, h.dataset, newToken()).Slice()
+	if err == nil && len(res) != 8 {
 		err = fmt.Errorf("ratelimit: unexpected heartbeat reply %v", res)
 	}
 	if err != nil {
@@ -121,8 +155,14 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 		r.forget()
 		return fmt.Errorf("ratelimit: unexpected heartbeat time %v", res[5])
 	}
+	dataset, _ := res[6].(string)
+	if restored, _ := res[7].(int64); restored == 1 && r.log != nil {
+		r.log.Warn("ratelimit: Redis lost its data (restarted empty, or flushed) while records were finalized: the finalize marks were set again",
+			"finalized", markText, "blocks", mark2Text)
+	}
 	r.observeFinal(mark, older, now, at)
 	r.observeBlocks(mark2, older2, at)
+	r.hold(mark, older, mark2, older2, dataset)
 	if time.Since(r.started) < heartbeatTTL {
 		n = max(n, r.initial)
 	}

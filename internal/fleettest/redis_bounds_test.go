@@ -164,7 +164,9 @@ func checkHeld(t *testing.T, log []served, timeout time.Duration, faults []fault
 // again, and its admissions are judged by client send and receive times
 // as TestRedisFaultsKeepWindows judges them: at most L decided through
 // Redis in a window (2L across a restart that lost the counts) plus what
-// the replicas admitted alone. Blocks must be spent while Redis is out.
+// the replicas admitted alone. Blocks must be spent while Redis is out,
+// and be in force again after each fault (a restart loses the finalize
+// marks, which the replicas set again).
 func TestRedisFaultsWithBlocksKeepWindows(t *testing.T) {
 	const (
 		limit  = 150
@@ -200,6 +202,9 @@ func TestRedisFaultsWithBlocksKeepWindows(t *testing.T) {
 		f.waitShared(t, back)
 		r.held = f.leasedAdmissions(t, plan) - blocksBefore
 		spentOut += r.held
+		// A Redis restarted empty lost the finalize marks: the replicas,
+		// which held them, set them again.
+		f.waitGauges(t, 5*time.Second, 1, "petstore_ratelimit_records_finalized", "petstore_ratelimit_blocks_in_force")
 		r.end = back.Add(period + time.Second)
 	}
 	share := max(1, limit/len(f.replicas))
