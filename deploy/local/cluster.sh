@@ -21,7 +21,10 @@
 # a replica sees all of a key's traffic and its leases and reservations
 # are as large as one replica's; key-bounded: the same, but a replica
 # holding 1.5 times the fleet's average of requests in flight passes the
-# excess on; see the README, "Key affinity"). Nothing
+# excess on; see the README, "Key affinity"), FINALIZE (1: once the
+# replicas are up, `petstore limits finalize --optional`, as the Helm
+# chart runs after a fresh install, so blocks are in force; 0 leaves the
+# fleet unfinalized, to try a rollout from there). Nothing
 # listens beyond 127.0.0.1; no root is needed.
 set -euo pipefail
 
@@ -33,6 +36,7 @@ BIN=${PETSTORE_BIN:-$ROOT/bin/petstore}
 PROMETHEUS=${PROMETHEUS:-0}
 BALANCE=${BALANCE:-roundrobin}
 LOADTEST_KEYS=${LOADTEST_KEYS:-20}
+FINALIZE=${FINALIZE:-1}
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -294,6 +298,11 @@ up() {
     spawn haproxy haproxy -db -f "$STATE/haproxy.cfg"
   fi
   wait_http "http://127.0.0.1:$PORT/openapi.yaml" haproxy
+  if [ "$FINALIZE" = 1 ]; then
+    # As the chart's install hook: never fails the start (a replica of an
+    # older build still running is reported, and the fleet stays as it is).
+    log "$(petstore limits finalize --wait 10s --optional)"
+  fi
 
   if [ "$PROMETHEUS" = 1 ] && ! alive prometheus; then
     write_prometheus_config
