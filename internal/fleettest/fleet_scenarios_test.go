@@ -28,12 +28,22 @@ func (f *fleet) replicaURLs() []string {
 // directly and through HAProxy, and checks each window from outside: no
 // group of admissions that certainly fell into less than W exceeds L.
 func TestExactnessAcrossReplicas(t *testing.T) {
-	checkExactness(t, 0)
+	checkExactness(t, 0, false)
+}
+
+// TestExactnessFinalized is TestExactnessAcrossReplicas on a finalized
+// fleet, as a fresh install of the chart runs it: records finalized,
+// coarse records read by every decision, and one more key (600 per 10 s
+// and a day, at 70 a second) whose blocks are spent in process until it
+// nears its limit, then decided exactly; every window judged the same.
+func TestExactnessFinalized(t *testing.T) {
+	checkExactness(t, 0, true)
 }
 
 // checkExactness runs the exactness scenario on a fleet whose replicas
-// have the given --redis-timeout (0: newFleet's default).
-func checkExactness(t *testing.T, redisTimeout time.Duration) {
+// have the given --redis-timeout (0: newFleet's default), finalized or
+// not.
+func checkExactness(t *testing.T, redisTimeout time.Duration, finalized bool) {
 	f := newFleet(t, fleetOptions{
 		redisTimeout: redisTimeout,
 		plans: `plans:
@@ -41,9 +51,13 @@ func checkExactness(t *testing.T, redisTimeout time.Duration) {
   hundred: {quotas: [{limit: 100, period: 10s}], ban: off}
   thousand: {quotas: [{limit: 1000, period: 10s}], ban: off}
   two: {quotas: [{limit: 4, period: 1s}, {limit: 10, period: 5s}], ban: off}
+  roomy: {quotas: [{limit: 600, period: 10s}, {limit: 100000, period: 24h}], ban: off}
 `,
-		keys: map[string]int{"five": 1, "hundred": 1, "thousand": 1, "two": 1},
+		keys: map[string]int{"five": 1, "hundred": 1, "thousand": 1, "two": 1, "roomy": 1},
 	})
+	if finalized {
+		f.finalize(t)
+	}
 	type window struct {
 		limit  int
 		period time.Duration
@@ -64,6 +78,14 @@ func checkExactness(t *testing.T, redisTimeout time.Duration) {
 		{"hundred", 60, []window{{100, 10 * time.Second}}},
 		{"two", 30, []window{{4, time.Second}, {10, 5 * time.Second}}},
 	}
+	if finalized {
+		cases = append(cases, struct {
+			plan    string
+			rate    float64
+			windows []window
+		}{"roomy", 70, []window{{600, 10 * time.Second}}})
+	}
+	roomy := f.leasedAdmissions(t, "roomy")
 	const run = 12 * time.Second
 	loads := make([]*load, len(cases))
 	// The busy key first, alone: while it has most of its window left,
@@ -91,6 +113,13 @@ func checkExactness(t *testing.T, redisTimeout time.Duration) {
 		adm := judgeLoad(t, c.plan, loads[i].stop(), run)
 		for _, w := range c.windows {
 			judgeWindow(t, c.plan, adm, w.limit, w.period, run)
+		}
+	}
+	if finalized {
+		if got := f.leasedAdmissions(t, "roomy") - roomy; got == 0 {
+			t.Error("roomy: no admission was spent from a block (or a lease) on the finalized fleet")
+		} else {
+			t.Logf("roomy: %v admissions spent from blocks and leases", got)
 		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 // machine some round trips take longer than that, and a replica must not
 // leave shared limiting (and over-admit) for such a blip.
 func TestExactnessAtProductionTimeout(t *testing.T) {
-	checkExactness(t, 50*time.Millisecond)
+	checkExactness(t, 50*time.Millisecond, false)
 }
 
 // shortFaults are Redis blips and a crash: three 100 ms pauses, one of
