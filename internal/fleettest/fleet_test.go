@@ -464,7 +464,17 @@ func (r *replica) stop() {
 // metric reads one sample of an unlabelled metric from the replica's
 // /metrics.
 func (r *replica) metric(name string) (float64, error) {
-	resp, err := http.Get(r.opsURL + "/metrics")
+	v, err := scrape(r.opsURL, name)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", r.name, err)
+	}
+	return v, nil
+}
+
+// scrape reads one sample (name with its labels, as exposed) from the
+// /metrics of the ops listener at opsURL.
+func scrape(opsURL, name string) (float64, error) {
+	resp, err := http.Get(opsURL + "/metrics")
 	if err != nil {
 		return 0, err
 	}
@@ -476,7 +486,7 @@ func (r *replica) metric(name string) (float64, error) {
 			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
 		}
 	}
-	return 0, fmt.Errorf("%s: %w: %s", r.name, errNoSample, name)
+	return 0, fmt.Errorf("%w: %s", errNoSample, name)
 }
 
 // errNoSample: /metrics has no such series (a counter never incremented).
