@@ -96,7 +96,11 @@ const (
 // losing its dataset after 'petstore limits finalize --undo' and before
 // every replica's next heartbeat read the marks gone (a second) restores
 // what was undone; so Unfinalize, after heartbeatTTL, removes them again
-// should they be back.
+// should they be back. (A replica cut off from Redis from the undo until
+// after that, its heartbeats failing, still holds them, and would set
+// them again after a later loss: should a rollback follow,
+// PetstoreRollbackAfterFinalize fires, and the census holds them out of
+// force once it counts the older replicas.)
 const datasetSuffix = "{replicas}:dataset"
 
 // heldMarks is what a replica's last heartbeat found: the marks in force
