@@ -25,6 +25,15 @@ func heartbeat(t *testing.T, l *Limiter) func() {
 	}
 }
 
+// olderReplicaBeats makes a heartbeat of a replica of the release before
+// f's limiter: in the census every release writes, not in this release's.
+func olderReplicaBeats(t *testing.T, f *fixture) {
+	t.Helper()
+	if err := f.rdb.ZAdd(context.Background(), f.l.opts.Prefix+"{replicas}", redis.Z{Score: float64(f.clk.Now().UnixMilli()), Member: "older"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The finalize mark's life on a replica, read by its heartbeat: refused
 // while an older release's replica is live, in force once set, out of
 // force again when an older replica appears (a rollback begun without
@@ -46,15 +55,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	beat()
 	inForce(false, "before finalizing")
 
-	// A replica of the release before: in the census every release
-	// writes, not in this release's.
-	older := func() {
-		t.Helper()
-		if err := f.rdb.ZAdd(ctx, l.opts.Prefix+"{replicas}", redis.Z{Score: float64(f.clk.Now().UnixMilli()), Member: "older"}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	older()
+	olderReplicaBeats(t, f)
 	beat()
 	if got := testenv.MetricValue(t, l.met.olderReplicas); got != 1 {
 		t.Fatalf("older_replicas %v, want 1", got)
@@ -91,7 +92,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 
 	// A rollback begun without undoing it: out of force at the next
 	// heartbeat, with a warning.
-	older()
+	olderReplicaBeats(t, f)
 	beat()
 	inForce(false, "an older replica live again")
 	if !strings.Contains(f.logs.String(), "replicas of an older release are live") {
@@ -448,13 +449,7 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	}
 
 	// Beside an older release the marks are out of force: not held.
-	older := func() {
-		t.Helper()
-		if err := f.rdb.ZAdd(ctx, l.opts.Prefix+"{replicas}", redis.Z{Score: float64(f.clk.Now().UnixMilli()), Member: "older"}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	older()
+	olderReplicaBeats(t, f)
 	beat()
 	inForce(false, "an older replica live")
 	heartbeat(t, other)()
