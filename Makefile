@@ -58,7 +58,7 @@ unit:
 ## system: the fleet on real processes (replicas, HAProxy, a private Redis) under rollouts and faults.
 ## No race detector: the replicas are separate binaries, and it would only slow the load generator.
 system:
-	$(GO) test -count=1 -timeout 10m -v ./internal/fleettest/
+	$(GO) test -count=1 -timeout 15m -v ./internal/fleettest/
 	cd deploy/loadtest && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 helm-test:
