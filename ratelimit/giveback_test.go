@@ -372,6 +372,7 @@ func serverMicros(t *testing.T, rdb *redis.Client) int64 {
 type storedRing struct {
 	vh, total int64
 	count     map[int64]int64
+	last      map[int64]int64 // each bucket's last event (µs), as the script reads it (lastAt)
 }
 
 // readBuckets reads the window records of keys (stateKeys under pl), by
@@ -393,11 +394,12 @@ func readBuckets(t *testing.T, rdb *redis.Client, keys []string, pl *plan) map[i
 		if err != nil {
 			t.Fatal(err)
 		}
-		vh, total, hc, _ := readRing(t, rec, windowRingAt)
-		s := storedRing{vh: vh, total: total, count: map[int64]int64{vh: hc}}
+		vh, total, hc, ho := readRing(t, rec, windowRingAt)
+		s := storedRing{vh: vh, total: total, count: map[int64]int64{vh: hc}, last: map[int64]int64{vh: vh*w.gran + ho*w.unit}}
 		for b := vh - w.n; b < vh; b++ {
 			at := windowRingAt - 1 + ringHeader + int(b%(w.n+1))*slotBytes
 			s.count[b] = int64(binary.BigEndian.Uint32([]byte(rec[at:])))
+			s.last[b] = b*w.gran + int64(binary.BigEndian.Uint16([]byte(rec[at+countBytes:])))*w.unit
 		}
 		out[i] = s
 	}

@@ -1123,20 +1123,22 @@ func runSeedBesideALiveCoarseRecord(t *testing.T, rng *rand.Rand, rdb *redis.Cli
 	pn := mk(Window{Limit: spends, Period: p2}, hour)
 	sdn := newSeeding(pn, otherPeriods(pn, px, false), youngPeriods(pn, px))
 	waitUntil(T)
-	cr, cg := len(pn.windows), pn.blk.coarse[0].gran
+	cr := len(pn.windows)
 	before := readBuckets(t, rdb, keys, pn.blk)[cr]
 	oldRec, _ := mini.Get(ckey)
 	call(pn, input{lease: noLease, seed: sdn}, sdn) // the edit: P2's record starts from X's
 	// The coarse record, written again, keeps what it counted in every
-	// bucket of its own that still counts, there or in a later bucket
-	// (one whose last event lies on a bucket's end is carried into the
-	// next, which counts it as long), and what follows its ring.
+	// bucket of its own that still counts (its last event less than a
+	// period before the edit: what a window must still count), there or
+	// in a later bucket (one whose last event lies on a bucket's end is
+	// carried into the next, which counts it as long), and what follows
+	// its ring.
 	after := readBuckets(t, rdb, keys, pn.blk)[cr]
 	newRec, _ := mini.Get(ckey)
 	for bk := range before.count {
 		var was, is int64
 		for j, c := range before.count {
-			if j >= bk && j*cg+p2.Microseconds() > T {
+			if j >= bk && before.last[j]+p2.Microseconds() > T {
 				was += c
 			}
 		}
