@@ -19,8 +19,8 @@ import (
 // private redis-server and with pets in memory, two replicas behind
 // HAProxy. The fleet it starts answers through HAProxy, is finalized (as
 // a fresh install of the chart is: blocks in force on every replica),
-// holds the tiny plan's window and its ban, and up again keeps the mark;
-// down stops exactly the processes up started.
+// holds the tiny plan's window, and up again starts nothing and keeps the
+// mark; down stops exactly the processes up started.
 func TestClusterScript(t *testing.T) {
 	dir := t.TempDir()
 	redis := startRedis(t, dir)
