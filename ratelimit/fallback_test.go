@@ -276,12 +276,7 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 			if last.Reserved {
 				reservedLast++
 			}
-			if blocks && leaseEntryField(f.l, "k", func(e *leaseEntry) int64 {
-				if e.block {
-					return e.left
-				}
-				return 0
-			}) > 0 {
+			if blocks && blockLeft(f.l, "k") > 0 {
 				blockLast++
 			}
 			// What each window's last shared answer leaves this replica:

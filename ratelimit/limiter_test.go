@@ -608,12 +608,7 @@ func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 			held += left
 			if left > 0 {
 				ends[i] = time.Unix(0, leaseEntryField(l, "k", func(e *leaseEntry) int64 { return e.deadline.UnixNano() }))
-				heldBlocks += leaseEntryField(l, "k", func(e *leaseEntry) int64 {
-					if e.block {
-						return e.left
-					}
-					return 0
-				})
+				heldBlocks += blockLeft(l, "k")
 			}
 		}
 		if heldBlocks > 0 {

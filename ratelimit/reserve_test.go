@@ -19,6 +19,16 @@ import (
 	"github.com/animal-store/petstore/internal/testenv"
 )
 
+// blockLeft returns what is left of key's block on l, 0 without one.
+func blockLeft(l *Limiter, key string) int64 {
+	return leaseEntryField(l, key, func(e *leaseEntry) int64 {
+		if e.block {
+			return e.left
+		}
+		return 0
+	})
+}
+
 // reservedLeft returns the admissions left in key's reservation, or in
 // its block.
 func reservedLeft(l *Limiter, key string) int64 {
