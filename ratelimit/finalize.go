@@ -109,16 +109,14 @@ type heldMarks struct {
 	mark, mark2, dataset string
 }
 
-// hold records what a heartbeat found (observeFinal, observeBlocks).
-func (r *replicas) hold(mark, older, mark2, older2 int64, dataset string) {
-	h := &heldMarks{dataset: dataset}
+// inForce returns a mark as read (text, mark) while it is in force: set,
+// and no live replica of a release before its level (older; as
+// observeFinal and observeBlocks hold it), else "".
+func inForce(text string, mark, older int64) string {
 	if mark > 0 && older == 0 {
-		h.mark = strconv.FormatInt(mark, 10)
+		return text
 	}
-	if mark2 > 0 && older2 == 0 {
-		h.mark2 = strconv.FormatInt(mark2, 10)
-	}
-	r.held.Store(h)
+	return ""
 }
 
 // blockView is a replica's view of the blocks mark: whether blocks are in

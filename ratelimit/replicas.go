@@ -162,7 +162,7 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	}
 	r.observeFinal(mark, older, now, at)
 	r.observeBlocks(mark2, older2, at)
-	r.hold(mark, older, mark2, older2, dataset)
+	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2), dataset: dataset})
 	if time.Since(r.started) < heartbeatTTL {
 		n = max(n, r.initial)
 	}

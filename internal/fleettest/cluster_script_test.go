@@ -1,6 +1,7 @@
 package fleettest
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -85,11 +86,10 @@ func TestClusterScript(t *testing.T) {
 	tiny := strings.Split(lines[1], ",")[1]
 	var codes []int
 	for range 8 {
-		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/v1/pets", port), nil)
+		req, err := newGet(context.Background(), fmt.Sprintf("http://127.0.0.1:%d", port), tiny)
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("Authorization", "Bearer "+tiny)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
