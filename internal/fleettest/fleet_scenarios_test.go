@@ -62,11 +62,12 @@ func checkExactness(t *testing.T, redisTimeout time.Duration, finalized bool) {
 		limit  int
 		period time.Duration
 	}
-	cases := []struct {
+	type exactCase struct {
 		plan    string
 		rate    float64
 		windows []window
-	}{
+	}
+	cases := []exactCase{
 		{"five", 30, []window{{5, 3 * time.Second}}},
 		// Leases: a replica leases k admissions when it expects k requests
 		// for the key before the current bucket (W/200) ends, judged from
@@ -79,11 +80,7 @@ func checkExactness(t *testing.T, redisTimeout time.Duration, finalized bool) {
 		{"two", 30, []window{{4, time.Second}, {10, 5 * time.Second}}},
 	}
 	if finalized {
-		cases = append(cases, struct {
-			plan    string
-			rate    float64
-			windows []window
-		}{"roomy", 70, []window{{600, 10 * time.Second}}})
+		cases = append(cases, exactCase{"roomy", 70, []window{{600, 10 * time.Second}}})
 	}
 	roomy := f.leasedAdmissions(t, "roomy")
 	const run = 12 * time.Second

@@ -183,10 +183,10 @@ func TestRedisFaultsWithBlocksKeepWindows(t *testing.T) {
 	f := newFleet(t, fleetOptions{plans: plans, keys: keys, redisTimeout: 50 * time.Millisecond})
 	f.finalize(t)
 	type run struct {
-		fault       fault
-		load        *load
-		end         time.Time // a window and a second after Redis answered
-		local, held float64   // admissions alone over the key's run; spent from blocks while Redis was out
+		fault fault
+		load  *load
+		end   time.Time // a window and a second after Redis answered
+		held  float64   // spent from blocks while Redis was out
 	}
 	runs := make([]*run, len(faults))
 	var spentOut float64
@@ -212,16 +212,16 @@ func TestRedisFaultsWithBlocksKeepWindows(t *testing.T) {
 		plan := fmt.Sprint("roomy", i)
 		time.Sleep(time.Until(r.end))
 		rs := r.load.stop()
-		r.local = f.localAdmissions(t, plan)
+		local := f.localAdmissions(t, plan) // admitted alone over the key's run
 		adm := judgeLoad(t, plan, rs, time.Since(r.load.start))
-		alone := min(int(r.local), share*len(f.replicas))
+		alone := min(int(local), share*len(f.replicas))
 		bound := limit + alone
 		if r.fault.crash {
 			bound += limit
 		}
 		n, at := windowCount(adm, period)
 		t.Logf("Redis %s: %v spent from blocks from the fault until every replica shared again; at most %d admissions certainly within one %s window (limit %d; %v admitted by replicas alone; bound %d), from %s",
-			r.fault.name, r.held, n, period, limit, r.local, bound, at.Format("15:04:05.000"))
+			r.fault.name, r.held, n, period, limit, local, bound, at.Format("15:04:05.000"))
 		if n > bound {
 			t.Errorf("Redis %s: %d requests within one %s window, more than the bound %d", r.fault.name, n, period, bound)
 		}
