@@ -42,16 +42,21 @@ func TestFinalizeJobWaitsForTheRollout(t *testing.T) {
 		return ""
 	}
 
-	// The older pod heartbeats every 500 ms until it is stopped.
+	// The older pod heartbeats every 500 ms until it is stopped; its first
+	// heartbeat is written before the Job starts, so the Job cannot run
+	// ahead of it.
+	beat := func() error {
+		_, err := redisDo(addr, "ZADD", "petstore:rl:{replicas}", strconv.FormatInt(time.Now().UnixMilli(), 10), "old-pod")
+		return err
+	}
+	if err := beat(); err != nil {
+		t.Fatal(err)
+	}
 	stopOld := make(chan struct{})
 	oldGone := make(chan struct{})
 	go func() {
 		defer close(oldGone)
 		for {
-			if _, err := redisDo(addr, "ZADD", "petstore:rl:{replicas}", strconv.FormatInt(time.Now().UnixMilli(), 10), "old-pod"); err != nil {
-				t.Error(err)
-				return
-			}
 			select {
 			case <-stopOld:
 				if _, err := redisDo(addr, "ZREM", "petstore:rl:{replicas}", "old-pod"); err != nil {
@@ -59,6 +64,10 @@ func TestFinalizeJobWaitsForTheRollout(t *testing.T) {
 				}
 				return
 			case <-time.After(500 * time.Millisecond):
+			}
+			if err := beat(); err != nil {
+				t.Error(err)
+				return
 			}
 		}
 	}()
