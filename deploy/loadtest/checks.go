@@ -174,12 +174,18 @@ func retryAfter(h http.Header, status int, rl *rateLimit) error {
 // remainingTracker checks that X-RateLimit-Remaining never rises for a key
 // that only sends requests, within the shortest window of its plan from
 // its first request (after which older requests slide out and Remaining
-// rightly rises). Responses whose requests overlapped in time may be
-// decided in either order, so a response is compared only with responses
-// received before its request was sent.
+// rightly rises), by more than slack. Responses whose requests overlapped
+// in time may be decided in either order, so a response is compared only
+// with responses received before its request was sent. It also keeps how
+// many comparisons rose at all and the largest rise, which the summary
+// prints whatever the slack.
 type remainingTracker struct {
-	mu   sync.Mutex
-	keys map[string]*keyHistory
+	mu       sync.Mutex
+	slack    int64
+	keys     map[string]*keyHistory
+	compared int
+	rose     int
+	maxRise  int64
 }
 
 type keyHistory struct {
@@ -189,12 +195,13 @@ type keyHistory struct {
 	min       []int64     // min[i]: the least of remaining[:i+1]
 }
 
-func newRemainingTracker() *remainingTracker {
-	return &remainingTracker{keys: map[string]*keyHistory{}}
+func newRemainingTracker(slack int64) *remainingTracker {
+	return &remainingTracker{slack: slack, keys: map[string]*keyHistory{}}
 }
 
 // observe records one response of key and reports whether it broke the
-// rule, with the Remaining it should not have exceeded. Responses may be
+// rule, with the least Remaining answered before it (-1: none to compare
+// with), which it may exceed by the slack alone. Responses may be
 // observed slightly out of receive order (goroutines race to report); one
 // observed after a later request was checked is then missing from that
 // check, which can hide a rise but never invent one.
@@ -215,7 +222,13 @@ func (t *remainingTracker) observe(key string, send, recv time.Time, rl rateLimi
 		i := sort.Search(len(h.recv), func(i int) bool { return !h.recv[i].Before(send) })
 		if i > 0 {
 			bound = h.min[i-1]
-			ok = rl.remaining <= bound
+			rise := rl.remaining - bound
+			ok = rise <= t.slack
+			t.compared++
+			if rise > 0 {
+				t.rose++
+				t.maxRise = max(t.maxRise, rise)
+			}
 		}
 	}
 	at := sort.Search(len(h.recv), func(i int) bool { return h.recv[i].After(recv) })
@@ -229,4 +242,12 @@ func (t *remainingTracker) observe(key string, send, recv time.Time, rl rateLimi
 		}
 	}
 	return ok, bound
+}
+
+// rises returns how many answers were compared with earlier ones, how
+// many of them rose, and the largest rise.
+func (t *remainingTracker) rises() (compared, rose int, most int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.compared, t.rose, t.maxRise
 }

@@ -87,7 +87,7 @@ func TestRemainingTracker(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
 	rl := func(rem int64) rateLimit { return rateLimit{limit: 100, remaining: rem, window: time.Second} }
-	tr := newRemainingTracker()
+	tr := newRemainingTracker(0)
 	steps := []struct {
 		send, recv int
 		remaining  int64
@@ -109,7 +109,7 @@ func TestRemainingTracker(t *testing.T) {
 	}
 	// Observed out of receive order: the late report still bounds
 	// requests sent after it was received.
-	tr = newRemainingTracker()
+	tr = newRemainingTracker(0)
 	tr.observe("k", ms(0), ms(20), rl(50))
 	tr.observe("k", ms(0), ms(10), rl(40))
 	if ok, bound := tr.observe("k", ms(30), ms(40), rl(45)); ok || bound != 40 {
@@ -117,6 +117,73 @@ func TestRemainingTracker(t *testing.T) {
 	}
 	if ok, _ := tr.observe("other", ms(30), ms(40), rl(99)); !ok {
 		t.Error("keys are tracked apart")
+	}
+	if compared, rose, most := tr.rises(); compared != 1 || rose != 1 || most != 5 {
+		t.Errorf("rises: %d of %d compared, most %d; want 1 of 1, 5", rose, compared, most)
+	}
+
+	// With a slack, a rise up to it passes, one beyond it fails.
+	tr = newRemainingTracker(3)
+	tr.observe("k", ms(0), ms(10), rl(90))
+	for i, s := range []struct {
+		remaining int64
+		ok        bool
+	}{{93, true}, {94, false}, {80, true}, {83, true}, {84, false}} {
+		// Each sent after the answers before it were received: compared
+		// with the least of them.
+		if ok, _ := tr.observe("k", ms(20+20*i), ms(30+20*i), rl(s.remaining)); ok != s.ok {
+			t.Errorf("slack 3, Remaining %d: ok %v, want %v", s.remaining, ok, s.ok)
+		}
+	}
+}
+
+func TestArrival(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		n    int
+		rate float64
+		ramp time.Duration
+		want time.Duration
+	}{
+		{1, 100, 0, 10 * time.Millisecond},
+		{250, 100, 0, 2500 * time.Millisecond},
+		// Rising to 100/s over 2 s: 100 arrivals in the ramp, the 25th
+		// at 1 s; then 100 a second.
+		{25, 100, 2 * time.Second, time.Second},
+		{100, 100, 2 * time.Second, 2 * time.Second},
+		{101, 100, 2 * time.Second, 2010 * time.Millisecond},
+		{200, 100, 2 * time.Second, 3 * time.Second},
+	} {
+		if got := arrival(c.n, c.rate, c.ramp); (got - c.want).Abs() > time.Microsecond {
+			t.Errorf("arrival(%d, %v, %s) = %s, want %s", c.n, c.rate, c.ramp, got, c.want)
+		}
+	}
+	// Never earlier than the arrival before it.
+	for n := 1; n < 1000; n++ {
+		if arrival(n+1, 300, 3*time.Second) < arrival(n, 300, 3*time.Second) {
+			t.Fatalf("arrival %d before arrival %d", n+1, n)
+		}
+	}
+}
+
+func TestRiseAllowed(t *testing.T) {
+	t.Parallel()
+	c := config{rate: 1000, burst: 1000}
+	if n := riseAllowed(c, 20); n != 0 {
+		t.Errorf("no -remaining-held: %d allowed, want 0", n)
+	}
+	c.held = 384
+	if n := riseAllowed(c, 20); n != 768 {
+		t.Errorf("held 384: %d allowed, want 768 (its under-report and its give-backs)", n)
+	}
+	// 1,000/s over 20 keys for 10 s, and a burst of 1,000 over 20 keys.
+	c.leaseLife = 10 * time.Second
+	if n := riseAllowed(c, 20); n != 768+500+50 {
+		t.Errorf("held 384, life 10s: %d allowed, want 1318", n)
+	}
+	c.rate, c.burst = 7, 3
+	if n := riseAllowed(c, 20); n != 768+4+1 {
+		t.Errorf("rounded up: %d allowed, want 773", n)
 	}
 }
 
@@ -153,6 +220,8 @@ func TestFlags(t *testing.T) {
 		{"-url", "http://x"},
 		{"-url", "http://x", "-keys", "k.csv", "-rate", "0"},
 		{"-url", "http://x", "-keys", "k.csv", "-check-rate", "2"},
+		{"-url", "http://x", "-keys", "k.csv", "-ramp", "30s"},
+		{"-url", "http://x", "-keys", "k.csv", "-remaining-held", "-1"},
 		{"-url", "http://x", "-keys", "k.csv", "extra"},
 	} {
 		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
@@ -211,7 +280,8 @@ func fakeService(limit int, rising, draft bool) http.Handler {
 
 // TestRunAgainstFakes runs the kit end to end: a service that keeps its
 // promises passes, one whose Remaining rises (with the draft's fields or
-// the specification's three alone), that refuses steady load, that is
+// the specification's three alone; by 4 at most, which a slack of 6
+// passes and one of 2 does not), that refuses steady load, that is
 // slower than the thresholds or whose GET /v1/rate_limit fails fails the
 // run. The latency thresholds are wide where latency is not the point:
 // the fakes share the machine with everything else.
@@ -232,6 +302,27 @@ func TestRunAgainstFakes(t *testing.T) {
 		}
 		fakeService(100000, false, false).ServeHTTP(w, r)
 	})
+	// GET /v1/rate_limit answers 503 (Retry-After 0) to each key's
+	// first ask, as a deployment just started may; or to every ask.
+	unavailable := func(times int) http.Handler {
+		var mu sync.Mutex
+		asked := map[string]int{}
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/rate_limit" {
+				mu.Lock()
+				asked[r.Header.Get("Authorization")]++
+				n := asked[r.Header.Get("Authorization")]
+				mu.Unlock()
+				if n <= times {
+					w.Header().Set("Retry-After", "0")
+					w.WriteHeader(http.StatusServiceUnavailable)
+					fmt.Fprint(w, `{"code":"unavailable","message":"service temporarily unavailable; retry shortly","status":503}`)
+					return
+				}
+			}
+			fakeService(100000, false, false).ServeHTTP(w, r)
+		})
+	}
 	wide := []string{"-p95", "10s", "-p99", "10s", "-burst-p99", "10s"}
 	tests := []struct {
 		name    string
@@ -244,9 +335,14 @@ func TestRunAgainstFakes(t *testing.T) {
 		{"keeps its promises, three fields", fakeService(100000, false, false), wide, false, "ok   Remaining never rises"},
 		{"Remaining rises", fakeService(100000, true, true), wide, true, "FAIL Remaining never rises"},
 		{"Remaining rises, three fields", fakeService(100000, true, false), wide, true, "FAIL Remaining never rises"},
+		{"Remaining rises within the slack", fakeService(100000, true, false), append([]string{"-remaining-held", "3"}, wide...), false, "(allowed: 6)"},
+		{"Remaining rises beyond the slack", fakeService(100000, true, false), append([]string{"-remaining-held", "1"}, wide...), true, "FAIL Remaining never rises"},
 		{"refuses steady load", fakeService(50, false, true), wide, true, "FAIL status is what the scenario expects"},
 		{"slower than the thresholds", slow, []string{"-p95", "20ms", "-p99", "10s", "-burst-p99", "10s"}, true, "FAIL steady latency p95"},
 		{"no GET /v1/rate_limit", noQuota, wide, true, ""},
+		{"GET /v1/rate_limit unavailable at first", unavailable(1), wide, false, "all thresholds passed"},
+		{"ramped up", fakeService(100000, false, true), append([]string{"-ramp", "500ms"}, wide...), false, "ramped up over 500ms"},
+		{"GET /v1/rate_limit unavailable", unavailable(quotaTries), wide, true, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

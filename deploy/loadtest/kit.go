@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -72,7 +74,7 @@ func newKit(cfg config, log io.Writer) *kit {
 			},
 		},
 		checks:    newChecks(),
-		remaining: newRemainingTracker(),
+		remaining: newRemainingTracker(cfg.riseAllowed),
 		log:       log,
 		latency:   map[string][]time.Duration{},
 		statuses:  map[string]map[int]int{},
@@ -145,7 +147,8 @@ func (k *kit) get(ctx context.Context, scenario string, key key) response {
 		return r
 	}
 	ok, bound := k.remaining.observe(key.id, r.send, r.recv, r.rl)
-	k.checks.record(checkRemaining, ok, fmt.Sprintf("%s: %s answered Remaining %d after an earlier answer said %d", scenario, key.id, r.rl.remaining, bound))
+	k.checks.record(checkRemaining, ok, fmt.Sprintf("%s: %s answered Remaining %d after an earlier answer said %d (a rise of %d, %d allowed)",
+		scenario, key.id, r.rl.remaining, bound, r.rl.remaining-bound, k.cfg.riseAllowed))
 	return r
 }
 
@@ -183,22 +186,48 @@ func (k *kit) learnWindows(ctx context.Context, keys []key) error {
 	return first
 }
 
+// quotaTries is how many times the kit asks GET /v1/rate_limit for a key
+// that answers 503 or 429, waiting its Retry-After (at most 5 s) between:
+// a deployment that has just started may answer a first request with
+// 503 (petstore does when its Redis read times out), which says to retry.
+const quotaTries = 4
+
 // shortestWindow returns the shortest window GET /v1/rate_limit lists
 // for key.
 func (k *kit) shortestWindow(ctx context.Context, key key) (time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.cfg.url+"/v1/rate_limit", nil)
-	if err != nil {
-		return 0, err
+	var (
+		status int
+		body   []byte
+	)
+	for try := 1; ; try++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.cfg.url+"/v1/rate_limit", nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Authorization", "Bearer "+key.secret)
+		resp, err := k.client.Do(req)
+		if err != nil {
+			return 0, fmt.Errorf("GET /v1/rate_limit for %s: %w", key.id, err)
+		}
+		body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+		status = resp.StatusCode
+		if status != http.StatusServiceUnavailable && status != http.StatusTooManyRequests || try == quotaTries {
+			break
+		}
+		wait := time.Second
+		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && ra >= 0 {
+			wait = min(time.Duration(ra)*time.Second, 5*time.Second)
+		}
+		fmt.Fprintf(k.log, "GET /v1/rate_limit for %s: %d, asking again in %s\n", key.id, status, wait)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(wait):
+		}
 	}
-	req.Header.Set("Authorization", "Bearer "+key.secret)
-	resp, err := k.client.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("GET /v1/rate_limit for %s: %w", key.id, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET /v1/rate_limit for %s: %d %.200s", key.id, resp.StatusCode, body)
+	if status != http.StatusOK {
+		return 0, fmt.Errorf("GET /v1/rate_limit for %s: %d %.200s", key.id, status, body)
 	}
 	var q struct {
 		Windows []struct {
@@ -258,11 +287,9 @@ func (k *kit) steady(ctx context.Context, keys []key) {
 			}
 		})
 	}
-	interval := time.Duration(float64(time.Second) / k.cfg.rate)
-	next := time.Now()
+	start := time.Now()
 	for i := 0; ; i++ {
-		next = next.Add(interval)
-		if d := time.Until(next); d > 0 {
+		if d := time.Until(start.Add(arrival(i+1, k.cfg.rate, k.cfg.ramp))); d > 0 {
 			select {
 			case <-ctx.Done():
 			case <-time.After(d):
@@ -281,6 +308,21 @@ func (k *kit) steady(ctx context.Context, keys []key) {
 	}
 	close(jobs)
 	wg.Wait()
+}
+
+// arrival returns when the steady scenario's n-th arrival is due, from
+// its start: the rate rises linearly from 0 over ramp (the n-th arrival
+// at √(2·ramp·n/rate) while n ≤ rate·ramp/2), then holds (ramp/2 +
+// n/rate after).
+func arrival(n int, rate float64, ramp time.Duration) time.Duration {
+	r := ramp.Seconds()
+	var at float64
+	if x := float64(n); x <= rate*r/2 {
+		at = math.Sqrt(2 * r * x / rate)
+	} else {
+		at = r/2 + x/rate
+	}
+	return time.Duration(at * float64(time.Second))
 }
 
 // burst sends cfg.burst requests at once, spread over keys: all 2xx.
@@ -403,7 +445,11 @@ func (rep report) print(w io.Writer, cfg config) int {
 		sorted[sc] = lat
 		extra := ""
 		if sc == "steady" {
-			extra = fmt.Sprintf(", %.0f requests/s (target %.0f)", float64(len(lat))/cfg.duration.Seconds(), cfg.rate)
+			// Over the plateau the ramp's arrivals would have taken.
+			extra = fmt.Sprintf(", %.0f requests/s (target %.0f)", float64(len(lat))/(cfg.duration-cfg.ramp/2).Seconds(), cfg.rate)
+			if cfg.ramp > 0 {
+				extra += fmt.Sprintf(", ramped up over %s", cfg.ramp)
+			}
 		}
 		fmt.Fprintf(w, "  %-12s %7d requests%s, statuses %v\n", sc, len(lat), extra, k.statuses[sc])
 		fmt.Fprintf(w, "  %-12s latency p50 %s  p90 %s  p95 %s  p99 %s  max %s\n", "", pct(lat, 50), pct(lat, 90), pct(lat, 95), pct(lat, 99), lat[len(lat)-1].Round(10*time.Microsecond))
@@ -424,6 +470,10 @@ func (rep report) print(w io.Writer, cfg config) int {
 			failed++
 		}
 		fmt.Fprintf(w, "  %s %-66s %6.2f%% (%d/%d, threshold %.1f%%)\n", mark, name, 100*rate, pass, pass+fail, 100*want)
+		if name == checkRemaining {
+			compared, rose, most := k.remaining.rises()
+			fmt.Fprintf(w, "         %d of %d comparisons rose, by at most %d (allowed: %d)\n", rose, compared, most, cfg.riseAllowed)
+		}
 		for _, s := range k.checks.sample[name] {
 			fmt.Fprintf(w, "         e.g. %s\n", s)
 		}

@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -47,6 +48,7 @@ type config struct {
 	tinyFile   string
 	rate       float64
 	duration   time.Duration
+	ramp       time.Duration
 	workers    int
 	burst      int
 	tinyLimit  int
@@ -57,6 +59,14 @@ type config struct {
 	burstP99   time.Duration
 	checkRate  float64
 	short      bool
+	// The Remaining check's slack: held, the most a fleet's replicas can
+	// hold unspent for one key; leaseLife, a lease's longest life, which
+	// adds what the run sends one key in that time (riseAllowed).
+	held      int64
+	leaseLife time.Duration
+	// riseAllowed is the rise the Remaining check allows, set by run
+	// once the keys are read.
+	riseAllowed int64
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -68,6 +78,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.tinyFile, "tiny-keys", "", "CSV of at least two keys on a small plan with bans, for retry-after and abusive (optional)")
 	fs.Float64Var(&c.rate, "rate", 1000, "steady arrival rate, requests/s")
 	fs.DurationVar(&c.duration, "duration", 30*time.Second, "steady duration")
+	fs.DurationVar(&c.ramp, "ramp", 0, "steady: the arrival rate rises linearly from 0 to -rate over this much of -duration, "+
+		"so a deployment just started warms its connections and caches as traffic grows (every answer is still checked)")
 	fs.IntVar(&c.workers, "workers", 256, "most requests in flight; an arrival finding none free is counted as dropped")
 	fs.IntVar(&c.burst, "burst", 1000, "requests sent at once after the steady load")
 	fs.IntVar(&c.tinyLimit, "tiny-limit", 5, "the tiny plan's limit")
@@ -78,6 +90,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.p99, "p99", 200*time.Millisecond, "threshold: 99th percentile latency of steady requests")
 	fs.DurationVar(&c.burstP99, "burst-p99", 500*time.Millisecond, "threshold: 99th percentile latency of burst requests (all sent at once, so they queue)")
 	fs.Float64Var(&c.checkRate, "check-rate", 0.999, "threshold: least fraction of each load check that passes (scenario checks must all pass)")
+	fs.Int64Var(&c.held, "remaining-held", 0, "the Remaining check's slack for a fleet with leases: the most its replicas can hold unspent for one key "+
+		"(petstore: replicas x 2 x --ratelimit-max-lease); 0 checks that Remaining never rises")
+	fs.DurationVar(&c.leaseLife, "remaining-lease-life", 0, "with -remaining-held: a lease's longest life (petstore: 10s); the check also allows "+
+		"what this run sends one key in that time, which a leased answer may not count yet")
 	fs.BoolVar(&c.short, "short", false, "a short run for CI: 300/s for 5s, a burst of 200, one retry")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -95,10 +111,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("-keys is required")
 	case c.rate <= 0 || c.duration <= 0 || c.workers < 1 || c.burst < 0:
 		return c, errors.New("-rate, -duration and -workers must be positive, -burst not negative")
+	case c.ramp < 0 || c.ramp >= c.duration:
+		return c, errors.New("-ramp must be shorter than -duration, and not negative")
 	case c.tinyLimit < 1 || c.tinyPeriod <= 0 || c.tinyBan < 0 || c.retries < 1:
 		return c, errors.New("-tiny-limit, -tiny-period and -retries must be positive, -tiny-ban not negative")
 	case c.checkRate < 0 || c.checkRate > 1:
 		return c, errors.New("-check-rate is a fraction between 0 and 1")
+	case c.held < 0 || c.leaseLife < 0:
+		return c, errors.New("-remaining-held and -remaining-lease-life must not be negative")
 	}
 	return c, nil
 }
@@ -121,6 +141,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%s: the retry-after and abusive scenarios need two keys, found %d", cfg.tinyFile, len(tiny))
 		}
 	}
+	cfg.riseAllowed = riseAllowed(cfg, len(keys))
 	k := newKit(cfg, stderr)
 	if err := k.learnWindows(ctx, append(slices.Clone(keys), tiny...)); err != nil {
 		return err
@@ -134,4 +155,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%d threshold(s) failed", failed)
 	}
 	return nil
+}
+
+// riseAllowed is how far one key's Remaining may rise above an earlier
+// answer, for keys keys. A leased answer (petstore's README, Rate
+// limiting) counts down from what Redis said when its lease was granted:
+// it under-reports by what the other replicas hold unspent, and
+// over-reports by what was admitted meanwhile other than through the
+// lease, within the lease's life. Between two answers Remaining can then
+// rise by the first's under-report, plus what was given back between
+// them (both at most what is held), plus the second's over-report (at
+// most the key's requests over a lease's life: its share of the steady
+// rate and of the burst). Without -remaining-held, none.
+func riseAllowed(c config, keys int) int64 {
+	if c.held == 0 {
+		return 0
+	}
+	n := 2 * c.held
+	if c.leaseLife > 0 && keys > 0 {
+		n += int64(math.Ceil(c.rate*c.leaseLife.Seconds()/float64(keys))) + int64((c.burst+keys-1)/keys)
+	}
+	return n
 }
