@@ -6,7 +6,8 @@
 //
 // Scenarios, run together:
 //
-//	steady       constant arrival rate over many keys within their limits
+//	steady       constant arrival rate over many keys within their limits,
+//	             optionally ramped up from 0 (-ramp)
 //	retry-after  a client that exceeds its limit and honours Retry-After:
 //	             admitted on its first retry, never banned
 //	abusive      a key that ignores 429s: banned, and key_banned's
@@ -16,6 +17,9 @@
 // Keys come from CSV files as `petstore keys create --count N --format
 // csv` prints them (id,key,plan,label). Reset them first (`petstore limits
 // reset --plan P`): the checks assume no earlier traffic in the window.
+// Against replicas that lease admissions, -remaining-held and
+// -remaining-lease-life allow the rise of Remaining that leasing bounds
+// (riseAllowed).
 package main
 
 import (
