@@ -50,6 +50,7 @@ type kit struct {
 	checks    *checks
 	remaining *remainingTracker
 	log       io.Writer
+	logMu     sync.Mutex
 	// windows is each key's shortest window, by key id, as GET
 	// /v1/rate_limit named it (learnWindows).
 	windows map[string]time.Duration
@@ -186,6 +187,13 @@ func (k *kit) learnWindows(ctx context.Context, keys []key) error {
 	return first
 }
 
+// logf writes a line of progress; the scenarios run concurrently.
+func (k *kit) logf(format string, args ...any) {
+	k.logMu.Lock()
+	defer k.logMu.Unlock()
+	fmt.Fprintf(k.log, format+"\n", args...)
+}
+
 // quotaTries is how many times the kit asks GET /v1/rate_limit for a key
 // that answers 503 or 429, waiting its Retry-After (at most 5 s) between:
 // a deployment that has just started may answer a first request with
@@ -219,7 +227,7 @@ func (k *kit) shortestWindow(ctx context.Context, key key) (time.Duration, error
 		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && ra >= 0 {
 			wait = min(time.Duration(ra)*time.Second, 5*time.Second)
 		}
-		fmt.Fprintf(k.log, "GET /v1/rate_limit for %s: %d, asking again in %s\n", key.id, status, wait)
+		k.logf("GET /v1/rate_limit for %s: %d, asking again in %s", key.id, status, wait)
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
@@ -366,7 +374,7 @@ func (k *kit) retryAfter(ctx context.Context, key key) {
 			}
 		}
 		k.checks.record(checkStatus, refused.code == "rate_limited", fmt.Sprintf("retry-after: refused with %s, want rate_limited", refused.code))
-		fmt.Fprintf(k.log, "retry-after: refused (%s), waiting Retry-After %s\n", refused.code, refused.rl.retryAfter)
+		k.logf("retry-after: refused (%s), waiting Retry-After %s", refused.code, refused.rl.retryAfter)
 		select {
 		case <-ctx.Done():
 			return
@@ -404,7 +412,7 @@ func (k *kit) abusive(ctx context.Context, key key) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	k.checks.record(checkBanned, true, "")
-	fmt.Fprintf(k.log, "abusive: banned, Retry-After %s\n", first.rl.retryAfter)
+	k.logf("abusive: banned, Retry-After %s", first.rl.retryAfter)
 	if k.cfg.tinyBan > 0 {
 		// Retry-After is whole seconds, rounded up from the rest of the ban.
 		ra := first.rl.retryAfter
