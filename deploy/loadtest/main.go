@@ -68,9 +68,6 @@ type config struct {
 	// adds what the run sends one key in that time (riseAllowed).
 	held      int64
 	leaseLife time.Duration
-	// riseAllowed is the rise the Remaining check allows, set by run
-	// once the keys are read.
-	riseAllowed int64
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -145,8 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%s: the retry-after and abusive scenarios need two keys, found %d", cfg.tinyFile, len(tiny))
 		}
 	}
-	cfg.riseAllowed = riseAllowed(cfg, len(keys))
-	k := newKit(cfg, stderr)
+	k := newKit(cfg, len(keys), stderr)
 	if err := k.learnWindows(ctx, append(slices.Clone(keys), tiny...)); err != nil {
 		return err
 	}
