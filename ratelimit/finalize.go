@@ -11,12 +11,19 @@ import (
 )
 
 // Finalizing. Some ways of writing the records are safe only once no
-// replica of an older release writes them: the operator says so, once a
-// rollout is done, with 'petstore limits finalize' (Limiter.Finalize),
-// which sets a mark in Redis, PREFIX{replicas}:finalized, to the server's
-// time. Rolling back past this release is not supported after it unless
-// the mark is removed first (Limiter.Unfinalize) and heartbeatTTL has
-// passed. What it enables now:
+// replica of an older release writes them. The fleet finalizes by itself:
+// once a replica's heartbeats have counted no live replica of an older
+// release, and no operator's hold, for Options.FinalizeAfter (default a
+// minute, by Redis time), it sets a mark in Redis,
+// PREFIX{replicas}:finalized, to the server's time (the same script as
+// 'petstore limits finalize', Limiter.Finalize, which does it at once).
+// Rolling back past this release is not supported after it unless the
+// mark is removed first (Limiter.Unfinalize, which also holds finalizing
+// back) and heartbeatTTL has passed. An operator who wants to keep that
+// rollback open through a staged upgrade holds finalizing back before
+// the rollout (Limiter.Hold: PREFIX{replicas}:hold, in the spirit of
+// CockroachDB's cluster.preserve_downgrade_option); an explicit Finalize
+// lifts the hold. What finalizing enables now:
 //
 //   - A window record's expiry is set per epoch of a quarter of its
 //     period (expiry, script.go): when the head moves into a new epoch,
@@ -103,10 +110,48 @@ const (
 // force once it counts the older replicas.)
 const datasetSuffix = "{replicas}:dataset"
 
+// holdSuffix names the operator's hold on finalizing: while it is set, no
+// replica finalizes by itself. A heartbeat that finds the dataset lost
+// sets it again, as it does the marks: a hold is the operator's word too.
+const holdSuffix = "{replicas}:hold"
+
 // heldMarks is what a replica's last heartbeat found: the marks in force
-// (as read, empty where not in force) and the dataset's token.
+// (as read, empty where not in force), the dataset's token and the hold.
 type heldMarks struct {
-	mark, mark2, dataset string
+	mark, mark2, dataset, hold string
+}
+
+// finalizeDue reports whether this replica finalizes by itself after a
+// heartbeat at Redis time now (µs) that counted older live replicas of
+// an older release, and found a hold (held) and both marks (marked) or
+// not: every heartbeat since one at least finalizeAfter ago counted no
+// older replica and no hold, and a mark is missing.
+func (r *replicas) finalizeDue(older int64, held, marked bool, now int64) bool {
+	if older > 0 || held || r.finalizeAfter <= 0 {
+		r.allClear.Store(0)
+		return false
+	}
+	since := r.allClear.Load()
+	if since == 0 {
+		r.allClear.Store(now)
+		return false
+	}
+	return !marked && now-since >= r.finalizeAfter.Microseconds()
+}
+
+// finalizeNow finalizes on this replica's own judgment (finalizeDue). The
+// script checks the census and the hold again, atomically, so a replica
+// of an older release or a hold that appeared since the heartbeat still
+// stops it. The next heartbeat reads the marks.
+func (r *replicas) finalizeNow(ctx context.Context) {
+	res, err := runFinalize(ctx, r, true)
+	if err != nil || res[0] == 0 || res[2] == 1 {
+		return
+	}
+	if r.log != nil {
+		r.log.Info("ratelimit: finalized the records: no replica of an older release and no hold for the finalize period",
+			"finalize_after", r.finalizeAfter)
+	}
 }
 
 // inForce returns a mark as read (text, mark) while it is in force: set,
@@ -255,6 +300,7 @@ func boolGauge(b bool) float64 {
 func (r *replicas) forget() {
 	r.fin.Store(nil)
 	r.clear.Store(0)
+	r.allClear.Store(0)
 	r.met.finalized.Set(0)
 	// Blocks granted while the view held may still be spent elsewhere:
 	// coarse records are read until readUntil.
@@ -268,8 +314,11 @@ func (r *replicas) forget() {
 // last level (in the census KEYS[1] and not in KEYS[2], members silent
 // for ARGV[1] ms dropped) and, when there are none, sets the marks
 // KEYS[3] (records) and KEYS[4] (blocks) to the server's time in µs where
-// they are not set. It returns the records mark (0 when refused), the
-// count, whether both marks were set already, and the blocks mark.
+// they are not set. ARGV[2] is "auto" for a replica finalizing by itself,
+// refused while the hold KEYS[5] is set; an operator's finalizing lifts
+// the hold. It returns the records mark (0 when refused), the count,
+// whether both marks were set already, the blocks mark, and whether a
+// hold refused it.
 var finalizeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -278,7 +327,12 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
 local older = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
-if older > 0 then return {0, older, 0, 0} end
+if older > 0 then return {0, older, 0, 0, 0} end
+if ARGV[2] == 'auto' then
+  if redis.call('EXISTS', KEYS[5]) == 1 then return {0, 0, 0, 0, 1} end
+else
+  redis.call('DEL', KEYS[5])
+end
 local us = t[1] .. string.format('%06d', tonumber(t[2]))
 local marks, already = {}, 1
 for i = 3, 4 do
@@ -289,8 +343,22 @@ for i = 3, 4 do
   end
   marks[i] = tonumber(was)
 end
-return {marks[3], 0, already, marks[4]}
+return {marks[3], 0, already, marks[4], 0}
 `)
+
+// runFinalize runs finalizeScript for r's census, marks and hold, auto
+// (a replica's own judgment) or an operator's.
+func runFinalize(ctx context.Context, r *replicas, auto bool) ([]int64, error) {
+	mode := "operator"
+	if auto {
+		mode = "auto"
+	}
+	res, err := finalizeScript.Run(ctx, r.rdb, []string{r.key, r.final2, r.mark, r.mark2, r.hold}, heartbeatTTL.Milliseconds(), mode).Int64Slice()
+	if err == nil && len(res) != 5 {
+		err = fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
+	}
+	return res, err
+}
 
 // OlderReplicasError is Finalize's refusal: replicas of a release before
 // this one are live.
@@ -301,7 +369,8 @@ func (e *OlderReplicasError) Error() string {
 }
 
 // Finalize marks this release's records as finalized and puts blocks in
-// force (see above; setting whichever mark is not set yet) and returns
+// force at once (see above; setting whichever mark is not set yet), lifts
+// any hold, and returns
 // the records mark's time, and whether both marks were set already (then
 // they are kept: a records mark moved later would only make replicas
 // refresh expiries on every head move again for an epoch, and the
@@ -316,13 +385,9 @@ func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	r := l.replicas
-	res, err := finalizeScript.Run(ctx, l.rdb, []string{r.key, r.final2, r.mark, r.mark2}, heartbeatTTL.Milliseconds()).Int64Slice()
+	res, err := runFinalize(ctx, l.replicas, false)
 	if err != nil {
 		return time.Time{}, false, err
-	}
-	if len(res) != 4 {
-		return time.Time{}, false, fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
 	}
 	if res[1] > 0 {
 		return time.Time{}, false, &OlderReplicasError{Count: res[1]}
@@ -330,7 +395,8 @@ func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err
 	return time.UnixMicro(res[0]), res[2] == 1, nil
 }
 
-// Unfinalize removes both marks: within Unfinalizing every replica
+// Unfinalize holds finalizing back (Hold) and removes both marks: within
+// Unfinalizing every replica
 // refreshes expiries on every head move again and has stopped reading
 // coarse records (and the blocks granted before have ended), and a
 // release before this one may then be rolled back to. It returns after
@@ -346,6 +412,7 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 	keys := []string{r.mark, r.mark2}
 	tctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	pipe := l.rdb.TxPipeline()
+	pipe.SetNX(tctx, r.hold, holdValue(), 0)
 	mark := pipe.Get(tctx, r.mark)
 	mark2 := pipe.Get(tctx, r.mark2)
 	del := pipe.Del(tctx, keys...)
@@ -364,6 +431,25 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 	return unmarkScript.Run(tctx, l.rdb, keys, mark.Val(), mark2.Val()).Err()
 }
 
+// Hold holds finalizing back (hold true): no replica finalizes by itself
+// until an operator finalizes (Finalize) or lifts the hold (hold false).
+// It changes nothing already finalized; Unfinalize holds and undoes.
+func (l *Limiter) Hold(ctx context.Context, hold bool) error {
+	if l.rdb == nil {
+		return errNoRedis
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
+	if hold {
+		return l.rdb.SetNX(ctx, l.replicas.hold, holdValue(), 0).Err()
+	}
+	return l.rdb.Del(ctx, l.replicas.hold).Err()
+}
+
+// holdValue is what a hold holds: when it was set (Unix µs, this
+// process's clock: the time is for people reading it).
+func holdValue() string { return strconv.FormatInt(time.Now().UnixMicro(), 10) }
+
 // unmarkScript removes KEYS[i] where it holds ARGV[i] (a mark set again
 // as it was, not a later finalizing's).
 var unmarkScript = redis.NewScript(`
@@ -381,9 +467,9 @@ const Unfinalizing = 2*heartbeatTTL + reserveLife
 
 // FinalizeStatus is what the census and the mark say now.
 type FinalizeStatus struct {
-	// Finalized is the records mark's time, Blocks the blocks mark's;
-	// zero when not set.
-	Finalized, Blocks time.Time
+	// Finalized is the records mark's time, Blocks the blocks mark's,
+	// Held when finalizing was held back; zero when not set.
+	Finalized, Blocks, Held time.Time
 	// Replicas counts the live replicas; Older those of a release before
 	// this one (which Finalize refuses beside).
 	Replicas, Older int64
@@ -408,6 +494,7 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	final := pipe.ZCount(ctx, r.final2, from, "+inf")
 	mark := pipe.Get(ctx, r.mark)
 	mark2 := pipe.Get(ctx, r.mark2)
+	hold := pipe.Get(ctx, r.hold)
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return st, err
 	}
@@ -418,6 +505,9 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	}
 	if us, err := strconv.ParseInt(mark2.Val(), 10, 64); err == nil && us > 0 {
 		st.Blocks = time.UnixMicro(us)
+	}
+	if us, err := strconv.ParseInt(hold.Val(), 10, 64); err == nil && us > 0 {
+		st.Held = time.UnixMicro(us)
 	}
 	return st, nil
 }

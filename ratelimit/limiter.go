@@ -107,6 +107,11 @@ type Options struct {
 	// of a key's long windows it reserves (reserve.go); 1 (or less)
 	// disables both: one round trip per request in every window.
 	MaxLease int
+	// FinalizeAfter is how long this replica's heartbeats must count no
+	// live replica of an older release, and no operator's hold, before it
+	// finalizes the records by itself (finalize.go; default 1m, by Redis
+	// time; negative: never, only 'petstore limits finalize').
+	FinalizeAfter time.Duration
 	// Admin marks a Limiter that administers limits rather than deciding
 	// requests (the limits commands: Usage, Reset, Unban, Finalize): it
 	// sends no heartbeats, so it never counts among the live replicas,
@@ -162,6 +167,9 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.FlushEvery, 64)
 	defd(&o.FlushInterval, 250*time.Millisecond)
 	defd(&o.BanRevalidate, 2*time.Second)
+	if o.FinalizeAfter == 0 {
+		o.FinalizeAfter = time.Minute
+	}
 	if o.MaxLease == 0 {
 		o.MaxLease = 64
 	}
@@ -241,7 +249,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	if opts.CacheSize > 0 {
 		l.cache = newRejectCache(opts.CacheSize, opts.FlushEvery, opts.FlushInterval, opts.BanRevalidate)
 	}
-	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, met, opts.Logger)
+	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, opts.FinalizeAfter, met, opts.Logger)
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)

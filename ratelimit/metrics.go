@@ -31,6 +31,7 @@ type metrics struct {
 	replicasLive    prometheus.Gauge
 	olderReplicas   prometheus.Gauge
 	finalizeMark    prometheus.Gauge
+	finalizeHold    prometheus.Gauge
 	finalized       prometheus.Gauge
 	blocksInForce   prometheus.Gauge
 	trackedKeys     prometheus.Gauge
@@ -125,6 +126,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "finalize_mark",
 			Help: "1 while the finalize mark is set in Redis ('petstore limits finalize'), as this replica's last heartbeat read it, in force or not.",
 		}),
+		finalizeHold: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "finalize_hold",
+			Help: "1 while an operator holds finalizing back ('petstore limits finalize --hold' or --undo), as this replica's last heartbeat read it: the fleet does not finalize by itself.",
+		}),
 		finalized: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "records_finalized",
 			Help: "1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of a quarter of its period, not on every head move.",
@@ -207,6 +212,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.finalizeMark, err = register(reg, m.finalizeMark); err != nil {
+		return nil, err
+	}
+	if m.finalizeHold, err = register(reg, m.finalizeHold); err != nil {
 		return nil, err
 	}
 	if m.finalized, err = register(reg, m.finalized); err != nil {

@@ -50,6 +50,14 @@ type replicas struct {
 	// that dataset be lost (finalize.go, heldMarks).
 	dataset string
 	held    atomic.Pointer[heldMarks]
+	// hold names the operator's hold on finalizing (finalize.go), after
+	// how long a census with no older replica and no hold this replica
+	// finalizes by itself (0: never), and allClear the Redis time (µs) of
+	// its first heartbeat since which it has counted neither (0: it
+	// counts one, or has not beaten yet).
+	hold          string
+	finalizeAfter time.Duration
+	allClear      atomic.Int64
 }
 
 const (
@@ -63,8 +71,8 @@ const (
 // from all three, and returns the live count, how many of them are of
 // releases before each level (in the first census and not in the
 // level's), the marks KEYS[4] and KEYS[5] (empty when none), the
-// server's time (µs), the dataset's token KEYS[6] and whether it
-// restored a mark. The release before this one writes KEYS[1] and
+// server's time (µs), the dataset's token KEYS[6], whether it
+// restored a mark, and the hold on finalizing KEYS[7] (empty when none). The release before this one writes KEYS[1] and
 // KEYS[2] alone, the one before that KEYS[1].
 //
 // First it keeps the finalize marks through the loss of Redis's dataset
@@ -72,7 +80,8 @@ const (
 // written (ARGV[6], fresh) where there is none. Where the token is not
 // the one this replica last read (ARGV[5]; empty: it read none), the
 // dataset it last read is gone, and the marks it held in force then
-// (ARGV[3], ARGV[4]; empty: not in force) are set again where missing.
+// (ARGV[3], ARGV[4]; empty: not in force) are set again where missing,
+// and so is the hold it last read (ARGV[7]).
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -87,6 +96,7 @@ if ARGV[5] ~= '' and ARGV[5] ~= ds then
   for i = 3, 4 do
     if ARGV[i] ~= '' and redis.call('SET', KEYS[i + 1], ARGV[i], 'NX') then restored = 1 end
   end
+  if ARGV[7] ~= '' then redis.call('SET', KEYS[7], ARGV[7], 'NX') end
 end
 for i = 1, 3 do
   redis.call('ZADD', KEYS[i], now, ARGV[1])
@@ -98,7 +108,7 @@ local older = n - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
 local older2 = n - redis.call('ZCARD', KEYS[3])
 if older2 < 0 then older2 = 0 end
-return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2])), ds, restored}
+return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2])), ds, restored, redis.call('GET', KEYS[7]) or ''}
 `)
 
 // newToken returns 16 random hex digits.
@@ -108,10 +118,11 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
-func newReplicas(rdb redis.UniversalClient, prefix string, initial int, met *metrics, log *slog.Logger) *replicas {
+func newReplicas(rdb redis.UniversalClient, prefix string, initial int, finalizeAfter time.Duration, met *metrics, log *slog.Logger) *replicas {
 	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: newToken(), met: met, log: log,
 		final: prefix + finalCensusSuffix, mark: prefix + finalMarkSuffix,
 		final2: prefix + blocksCensusSuffix, mark2: prefix + blocksMarkSuffix, dataset: prefix + datasetSuffix,
+		hold: prefix + holdSuffix, finalizeAfter: max(finalizeAfter, 0),
 		initial: int64(max(initial, 1)), started: time.Now()}
 	r.set(r.initial)
 	return r
@@ -132,9 +143,9 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	if h == nil {
 		h = &heldMarks{}
 	}
-	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2, r.dataset},
-		r.id, heartbeatTTL.Milliseconds(), h.mark, h.mark2, h.dataset, newToken()).Slice()
-	if err == nil && len(res) != 8 {
+	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2, r.dataset, r.hold},
+		r.id, heartbeatTTL.Milliseconds(), h.mark, h.mark2, h.dataset, newToken(), h.hold).Slice()
+	if err == nil && len(res) != 9 {
 		err = fmt.Errorf("ratelimit: unexpected heartbeat reply %v", res)
 	}
 	if err != nil {
@@ -160,9 +171,14 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 		r.log.Warn("ratelimit: Redis lost its data (restarted empty, or flushed) while records were finalized: the finalize marks were set again",
 			"finalized", markText, "blocks", mark2Text)
 	}
+	hold, _ := res[8].(string)
 	r.observeFinal(mark, older, now, at)
 	r.observeBlocks(mark2, older2, at)
-	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2), dataset: dataset})
+	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2), dataset: dataset, hold: hold})
+	r.met.finalizeHold.Set(boolGauge(hold != ""))
+	if r.finalizeDue(older+older2, hold != "", mark > 0 && mark2 > 0, now) {
+		r.finalizeNow(ctx)
+	}
 	if time.Since(r.started) < heartbeatTTL {
 		n = max(n, r.initial)
 	}

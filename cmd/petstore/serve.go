@@ -161,15 +161,16 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	rlOpts := ratelimit.Options{
-		Timeout:      cfg.Redis.Timeout,
-		FailureMode:  mode,
-		Replicas:     cfg.Replicas,
-		TripAfter:    cfg.TripAfter,
-		MaxLease:     cfg.MaxLease,
-		Pipelines:    cfg.Pipelines,
-		PipelineHold: pipelineHold(cfg.PipelineHold),
-		Registerer:   reg,
-		Logger:       log,
+		Timeout:       cfg.Redis.Timeout,
+		FailureMode:   mode,
+		Replicas:      cfg.Replicas,
+		TripAfter:     cfg.TripAfter,
+		MaxLease:      cfg.MaxLease,
+		FinalizeAfter: finalizeAfter(cfg.FinalizeAfter),
+		Pipelines:     cfg.Pipelines,
+		PipelineHold:  pipelineHold(cfg.PipelineHold),
+		Registerer:    reg,
+		Logger:        log,
 	}
 	limiter, err := ratelimit.New(rdb, rlOpts)
 	if err != nil {
@@ -345,6 +346,15 @@ The API's documentation: %s/docs
 // pipelineHold turns --ratelimit-pipeline-hold (0: none) into
 // ratelimit.Options.PipelineHold (0: the default, negative: none).
 func pipelineHold(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
+}
+
+// finalizeAfter maps --ratelimit-finalize-after to
+// ratelimit.Options.FinalizeAfter: 0 (never by itself) is negative there.
+func finalizeAfter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return -1
 	}

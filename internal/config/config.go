@@ -32,7 +32,10 @@ type Config struct {
 	Replicas    int
 	TripAfter   time.Duration
 	MaxLease    int
-	Pipelines   int
+	// FinalizeAfter is ratelimit.Options.FinalizeAfter, except that 0
+	// means never by itself.
+	FinalizeAfter time.Duration
+	Pipelines     int
 	// PipelineHold is ratelimit.Options.PipelineHold, except that 0 means
 	// no hold.
 	PipelineHold     time.Duration
@@ -87,6 +90,7 @@ func Default() Config {
 		Replicas:         1,
 		TripAfter:        time.Second,
 		MaxLease:         64,
+		FinalizeAfter:    time.Minute,
 		Pipelines:        4,
 		PipelineHold:     200 * time.Microsecond,
 		AuthFailureLimit: ratelimit.Window{Limit: 30, Period: time.Minute},
@@ -136,6 +140,7 @@ func Register(fs *flag.FlagSet, cfg *Config) *Set {
 	s.add("ratelimit-replicas", "PETSTORE_RATELIMIT_REPLICAS", "replicas assumed until the live count announced through Redis is known; without Redis each replica allows its share of every limit", false, intValue{p: &cfg.Replicas, min: 1})
 	s.add("ratelimit-trip-after", "PETSTORE_RATELIMIT_TRIP_AFTER", "how long Redis round trips must keep failing (at least 3, no success between) before a replica stops asking Redis; until then only the requests whose own round trip failed are decided locally", false, durationValue{p: &cfg.TripAfter, min: time.Millisecond})
 	s.add("ratelimit-max-lease", "PETSTORE_RATELIMIT_MAX_LEASE", "most admissions a replica reserves at once for a busy key (1: every request asks Redis)", false, intValue{p: &cfg.MaxLease, min: 1})
+	s.add("ratelimit-finalize-after", "PETSTORE_RATELIMIT_FINALIZE_AFTER", "how long the replicas' census must show no replica of an older release, and no hold ('petstore limits finalize --hold'), before the fleet finalizes its records by itself, putting the faster record writes and blocks in force (0: only 'petstore limits finalize')", false, durationValue{p: &cfg.FinalizeAfter, min: 0})
 	s.add("ratelimit-pipelines", "PETSTORE_RATELIMIT_PIPELINES", "Redis round trips of decisions a replica keeps in flight at once, each carrying what queued meanwhile (a batch gathers behind the calls in flight for up to --ratelimit-pipeline-hold); more when Redis is far (lower latency)", false, intValue{p: &cfg.Pipelines, min: 1, max: 64})
 	s.add("ratelimit-pipeline-hold", "PETSTORE_RATELIMIT_PIPELINE_HOLD", "longest a decision waits for the round trips in flight to be answered before a free pipeline sends it: near Redis, decisions gather into fewer, larger calls (less CPU in Redis and here); 0 sends at once (0-10ms)", false, durationValue{p: &cfg.PipelineHold, min: 0, max: 10 * time.Millisecond})
 	s.add("ratelimit-draft-fields", "PETSTORE_RATELIMIT_DRAFT_FIELDS", "also send the IETF draft's RateLimit and RateLimit-Policy fields beside the specification's X-RateLimit-Limit, -Remaining and -Reset (off: the draft's syntax still changes, every window is at GET /v1/rate_limit, and the two make a page's header map a hash table, about 12% of a replica's throughput serving a page of pets)", false, boolValue{&cfg.DraftFields})
