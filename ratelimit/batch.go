@@ -50,7 +50,6 @@ type batcher struct {
 	rdb     redis.UniversalClient
 	sc      script
 	queue   chan *call
-	max     int
 	timeout time.Duration
 	cluster bool
 	observe func(time.Duration, error)
@@ -79,12 +78,19 @@ type batcher struct {
 	finalized func() any
 }
 
-func newBatcher(rdb redis.UniversalClient, sc script, max, queue int, timeout, hold time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
+// maxBatch caps the decisions sent in one pipeline, and queueSize those
+// waiting for a pipeline.
+const (
+	maxBatch  = 256
+	queueSize = 8192
+)
+
+func newBatcher(rdb redis.UniversalClient, sc script, timeout, hold time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
 	_, cluster := rdb.(*redis.ClusterClient)
 	if hold < 0 {
 		hold = 0
 	}
-	b := &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queue), max: max, timeout: timeout, hold: hold, full: make(chan struct{}, 1), cluster: cluster, log: log, observe: observe, waited: waited}
+	b := &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queueSize), timeout: timeout, hold: hold, full: make(chan struct{}, 1), cluster: cluster, log: log, observe: observe, waited: waited}
 	ch := make(chan struct{})
 	b.ended.Store(&ch)
 	return b
@@ -143,7 +149,7 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (strin
 // calls start a hold apart, up to the number of pipelines in flight, and
 // a decision waits at most hold more.
 func (b *batcher) run(ctx context.Context) {
-	batch := make([]*call, 0, b.max)
+	batch := make([]*call, 0, maxBatch)
 	var timer *time.Timer
 	if b.hold > 0 {
 		timer = time.NewTimer(time.Hour)
@@ -164,7 +170,7 @@ func (b *batcher) run(ctx context.Context) {
 			b.waitInflight(ctx, batch[0].queued.Add(b.hold), timer)
 		}
 	fill:
-		for len(batch) < b.max {
+		for len(batch) < maxBatch {
 			select {
 			case c := <-b.queue:
 				batch = append(batch, c)

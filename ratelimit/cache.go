@@ -14,7 +14,8 @@ import (
 // A limited key cannot be admitted before its RetryAfter: every replica
 // sees the same counts, and counts only fall with time. A banned key stays
 // banned until the ban ends unless it is lifted, which Unban announces
-// over pub/sub; banned entries are also re-checked every revalidate.
+// over pub/sub; banned entries are also re-checked every banRevalidate,
+// in case an announcement was missed.
 //
 // Rejections answered here are strikes toward a ban. They are kept as
 // pending and sent with the next round trip for the key, which happens
@@ -24,10 +25,12 @@ type rejectCache struct {
 	seed          maphash.Seed
 	shards        [memShards]cacheShard
 	maxPerShard   int
-	flushEvery    int64
-	flushInterval time.Duration
-	revalidate    time.Duration
+	flushEvery    int64         // 64
+	flushInterval time.Duration // 250ms
 }
+
+// banRevalidate is how often a cached ban is checked with Redis again.
+const banRevalidate = 2 * time.Second
 
 type cacheShard struct {
 	mu   sync.Mutex
@@ -54,13 +57,12 @@ type cacheEntry struct {
 	flushing bool
 }
 
-func newRejectCache(size int, flushEvery int, flushInterval, revalidate time.Duration) *rejectCache {
+func newRejectCache(size int) *rejectCache {
 	c := &rejectCache{
 		seed:          maphash.MakeSeed(),
 		maxPerShard:   max(size/memShards, 1),
-		flushEvery:    int64(flushEvery),
-		flushInterval: flushInterval,
-		revalidate:    revalidate,
+		flushEvery:    64,
+		flushInterval: 250 * time.Millisecond,
 	}
 	for i := range c.shards {
 		c.shards[i].keys = make(map[string]*cacheEntry)
@@ -142,8 +144,8 @@ func (c *rejectCache) store(key string, pl *plan, d *Decision, strikes int64, st
 	// clock reading, so the entry never outlives the real rejection.
 	end := start.Add(d.RetryAfter)
 	until := end
-	if d.Outcome == Banned && c.revalidate > 0 {
-		until = minTime(end, start.Add(c.revalidate))
+	if d.Outcome == Banned {
+		until = minTime(end, start.Add(banRevalidate))
 	}
 	*e = cacheEntry{pl: pl, until: until, end: end, decision: *d, known: strikes, pending: pending, synced: start}
 }

@@ -16,8 +16,9 @@ func TestRejectCacheAnswersWhatItHolds(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 41)
 	pl := compile(perMinute(10), DefaultBuckets, DefaultStrikeBuckets)
-	c := newRejectCache(1<<20, 1<<30, time.Hour, 0)
-	until := map[string]time.Time{} // the model: keys held, until when
+	c := newRejectCache(1 << 20)
+	c.flushEvery, c.flushInterval = 1<<30, time.Hour // no round trip is forced
+	until := map[string]time.Time{}                  // the model: keys held, until when
 	now := time.Unix(1_900_000_000, 0)
 	for step := range 20_000 {
 		key := fmt.Sprint("k", rng.IntN(96))

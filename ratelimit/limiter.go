@@ -71,8 +71,6 @@ type Options struct {
 	Buckets int
 	// StrikeBuckets is the number of buckets of a ban's strike window (default 20).
 	StrikeBuckets int
-	// MaxBatch caps the decisions sent in one pipeline (default 256).
-	MaxBatch int
 	// Pipelines is the number of pipelines in flight at once (default 4).
 	Pipelines int
 	// PipelineHold is how long a decision may wait for the pipelines in
@@ -81,8 +79,6 @@ type Options struct {
 	// Redis the calls are answered within it, and decisions gather into
 	// fewer, larger calls; far from Redis, calls start this far apart.
 	PipelineHold time.Duration
-	// Queue caps the decisions waiting for a pipeline (default 8192).
-	Queue int
 	// ProbeInterval is how often an unreachable Redis is retried (default 100ms).
 	ProbeInterval time.Duration
 	// TripAfter is how long round trips must keep failing, with no success
@@ -93,15 +89,6 @@ type Options struct {
 	// CacheSize caps the keys remembered as limited or banned (default
 	// 65536); negative disables the cache.
 	CacheSize int
-	// FlushEvery sends locally answered rejections to Redis as strikes
-	// after this many (default 64).
-	FlushEvery int
-	// FlushInterval sends locally answered rejections at least this often
-	// (default 250ms).
-	FlushInterval time.Duration
-	// BanRevalidate re-checks a cached ban with Redis at least this often,
-	// in case an Unban announcement was missed (default 2s).
-	BanRevalidate time.Duration
 	// MaxLease caps the admissions a replica reserves for a busy key in
 	// one round trip and then grants in process (default 64), and those
 	// of a key's long windows it reserves (reserve.go); 1 (or less)
@@ -153,9 +140,7 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.Replicas, 1)
 	def(&o.Buckets, DefaultBuckets)
 	def(&o.StrikeBuckets, DefaultStrikeBuckets)
-	def(&o.MaxBatch, 256)
 	def(&o.Pipelines, 4)
-	def(&o.Queue, 8192)
 	if o.PipelineHold == 0 {
 		o.PipelineHold = 200 * time.Microsecond
 	}
@@ -164,9 +149,6 @@ func (o Options) withDefaults() (Options, error) {
 	if o.CacheSize == 0 {
 		o.CacheSize = 65536
 	}
-	def(&o.FlushEvery, 64)
-	defd(&o.FlushInterval, 250*time.Millisecond)
-	defd(&o.BanRevalidate, 2*time.Second)
 	if o.FinalizeAfter == 0 {
 		o.FinalizeAfter = time.Minute
 	}
@@ -247,7 +229,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	// Everything the background goroutines read is built before the first
 	// of them starts.
 	if opts.CacheSize > 0 {
-		l.cache = newRejectCache(opts.CacheSize, opts.FlushEvery, opts.FlushInterval, opts.BanRevalidate)
+		l.cache = newRejectCache(opts.CacheSize)
 	}
 	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, opts.FinalizeAfter, met, opts.Logger)
 	l.reg = newRegistry(client, opts.Prefix)
@@ -274,7 +256,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	// The breaker hears from the pipelines, which time a round trip from
 	// when it is sent: a decision that waited in the queue is not a Redis
 	// failure.
-	l.batch = newBatcher(client, decisionScript(), opts.MaxBatch, opts.Queue, opts.Timeout, opts.PipelineHold, opts.Logger, func(d time.Duration, err error) {
+	l.batch = newBatcher(client, decisionScript(), opts.Timeout, opts.PipelineHold, opts.Logger, func(d time.Duration, err error) {
 		met.observeRedis(d, err)
 		if err != nil {
 			l.breaker.failed(err)

@@ -258,16 +258,6 @@ func packNums(nums []int64) string {
 	return string(b)
 }
 
-// Granularity returns the bucket width the limiter uses for a window of
-// period d with the given number of buckets: the precision with which
-// requests slide out of the window.
-func Granularity(d time.Duration, buckets int) time.Duration {
-	if buckets <= 0 {
-		buckets = DefaultBuckets
-	}
-	return time.Duration(newRing(1, d, buckets).gran) * time.Microsecond
-}
-
 // Defaults for the ring geometry.
 const (
 	// DefaultBuckets is the number of buckets a window is split into.
