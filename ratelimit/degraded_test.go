@@ -257,6 +257,57 @@ func TestDegradedRepeatedBlipsKeepTheLimit(t *testing.T) {
 	f.check(t, "12 pauses of 60 ms", answerBound(opts), false)
 }
 
+// TestBlipsCostLatencyNotAccuracy is TestDegradedRepeatedBlipsKeepTheLimit
+// with a limit the spray cannot reach: twelve 60 ms pauses of Redis under
+// a request every 30 ms. A request whose round trip outlives the timeout
+// in a pause is sent again (sendAgain), so it is decided by Redis: none
+// is decided alone, every window holds at most L in all, and no request
+// waits much longer than two timeouts. A request sent again may count
+// twice in Redis; what that costs is measured: the admissions an exact
+// window would have made but this one refused, at most one for each
+// request sent again (no leases here).
+func TestBlipsCostLatencyNotAccuracy(t *testing.T) {
+	p := Policy{Name: "roomy", Windows: []Window{{Limit: 80, Period: 3 * time.Second}}}
+	opts := Options{Timeout: 50 * time.Millisecond, ProbeInterval: 100 * time.Millisecond, MaxLease: 1}
+	f := newFleet(t, 3, p, opts)
+	done := make(chan struct{})
+	const sent = 90
+	go func() {
+		defer close(done)
+		f.spray(t, sent, 2700*time.Millisecond)
+	}()
+	for range 12 {
+		f.srv.signal(t, syscall.SIGSTOP)
+		time.Sleep(60 * time.Millisecond)
+		f.srv.signal(t, syscall.SIGCONT)
+		time.Sleep(160 * time.Millisecond)
+	}
+	<-done
+	f.check(t, "12 pauses of 60 ms", 2*opts.Timeout+answerBound(opts)-opts.Timeout, true)
+	again, admitted := 0.0, 0
+	for _, l := range f.ls {
+		again += metricValue(t, l.met.sentAgain)
+	}
+	for _, r := range f.log {
+		if r.degraded {
+			t.Errorf("a request sent at %s was decided without Redis during a blip", r.send.Format("15:04:05.000"))
+		}
+		if r.allowed {
+			admitted++
+		}
+	}
+	// Every request is within one window of the first: an exact window
+	// admits min(L, sent).
+	exact := min(int(p.Windows[0].Limit), sent)
+	t.Logf("%d admitted of the %d an exact window admits; %v requests sent again (each may count twice)", admitted, exact, again)
+	if again == 0 {
+		t.Error("no request was sent again: the pauses did not outlive the timeout, so the test proved nothing")
+	}
+	if lost := exact - admitted; lost > int(again) {
+		t.Errorf("%d admissions lost, more than the %v requests sent again could cost", lost, again)
+	}
+}
+
 // TestDegradedBusyMachineIsNotAnOutage keeps both cores busy with other
 // processes for 2 s while keys are sprayed over three replicas: no
 // replica may trip its breaker, and the degraded-mode bound holds.

@@ -52,7 +52,9 @@ func ParseFailureMode(s string) (FailureMode, error) {
 type Options struct {
 	// Prefix starts every Redis key and channel name (default "petstore:rl:").
 	Prefix string
-	// Timeout bounds each wait on Redis (default 50ms).
+	// Timeout bounds each wait on Redis (default 50ms). A decision whose
+	// round trip fails before the breaker trips is sent once more
+	// (sendAgain), so a request waits at most two Timeouts for Redis.
 	Timeout time.Duration
 	// FailureMode applies when Redis fails or times out (default FailOpen).
 	FailureMode FailureMode
@@ -383,7 +385,8 @@ func (l *Limiter) allowLocal(key string, pl *plan, start time.Time, d *Decision)
 // cache, a lease) or else makes a round trip.
 //
 // No request waits for Redis longer than Options.Timeout in all, whether
-// for a lease another request is fetching or for its own round trip:
+// for a lease another request is fetching or for its own round trip,
+// but for one more Timeout when that round trip fails (sendAgain):
 // entered is when its first wait began; a request that has not waited
 // (zero) has the whole Timeout, with no clock read for it. first is false
 // once the request has waited for another's lease: it then waits no more.
@@ -482,8 +485,13 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	if names == nil || len(names) != cp.keyCount() {
 		names = stateKeys(l.opts.Prefix, key, cp)
 	}
-	reply, err := l.batch.do(ctx, decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: cp,
-		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, reserve: rsv})}, budget)
+	dec := decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: cp,
+		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, reserve: rsv})}
+	reply, err := l.batch.do(ctx, dec, budget)
+	if err != nil && l.sendAgain(ctx, err) {
+		l.met.sentAgain.Inc()
+		reply, err = l.batch.do(ctx, dec, l.opts.Timeout)
+	}
 	if err == nil {
 		err = decodeInto(pl, reply, v)
 	}
@@ -508,6 +516,24 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		l.announceBan(key)
 	}
 	return nil
+}
+
+// sendAgain reports whether a decision whose round trip failed with err
+// is sent once more, with a Timeout of its own: a Redis blip (a pause, a
+// slow round trip on a busy machine, a connection reset) then costs the
+// request latency, at most a second Timeout, rather than a decision
+// without Redis, which loosens the window by what replicas admit alone.
+// If the first call reached Redis after all, the request counts twice in
+// its windows, which only makes them stricter. Not sent again: a caller
+// already gone, a replica whose breaker has tripped (Redis is down, not
+// blipping), a decision that could not even be queued (sending more
+// would only deepen the backlog), and a reply Redis did give.
+func (l *Limiter) sendAgain(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || l.breaker.isOpen() || errors.Is(err, errOverloaded) {
+		return false
+	}
+	var rerr redis.Error
+	return !errors.As(err, &rerr)
 }
 
 // announceBan tells every replica that key was banned, so that each lets

@@ -24,6 +24,7 @@ type metrics struct {
 	redisDuration   prometheus.Histogram
 	queueWait       prometheus.Histogram
 	redisErrors     prometheus.Counter
+	sentAgain       prometheus.Counter
 	fallbackActive  prometheus.Gauge
 	fallbackSeconds prometheus.Counter
 	breakerTrips    prometheus.Counter
@@ -97,6 +98,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "redis_errors_total",
 			Help: "Rate-limit round trips to Redis that failed or timed out.",
+		}),
+		sentAgain: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "petstore", Subsystem: "ratelimit", Name: "sent_again_total",
+			Help: "Decisions sent to Redis a second time because their round trip failed before the breaker tripped (a blip): each may count twice there, which only makes its windows stricter.",
 		}),
 		fallbackActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "fallback_active",
@@ -188,6 +193,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.queueWait, err = register(reg, m.queueWait); err != nil {
+		return nil, err
+	}
+	if m.sentAgain, err = register(reg, m.sentAgain); err != nil {
 		return nil, err
 	}
 	if m.redisErrors, err = register(reg, m.redisErrors); err != nil {

@@ -117,13 +117,14 @@ func sprayThroughFaults(t *testing.T, faults []redisFault, check int) {
 	}
 }
 
-// checkHeld asserts that replicas hold requests no longer than the Redis
-// timeout plus 10 ms at the 99th percentile, and none longer than three
-// timeouts: on these two shared cores (three replicas, HAProxy, Redis and
-// the load), when a pause ends every replica's waiting requests wake at
-// once, and single requests were seen held 60-104 ms at a 50 ms timeout
-// while the 99th percentile stayed at 51-56 ms. Offenders are named with
-// the fault they fell into.
+// checkHeld asserts that replicas hold requests no longer than two Redis
+// timeouts plus 10 ms at the 99th percentile, and none longer than four
+// timeouts: a round trip that fails before the breaker trips is sent once
+// more (ratelimit's sendAgain), so a request waits for Redis at most two
+// timeouts; and on these two shared cores (three replicas, HAProxy, Redis
+// and the load), when a pause ends every replica's waiting requests wake
+// at once, and single requests were seen held 10-54 ms past their wait.
+// Offenders are named with the fault they fell into.
 func checkHeld(t *testing.T, log []served, timeout time.Duration, faults []fault) {
 	t.Helper()
 	if len(log) == 0 {
@@ -136,10 +137,10 @@ func checkHeld(t *testing.T, log []served, timeout time.Duration, faults []fault
 	slices.Sort(held)
 	p99 := held[len(held)*99/100]
 	t.Logf("held by the replicas (access log), %d requests: p99 %s, max %s", len(held), p99, held[len(held)-1])
-	if p99 > timeout+10*time.Millisecond {
-		t.Errorf("p99 of held requests %s, more than --redis-timeout %s + 10ms", p99, timeout)
+	if p99 > 2*timeout+10*time.Millisecond {
+		t.Errorf("p99 of held requests %s, more than two --redis-timeout %s + 10ms", p99, timeout)
 	}
-	bound := 3 * timeout
+	bound := 4 * timeout
 	for _, s := range log {
 		if s.held <= bound {
 			continue
@@ -150,7 +151,7 @@ func checkHeld(t *testing.T, log []served, timeout time.Duration, faults []fault
 				during = fmt.Sprintf("Redis %s (ended %s after Redis answered)", fl.name, s.end.Sub(fl.back).Round(time.Millisecond))
 			}
 		}
-		t.Errorf("%s held a request %s, more than three --redis-timeout %s, during %s", s.replica, s.held, timeout, during)
+		t.Errorf("%s held a request %s, more than four --redis-timeout %s, during %s", s.replica, s.held, timeout, during)
 	}
 }
 
