@@ -220,11 +220,12 @@ func TestMigrationAdditive(t *testing.T) {
 	}
 }
 
-// TestReadmeListsMigrations keeps README.md's table of additive migrations,
-// which operators read before a rollback, in step with the files.
+// TestReadmeListsMigrations keeps the table of additive migrations in
+// docs/operations.md, which operators read before a rollback, in step with
+// the files.
 func TestReadmeListsMigrations(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,11 +237,11 @@ func TestReadmeListsMigrations(t *testing.T) {
 	for _, m := range ms {
 		want := map[bool]string{true: "yes", false: "no"}[m.additive]
 		if listed[m.name] != want {
-			t.Errorf("README.md lists %s as additive %q, want %q", m.name, listed[m.name], want)
+			t.Errorf("docs/operations.md lists %s as additive %q, want %q", m.name, listed[m.name], want)
 		}
 	}
 	if len(listed) != len(ms) {
-		t.Errorf("README.md lists %d migrations, the binary has %d", len(listed), len(ms))
+		t.Errorf("docs/operations.md lists %d migrations, the binary has %d", len(listed), len(ms))
 	}
 }
 
