@@ -21,7 +21,7 @@
 # a replica sees all of a key's traffic and its leases and reservations
 # are as large as one replica's; key-bounded: the same, but a replica
 # holding 1.5 times the fleet's average of requests in flight passes the
-# excess on; see the README, "Key affinity"), FINALIZE (1: once the
+# excess on; see docs/rate-limiting.md, "Key affinity"), FINALIZE (1: once the
 # replicas are up, `petstore limits finalize --optional`, as the Helm
 # chart runs after a fresh install, so blocks are in force; 0 leaves the
 # fleet unfinalized, to try a rollout from there). Nothing
