@@ -203,3 +203,73 @@ func TestPipelineHoldZeroIsAccepted(t *testing.T) {
 		t.Fatalf("hold 0: %s, %v", cfg.PipelineHold, err)
 	}
 }
+
+// TestRegisterOnly: a command that reads some settings registers those
+// alone, reads only their environment variables, and names the rest
+// unknown flags.
+func TestRegisterOnly(t *testing.T) {
+	t.Parallel()
+	cfg := Default()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	s := RegisterOnly(fs, &cfg, append([]string{"plans-file"}, RedisSettings...)...)
+	var got []string
+	for _, st := range s.Settings() {
+		got = append(got, st.Flag)
+	}
+	if want := "redis-url redis-mode redis-addrs redis-master-name redis-username redis-password redis-timeout plans-file"; strings.Join(got, " ") != want {
+		t.Errorf("settings %q, want %q (in Register's order)", got, want)
+	}
+	env := map[string]string{"PETSTORE_REDIS_ADDRS": "a:1", "PETSTORE_STORE": "nonsense", "PETSTORE_ADDR": ":1"}
+	if err := s.Parse([]string{"--plans-file", "p.yaml"}, func(k string) string { return env[k] }); err != nil {
+		t.Fatalf("an unregistered setting's variable was read: %v", err)
+	}
+	if cfg.PlansFile != "p.yaml" || len(cfg.Redis.Addrs) != 1 || cfg.Addr != ":8080" {
+		t.Errorf("config %+v", cfg)
+	}
+	if err := s.Parse([]string{"--addr", ":1"}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "-addr") {
+		t.Errorf("--addr on a command without it: %v", err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("RegisterOnly took a name that is no setting")
+		}
+	}()
+	RegisterOnly(flag.NewFlagSet("test", flag.ContinueOnError), &cfg, "no-such-setting")
+}
+
+// TestHelpBeforeEnvironment: a bad variable cannot hide the help, and a
+// flag given leaves its variable unread.
+func TestHelpBeforeEnvironment(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"PETSTORE_REDIS_TIMEOUT": "soon"}
+	if _, _, err := parse(t, []string{"--help"}, env); err != flag.ErrHelp {
+		t.Errorf("--help with a bad variable: %v, want flag.ErrHelp", err)
+	}
+	if cfg, _, err := parse(t, []string{"--redis-timeout", "1s"}, env); err != nil || cfg.Redis.Timeout != time.Second {
+		t.Errorf("a flag over a bad variable: %v, %s", err, cfg.Redis.Timeout)
+	}
+}
+
+// TestSettingsDescribeThemselves: every setting names its value for help
+// (a boolean none) and states its default.
+func TestSettingsDescribeThemselves(t *testing.T) {
+	t.Parallel()
+	_, s, err := parse(t, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range s.Settings() {
+		_, isBool := st.value.(boolValue)
+		if (st.Arg == "") != isBool {
+			t.Errorf("--%s: Arg %q", st.Flag, st.Arg)
+		}
+	}
+	defaults := map[string]string{}
+	for _, st := range s.Settings() {
+		defaults[st.Flag] = st.Default
+	}
+	if defaults["addr"] != ":8080" || defaults["auth-failure-limit"] != "30/1m" || defaults["pprof"] != "" || defaults["database-url"] != "" {
+		t.Errorf("defaults %v", defaults)
+	}
+}
