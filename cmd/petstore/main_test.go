@@ -252,8 +252,8 @@ func TestCommands(t *testing.T) {
 		wantOut string
 	}{
 		{[]string{"version"}, "", "petstore dev"},
-		{[]string{"help"}, "", "petstore limits show KEY-ID"},
-		{[]string{"help"}, "", "petstore plans simulate --access-log FILE..."},
+		{[]string{"help"}, "", "\n  limits   inspect and clear keys' rate limits"},
+		{[]string{"help", "plans", "simulate"}, "", "Usage: petstore plans simulate --access-log FILE..."},
 		{nil, "no command", ""},
 		{[]string{"frobnicate"}, "unknown command", ""},
 		{[]string{"serve", "--store", "postgres"}, "database-url", ""},

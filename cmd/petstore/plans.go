@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,72 +18,75 @@ import (
 	"github.com/animal-store/petstore/ratelimit"
 )
 
-const plansUsage = "check FILE [--keys FILE] | show [--plans FILE] [--format text|yaml|json] | " + simulateUsage
-
-// runPlans serves the plan tools, which need nothing but the files (and,
-// to simulate, access logs): they read no other setting and reach no
-// database or Redis.
-func runPlans(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return fmt.Errorf("usage: petstore plans %s", plansUsage)
-	}
-	sub, args := args[0], args[1:]
-	fs := flag.NewFlagSet("petstore plans "+sub, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	switch sub {
-	case "check":
-		keys := fs.String("keys", "", "also check this static keys file against the plans")
-		files, err := parseInterspersed(fs, args)
-		if err != nil {
+func setupPlansCheck(fs *flag.FlagSet) action {
+	keys := fs.String("keys", "", "also check this static keys `FILE` against the plans")
+	format := fs.String("format", "text", "output: text or json (on stdout, failed or not)")
+	return func(_ context.Context, c *call) error {
+		if len(c.args) != 1 {
+			return c.usageErrorf("plans check needs one plans FILE, got %d arguments", len(c.args))
+		}
+		if err := c.checkFormat(*format, "text", "json"); err != nil {
 			return err
 		}
-		if len(files) != 1 {
-			return errors.New("usage: petstore plans check FILE [--keys FILE]")
-		}
-		return checkPlans(stdout, files[0], *keys)
-	case "show":
-		plansFile := fs.String("plans", getenv("PETSTORE_PLANS_FILE"), "plans file merged over the built-in plans (env PETSTORE_PLANS_FILE; none: the built-in plans)")
-		format := fs.String("format", "text", "output: text, yaml (a complete plans file) or json")
-		rest, err := parseInterspersed(fs, args)
-		if err != nil {
-			return err
-		}
-		if len(rest) != 0 {
-			return fmt.Errorf("plans show takes no arguments, got %q (give the file with --plans)", rest)
-		}
-		return showPlans(stdout, *plansFile, *format)
-	case "simulate":
-		return runSimulate(ctx, fs, args, stdout, stderr)
-	default:
-		return fmt.Errorf("unknown plans command %q; usage: petstore plans %s", sub, plansUsage)
+		return checkPlans(c.stdout, c.args[0], *keys, *format)
 	}
 }
 
-// parseInterspersed parses flags given before, between or after the
-// arguments, and returns the arguments.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var rest []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
+func setupPlansShow(fs *flag.FlagSet) action {
+	plansFile := fs.String("plans", "", "plans `FILE` merged over the built-in plans (env PETSTORE_PLANS_FILE; none: the built-in plans)")
+	format := fs.String("format", "text", "output: text, yaml (a complete plans file) or json")
+	return func(_ context.Context, c *call) error {
+		if len(c.args) != 0 {
+			return c.usageErrorf("plans show takes no arguments, got %q (give the file with --plans)", c.args)
 		}
-		if fs.NArg() == 0 {
-			return rest, nil
+		if err := c.checkFormat(*format, "text", "yaml", "json"); err != nil {
+			return err
 		}
-		rest = append(rest, fs.Arg(0))
-		args = fs.Args()[1:]
+		file := *plansFile
+		if file == "" {
+			file = c.getenv("PETSTORE_PLANS_FILE")
+		}
+		return showPlans(c.stdout, file, *format)
 	}
 }
 
 // checkPlans validates the files as a replica's reload does, with the same
-// code, so its errors are the ones a rejected reload logs.
-func checkPlans(stdout io.Writer, plansFile, keysFile string) error {
+// code, so its errors are the ones a rejected reload logs. In JSON it states
+// the outcome on stdout either way, and fails as text does.
+func checkPlans(stdout io.Writer, plansFile, keysFile, format string) error {
 	plans, keys, err := apikey.LoadFiles(plansFile, keysFile)
+	if format == "json" {
+		out := jsonCheck{PlansFile: plansFile, KeysFile: keysFile, OK: err == nil, Plans: []string{}}
+		if err != nil {
+			msg := err.Error()
+			out.Error = &msg
+		} else {
+			out.Plans, out.Keys = plans.Names(), keys.Len()
+		}
+		if werr := writeJSON(stdout, out); werr != nil {
+			return werr
+		}
+		return err
+	}
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%d plans, %d keys: ok\n", len(plans.Names()), keys.Len())
 	return nil
+}
+
+// jsonCheck is the JSON of `plans check`: names a later release keeps, and
+// only adds to.
+type jsonCheck struct {
+	PlansFile string `json:"plansFile"`
+	KeysFile  string `json:"keysFile"` // empty: none checked
+	OK        bool   `json:"ok"`
+	// Plans are the plans in force and Keys how many keys the keys file
+	// holds; none when the check failed.
+	Plans []string `json:"plans"`
+	Keys  int      `json:"keys"`
+	// Error is what a reload would log; null when the files are good.
+	Error *string `json:"error"`
 }
 
 // Where a plan shown comes from.
@@ -104,11 +106,6 @@ type shownPlan struct {
 func (p shownPlan) removed() bool { return p.source == sourceRemoved }
 
 func showPlans(stdout io.Writer, plansFile, format string) error {
-	switch format {
-	case "text", "yaml", "json":
-	default:
-		return fmt.Errorf("--format must be text, yaml or json, got %q", format)
-	}
 	set, err := plan.Load(plansFile)
 	if err != nil {
 		return err

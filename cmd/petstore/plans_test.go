@@ -145,24 +145,30 @@ func TestPlansCheckUsage(t *testing.T) {
 	t.Parallel()
 	good := writeTemp(t, "plans.yaml", checkedPlans)
 	tests := []struct {
-		args []string
-		want string
+		args  []string
+		want  string
+		usage bool // a usage error (exit status 2), not a failed check
 	}{
-		{[]string{"check"}, "usage: petstore plans check FILE"},
-		{[]string{"check", good, good}, "usage: petstore plans check FILE"},
-		{[]string{"check", filepath.Join(t.TempDir(), "missing.yaml")}, "plans file: open"},
-		{[]string{"check", good, "--keys", filepath.Join(t.TempDir(), "missing.yaml")}, "keys file: open"},
-		{[]string{"check", "--frobnicate", good}, "flag provided but not defined"},
-		{[]string{"show", "--format", "xml"}, `--format must be text, yaml or json, got "xml"`},
-		{[]string{"show", good}, "takes no arguments"},
-		{[]string{"simulcast"}, `unknown plans command "simulcast"`},
-		{nil, "usage: petstore plans"},
+		{[]string{"check"}, "plans check needs one plans FILE, got 0 arguments", true},
+		{[]string{"check", good, good}, "plans check needs one plans FILE, got 2 arguments", true},
+		{[]string{"check", filepath.Join(t.TempDir(), "missing.yaml")}, "plans file: open", false},
+		{[]string{"check", good, "--keys", filepath.Join(t.TempDir(), "missing.yaml")}, "keys file: open", false},
+		{[]string{"check", "--frobnicate", good}, "unknown flag --frobnicate", true},
+		{[]string{"check", good, "--format", "yaml"}, `--format must be text or json, got "yaml"`, true},
+		{[]string{"show", "--format", "xml"}, `--format must be text, yaml or json, got "xml"`, true},
+		{[]string{"show", good}, "takes no arguments", true},
+		{[]string{"simulcast"}, `unknown plans command "simulcast"`, true},
+		{nil, "plans needs a command: check, show or simulate", true},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			t.Parallel()
-			if _, err := runPlansCmd(t, nil, tt.args...); err == nil || !strings.Contains(err.Error(), tt.want) {
+			_, err := runPlansCmd(t, nil, tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v, want one containing %q", err, tt.want)
+			}
+			if _, usage := errors.AsType[*usageError](err); usage != tt.usage {
+				t.Errorf("usage error: %v, want %v", usage, tt.usage)
 			}
 		})
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,25 +34,6 @@ const (
 	maxHeaderBytes    = 64 << 10
 )
 
-// loadConfig parses the shared settings for a subcommand.
-func loadConfig(name, synopsis string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (config.Config, *config.Set, *flag.FlagSet, error) {
-	cfg := config.Default()
-	fs := flag.NewFlagSet("petstore "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if extra != nil {
-		extra(fs)
-	}
-	set := config.Register(fs, &cfg)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: petstore %s %s\n\nFlags (each with its environment variable twin; flags win):\n", name, synopsis)
-		fs.PrintDefaults()
-	}
-	if err := set.Parse(args, getenv); err != nil {
-		return cfg, nil, nil, err
-	}
-	return cfg, set, fs, cfg.Validate()
-}
-
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config
@@ -65,14 +45,15 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	return slog.New(httpapi.NewJSONLogHandler(w, opts))
 }
 
-func runServe(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cfg, set, _, err := loadConfig("serve", "[flags]", args, getenv, stderr, nil)
-	if err != nil {
+// runServe runs `petstore serve`.
+func runServe(ctx context.Context, c *call) error {
+	if err := c.noArgs(); err != nil {
 		return err
 	}
+	cfg, stdout, stderr := c.cfg, c.stdout, c.stderr
 	log := newLogger(cfg, stderr)
-	log.Info("starting petstore", "version", version, "settings", set.Redacted())
-	switch limit, source := memoryLimit(getenv, os.DirFS("/")); {
+	log.Info("starting petstore", "version", version, "settings", c.settings.Redacted())
+	switch limit, source := memoryLimit(c.getenv, os.DirFS("/")); {
 	case limit > 0:
 		debug.SetMemoryLimit(limit)
 		log.Info("go memory limit set", "bytes", limit, "from", source, "share", memoryLimitShare)
@@ -119,6 +100,7 @@ func runServe(ctx context.Context, args []string, getenv func(string) string, st
 	// Keys and plans: a development key when nothing else can authenticate.
 	var devKey string
 	if cfg.KeysFile == "" && lookup == nil {
+		var err error
 		if devKey, lookup, err = newDevKey(); err != nil {
 			return err
 		}

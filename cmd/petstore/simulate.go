@@ -21,9 +21,7 @@ import (
 	"github.com/animal-store/petstore/ratelimit"
 )
 
-const simulateUsage = "simulate --access-log FILE... [--plans FILE] [--keys FILE] [--top N] [--format text|json]"
-
-// simulateHelp follows the flags in `petstore plans simulate --help`.
+// simulateHelp is the text of `petstore plans simulate --help`.
 const simulateHelp = `
 Replays the requests of the service's JSON access log against proposed plans, with the
 limiter's own decisions (what the shared Redis state would decide: no leases, no local
@@ -50,50 +48,48 @@ are not access lines are skipped; malformed ones are counted and reported. Fails
 line of the logs is an access line with a rate-limit decision.
 `
 
-// runSimulate serves `petstore plans simulate`.
-func runSimulate(ctx context.Context, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+func setupSimulate(fs *flag.FlagSet) action {
 	var logs stringList
-	fs.Var(&logs, "access-log", "the service's JSON access log, plain or gzip; repeat for each replica's; - for standard input")
-	plansFile := fs.String("plans", "", "the proposed plans file, merged over the built-in plans (none: the built-in plans)")
-	keysFile := fs.String("keys", "", "static keys file: keys' own quotas (overrides), checked against the proposed plans")
+	fs.Var(&logs, "access-log", "the service's JSON access log `FILE`, plain or gzip; repeat for each replica's; - for standard input")
+	plansFile := fs.String("plans", "", "the proposed plans `FILE`, merged over the built-in plans (none: the built-in plans)")
+	keysFile := fs.String("keys", "", "static keys `FILE`: keys' own quotas (overrides), checked against the proposed plans")
 	top := fs.Int("top", 10, "most affected keys to list per plan")
 	format := fs.String("format", "text", "output: text or json")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: petstore plans %s\n\n", simulateUsage)
-		fs.PrintDefaults()
-		fmt.Fprint(fs.Output(), simulateHelp)
+	return func(ctx context.Context, c *call) error {
+		switch {
+		case len(c.args) != 0:
+			return c.usageErrorf("plans simulate takes no arguments, got %q (give each log with --access-log)", c.args)
+		case len(logs) == 0:
+			return c.usageErrorf("plans simulate: give at least one --access-log (- for standard input)")
+		case *top < 0:
+			return c.usageErrorf("--top must not be negative, got %d", *top)
+		}
+		if err := c.checkFormat(*format, "text", "json"); err != nil {
+			return err
+		}
+		return simulate(ctx, c, logs, *plansFile, *keysFile, *top, *format)
 	}
-	rest, err := parseInterspersed(fs, args)
-	if err != nil {
-		return err
-	}
-	switch {
-	case len(rest) != 0:
-		return fmt.Errorf("plans simulate takes no arguments, got %q (give each log with --access-log)", rest)
-	case len(logs) == 0:
-		return errors.New("plans simulate: give at least one --access-log (- for standard input)")
-	case *format != "text" && *format != "json":
-		return fmt.Errorf("--format must be text or json, got %q", *format)
-	case *top < 0:
-		return fmt.Errorf("--top must not be negative, got %d", *top)
-	}
-	plans, keys, err := apikey.LoadFiles(*plansFile, *keysFile)
+}
+
+// simulate runs `petstore plans simulate`.
+func simulate(ctx context.Context, c *call, logs []string, plansFile, keysFile string, top int, format string) error {
+	plans, keys, err := apikey.LoadFiles(plansFile, keysFile)
 	if err != nil {
 		return err
 	}
 	inputs, err := simulateInputs(logs)
 	if err != nil {
-		return err
+		return c.usage(err)
 	}
 	log, err := accesslog.Read(ctx, inputs, 0)
 	if err != nil {
 		return err
 	}
 	if log.Total.Replayable == 0 {
-		c := log.Total
+		n := log.Total
 		return fmt.Errorf("nothing to replay: no line of %s is an access line with a rate-limit decision "+
 			"(%d lines: %d malformed, %d other messages, %d not decided by the limiter)",
-			strings.Join(logs, ", "), c.Lines, c.Malformed, c.Other, c.NotAsked)
+			strings.Join(logs, ", "), n.Lines, n.Malformed, n.Other, n.NotAsked)
 	}
 	overrides := map[string][]ratelimit.Window{}
 	labels := map[string]string{}
@@ -105,18 +101,18 @@ func runSimulate(ctx context.Context, fs *flag.FlagSet, args []string, stdout, s
 			labels[r.ID] = r.Label
 		}
 	}
-	rep, err := replay.Run(ctx, log, replay.Options{Plans: plans, Overrides: overrides, Top: *top})
+	rep, err := replay.Run(ctx, log, replay.Options{Plans: plans, Overrides: overrides, Top: top})
 	if err != nil {
 		return err
 	}
 	if n := log.Total.Malformed; n > 0 {
-		fmt.Fprintf(stderr, "petstore: plans simulate: %d malformed lines skipped\n", n)
+		fmt.Fprintf(c.stderr, "petstore: plans simulate: %d malformed lines skipped\n", n)
 	}
-	sim := simulation{plansFile: *plansFile, keysFile: *keysFile, logs: logs, plans: plans, labels: labels, log: log, report: rep}
-	if *format == "json" {
-		return sim.writeJSON(stdout)
+	sim := simulation{plansFile: plansFile, keysFile: keysFile, logs: logs, plans: plans, labels: labels, log: log, report: rep}
+	if format == "json" {
+		return sim.writeJSON(c.stdout)
 	}
-	return sim.writeText(stdout)
+	return sim.writeText(c.stdout)
 }
 
 // stringList is a repeatable flag.
