@@ -56,7 +56,7 @@ func TestPlansCheckBadFiles(t *testing.T) {
 		want  []string // in the error besides the file's path: the field and its line
 	}{
 		{"YAML syntax error", "plans:\n  gold:\n    quotas: [{limit: 1, period: 1m}]\n  pro: ban: off\n", "",
-			[]string{"plans.pro (line 4): not YAML: mapping values are not allowed"}},
+			[]string{"plans.pro (line 4, column 11): not YAML: mapping values are not allowed"}},
 		{"unknown field", "plans:\n  gold:\n    quotas: [{limit: 1, period: 1m}]\n    burst: 5\n", "",
 			[]string{"plans.gold.burst (line 4): unknown field"}},
 		{"unknown plan referenced by a key", checkedPlans, "keys:\n  - key: " + key + "\n    plan: silver\n",

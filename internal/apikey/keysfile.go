@@ -275,11 +275,15 @@ func windows(qs []plan.Quota, field string) ([]ratelimit.Window, string, error) 
 // misplaced key must not end up in a log.
 func locate(data []byte, err error) error {
 	if s, ok := yamlerr.ParseSyntax(data, err); ok {
-		where := fmt.Sprintf("line %d", s.Line)
+		where := s.Where()
 		if path, _, ok := s.Lines.Last(s.Line); ok && strings.HasPrefix(path, "keys[") {
-			where = fmt.Sprintf("%s (line %d)", path[:strings.IndexByte(path, ']')+1], s.Line)
+			where = fmt.Sprintf("%s (%s)", path[:strings.IndexByte(path, ']')+1], where)
 		}
-		return fmt.Errorf("%s: not YAML: %s", where, s.Message)
+		msg := s.Message
+		if s.Context != "" {
+			msg += fmt.Sprintf(" while parsing %s (line %d, column %d)", s.Context, s.ContextLine, s.ContextColumn)
+		}
+		return fmt.Errorf("%s: not YAML: %s", where, msg)
 	}
 	root, problems, ok := yamlerr.Problems(data, err)
 	if !ok {

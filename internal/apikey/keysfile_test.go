@@ -112,7 +112,7 @@ func TestParseKeysErrors(t *testing.T) {
 		{"keys not a list", "keys: {a: 1}", []string{"line 1: want a list, got map"}},
 		{"every problem reported", "keys:\n  - {plan: free}\n  - {sha256: x, plan: free}\n", []string{"keys[0] (line 2): give key or sha256", "keys[1].sha256 (line 3)"}},
 		{"two documents", "keys: []\n---\nkeys: []\n", []string{"line 2: a second YAML document starts here: a keys file holds a single YAML document"}},
-		{"not YAML", "keys:\n  - sha256: " + h + "\n    plan: free\n  - key: " + devKey + "\n    plan: [free\n", []string{"keys[1] (line 4): not YAML:"}},
+		{"not YAML", "keys:\n  - sha256: " + h + "\n    plan: free\n  - key: " + devKey + "\n    plan: [free\n", []string{"keys[1] (line 6, column 1, the end of the file): not YAML: did not find expected ',' or ']' while parsing a flow sequence (line 5, column 11)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

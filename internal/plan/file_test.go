@@ -233,8 +233,24 @@ func TestParseErrors(t *testing.T) {
 		{"two documents", "plans: {}\n---\nplans: {pro: {ban: off}}\n", []string{"plans (line 3): in a second YAML document, which starts on line 2: a plans file holds a single YAML document"}},
 		{"empty file", "", []string{`plans (line 1): required, and the file is empty; write "plans: {}"`}},
 		{"only comments", "# plans: {}\n\n", []string{"plans (line 1): required, and the file is empty"}},
-		{"not YAML", "plans:\n  free:\n    quotas: []\n  pro: x: y\n", []string{"plans.pro (line 4): not YAML: mapping values are not allowed in this context"}},
-		{"not YAML from the start of a line", "plans:\n  free:\n\tquotas: []\n", []string{"line 3: not YAML: found character that cannot start any token (after plans.free, line 2)"}},
+		{"not YAML", "plans:\n  free:\n    quotas: []\n  pro: x: y\n", []string{"plans.pro (line 4, column 9): not YAML: mapping values are not allowed in this context"}},
+		{"not YAML from the start of a line", "plans:\n  free:\n\tquotas: []\n", []string{"line 3, column 1: not YAML: found character that cannot start any token (after plans.free, line 2)"}},
+		// The parser stops at the end of the file, in the mapping pro opens
+		// on line 3 (YAML's own message names line 2, free's).
+		{"not YAML: a flow mapping left open", "plans:\n  free: {quotas: [{limit: 1, period: 1m}]}\n  pro: {quotas: [{limit: 1, period: 1m}]\n",
+			[]string{"line 4, column 1, the end of the file: not YAML: did not find expected ',' or '}' while parsing a flow mapping (plans.pro, line 3, column 8)"}},
+		// The parser stops at the key indented too far (YAML's own message
+		// names line 1).
+		{"not YAML: a key indented too far", "plans:\n  free:\n    quotas: [{limit: 1, period: 1m}]\n   pro: {}\n",
+			[]string{"line 4, column 4: not YAML: did not find expected key (after plans.free.quotas[0].period, line 3)"}},
+		{"not YAML: a list left open before the next plan", "plans:\n  pro: {quotas: [{limit: 1, period: 1m}}\n  free: {}\n",
+			[]string{"plans.pro (line 2, column 40): not YAML: did not find expected ',' or ']' while parsing a flow sequence (plans.pro, line 2, column 17)"}},
+		{"not YAML: a quotation mark left open", "plans:\n  free:\n    mode: \"shadow\n    quotas: []\n",
+			[]string{"line 5, column 1, the end of the file: not YAML: found unexpected end of stream while parsing a quoted scalar (plans.free.mode, line 3, column 11)"}},
+		{"not YAML: an entry where a field belongs", "plans:\n  free:\n    quotas: []\n  - pro\n",
+			[]string{"line 4, column 3: not YAML: did not find expected key (after plans.free.quotas, line 3)"}},
+		{"not YAML on the last line without a newline", "plans: [",
+			[]string{"plans (line 1, column 9, the end of the file): not YAML: did not find expected node content"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,14 +26,7 @@ func locate(data []byte, err error) error {
 		return err
 	}
 	if s, ok := yamlerr.ParseSyntax(data, err); ok {
-		path, at, found := s.Lines.Last(s.Line)
-		switch {
-		case found && at == s.Line:
-			return fmt.Errorf("%s (line %d): not YAML: %s", path, s.Line, s.Message)
-		case found:
-			return fmt.Errorf("line %d: not YAML: %s (after %s, line %d)", s.Line, s.Message, path, at)
-		}
-		return fmt.Errorf("line %d: not YAML: %s", s.Line, s.Message)
+		return syntaxError(s)
 	}
 	root, problems, ok := yamlerr.Problems(data, err)
 	if !ok {
@@ -44,6 +37,29 @@ func locate(data []byte, err error) error {
 		msgs = append(msgs, describe(root, p))
 	}
 	return errors.New(strings.Join(msgs, "; "))
+}
+
+// syntaxError says where the parser stopped reading a file that is not
+// YAML, and in which field: the one starting on that line, else the last
+// before it or, for a bracket or quotation mark left open, the one it
+// opens in.
+func syntaxError(s yamlerr.Syntax) error {
+	msg := "not YAML: " + s.Message
+	if s.Context != "" {
+		in := fmt.Sprintf("line %d, column %d", s.ContextLine, s.ContextColumn)
+		if path, at, ok := s.Field(s.ContextLine); ok && at == s.ContextLine {
+			in = path + ", " + in
+		}
+		msg += fmt.Sprintf(" while parsing %s (%s)", s.Context, in)
+	}
+	path, at, found := s.Lines.Last(s.Line)
+	switch {
+	case found && at == s.Line:
+		return fmt.Errorf("%s (%s): %s", path, s.Where(), msg)
+	case found && s.Context == "":
+		return fmt.Errorf("%s: %s (after %s, line %d)", s.Where(), msg, path, at)
+	}
+	return fmt.Errorf("%s: %s", s.Where(), msg)
 }
 
 // place names the line of each problem found after decoding.

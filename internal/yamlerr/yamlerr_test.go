@@ -3,6 +3,7 @@ package yamlerr
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -150,16 +151,21 @@ func TestLines(t *testing.T) {
 func TestParseSyntax(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name string
-		data string
-		line int
-		last string // the field at or before the error, "" for none
+		name         string
+		data         string
+		line, column int
+		end          bool
+		context      string // and where it starts, "line:column"
+		last         string // the field at or before the error, "" for none
 	}{
-		{"unclosed list on the first line", "plans: [", 1, "plans"},
-		{"a value that is a mapping again", "plans:\n  free:\n    quotas: []\n  pro: x: y\n", 4, "plans.pro"},
-		{"a tab", "plans:\n\tfree: {}\n", 2, "plans"},
-		{"unclosed flow mapping", "plans:\n  free: {quotas: [{limit: 1, period: 1m}]}\n  pro: {ban: off\n", 2, "plans.free"},
-		{"nothing parses", "[\n", 1, ""},
+		{"unclosed list on the first line", "plans: [", 1, 9, true, "", "plans"},
+		{"a value that is a mapping again", "plans:\n  free:\n    quotas: []\n  pro: x: y\n", 4, 9, false, "", "plans.pro"},
+		{"a tab", "plans:\n\tfree: {}\n", 2, 1, false, "", "plans"},
+		{"unclosed flow mapping", "plans:\n  free: {quotas: [{limit: 1, period: 1m}]}\n  pro: {ban: off\n", 4, 1, true, "a flow mapping 3:8", "plans.free.quotas[0].period"},
+		{"unclosed flow mapping before a line", "plans:\n  pro: {ban: off\n  free: {}\n", 3, 7, false, "a flow mapping 2:8", "plans"},
+		{"unclosed quotation mark", "plans:\n  pro: \"off\n\n", 4, 1, true, "a quoted scalar 2:8", "plans"},
+		{"a key indented too far", "plans:\n  free:\n    quotas: [{limit: 1, period: 1m}]\n   pro: {}\n", 4, 4, false, "", "plans.free.quotas[0].period"},
+		{"nothing parses", "[\n", 2, 1, true, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -167,8 +173,13 @@ func TestParseSyntax(t *testing.T) {
 			var v map[string]any
 			err := yaml.Unmarshal([]byte(tt.data), &v)
 			s, ok := ParseSyntax([]byte(tt.data), err)
-			if !ok || s.Line != tt.line || s.Message == "" || strings.HasPrefix(s.Message, "yaml:") {
-				t.Fatalf("ParseSyntax(%v) = %+v, %v; want line %d", err, s, ok, tt.line)
+			if !ok || s.Line != tt.line || s.Column != tt.column || s.End != tt.end || s.Message == "" || strings.HasPrefix(s.Message, "yaml:") {
+				t.Fatalf("ParseSyntax(%v) = %+v, %v; want line %d, column %d, end %v", err, s, ok, tt.line, tt.column, tt.end)
+			}
+			if got := fmt.Sprintf("%s %d:%d", s.Context, s.ContextLine, s.ContextColumn); s.Context != "" || tt.context != "" {
+				if got != tt.context {
+					t.Errorf("context %q, want %q", got, tt.context)
+				}
 			}
 			path, _, found := s.Lines.Last(s.Line)
 			if path != tt.last || found != (tt.last != "") {
@@ -181,5 +192,21 @@ func TestParseSyntax(t *testing.T) {
 	}
 	if _, ok := ParseSyntax([]byte("a: 1"), nil); ok {
 		t.Error("no error parsed as a syntax error")
+	}
+}
+
+func TestSyntaxWhere(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		s    Syntax
+		want string
+	}{
+		{Syntax{Line: 4, Column: 9}, "line 4, column 9"},
+		{Syntax{Line: 4, Column: 1, End: true}, "line 4, column 1, the end of the file"},
+		{Syntax{Line: 2}, "line 2"},
+	} {
+		if got := tt.s.Where(); got != tt.want {
+			t.Errorf("%+v: Where() = %q, want %q", tt.s, got, tt.want)
+		}
 	}
 }
