@@ -58,8 +58,9 @@ func periodError(s string) error {
 	return fmt.Errorf("period %q: want a duration such as 10s, 1m, 24h or 7d", s)
 }
 
-// ParseQuota parses LIMIT/PERIOD, e.g. "300/1m" or "5000/7d", as used by the
-// command line to give a key its own quotas.
+// ParseQuota parses a quota written LIMIT/PERIOD, e.g. "300/1m" or
+// "5000/7d": the one way the command line and the settings write a quota
+// (a key's own, the auth failure limit).
 func ParseQuota(s string) (ratelimit.Window, error) {
 	n, p, ok := strings.Cut(strings.TrimSpace(s), "/")
 	if !ok {
@@ -76,7 +77,8 @@ func ParseQuota(s string) (ratelimit.Window, error) {
 	return ratelimit.Window{Limit: limit, Period: period}, nil
 }
 
-// FormatQuotas prints windows as the command line takes them: "60/1m,1000/24h".
+// FormatQuotas prints windows as LIMIT/PERIOD, as the command line takes
+// them: "60/1m,1000/24h".
 func FormatQuotas(ws []ratelimit.Window) string {
 	parts := make([]string, len(ws))
 	for i, w := range ws {
