@@ -67,10 +67,6 @@ func createKeys(ctx context.Context, c *call, spec keySpec) error {
 	if err := c.checkFormat(spec.format, "text", "csv", "yaml"); err != nil {
 		return err
 	}
-	generateOnly := c.cfg.DatabaseURL == ""
-	if generateOnly && spec.format == "text" {
-		return c.usageErrorf("this command needs PostgreSQL: set --database-url or PETSTORE_DATABASE_URL (or give --format csv|yaml to only generate keys for a static keys file)")
-	}
 	plans, err := plan.Load(c.cfg.PlansFile)
 	if err != nil {
 		return err
@@ -86,6 +82,10 @@ func createKeys(ctx context.Context, c *call, spec keySpec) error {
 	// and two quotas of one period before anything is stored.
 	if _, err := plans.Policy(name, plan.Overrides{Quotas: spec.quotas, Candidate: spec.candidate}); err != nil {
 		return c.usage(err)
+	}
+	generateOnly := c.cfg.DatabaseURL == ""
+	if generateOnly && spec.format == "text" {
+		return c.usageErrorf("keys create needs PostgreSQL: set --database-url or PETSTORE_DATABASE_URL (or give --format csv|yaml to only generate keys for a static keys file)")
 	}
 
 	var store *postgres.Store
