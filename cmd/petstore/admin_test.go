@@ -290,8 +290,23 @@ func TestLimitsFinalize(t *testing.T) {
 	if err := <-done; err != nil || !strings.HasPrefix(out.String(), "finalized at ") || !strings.HasPrefix(errOut.String(), "waiting: 1 replica(s)") {
 		t.Fatalf("finalize --wait once the older replica left: %v %q %q", err, out.String(), errOut.String())
 	}
-	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize marks removed") {
+	if out := runOK(t, env, "limits", "finalize", "--undo"); !strings.HasPrefix(out, "finalize marks removed and finalizing held") {
 		t.Fatalf("undo printed %q", out)
+	}
+	// --undo holds finalizing; --status says so, --release lifts the hold
+	// and --hold sets it again.
+	const hold = "petstore:rl:{replicas}:hold"
+	if out := runOK(t, env, "limits", "finalize", "--status"); !m.Exists(hold) || !strings.HasPrefix(out, "finalizing held since ") {
+		t.Fatalf("after --undo, status printed %q (hold set: %v)", out, m.Exists(hold))
+	}
+	if out := runOK(t, env, "limits", "finalize", "--release"); m.Exists(hold) || !strings.HasPrefix(out, "hold lifted") {
+		t.Fatalf("--release printed %q (hold still set: %v)", out, m.Exists(hold))
+	}
+	if out := runOK(t, env, "limits", "finalize", "--hold"); !m.Exists(hold) || !strings.HasPrefix(out, "finalizing held") {
+		t.Fatalf("--hold printed %q (hold set: %v)", out, m.Exists(hold))
+	}
+	if out := runOK(t, env, "limits", "finalize", "--release"); m.Exists(hold) || m.Exists("petstore:rl:{replicas}:finalized") {
+		t.Fatalf("--release finalized or kept the hold: %q", out)
 	}
 	// --wait also waits for a Redis that does not answer yet (a hook Job
 	// started before it), saying so.
@@ -325,7 +340,8 @@ func TestLimitsFinalize(t *testing.T) {
 	if out := runOK(t, noRedis, "limits", "finalize", "--optional"); !strings.HasPrefix(out, "not finalized") || !strings.Contains(out, "the records stay as they are") {
 		t.Fatalf("finalize --optional, no Redis, printed %q", out)
 	}
-	for _, args := range [][]string{{"--wait", "1m", "--undo"}, {"--wait", "1m", "--status"}, {"--wait", "-1s"}, {"--optional", "--undo"}, {"--optional", "--status"}} {
+	for _, args := range [][]string{{"--wait", "1m", "--undo"}, {"--wait", "1m", "--status"}, {"--wait", "-1s"}, {"--optional", "--undo"}, {"--optional", "--status"},
+		{"--hold", "--release"}, {"--hold", "--undo"}, {"--wait", "1m", "--hold"}, {"--optional", "--release"}} {
 		err := run(context.Background(), append([]string{"limits", "finalize"}, args...), func(k string) string { return env[k] }, io.Discard, io.Discard)
 		if ue, ok := errors.AsType[*usageError](err); !ok || ue.cmd != "limits finalize" {
 			t.Fatalf("limits finalize %v: %v, want a usage error", args, err)

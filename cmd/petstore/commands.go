@@ -103,10 +103,14 @@ func commands() *command {
 					},
 					{
 						name:    "limits finalize",
-						usage:   "[--wait DURATION] [--optional] [flags]\n--undo [flags]\n--status [flags]",
-						summary: "after a rollout, let replicas write records only this release reads",
-						about: "Marks the rate limiter's records as finalized, once no replica of an older\n" +
-							"release is live; --undo removes the mark before a rollback to such a release.",
+						usage:   "[--wait DURATION] [--optional] [flags]\n--hold | --release | --undo | --status [flags]",
+						summary: "finalize the rate limiter's records now, hold finalizing back, or undo it",
+						about: "The fleet finalizes by itself once no replica of an older release has been\n" +
+							"live for the replicas' finalize period (a minute by default). This command\n" +
+							"finalizes at once and lifts a hold; --hold keeps the fleet from finalizing,\n" +
+							"to keep a rollback open through a staged upgrade, until --release or a\n" +
+							"finalize; --undo holds and removes the marks before a rollback to a release\n" +
+							"older than finalizing.",
 						settings: redis,
 						setup:    setupFinalize,
 					},

@@ -138,26 +138,39 @@ func setupLimitsReset(fs *flag.FlagSet) action {
 }
 
 func setupFinalize(fs *flag.FlagSet) action {
-	undo := fs.Bool("undo", false, "remove the mark, before rolling back to a release older than finalizing")
-	status := fs.Bool("status", false, "print the mark and the replicas live, change nothing")
+	undo := fs.Bool("undo", false, "hold finalizing and remove the marks, before rolling back to a release older than finalizing")
+	status := fs.Bool("status", false, "print the marks, the hold and the replicas live, change nothing")
+	hold := fs.Bool("hold", false, "keep the fleet from finalizing by itself (a staged upgrade whose rollback stays open)")
+	release := fs.Bool("release", false, "lift a hold: the fleet finalizes by itself once no older replica is live")
 	wait := fs.Duration("wait", 0, "while replicas of an older release are live or Redis does not answer, try again, for at most this long (e.g. 5m, after a rollout)")
 	optional := fs.Bool("optional", false, "when it cannot finalize (older replicas live, Redis not answering; after --wait), say why and exit 0: the records stay as they are, which is safe (a fresh install's hook)")
 	return func(ctx context.Context, c *call) error {
 		switch {
 		case len(c.args) != 0:
 			return c.noArgs()
-		case *undo && *status:
-			return c.usageErrorf("give --undo or --status, not both")
+		case count(*undo, *status, *hold, *release) > 1:
+			return c.usageErrorf("give one of --hold, --release, --undo and --status")
 		case *wait < 0:
 			return c.usageErrorf("--wait must not be negative, got %s", *wait)
-		case (*wait > 0 || *optional) && (*undo || *status):
-			return c.usageErrorf("--wait and --optional go with finalizing, not with --undo or --status")
+		case (*wait > 0 || *optional) && count(*undo, *status, *hold, *release) > 0:
+			return c.usageErrorf("--wait and --optional go with finalizing, not with --hold, --release, --undo or --status")
 		}
 		limiter, closeLimiter, err := c.limiter()
 		if err != nil {
 			return err
 		}
 		defer closeLimiter()
+		if *hold || *release {
+			if err := limiter.Hold(ctx, *hold); err != nil {
+				return err
+			}
+			if *hold {
+				fmt.Fprintln(c.stdout, "finalizing held: the fleet does not finalize by itself until 'petstore limits finalize --release' or 'petstore limits finalize'")
+			} else {
+				fmt.Fprintln(c.stdout, "hold lifted: the fleet finalizes by itself once no replica of an older release has been live for the replicas' finalize period")
+			}
+			return nil
+		}
 		err = finalize(ctx, limiter, *undo, *status, *wait, c.stdout, c.stderr)
 		var nf *notFinalizedError
 		if *optional && errors.As(err, &nf) {
@@ -183,6 +196,9 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		if err != nil {
 			return err
 		}
+		if !st.Held.IsZero() {
+			fmt.Fprintf(stdout, "finalizing held since %s\n", st.Held.UTC().Format(time.RFC3339Nano))
+		}
 		switch {
 		case st.Finalized.IsZero() && st.Blocks.IsZero():
 			fmt.Fprintf(stdout, "not finalized; %d replica(s) live, %d of an older release\n", st.Replicas, st.Older)
@@ -196,7 +212,7 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		if err := limiter.Unfinalize(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "finalize marks removed; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended: wait that long before starting an older release\n", ratelimit.Unfinalizing)
+		fmt.Fprintf(stdout, "finalize marks removed and finalizing held; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended: wait that long before starting an older release\n", ratelimit.Unfinalizing)
 		return nil
 	}
 	deadline := time.Now().Add(wait)
@@ -235,6 +251,17 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		case <-time.After(finalizeRetry):
 		}
 	}
+}
+
+// count returns how many of bs are true.
+func count(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // notFinalizedError is finalize's answer when it could not finalize:
