@@ -32,20 +32,26 @@ func TestExactnessAcrossReplicas(t *testing.T) {
 }
 
 // TestExactnessFinalized is TestExactnessAcrossReplicas on a finalized
-// fleet, as a fresh install of the chart runs it: records finalized,
-// coarse records read by every decision, and one more key (600 per 10 s
-// and a day, at 70 a second) whose blocks are spent in process until it
-// nears its limit, then decided exactly; every window judged the same.
+// fleet, as a plain fleet of replicas runs once it has finalized by
+// itself, with no admin command: records finalized, coarse records read
+// by every decision, and one more key (600 per 10 s and a day, at 70 a
+// second) whose blocks are spent in process until it nears its limit,
+// then decided exactly; every window judged the same.
 func TestExactnessFinalized(t *testing.T) {
 	checkExactness(t, 0, true)
 }
 
 // checkExactness runs the exactness scenario on a fleet whose replicas
-// have the given --redis-timeout (0: newFleet's default), finalized or
-// not.
+// have the given --redis-timeout (0: newFleet's default), finalized by
+// itself (after 2 s with no older replica) or never.
 func checkExactness(t *testing.T, redisTimeout time.Duration, finalized bool) {
+	finalizeAfter := "0"
+	if finalized {
+		finalizeAfter = "2s"
+	}
 	f := newFleet(t, fleetOptions{
-		redisTimeout: redisTimeout,
+		redisTimeout:  redisTimeout,
+		finalizeAfter: finalizeAfter,
 		plans: `plans:
   five: {quotas: [{limit: 5, period: 3s}], ban: off}
   hundred: {quotas: [{limit: 100, period: 10s}], ban: off}
@@ -56,7 +62,8 @@ func checkExactness(t *testing.T, redisTimeout time.Duration, finalized bool) {
 		keys: map[string]int{"five": 1, "hundred": 1, "thousand": 1, "two": 1, "roomy": 1},
 	})
 	if finalized {
-		f.finalize(t)
+		// No admin command: the replicas finalize by themselves.
+		f.waitGauges(t, 15*time.Second, 1, "petstore_ratelimit_records_finalized", "petstore_ratelimit_blocks_in_force")
 	}
 	type window struct {
 		limit  int

@@ -244,6 +244,7 @@ type fleetOptions struct {
 	maxLease       int            // --ratelimit-max-lease (0: the default)
 	balance        string         // HAProxy's balancing lines (default balanceRoundRobin; make cluster BALANCE=...)
 	draftFields    bool           // --ratelimit-draft-fields: RateLimit-Policy shows the plan a replica applies (fleet.policy)
+	finalizeAfter  string         // --ratelimit-finalize-after for this tree's replicas ("": the default, 1m; "0": never by itself)
 }
 
 // fleet is N replicas of one build sharing a private Redis, behind
@@ -431,6 +432,9 @@ func (r *replica) start() {
 	}
 	if f.opts.draftFields {
 		args = append(args, "--ratelimit-draft-fields")
+	}
+	if f.opts.finalizeAfter != "" && r.bin == petstoreBin {
+		args = append(args, "--ratelimit-finalize-after", f.opts.finalizeAfter)
 	}
 	r.p = startProc(f.t, f.dir, fmt.Sprintf("%s-%d", r.name, r.restarts), r.bin, args...)
 	deadline := time.Now().Add(20 * time.Second)
