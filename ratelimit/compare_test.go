@@ -32,7 +32,7 @@ import (
 // seldom for a lease to form, and every decision reaches Redis), and
 // steady: the cold workload after 15 s of it, untimed, by which time each
 // key's minute has counted enough of its requests for a reservation of
-// its day window (README, Reservations), as a key sending a few requests
+// its day window (README, Trade-offs), as a key sending a few requests
 // a second does in service; there this limiter runs beside itself with
 // reservations (and leases) off, MaxLease 1, as "petstore-whole": what
 // reservations save; and steady-fleet, the same on a fleet of four
@@ -126,7 +126,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			// No heartbeats or registry refreshes: their scripts would be
 			// counted in other limiters' rounds.
 			limiter := func(prefix string, maxLease int, reg *prometheus.Registry, finalized, blocks bool) *Limiter {
-				l, err := New(rdb, Options{Timeout: time.Second, Prefix: prefix, noHeartbeat: true, MaxLease: maxLease, Registerer: reg, Replicas: max(wl.replicas, 1), blocks: blocks})
+				l, err := newLimiter(rdb, Options{Timeout: time.Second, Prefix: prefix, MaxLease: maxLease, Registerer: reg, Replicas: max(wl.replicas, 1)}, hooks{noHeartbeat: true, blocks: blocks})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -6,5 +6,6 @@
 // Policy and map it to whatever their protocol needs. Decisions are made
 // by one Lua script on the Redis server, with the server's clock; without
 // Redis, or while it is unreachable in fail-open mode, they are made in
-// process. See README.md for the semantics, key layout and figures.
+// process. See README.md for the promises, the records and the modes,
+// and BENCHMARKS.md for the figures.
 package ratelimit

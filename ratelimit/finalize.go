@@ -54,7 +54,7 @@ import (
 // The mark and the census say "no replica of a release before this one",
 // nothing more. A later release whose finalized writes this release could
 // not read (a format extension that every reader must apply, such as
-// the pending list of README, Next steps) must not come into force on
+// one header record per key) must not come into force on
 // this mark: this release's replicas are in PREFIX{replicas}:final and
 // would not count as older during that release's rollout. It takes a
 // census and a mark of its own (finalizing to its level), which this

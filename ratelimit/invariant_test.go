@@ -917,8 +917,8 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 // the end of the current bucket a period on at the latest), and that
 // Remaining never tells the client of more room than its window has,
 // beyond what was admitted since the count it reports was read from Redis
-// other than through the same lease or reservation (README, Leases and
-// Reservations): for each window, Remaining <= max(limit - admissions
+// other than through the same lease or reservation (README, Trade-offs):
+// for each window, Remaining <= max(limit - admissions
 // within (x-p, x], 0) + the admissions since that read not spent from
 // that lease or reservation. The read is the decision's own round trip,
 // and for a reserved decision's short windows; the round trip that took
@@ -1134,7 +1134,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 			replicas := 1 + rng.IntN(3)
 			var ls []*Limiter
 			for range 3 {
-				l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Prefix: "petstore:rl:", Replicas: replicas, noHeartbeat: true, inStep: true})
+				l, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, Prefix: "petstore:rl:", Replicas: replicas}, hooks{clock: f.clk.Now, noHeartbeat: true, inStep: true})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -1651,7 +1651,7 @@ end
 // The code of window, write and resetAt (in decideCore), written once
 // here and put in twice: as the bodies of the functions decide calls, and
 // written out in fast for each of its windows, where the calls would cost
-// about a tenth of a decision (BENCHMARKS.md). "$" stands for the
+// about a tenth of a decision (BenchmarkLuaLineProfile). "$" stands for the
 // window's suffix in fast ("1", "2"; "" in the functions): its inputs
 // key$, h$, period$, g$, n$, unit$ (window); key$, h$, fresh$, vh$, total$,
 // hc$, ho$, b$, g$, n$, unit$, ttl$, count, at (write); b$, off$, period$,

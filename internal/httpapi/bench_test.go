@@ -163,8 +163,8 @@ func BenchmarkStackVsBareChi(b *testing.B) {
 //
 //	go test -run '^$' -bench LimitFields -benchtime 200000x -count 5 ./internal/httpapi/
 //
-// One side alone, its instructions counted (ratelimit/BENCHMARKS.md,
-// 2026-11-30; callgrind needs Go's preemption signals off):
+// One side alone, its instructions counted (callgrind needs Go's
+// preemption signals off):
 //
 //	go test -c -o httpapi.test ./internal/httpapi/
 //	BENCH_FIELDS_SIDE=on GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind \
@@ -320,8 +320,7 @@ func (f fixedLimiter) Allow(context.Context, string, ratelimit.Policy) (ratelimi
 // by one. Each count is set in a fresh map as a handler sets it, copied
 // and written sorted as the server does (wireWriter), in interleaved
 // blocks. Go keeps a map of up to 8 entries in one small group; the 9th
-// makes both the handler's map and the server's copy hash tables
-// (ratelimit/BENCHMARKS.md, 2026-11-30, second entry).
+// makes both the handler's map and the server's copy hash tables.
 //
 //	go test -run '^$' -bench ResponseFieldCount -benchtime 300000x -count 3 ./internal/httpapi/
 func BenchmarkResponseFieldCount(b *testing.B) {
