@@ -261,7 +261,7 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 	}
 
 	logs := &testenv.Buffer{}
-	l, err := New(admin, Options{Prefix: randomPrefix(t), Timeout: time.Second, MaxLease: 1, noHeartbeat: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	l, err := newLimiter(admin, Options{Prefix: randomPrefix(t), Timeout: time.Second, MaxLease: 1, Logger: slog.New(slog.NewTextHandler(logs, nil))}, hooks{noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 	limited := redis.NewClient(&redis.Options{Addr: s.addr, Username: "scripts-only", Password: "pw"})
 	t.Cleanup(func() { _ = limited.Close() })
 	logs2 := &testenv.Buffer{}
-	l2, err := New(limited, Options{Prefix: randomPrefix(t), Timeout: time.Second, MaxLease: 1, noHeartbeat: true, Logger: slog.New(slog.NewTextHandler(logs2, nil))})
+	l2, err := newLimiter(limited, Options{Prefix: randomPrefix(t), Timeout: time.Second, MaxLease: 1, Logger: slog.New(slog.NewTextHandler(logs2, nil))}, hooks{noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,8 +326,8 @@ func behindAStuckCall(t *testing.T, opts Options, settle time.Duration, queued i
 	rdb := redis.NewClient(&redis.Options{Addr: silentServer(t), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
 	defer rdb.Close()
 	reg := prometheus.NewRegistry()
-	opts.Registerer, opts.noHeartbeat = reg, true
-	l, err := New(rdb, opts)
+	opts.Registerer = reg
+	l, err := newLimiter(rdb, opts, hooks{noHeartbeat: true, sendOnce: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func TestPipelineHoldReleasedWhenCallsEnd(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	defer rdb.Close()
-	l, err := New(rdb, Options{Prefix: randomPrefix(t), Timeout: 5 * time.Second, Pipelines: 4, PipelineHold: time.Hour, noHeartbeat: true})
+	l, err := newLimiter(rdb, Options{Prefix: randomPrefix(t), Timeout: 5 * time.Second, Pipelines: 4, PipelineHold: time.Hour}, hooks{noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}

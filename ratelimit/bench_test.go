@@ -412,7 +412,7 @@ func BenchmarkSparseKeys(b *testing.B) {
 			s := startRedisServer(b)
 			rdb := redis.NewClient(&redis.Options{Addr: s.addr, PoolSize: 2 * compareCallers})
 			b.Cleanup(func() { _ = rdb.Close() })
-			l, err := New(rdb, Options{Timeout: time.Second, noHeartbeat: true})
+			l, err := newLimiter(rdb, Options{Timeout: time.Second}, hooks{noHeartbeat: true})
 			if err != nil {
 				b.Fatal(err)
 			}

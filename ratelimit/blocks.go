@@ -60,7 +60,7 @@ import "time"
 // own before an edit, may have blocks counted in the records of its
 // periods. So they
 // come into force with finalizing's second level (finalize.go), once no
-// replica of an older release runs; Options.blocks forces them in tests
+// replica of an older release runs; the blocks hook (hooks, limiter.go) forces them in tests
 // and benchmarks.
 
 // blockRing returns the coarse record of short window w: the same period

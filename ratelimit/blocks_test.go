@@ -443,7 +443,7 @@ func TestBlocksHoldEveryWindowRedis(t *testing.T) {
 // block for up to a reservation's life; what the block left is given back.
 func TestBanReachesBlockHolders(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{Replicas: 2, blocks: true})
+	f := newFixtureWith(t, Options{Replicas: 2}, hooks{blocks: true})
 	ls := f.fleet(t, 2)
 	holder, other := ls[0], ls[1]
 	p := Policy{Name: "banning", Windows: []Window{{Limit: 400, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}},
@@ -543,7 +543,7 @@ func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
 // records of the plan it is sent under.
 func TestNamesFollowTheCallPlan(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{blocks: true})
+	f := newFixtureWith(t, Options{}, hooks{blocks: true})
 	l, ctx := f.l, context.Background()
 	p := coldPlan
 	pl, err := l.plans.get(&p, &l.opts, l.met)
@@ -959,7 +959,7 @@ func TestPlansOfShortWindowsAloneTakeBlocks(t *testing.T) {
 	t.Parallel()
 	minute := Policy{Name: "minute", Windows: []Window{{Limit: 1000, Period: time.Minute}}}
 	for _, blocks := range []bool{true, false} {
-		ts, ds := youngKeys(t, newFixture(t, Options{blocks: blocks, MaxLease: 64}), minute)
+		ts, ds := youngKeys(t, newFixtureWith(t, Options{MaxLease: 64}, hooks{blocks: blocks}), minute)
 		trips, decisions := ts[1], ds[1]
 		t.Logf("blocks %v: %d of %d decisions from 10 s to 30 s went to Redis", blocks, trips, decisions)
 		if blocks && trips*100 > decisions*4 {

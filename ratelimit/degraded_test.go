@@ -405,7 +405,7 @@ func TestCallerThatLeavesIsNotDecidedLocally(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	const timeout = 5 * time.Second
 	reg := prometheus.NewRegistry()
-	l, err := New(rdb, Options{Timeout: timeout, Registerer: reg, noHeartbeat: true})
+	l, err := newLimiter(rdb, Options{Timeout: timeout, Registerer: reg}, hooks{noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}

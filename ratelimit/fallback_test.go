@@ -227,7 +227,7 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 			}
 		}
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			f := newFixture(t, Options{Replicas: int(n), MaxLease: maxLease, blocks: blocks})
+			f := newFixtureWith(t, Options{Replicas: int(n), MaxLease: maxLease}, hooks{blocks: blocks})
 			step := func() {
 				w := p.Windows[rng.IntN(len(p.Windows))].Period
 				switch rng.IntN(8) {

@@ -433,7 +433,7 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 
 	// A replica that never read the marks beats first after the next
 	// loss; the one that held them restores them at its own heartbeat.
-	other, err := New(f.rdb, Options{clock: f.clk.Now, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+	other, err := newLimiter(f.rdb, Options{Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -93,6 +92,13 @@ var epoch = time.Date(2030, 3, 4, 5, 6, 7, 0, time.UTC)
 
 func newFixture(t *testing.T, opts Options) *fixture {
 	t.Helper()
+	return newFixtureWith(t, opts, hooks{})
+}
+
+// newFixtureWith is newFixture with h's hooks beside its own (the clock,
+// no heartbeats).
+func newFixtureWith(t *testing.T, opts Options, h hooks) *fixture {
+	t.Helper()
 	m := miniredis.RunT(t)
 	m.ClockTTL(true)
 	clk := &fakeClock{mini: m}
@@ -102,10 +108,10 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	rdb.AddHook(cmds)
 	t.Cleanup(func() { _ = rdb.Close() })
 	f := &fixture{mini: m, rdb: rdb, clk: clk, cmds: cmds, reg: prometheus.NewRegistry(), logs: &testenv.Buffer{}}
-	opts.clock = clk.Now
+	h.clock = clk.Now
 	// Heartbeats run on real time and would be counted among the scripts;
 	// the fake clock's tests set the replica count themselves.
-	opts.noHeartbeat = true
+	h.noHeartbeat = true
 	opts.Registerer = f.reg
 	opts.Logger = slog.New(slog.NewTextHandler(f.logs, nil))
 	if opts.Timeout == 0 {
@@ -113,7 +119,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 		// race detector slows it further.
 		opts.Timeout = 2 * time.Second
 	}
-	l, err := New(rdb, opts)
+	l, err := newLimiter(rdb, opts, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +134,7 @@ func (f *fixture) fleet(t *testing.T, n int) []*Limiter {
 	t.Helper()
 	ls := []*Limiter{f.l}
 	for range n - 1 {
-		l, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, Replicas: n, FailureMode: f.l.opts.FailureMode, MaxLease: f.l.opts.MaxLease, noHeartbeat: true, blocks: f.l.opts.blocks, Registerer: prometheus.NewRegistry()})
+		l, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, Replicas: n, FailureMode: f.l.opts.FailureMode, MaxLease: f.l.opts.MaxLease, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true, blocks: f.l.hooks.blocks})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,16 +279,6 @@ func evalBatchAt(ctx context.Context, rdb redis.Scripter, ds []decision, fin int
 	return batchReplies(reply, len(ds))
 }
 
-// olderScript is the decision script of the release before records could
-// be finalized (testdata/decide-before-finalize.lua).
-var olderScript = sync.OnceValues(func() (*redis.Script, error) {
-	src, err := os.ReadFile("testdata/decide-before-finalize.lua")
-	if err != nil {
-		return nil, err
-	}
-	return redis.NewScript(string(src)), nil
-})
-
 // olderBatch makes the decisions ds in one call of the release before
 // records could be finalized, as its replicas do where Redis has no
 // Functions: its arguments are this release's without the finalize
@@ -349,16 +345,16 @@ func batchCommandAt(ds []decision, fin int64) ([]string, []any) {
 // replicas counting replicas live ones, heartbeats off.
 func replicasOn(t *testing.T, rdb redis.UniversalClient, n, replicas int) []*Limiter {
 	t.Helper()
-	return replicasWith(t, rdb, n, Options{Replicas: replicas})
+	return replicasWith(t, rdb, n, replicas, false)
 }
 
-// replicasWith is replicasOn with opts (its Replicas, and blocks).
-func replicasWith(t *testing.T, rdb redis.UniversalClient, n int, opts Options) []*Limiter {
+// replicasWith is replicasOn with blocks in force or not.
+func replicasWith(t *testing.T, rdb redis.UniversalClient, n, replicas int, blocks bool) []*Limiter {
 	t.Helper()
 	prefix := randomPrefix(t)
 	var ls []*Limiter
 	for range n {
-		l, err := New(rdb, Options{Replicas: opts.Replicas, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, blocks: opts.blocks, Registerer: prometheus.NewRegistry()})
+		l, err := newLimiter(rdb, Options{Replicas: replicas, Prefix: prefix, Timeout: time.Second, Registerer: prometheus.NewRegistry()}, hooks{noHeartbeat: true, blocks: blocks})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -175,7 +175,7 @@ func TestLeasesStrictAcrossReplicas(t *testing.T) {
 	var ls []*Limiter
 	ls = append(ls, f.l)
 	for _, cache := range []int{0, -1} {
-		l, err := New(f.rdb, Options{Replicas: 3, Buckets: 10, CacheSize: cache, clock: f.clk.Now, Timeout: 2 * time.Second})
+		l, err := newLimiter(f.rdb, Options{Replicas: 3, Buckets: 10, CacheSize: cache, Timeout: 2 * time.Second}, hooks{clock: f.clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -347,7 +347,7 @@ func checkHeldToTheirPlans(t *testing.T, times, limits []int64, period time.Dura
 func TestLeaseHoldsOtherPlansToItsLimit(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{Replicas: 1})
-	b, err := New(f.rdb, Options{Replicas: 1, CacheSize: -1, clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+	b, err := newLimiter(f.rdb, Options{Replicas: 1, CacheSize: -1, Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,7 +586,7 @@ func TestLeaseHoldsOtherPlansToItsLimitOnRedis(t *testing.T) {
 	prefix := randomPrefix(t)
 	var ls []*Limiter
 	for _, cache := range []int{0, -1} {
-		l, err := New(rdb, Options{Replicas: 1, CacheSize: cache, Prefix: prefix, Timeout: time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		l, err := newLimiter(rdb, Options{Replicas: 1, CacheSize: cache, Prefix: prefix, Timeout: time.Second, Registerer: prometheus.NewRegistry()}, hooks{noHeartbeat: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -681,7 +681,7 @@ func TestLeaseCapHoldsGeneratedPlans(t *testing.T) {
 	rng := invariantRNG(t, 5)
 	runLeaseCapCases(t, rng, max(*invariantCases/2, 20), func(t *testing.T, pa, pb Policy, replicas int, stepA, stepB time.Duration) int {
 		f := newFixture(t, Options{Replicas: replicas})
-		b, err := New(f.rdb, Options{Replicas: replicas, clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+		b, err := newLimiter(f.rdb, Options{Replicas: replicas, Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -914,7 +914,7 @@ func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
 		// for any number of replicas sharing one state.
 		clk := &fakeClock{}
 		clk.Set(epoch)
-		exact, err := New(nil, Options{clock: clk.Now})
+		exact, err := newLimiter(nil, Options{}, hooks{clock: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -107,18 +107,25 @@ type Options struct {
 	// whose count sizes every replica's leases, reservations and share of
 	// a limit without Redis, and marks no periods in the registry.
 	Admin bool
+}
 
-	// clock replaces time.Now in tests.
+// hooks are what tests change of a Limiter's or a Throttle's
+// surroundings; New and NewThrottle set none.
+type hooks struct {
+	// clock replaces time.Now.
 	clock func() time.Time
-	// noHeartbeat keeps the live replica count at Replicas (tests).
+	// noHeartbeat keeps the live replica count at Options.Replicas.
 	noHeartbeat bool
-	// blocks puts blocks in force (blocks.go; tests and benchmarks).
+	// blocks puts blocks in force (blocks.go) without finalizing.
 	blocks bool
 	// inStep does no work in the background on real time (tests that
 	// replay a seed): no sweep loop (the test sweeps), and a give-back is
 	// sent on the goroutine that lets its block go, before it goes on, so
 	// that it reaches Redis in the same place among decisions every run.
 	inStep bool
+	// sendOnce sends no decision again (sendAgain): tests of the batcher
+	// that count its calls and waits.
+	sendOnce bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -158,9 +165,6 @@ func (o Options) withDefaults() (Options, error) {
 		o.MaxLease = 64
 	}
 	o.MaxLease = max(o.MaxLease, 1)
-	if o.clock == nil {
-		o.clock = time.Now
-	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -176,6 +180,7 @@ func (o Options) withDefaults() (Options, error) {
 type Limiter struct {
 	rdb   redis.UniversalClient
 	opts  Options
+	hooks hooks
 	log   *slog.Logger
 	met   *metrics
 	plans planCache
@@ -202,6 +207,13 @@ type Limiter struct {
 // in the background, and an unreachable Redis is handled like any outage,
 // by the failure mode, until it answers.
 func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
+	return newLimiter(client, opts, hooks{})
+}
+
+func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, error) {
+	if h.clock == nil {
+		h.clock = time.Now
+	}
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -214,16 +226,17 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	l := &Limiter{
 		rdb:    client,
 		opts:   opts,
+		hooks:  h,
 		log:    opts.Logger,
 		met:    met,
 		plans:  newPlanCache(),
 		local:  newMemStore(),
-		now:    opts.clock,
+		now:    h.clock,
 		ctx:    ctx,
 		cancel: cancel,
 	}
 	if client == nil {
-		if !opts.inStep {
+		if !h.inStep {
 			l.goBackground(ctx, l.sweepLoop)
 		}
 		return l, nil
@@ -242,7 +255,7 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 		l.lease.prefix = opts.Prefix
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
-		if opts.inStep {
+		if h.inStep {
 			l.lease.back = func(g giveBack) { l.back.sendBatch(context.Background(), max(opts.Timeout, 100*time.Millisecond), g) }
 		}
 	}
@@ -270,14 +283,14 @@ func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	for range opts.Pipelines {
 		l.goBackground(ctx, l.batch.run)
 	}
-	if !opts.inStep {
+	if !h.inStep {
 		l.goBackground(ctx, l.sweepLoop)
 	}
 	l.goBackground(ctx, l.breaker.run)
 	if l.back != nil {
 		l.goBackground(ctx, func(ctx context.Context) { l.back.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
 	}
-	if !opts.noHeartbeat && !opts.Admin {
+	if !h.noHeartbeat && !opts.Admin {
 		l.goBackground(ctx, func(ctx context.Context) { l.replicas.run(ctx, max(opts.Timeout, 100*time.Millisecond)) })
 		l.goBackground(ctx, func(ctx context.Context) {
 			l.reg.run(ctx, max(opts.Timeout, 100*time.Millisecond), func() []*plan { return l.plans.recent(l.now()) })
@@ -529,7 +542,7 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 // blipping), a decision that could not even be queued (sending more
 // would only deepen the backlog), and a reply Redis did give.
 func (l *Limiter) sendAgain(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || l.breaker.isOpen() || errors.Is(err, errOverloaded) {
+	if l.hooks.sendOnce || ctx.Err() != nil || l.breaker.isOpen() || errors.Is(err, errOverloaded) {
 		return false
 	}
 	var rerr redis.Error
@@ -562,11 +575,11 @@ func (l *Limiter) callPlan(pl *plan) *plan {
 
 // blocksOn reports whether blocks are in force on this replica (blocks.go,
 // finalize.go): what it reserves is a block.
-func (l *Limiter) blocksOn() bool { return l.opts.blocks || l.replicas.grantsBlocks() }
+func (l *Limiter) blocksOn() bool { return l.hooks.blocks || l.replicas.grantsBlocks() }
 
 // readsCoarse reports whether this replica's round trips read coarse
 // records: blocks are in force, or may be spent elsewhere still.
-func (l *Limiter) readsCoarse() bool { return l.opts.blocks || l.replicas.readsCoarse() }
+func (l *Limiter) readsCoarse() bool { return l.hooks.blocks || l.replicas.readsCoarse() }
 
 // failedTrip answers a request whose round trip failed or went unanswered
 // in time.

@@ -399,7 +399,7 @@ func TestEveryKeyHasTTLAndExpires(t *testing.T) {
 // admissions it made alone reach the shared window when Redis is back.
 func TestFailOpenFallbackAndRecovery(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{Replicas: 3, noHeartbeat: true, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
+	f := newFixture(t, Options{Replicas: 3, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
 	p := perMinute(10)
 	f.allow(t, "k", p) // 9 remain: this replica's share is 3
 	f.mini.SetError("LOADING Redis is loading the dataset in memory")
@@ -464,7 +464,7 @@ func TestFailOpenFallbackAndRecovery(t *testing.T) {
 // is shared again.
 func TestBlipDoesNotTrip(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{Replicas: 3, noHeartbeat: true, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
+	f := newFixture(t, Options{Replicas: 3, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
 	p := perMinute(5)
 	for range 3 {
 		f.allow(t, "k", p) // 2 remain: this replica's share is 0
@@ -593,7 +593,7 @@ func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			p.Windows = append(p.Windows, Window{Limit: 100 * w.Limit, Period: 24 * time.Hour})
 		}
-		f := newFixture(t, Options{FailureMode: FailClosed, Replicas: replicas, blocks: blocks})
+		f := newFixtureWith(t, Options{FailureMode: FailClosed, Replicas: replicas}, hooks{blocks: blocks})
 		ls := f.fleet(t, replicas)
 		next := func() time.Duration { return time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) }
 		for end := f.clk.Now().Add(before); f.clk.Now().Before(end); f.clk.Add(next()) {
@@ -695,7 +695,7 @@ func TestCacheBatchesStrikesAndBansOnTime(t *testing.T) {
 func TestUnbanReachesEveryReplica(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	other, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second})
+	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second}, hooks{clock: f.clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -740,7 +740,7 @@ func TestLocalLimiter(t *testing.T) {
 	t.Parallel()
 	clk := &fakeClock{}
 	clk.Set(epoch)
-	l, err := New(nil, Options{clock: clk.Now})
+	l, err := newLimiter(nil, Options{}, hooks{clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -784,7 +784,7 @@ func TestLocalLimiter(t *testing.T) {
 func TestResetForgetsCountsStrikesAndBansOnEveryReplica(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	other, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second})
+	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second}, hooks{clock: f.clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -835,7 +835,7 @@ func TestResetForgetsCountsStrikesAndBansOnEveryReplica(t *testing.T) {
 // long outage is not followed by a full minute of refusals.
 func TestReconcileSendsWhatEachWindowStillCounts(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{Replicas: 3, noHeartbeat: true, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
+	f := newFixture(t, Options{Replicas: 3, ProbeInterval: 10 * time.Millisecond, Timeout: time.Second, MaxLease: 1})
 	p := Policy{Name: "r", Windows: []Window{{Limit: 30, Period: time.Minute}, {Limit: 1000, Period: time.Hour}}}
 	f.allow(t, "k", p)
 	f.mini.SetError("LOADING Redis is loading the dataset in memory")

@@ -71,7 +71,7 @@ func nearLimitRound(b *testing.B, replicas int) {
 			maxLease = 1
 		}
 		for range replicas {
-			l, err := New(s.rdb, Options{Timeout: time.Second, Replicas: replicas, MaxLease: maxLease, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+			l, err := newLimiter(s.rdb, Options{Timeout: time.Second, Replicas: replicas, MaxLease: maxLease, Registerer: prometheus.NewRegistry()}, hooks{noHeartbeat: true})
 			if err != nil {
 				b.Fatal(err)
 			}

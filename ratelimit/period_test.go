@@ -316,7 +316,7 @@ func TestPeriodEditAcrossReplicas(t *testing.T) {
 	f := newFixture(t, Options{})
 	ctx := context.Background()
 	a := f.l
-	b, err := New(f.rdb, Options{Prefix: a.opts.Prefix, clock: f.clk.Now, noHeartbeat: true, Timeout: a.opts.Timeout, Registerer: prometheus.NewRegistry()})
+	b, err := newLimiter(f.rdb, Options{Prefix: a.opts.Prefix, Timeout: a.opts.Timeout, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -169,7 +169,7 @@ func TestReservationEndsOnTime(t *testing.T) {
 func TestReservationGivenBackOnRefusal(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	other, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, MaxLease: 1, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, MaxLease: 1, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func TestBlocksHoldEveryWindowThroughTheLimiterOnRedis(t *testing.T) {
 func holdEveryWindow(t *testing.T, stream uint64, blocks bool) {
 	rng := invariantRNG(t, stream)
 	reserved := runReservationCases(t, rng, max(*invariantCases, 60), blocks, func(t *testing.T, replicas int) reservationReplicas {
-		f := newFixture(t, Options{Replicas: replicas, blocks: blocks})
+		f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: blocks})
 		ls := f.fleet(t, replicas)
 		return reservationReplicas{
 			ls:    ls,
@@ -279,7 +279,7 @@ func holdEveryWindowOnRedis(t *testing.T, stream uint64, blocks bool) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, stream)
 	reserved := runReservationCases(t, rng, 4, blocks, func(t *testing.T, replicas int) reservationReplicas {
-		return reservationReplicas{ls: replicasWith(t, rdb, replicas, Options{Replicas: replicas, blocks: blocks}), sleep: time.Sleep, now: time.Now}
+		return reservationReplicas{ls: replicasWith(t, rdb, replicas, replicas, blocks), sleep: time.Sleep, now: time.Now}
 	})
 	if reserved == 0 {
 		t.Fatal("no admission came from a reservation or a block")
@@ -482,7 +482,7 @@ func ownDemandBound(sent []time.Time, now time.Time) int64 {
 func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	other, err := New(f.rdb, Options{clock: f.clk.Now, Timeout: 2 * time.Second, noHeartbeat: true, Registerer: prometheus.NewRegistry()})
+	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1418,7 +1418,7 @@ func youngKeys(t *testing.T, f *fixture, p Policy) (trips, decisions [2]int) {
 // miniredis, by the fake clock, the keys in turn.
 func TestYoungKeysReserveAtTheirRate(t *testing.T) {
 	t.Parallel()
-	trips, decisions := youngKeys(t, newFixture(t, Options{blocks: true, MaxLease: 64}), coldPlan)
+	trips, decisions := youngKeys(t, newFixtureWith(t, Options{MaxLease: 64}, hooks{blocks: true}), coldPlan)
 	t.Logf("decisions sent to Redis: %d of %d in the first 10 s, %d of %d from 10 s to 30 s", trips[0], decisions[0], trips[1], decisions[1])
 	for s, most := range [2]int{25, 4} {
 		if trips[s]*100 > decisions[s]*most {

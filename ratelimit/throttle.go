@@ -47,7 +47,7 @@ type Throttle struct {
 // NewThrottle returns a Throttle sharing state through client, or local to
 // this process when client is nil. Decisions are counted under plan "ip".
 func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options) (*Throttle, error) {
-	return newThrottle(client, "ip", "address throttling", limit, opts)
+	return newThrottle(client, "ip", "address throttling", limit, opts, hooks{})
 }
 
 // NewNamedThrottle is NewThrottle for a throttle of its own, such as one
@@ -60,11 +60,14 @@ func NewNamedThrottle(client redis.UniversalClient, name string, limit ThrottleL
 	if !throttleName(name) {
 		return nil, fmt.Errorf("ratelimit: throttle name %q: want a lowercase identifier (a-z, 0-9, '_' or '-')", name)
 	}
-	return newThrottle(client, name, name+" throttling", limit, opts)
+	return newThrottle(client, name, name+" throttling", limit, opts, hooks{})
 }
 
 // newThrottle builds a Throttle; what names it in the breaker's log lines.
-func newThrottle(client redis.UniversalClient, name, what string, limit ThrottleLimit, opts Options) (*Throttle, error) {
+func newThrottle(client redis.UniversalClient, name, what string, limit ThrottleLimit, opts Options, h hooks) (*Throttle, error) {
+	if h.clock == nil {
+		h.clock = time.Now
+	}
 	if err := limit.validate(); err != nil {
 		return nil, err
 	}
@@ -84,7 +87,7 @@ func newThrottle(client redis.UniversalClient, name, what string, limit Throttle
 		llimit: ThrottleLimit{Rate: (limit.Rate + r - 1) / r, Burst: (limit.Burst + r - 1) / r, Period: limit.Period},
 		opts:   opts,
 		count:  met.forPlan(name, false),
-		now:    opts.clock,
+		now:    h.clock,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.cancel = cancel

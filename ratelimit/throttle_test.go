@@ -54,7 +54,7 @@ func TestThrottle(t *testing.T) {
 		clk.Set(epoch)
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 		defer rdb.Close()
-		th, err := NewThrottle(rdb, lim, Options{clock: clk.Now, Timeout: 2 * time.Second})
+		th, err := newThrottle(rdb, "ip", "address throttling", lim, Options{Timeout: 2 * time.Second}, hooks{clock: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestThrottle(t *testing.T) {
 		t.Parallel()
 		clk := &fakeClock{}
 		clk.Set(epoch)
-		th, err := NewThrottle(nil, lim, Options{clock: clk.Now})
+		th, err := newThrottle(nil, "ip", "address throttling", lim, Options{}, hooks{clock: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,12 +83,12 @@ func TestThrottle(t *testing.T) {
 		clk.Set(epoch)
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 		defer rdb.Close()
-		open, err := NewThrottle(rdb, lim, Options{clock: clk.Now, Timeout: 2 * time.Second, Replicas: 3})
+		open, err := newThrottle(rdb, "ip", "address throttling", lim, Options{Timeout: 2 * time.Second, Replicas: 3}, hooks{clock: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer open.Close()
-		closed, err := NewThrottle(rdb, lim, Options{clock: clk.Now, Timeout: 2 * time.Second, FailureMode: FailClosed})
+		closed, err := newThrottle(rdb, "ip", "address throttling", lim, Options{Timeout: 2 * time.Second, FailureMode: FailClosed}, hooks{clock: clk.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +191,7 @@ func TestThrottleKeepsItsRate(t *testing.T) {
 				client = rdb
 			}
 			clk.Set(epoch)
-			th, err := NewThrottle(client, lim, Options{clock: clk.Now, Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()})
+			th, err := newThrottle(client, "ip", "address throttling", lim, Options{Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: clk.Now})
 			if err != nil {
 				t.Fatal(err)
 			}
