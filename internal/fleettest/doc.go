@@ -12,6 +12,9 @@
 //
 //	go test -count=1 -v ./internal/fleettest/
 //
+// make test passes -short, which leaves the longest scenarios (each calls
+// testenv.Long) to make test-long.
+//
 // They need redis-server and haproxy on PATH (.ci/services installs them).
 // Without them the package is skipped with a message, except under CI,
 // where a missing tool fails the run. The package has no non-test code.

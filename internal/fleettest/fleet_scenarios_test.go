@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // targets returns HAProxy's URL followed by every replica's API URL.
@@ -38,6 +40,7 @@ func TestExactnessAcrossReplicas(t *testing.T) {
 // second) whose blocks are spent in process until it nears its limit,
 // then decided exactly; every window judged the same.
 func TestExactnessFinalized(t *testing.T) {
+	testenv.Long(t)
 	checkExactness(t, 0, true)
 }
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // TestKeyAffinity runs the fleet behind HAProxy balancing by key
@@ -21,6 +23,7 @@ import (
 // whatever the balancing: no failed request, and no interval of the
 // plan's window holding more than its limit for any key, across the move.
 func TestKeyAffinity(t *testing.T) {
+	testenv.Long(t)
 	const limit, period = 40, 4 * time.Second
 	f := newFleet(t, fleetOptions{
 		balance:   balanceByKey,

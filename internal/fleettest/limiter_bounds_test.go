@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // The limiter's promises on timing and plan changes, each in a test of its
@@ -19,6 +21,7 @@ import (
 // Redis answering, every replica is back on shared limiting (fail-open)
 // and no request gets 503 any more (fail-closed).
 func TestRedisCrashResumesWithinASecond(t *testing.T) {
+	testenv.Long(t)
 	for _, mode := range []string{"open", "closed"} {
 		t.Run(mode, func(t *testing.T) {
 			f := newFleet(t, fleetOptions{keys: map[string]int{"loadtest": 8}, redisTimeout: 50 * time.Millisecond, failureMode: mode})
@@ -75,6 +78,7 @@ func TestRedisCrashResumesWithinASecond(t *testing.T) {
 // under the same load and checks, by the replicas' access logs, how long
 // requests were held against --redis-timeout (checkHeld).
 func TestRedisFaultsHoldNoRequestPastTimeout(t *testing.T) {
+	testenv.Long(t)
 	sprayThroughFaults(t, append(shortFaults(), pauseFor(3*time.Second)), checkHeldTime)
 }
 
@@ -88,6 +92,7 @@ func TestRedisFaultsHoldNoRequestPastTimeout(t *testing.T) {
 // and once every replica is back on 10, no 4 s window holds more than 10.
 // (A changed period: TestPeriodChangeKeepsCounts.)
 func TestPlanChangeKeepsWindows(t *testing.T) {
+	testenv.Long(t)
 	const (
 		period   = 4 * time.Second
 		interval = 500 * time.Millisecond
@@ -150,6 +155,7 @@ func TestPlanChangeKeepsWindows(t *testing.T) {
 // first decision under the new plan (the old record no longer held them);
 // a count that started over would admit 12 on top of the old window's.
 func TestPeriodChangeKeepsCounts(t *testing.T) {
+	testenv.Long(t)
 	const (
 		interval = 500 * time.Millisecond
 		newLimit = 12
@@ -244,6 +250,7 @@ func earliest(a, b time.Time) time.Time {
 // registryRecent (3 s): replicas that each counted only their own plan's
 // window would admit up to 10 more on the new plan's side.
 func TestPeriodChangeSpreads(t *testing.T) {
+	testenv.Long(t)
 	const (
 		interval = 500 * time.Millisecond
 		oldW     = 4 * time.Second

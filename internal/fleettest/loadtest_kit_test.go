@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // TestLoadTestKit runs the load-test kit (deploy/loadtest, its own module)
@@ -24,6 +26,7 @@ import (
 //     life), no more. Answers must rise (leases formed; the allowance is
 //     what passes them), and the kit must say how far.
 func TestLoadTestKit(t *testing.T) {
+	testenv.Long(t)
 	kitBin := filepath.Join(t.TempDir(), "loadtest")
 	if err := goBuild(kitBin, "../../deploy/loadtest", "."); err != nil {
 		t.Fatal(err)

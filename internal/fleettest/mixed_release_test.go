@@ -124,6 +124,7 @@ func (f *fleet) upgrade(r *replica) time.Duration {
 // count separately (the README's "Upgrading" states it); from this format
 // on, releases extend one set of records and share every count.
 func TestMixedReleasesOnOneRedis(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	dir := t.TempDir()
 	prev, rev := buildPreviousRelease(t, dir)
@@ -235,6 +236,7 @@ const firstFormatRelease = "bfc0d5c2834b5079ff029da4a6a67ba196a9003e"
 //     receive times, no window holds more than its limit across the
 //     releases together.
 func TestFormatReleasesShareCounts(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	commits := formatCommits(t)
 	// The first release must carry the format, not predate it.
@@ -363,6 +365,7 @@ func TestFormatReleasesShareCounts(t *testing.T) {
 // client send and receive times over the whole run, old and new releases
 // together: no window holds more than its limit, and no request fails.
 func TestRollingUpgradeKeepsWindows(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	commits := formatCommits(t)
 	rev := git(t, "rev-parse", commits[len(commits)-1]+"^")
@@ -409,6 +412,7 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 // the requests of a key well under its limits are then spent from blocks,
 // under the same judgement.
 func TestRollingUpgradeThenFinalize(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	added := strings.Fields(git(t, "log", "--diff-filter=A", "--format=%H", "--", "ratelimit/finalize.go"))
 	if len(added) == 0 {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // The limiter's promises under faults, held from outside: a Redis blip does
@@ -17,6 +19,7 @@ import (
 // machine some round trips take longer than that, and a replica must not
 // leave shared limiting (and over-admit) for such a blip.
 func TestExactnessAtProductionTimeout(t *testing.T) {
+	testenv.Long(t)
 	checkExactness(t, 50*time.Millisecond, false)
 }
 
@@ -43,6 +46,7 @@ func TestRedisFaultsKeepWindows(t *testing.T) {
 // paused for 3 s, longer than --ratelimit-trip-after (1 s), so that the
 // replicas trip their breakers and decide alone.
 func TestRedisLongPauseKeepsWindow(t *testing.T) {
+	testenv.Long(t)
 	sprayThroughFaults(t, []redisFault{pauseFor(3 * time.Second)}, checkWindows)
 }
 
@@ -169,6 +173,7 @@ func checkHeld(t *testing.T, log []served, timeout time.Duration, faults []fault
 // and be in force again after each fault (a restart loses the finalize
 // marks, which the replicas set again).
 func TestRedisFaultsWithBlocksKeepWindows(t *testing.T) {
+	testenv.Long(t)
 	const (
 		limit  = 150
 		period = 10 * time.Second

@@ -3,6 +3,8 @@ package fleettest
 import (
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // TestRedisKilledUnderSteadyTraffic kills Redis for 10 s while 100 keys
@@ -19,6 +21,7 @@ import (
 // admitted its whole share of a window (⌊20/3⌋ = 6) for the key in the
 // window before, by its own access log.
 func TestRedisKilledUnderSteadyTraffic(t *testing.T) {
+	testenv.Long(t)
 	const (
 		limit  = 20
 		period = 2 * time.Second

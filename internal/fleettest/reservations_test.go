@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // TestReservationsOnTheFleet runs keys too slow to lease, under a plan of a
@@ -23,6 +25,7 @@ import (
 // given back would leave it short for the rest of the 2000 s. (Without
 // give-backs, two runs of three failed: keys admitted 230-239 of 240.)
 func TestReservationsOnTheFleet(t *testing.T) {
+	testenv.Long(t)
 	const (
 		minute, long = 1000, 240
 		period       = 2000 * time.Second
