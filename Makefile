@@ -17,7 +17,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
 export PETSTORE_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 export PETSTORE_TEST_REDIS_ADDR   ?= 127.0.0.1:6379
 
-.PHONY: run build test services vet unit system helm-test alerts-test image image-test api-test cluster cluster-down loadtest bench fuzz mutants clean
+.PHONY: run build test test-long services vet unit system helm-test alerts-test image image-test api-test cluster cluster-down loadtest bench fuzz mutants clean
 
 ## run: build bin/petstore and start it on embedded defaults (in-memory pets, a dev key printed at start-up)
 run:
@@ -31,8 +31,16 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/petstore
 
 ## test: vet, unit and integration tests with the race detector, the fleet system tests, the offline chart checks,
-## the alert rule tests, the image run as Kubernetes would, the API document's linters, generated client and docs page
+## the alert rule tests, the image run as Kubernetes would, the API document's linters, generated client and docs page;
+## the Go tests with -short, which skips the long ones (make test-long), so that it takes minutes
 test: services vet unit system helm-test alerts-test image-test api-test
+
+## test-long: what make test leaves out, which CI runs after it: every test that calls testenv.Long (the limiter's
+## long property runs, the fleet's longest scenarios), found in the test files and run as make test runs the rest of
+## its package (.ci/test-long), then make mutants
+test-long: services
+	GO='$(GO)' NO_RACE_TESTS='$(NO_RACE_TESTS)' bash .ci/test-long
+	@$(MAKE) --no-print-directory mutants
 
 services:
 	@bash .ci/services
@@ -54,16 +62,19 @@ vet:
 # 45 s).
 NO_RACE_TESTS = ^(TestInvariantWindowsAndRetryAfterMiniredis|TestFastPathDecidesAsDecide|TestPeriodEditKeepsCountsMiniredis|TestCandidateWindowsMiniredis|TestShortReplyTellsWhatAPeekTells|TestGiveBackKeepsEveryBucketAtLeastAdmittedMiniredis|TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis|TestBlocksHoldEveryWindowMiniredis|TestPeriodEditWithBlocksKeepsCountsMiniredis|TestPeriodEditWithBlocksWhileItSpreads|TestLeaseWasteUnderRandomArrivals|TestReservationWasteUnderRandomArrivals|TestLeasesRefuseLittleBelowTheLimit|TestTransitionWindowsHoldToABlocksCap|TestTransitionWindowsHoldToALeasesCap|TestDisagreeingPlanHoldsToABlocksCap|TestLeaseEndsWithTheTransitionWindowsBucket|TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent|TestLeaseCapRefusalWaitsUntilTheWindowFitsUnderIt|TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow|TestBlockCapKeepsTheLaterEnd|TestBlockCapKeepsTheLaterEndOnRedis|TestNewLongWindowCountsABlockToItsEnd|TestSeedBesideALiveCoarseRecordCountsABlockToItsEnd|TestNoBlockWithoutCoarseRecords|TestPlansOfShortWindowsAloneTakeBlocks)$$
 unit:
-	$(GO) test -race -count=1 -timeout 20m -skip '$(NO_RACE_TESTS)' $$($(GO) list ./... | grep -v /internal/fleettest)
-	$(GO) test -count=1 -run 'FitsTheConnectionStack' ./internal/httpapi/
-	$(GO) test -count=1 -timeout 10m -run '$(NO_RACE_TESTS)' ./ratelimit/
+	$(GO) test -short -race -count=1 -timeout 20m -skip '$(NO_RACE_TESTS)' $$($(GO) list ./... | grep -v /internal/fleettest)
+	$(GO) test -short -count=1 -run 'FitsTheConnectionStack' ./internal/httpapi/
+	$(GO) test -short -count=1 -timeout 10m -run '$(NO_RACE_TESTS)' ./ratelimit/
 
-## system: the fleet on real processes (replicas, HAProxy, a private Redis) under rollouts and faults.
+## system: the fleet on real processes (replicas, HAProxy, a private Redis) under rollouts and faults; -short
+## leaves its longest scenarios (release upgrades, plan and period changes, most of the Redis faults) to make test-long.
 ## No race detector: the replicas are separate binaries, and it would only slow the load generator.
 system:
-	$(GO) test -count=1 -timeout 15m -v ./internal/fleettest/
-	cd deploy/loadtest && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	$(GO) test -short -count=1 -timeout 15m -v ./internal/fleettest/
+	cd deploy/loadtest && $(GO) vet ./... && $(GO) test -short -race -count=1 ./...
 
+## helm-test: the chart's checks. Without -short: the tests it would skip build the service and run it as the chart
+## configures it, in about 15 s together, and only they show that what the chart renders starts.
 helm-test:
 	cd helm/chartest && $(GO) vet ./... && $(GO) test -count=1 -timeout 20m ./...
 
