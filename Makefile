@@ -35,9 +35,9 @@ build:
 ## the Go tests with -short, which skips the long ones (make test-long), so that it takes minutes
 test: services vet unit system helm-test alerts-test image-test api-test
 
-## test-long: what make test leaves out, which CI runs after it: every test that calls testenv.Long (the limiter's
-## long property runs, the fleet's longest scenarios), found in the test files and run as make test runs the rest of
-## its package (.ci/test-long), then make mutants
+## test-long: what make test leaves out, which CI runs after it: every test that calls testenv.Long (the fleet's
+## longest scenarios) or testenv.Cases (property tests, which -short cuts to a few cases), found in the test files and
+## run in full as make test runs the rest of its package (.ci/test-long), then make mutants
 test-long: services
 	GO='$(GO)' NO_RACE_TESTS='$(NO_RACE_TESTS)' bash .ci/test-long
 	@$(MAKE) --no-print-directory mutants
@@ -120,10 +120,10 @@ bench:
 	bin/petstore.test -test.run '^$$' -test.bench Simulate -test.benchtime 5x -test.count 3 | tee -a bench.txt
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./internal/memstore/ ./internal/apikey/ ./internal/httpapi/ | tee -a bench.txt
 
-## mutants: delete each line of the limiter's script that keeps a promise (ratelimit/testdata/mutants.txt), one at a
-## time in a copy of the tree, and run the package's short tests against it: each must fail a test (about two minutes
-## a line on a first run, seconds once a line's killer is remembered; MUTANTS_REDIS=1 also runs the Redis tests, on a
-## private redis-server)
+## mutants: delete each line of the decision code that keeps a promise (ratelimit/testdata/mutants.txt), one at a
+## time, and run the package's short tests against the code without it: each must fail a test (seconds a line when
+## its killer is named in the list, minutes when not; MUTANTS_REDIS=1 also runs the Redis tests, on a private
+## redis-server)
 mutants:
 	@bash .ci/mutants
 
