@@ -1,0 +1,159 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// WindowUsage is one window's standing for a key.
+type WindowUsage struct {
+	Window
+	// Used is how many admitted requests the window counts now.
+	Used      int64
+	Remaining int64
+	// Reset is when the counted requests have all slid out.
+	Reset time.Time
+}
+
+// Usage is a key's standing under a policy.
+type Usage struct {
+	Windows []WindowUsage
+	// Candidate is the standing of the policy's candidate windows.
+	Candidate []WindowUsage
+	// CandidateStrikes, CandidateBannedUntil and CandidateOffences are the
+	// candidate ban policy's (Policy.CandidateBan), as Strikes,
+	// BannedUntil and Offences are the enforced one's.
+	CandidateStrikes     int64
+	CandidateBannedUntil time.Time
+	CandidateOffences    int64
+	// Strikes is the number of rejected requests counted toward a ban.
+	Strikes int64
+	// BannedUntil is when the current ban ends; zero when not banned.
+	BannedUntil time.Time
+	// Offences is the number of bans remembered for escalation.
+	Offences int64
+	// Degraded is true when Redis could not be reached and the figures are
+	// this process's own.
+	Degraded bool
+}
+
+// Usage reports key's standing under p without counting a request.
+func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error) {
+	pl, err := l.plans.get(&p, &l.opts, l.met)
+	if err != nil {
+		return Usage{}, err
+	}
+	now := l.now().UnixMicro()
+	var v verdict
+	degraded := false
+	switch {
+	case l.rdb == nil:
+		v = l.local.decide(key, pl, now, input{peek: true, lease: noLease})
+	default:
+		err := ErrUnavailable
+		if !l.breaker.isOpen() {
+			var reply string
+			sd := l.reg.seeding(pl)
+			// The coarse records too, where the plan has them, whether or
+			// not blocks are in force here: another replica's may be.
+			cp := pl
+			if pl.blk != nil {
+				cp = pl.blk
+			}
+			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, cp))
+			d := decision{keys: keys, pl: cp, nums: scriptNums(pl, input{peek: true, lease: noLease, seed: sd})}
+			if reply, err = l.batch.do(ctx, d, l.opts.Timeout); err == nil {
+				err = decodeInto(pl, reply, &v)
+			}
+		}
+		if err != nil {
+			if l.opts.FailureMode == FailClosed {
+				return Usage{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			v, degraded = l.fb.decide(key, pl, now, input{peek: true, lease: noLease}), true
+		}
+	}
+	u := Usage{Strikes: v.strikes, Offences: v.offences, Degraded: degraded, Windows: make([]WindowUsage, len(pl.policy.Windows))}
+	if v.banUntil > 0 {
+		u.BannedUntil = time.UnixMicro(v.banUntil)
+	}
+	for i, w := range pl.policy.Windows {
+		u.Windows[i] = WindowUsage{Window: w, Used: v.win[i].used, Remaining: v.win[i].remaining, Reset: time.UnixMicro(v.win[i].reset)}
+	}
+	for i, w := range pl.policy.Candidate {
+		u.Candidate = append(u.Candidate, WindowUsage{Window: w, Used: v.cwin[i].used, Remaining: v.cwin[i].remaining, Reset: time.UnixMicro(v.cwin[i].reset)})
+	}
+	u.CandidateStrikes, u.CandidateOffences = v.cStrikes, v.cOffences
+	if v.cBanUntil > 0 {
+		u.CandidateBannedUntil = time.UnixMicro(v.cBanUntil)
+	}
+	return u, nil
+}
+
+// Unban lifts key's ban and forgets its strikes and past offences, and
+// those its candidate ban policy counted (Policy.CandidateBan). Every
+// replica drops its cached ban at once through pub/sub (and within
+// Options.BanRevalidate if the announcement is lost).
+func (l *Limiter) Unban(ctx context.Context, key string) error {
+	l.local.unban(key)
+	if l.rdb == nil {
+		return nil
+	}
+	l.fb.unban(key)
+	if l.cache != nil {
+		l.cache.forget(key)
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
+	if err := l.rdb.Del(ctx, banKey(l.opts.Prefix, key), candidateBanKey(l.opts.Prefix, key)).Err(); err != nil {
+		return fmt.Errorf("ratelimit: unban %q: %w", key, err)
+	}
+	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {
+		return fmt.Errorf("ratelimit: announce unban of %q: %w", key, err)
+	}
+	return nil
+}
+
+// Reset forgets everything stored for key under p: the counts of p's
+// windows, its strikes, ban and offence history, as if it had never sent
+// a request. (Counts of windows that p does not have, kept from an
+// earlier plan, expire with their period.) Every
+// replica drops what it cached for the key through the same announcement
+// as Unban, and drops any lease or reservation it holds for the key
+// without giving back what it leaves unspent (the records it was counted
+// in are gone): until the announcement reaches a replica (or, if it is
+// missed, until they end: at most 1 s for a lease, 10 s for a
+// reservation) those are spent uncounted. Nothing granted before the
+// Reset is given back to the records made after it: the Reset marks the
+// key with the server's time, and a give-back of an earlier grant takes
+// nothing (giveback.go).
+func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
+	pl, err := l.plans.get(&p, &l.opts, l.met)
+	if err != nil {
+		return err
+	}
+	l.local.forget(key)
+	if l.rdb == nil {
+		return nil
+	}
+	l.fb.forget(key)
+	if l.cache != nil {
+		l.cache.forget(key)
+	}
+	if l.lease != nil {
+		// This replica's own, at once; the others' by the announcement.
+		l.lease.forget(key)
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
+	defer cancel()
+	// The records of periods the plan had lately go too: a later decision
+	// would otherwise take its past from them.
+	if err := resetRecords(ctx, l.rdb, l.opts.Prefix, key, pl, l.reg.seeding(pl)); err != nil {
+		return fmt.Errorf("ratelimit: reset %q: %w", key, err)
+	}
+	if err := l.rdb.Publish(ctx, l.opts.Prefix+"unban", key).Err(); err != nil {
+		return fmt.Errorf("ratelimit: announce reset of %q: %w", key, err)
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package ratelimit
+
+import (
+	"hash/maphash"
+	"math"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// planCache maps policies to compiled plans without hashing them with
+// SHA-256 on every request: a cheap hash finds candidates, which are then
+// compared field by field. Its promise: every plan get returns is in plans,
+// so recent sees every plan in use.
+//
+// A request finds its plan first in front, a direct-mapped table read
+// with one atomic load. The map behind it takes a read lock, and every
+// reader of a RWMutex writes its count: on a busy replica that one cache
+// line passes between every core for every request. front is only ever
+// written under mu (a read lock is enough to fill a slot, since only a
+// writer clears), so it never holds a plan the map has dropped.
+type planCache struct {
+	seed  maphash.Seed
+	front *[planFront]atomic.Pointer[plan]
+	mu    sync.RWMutex
+	plans map[uint64][]*plan
+	n     int
+}
+
+// planFront is the number of slots in planCache.front: far more than the
+// plans a deployment defines; keys with limits of their own share slots.
+const planFront = 256
+
+// fallbackSize bounds the keys whose last shared verdict the fallback keeps.
+const fallbackSize = 1 << 17
+
+// maxPlans bounds the plan cache; past it the cache starts over.
+const maxPlans = 4096
+
+func newPlanCache() planCache {
+	return planCache{seed: maphash.MakeSeed(), front: new([planFront]atomic.Pointer[plan]), plans: make(map[uint64][]*plan)}
+}
+
+// get returns p's plan, compiling it on first use. Its frame stays small
+// (the policy and options by pointer, compiling in add): every request
+// calls it at the depth of the handler chain plus the limiter, and a frame
+// that pushes a request past its goroutine's stack costs a stack copy
+// each time the collector has shrunk that stack back.
+func (c *planCache) get(p *Policy, o *Options, met *metrics) (*plan, error) {
+	h := hashPolicy(c.seed, p)
+	slot := &c.front[h%planFront]
+	if pl := slot.Load(); pl != nil && samePolicy(&pl.given, p) {
+		return pl, nil
+	}
+	c.mu.RLock()
+	for _, pl := range c.plans[h] {
+		if samePolicy(&pl.given, p) {
+			slot.Store(pl)
+			c.mu.RUnlock()
+			return pl, nil
+		}
+	}
+	c.mu.RUnlock()
+	return c.add(h, p, o, met)
+}
+
+// add compiles p and caches its plan under hash h.
+func (c *planCache) add(h uint64, p *Policy, o *Options, met *metrics) (*plan, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	pl := compile(*p, o.Buckets, o.StrikeBuckets)
+	pl.split()
+	pl.given = p.clone()
+	pl.counters = met.forPlan(p.Name, p.Shadow)
+	slot := &c.front[h%planFront]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n >= maxPlans {
+		clear(c.plans)
+		for i := range c.front {
+			c.front[i].Store(nil)
+		}
+		c.n = 0
+	}
+	for _, q := range c.plans[h] {
+		if samePolicy(&q.given, p) {
+			slot.Store(q)
+			return q, nil
+		}
+	}
+	c.plans[h] = append(c.plans[h], pl)
+	c.n++
+	slot.Store(pl)
+	return pl, nil
+}
+
+// recent returns the plans decided under within registryRecent of now.
+func (c *planCache) recent(now time.Time) []*plan {
+	since := now.Add(-registryRecent).Unix()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []*plan
+	for _, pls := range c.plans {
+		for _, pl := range pls {
+			if pl.used.Load() >= since {
+				out = append(out, pl)
+			}
+		}
+	}
+	return out
+}
+
+// hashPolicy finds a policy's candidates in a plan cache. It runs on every
+// decision, so it folds the policy's numbers in with one multiplication
+// each rather than streaming them through maphash.Hash (a call and a
+// buffer copy per number, most of the cost of a busy key's cache lookup);
+// samePolicy stays the judge of equality, so a collision costs a
+// comparison, never a wrong plan.
+func hashPolicy(seed maphash.Seed, p *Policy) uint64 {
+	h := maphash.String(seed, p.Name)
+	for _, w := range p.Windows {
+		h = mixHash(h, uint64(w.Limit))
+		h = mixHash(h, uint64(w.Period))
+	}
+	b := p.Ban
+	for _, v := range [...]uint64{uint64(b.Threshold), uint64(b.StrikeWindow), uint64(b.Base), math.Float64bits(b.Multiplier), uint64(b.Max), uint64(b.Memory)} {
+		h = mixHash(h, v)
+	}
+	if p.Shadow {
+		h = mixHash(h, 1)
+	}
+	for _, w := range p.Candidate {
+		h = mixHash(h, uint64(-w.Limit))
+		h = mixHash(h, uint64(w.Period))
+	}
+	return h
+}
+
+// mixHash folds v into h: the two halves of the 128-bit product of h^v
+// and an odd constant, xored (as wyhash mixes).
+func mixHash(h, v uint64) uint64 {
+	hi, lo := bits.Mul64(h^v, 0x9e3779b97f4a7c15)
+	return hi ^ lo
+}
+
+func samePolicy(a, b *Policy) bool {
+	if a.Name != b.Name || a.Ban != b.Ban || a.CandidateBan != b.CandidateBan || a.Shadow != b.Shadow || len(a.Windows) != len(b.Windows) ||
+		!slices.Equal(a.Candidate, b.Candidate) {
+		return false
+	}
+	for i := range a.Windows {
+		if a.Windows[i] != b.Windows[i] {
+			return false
+		}
+	}
+	return true
+}
