@@ -66,7 +66,7 @@ import "time"
 // blockRing returns the coarse record of short window w: the same period
 // and limit, in buckets of reserveLife (one, when the period is shorter),
 // and one bucket more than the period spans: a block is counted in the
-// bucket of its end (blockWrite in script.go), at most the one after the
+// bucket of its end (blockWrite in lua/window.lua), at most the one after the
 // current, and the record still holds every bucket whose blocks count
 // while that one is its head. (So a bucket's blocks count until its end
 // plus the period: at most a bucket after their own end's.)
@@ -80,7 +80,7 @@ func blockRing(w ring) ring {
 
 // withBlocks returns pl with the coarse records of its first s windows,
 // its short ones (plan.blk): pl compiled again, its script numbers
-// followed by the coarse records' (script.go, planAt) and its record
+// followed by the coarse records' (lua/run.lua, planAt) and its record
 // names by theirs (stateKeys). It serves a call's keys and numbers only:
 // its counters are none.
 func (pl *plan) withBlocks(s int) *plan {

@@ -96,7 +96,7 @@ func (d *blockDriver) checkWindows(p int, x int64) {
 
 // coarseLate is how much longer than a period after its end a coarse
 // bucket of short window w's blocks counts: the period rounded up to
-// whole coarse buckets, less the period (blockRing; untl in script.go).
+// whole coarse buckets, less the period (blockRing; untl in lua/ring.lua).
 // None where the coarse bucket divides the period, as reserveLife divides
 // a minute; under a coarse bucket otherwise: a 32 s period has buckets of
 // 10,666,666 µs and counts a bucket for four of them past its end, 10.7 s
@@ -298,7 +298,7 @@ func (d *blockDriver) checkRetry(p int, x int64, v verdict) {
 // life shorter than reserveLife, as a replica whose plan has other long
 // windows (ending their buckets sooner) would: blocks then end out of the
 // order they were granted in, and one may end in a coarse bucket before
-// the head (blockWrite in script.go).
+// the head (blockWrite in lua/window.lua).
 func shortenReservation(rng *rand.Rand, nums []byte) {
 	if rng.IntN(3) == 0 {
 		binary.BigEndian.PutUint64(nums[32:40], uint64(1+rng.Int64N(reserveLife.Microseconds())))

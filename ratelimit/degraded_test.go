@@ -242,10 +242,17 @@ func TestDegradedRepeatedBlipsKeepTheLimit(t *testing.T) {
 	opts := Options{Timeout: 50 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}
 	f := newFleet(t, 3, p, opts)
 	f.send(t, 0)
+	f.sprayThroughBlips(t, 90)
+	f.check(t, "12 pauses of 60 ms", answerBound(opts), false)
+}
+
+// sprayThroughBlips sprays n requests over 2.7 s while it pauses Redis
+// twelve times for 60 ms, 160 ms apart.
+func (f *fleet) sprayThroughBlips(t *testing.T, n int) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		f.spray(t, 90, 2700*time.Millisecond)
+		f.spray(t, n, 2700*time.Millisecond)
 	}()
 	for range 12 {
 		f.srv.signal(t, syscall.SIGSTOP)
@@ -254,7 +261,6 @@ func TestDegradedRepeatedBlipsKeepTheLimit(t *testing.T) {
 		time.Sleep(160 * time.Millisecond)
 	}
 	<-done
-	f.check(t, "12 pauses of 60 ms", answerBound(opts), false)
 }
 
 // TestBlipsCostLatencyNotAccuracy is TestDegradedRepeatedBlipsKeepTheLimit
@@ -270,19 +276,8 @@ func TestBlipsCostLatencyNotAccuracy(t *testing.T) {
 	p := Policy{Name: "roomy", Windows: []Window{{Limit: 80, Period: 3 * time.Second}}}
 	opts := Options{Timeout: 50 * time.Millisecond, ProbeInterval: 100 * time.Millisecond, MaxLease: 1}
 	f := newFleet(t, 3, p, opts)
-	done := make(chan struct{})
 	const sent = 90
-	go func() {
-		defer close(done)
-		f.spray(t, sent, 2700*time.Millisecond)
-	}()
-	for range 12 {
-		f.srv.signal(t, syscall.SIGSTOP)
-		time.Sleep(60 * time.Millisecond)
-		f.srv.signal(t, syscall.SIGCONT)
-		time.Sleep(160 * time.Millisecond)
-	}
-	<-done
+	f.sprayThroughBlips(t, sent)
 	f.check(t, "12 pauses of 60 ms", 2*opts.Timeout+answerBound(opts)-opts.Timeout, true)
 	again, admitted := 0.0, 0
 	for _, l := range f.ls {

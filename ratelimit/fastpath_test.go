@@ -16,7 +16,7 @@ import (
 )
 
 // takesFastPath reports whether the decision code decides a request
-// under pl, asked in, by its fast path (script.go: fast) rather than by
+// under pl, asked in, by its fast path (lua/fast.lua) rather than by
 // decide: a plan of one to three windows, with a ban rule or none, and no
 // candidate windows, asked only to decide, with no strikes to count (under
 // a ban rule) and nothing to add or seed, and admitted (a banned key is

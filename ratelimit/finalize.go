@@ -26,7 +26,7 @@ import (
 // lifts the hold. What finalizing enables now:
 //
 //   - A window record's expiry is set per epoch of a quarter of its
-//     period (expiry, script.go): when the head moves into a new epoch,
+//     period (expiry, lua/ring.lua): when the head moves into a new epoch,
 //     not on every head move. A release before this one refreshes the record's
 //     TTL from now on every head move; one of its writes in the middle of
 //     an epoch would leave the record to expire before that epoch's later

@@ -20,14 +20,10 @@ func TestFleetFinalizesByItself(t *testing.T) {
 	t.Parallel()
 	const after = 30 * time.Second
 	f := newFixture(t, Options{FinalizeAfter: after})
-	l, ctx := f.l, context.Background()
+	l := f.l
 	beat := heartbeat(t, l)
 	finalized := func() bool {
-		t.Helper()
-		st, err := l.Finalization(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := finalization(t, l)
 		return !st.Finalized.IsZero() && !st.Blocks.IsZero()
 	}
 
@@ -67,14 +63,7 @@ func TestHoldKeepsTheFleetFromFinalizing(t *testing.T) {
 	f := newFixture(t, Options{FinalizeAfter: after})
 	l, ctx := f.l, context.Background()
 	beat := heartbeat(t, l)
-	status := func() FinalizeStatus {
-		t.Helper()
-		st, err := l.Finalization(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	status := func() FinalizeStatus { return finalization(t, l) }
 	beatFor := func(d time.Duration) {
 		t.Helper()
 		for end := f.clk.Now().Add(d); f.clk.Now().Before(end); f.clk.Add(heartbeatEvery) {
@@ -168,6 +157,16 @@ func TestFinalizingByItselfRechecksInTheScript(t *testing.T) {
 	if res, err := runFinalize(ctx, l.replicas, true); err != nil || res[0] == 0 || !mark() {
 		t.Fatalf("automatic finalizing with neither: %v %v; want the mark set", res, err)
 	}
+}
+
+// finalization returns what l reads of the marks, the hold and the census.
+func finalization(t *testing.T, l *Limiter) FinalizeStatus {
+	t.Helper()
+	st, err := l.Finalization(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 // FinalizeAfter negative: a replica never finalizes by itself.

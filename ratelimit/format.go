@@ -3,7 +3,7 @@ package ratelimit
 import "time"
 
 // The state format, version 1. Everything the limiter stores in Redis is
-// described here; script.go reads and writes exactly these bytes, and
+// described here; the decision code (lua/) reads and writes exactly these bytes, and
 // format_test.go checks every field at its maximum.
 //
 // All numbers are unsigned big-endian integers. No width depends on a
@@ -29,7 +29,7 @@ import "time"
 //	                            last Reset, µs, in decimal (resetRecords)
 //
 // A window record that does not exist yet may be started from the key's
-// record of another period (seed in script.go), when a plan edit changed
+// record of another period (seed in lua/ring.lua), when a plan edit changed
 // periods; PREFIX{periods} (registry.go) lists the periods each policy
 // had lately, for that.
 //

@@ -306,7 +306,7 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 // the version, then the ring's header of head 8, total 4, head count 4
 // and head offset 2 bytes, then per older bucket a count of 4 and an
 // offset of 2 at slot bucket mod (n+1)), its numbers read and written by
-// the decision code's own codec (codecLua). KEYS and ARGV: per give-back
+// the decision code's own codec (lua/codec.lua). KEYS and ARGV: per give-back
 // (giveBackCommand), its key's reset mark and window records; and one
 // argument of 8-byte numbers: its admissions, the grant's server time,
 // the number of its windows, then per window the bucket they were counted
@@ -317,10 +317,9 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 // before the key's last reset (its mark) takes nothing: the records it
 // was counted in are gone. It returns, per give-back, the most taken off
 // any of its windows.
-var giveBackScript = redis.NewScript(`
+var giveBackScript = redis.NewScript(codecLua + `
 local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
-local unpack_, pack_
-` + codecLua + `
+local unpack_, pack_ = codec()
 local VERSION, HDR, SLOT, MAXC = ` + strconv.Itoa(formatVersion) + `, ` + strconv.Itoa(ringHeader) + `, ` + strconv.Itoa(slotBytes) + `, ` + strconv.Itoa(maxCount) + `
 local HDRS, OFS = tostring(HDR), {}
 local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end

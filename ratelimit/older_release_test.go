@@ -45,7 +45,7 @@ func olderDecideLua() (string, error) {
 	}
 	defer os.RemoveAll(dir)
 	archive := exec.Command("sh", "-c", `git archive --format=tar "$1" | tar -x -C "$2"`, "sh", rev, dir)
-	archive.Dir = repoDir()
+	archive.Dir = ".."
 	if b, err := archive.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("git archive %s: %v: %s", rev, err, b)
 	}
@@ -79,20 +79,10 @@ func TestWriteDecideLua(t *testing.T) {
 	return string(b), err
 }
 
-// repoDir is the git checkout this package's history is read from: the
-// tree above it, or PETSTORE_SOURCE_REPO for a copy without history (the
-// mutation runs').
-func repoDir() string {
-	if d := os.Getenv("PETSTORE_SOURCE_REPO"); d != "" {
-		return d
-	}
-	return ".."
-}
-
 // gitOutput runs git in the repository and returns its trimmed output.
 func gitOutput(args ...string) (string, error) {
 	cmd := exec.Command("git", args...)
-	cmd.Dir = repoDir()
+	cmd.Dir = ".."
 	b, err := cmd.Output()
 	return strings.TrimSpace(string(b)), err
 }

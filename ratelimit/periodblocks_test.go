@@ -539,7 +539,7 @@ func (r *editRig) call(underNew bool, in input) verdict {
 // of that third plan, its block's spends included, must find the window
 // within its own limit, so the new plan's admissions there are held to
 // the block's limit until the block ends (readCap on the transition
-// window's coarse record, script.go). Generated periods and limits: the
+// window's coarse record, lua/window.lua). Generated periods and limits: the
 // old plan's limit on the shared period at least twice the third plan's,
 // and the new plan's own window never the one that binds.
 func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
@@ -554,7 +554,7 @@ func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
 // plan deciding on the same period (replicas that disagree on a key's
 // plan): a block taken under the plan with the lower limit holds the
 // other plan's window there to that limit until it ends (readCap on the
-// window's coarse record, script.go). Then with the other plan asking for
+// window's coarse record, lua/window.lua). Then with the other plan asking for
 // blocks of its own, sized within what the cap leaves (the caps in
 // reserveSize's room, in decide and in fast): beside the third plan's
 // block, and beside its lease, whose day window, half the time, is the
@@ -1009,7 +1009,7 @@ func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 // up to a few seconds later (its buckets and its TTL's margin are
 // longer). A key whose plan drops the window's period and takes it back
 // within that gap has the coarse record and no window record, and the
-// edit back seeds the window record (seed in script.go) from the
+// edit back seeds the window record (seed in lua/ring.lua) from the
 // periods it has. A block the key is spending, granted under the plan in
 // between, must count in the window until a period after its end, where
 // it is spent: the window record's head moves a bucket at most, so the

@@ -34,7 +34,7 @@ func newRing(limit int64, period time.Duration, buckets int) ring {
 	r := ring{limit: limit, period: p, gran: g, n: n, unit: (g + maxOffset - 1) / maxOffset}
 	// The record is needed until its newest bucket has slid out: at most
 	// a period and a bucket after it began. The script sets its expiry
-	// to this TTL after the end of the head's epoch (script.go, expiry),
+	// to this TTL after the end of the head's epoch (lua/ring.lua, expiry),
 	// so one bucket more covers an event recorded at a lease's end.
 	r.ttlMS = (p+2*g+999)/1000 + 1
 	// The name identifies the geometry; it is part of the Redis key of a

@@ -18,7 +18,7 @@ import (
 // record would start empty, and a key would get a fresh quota. Instead,
 // the first decision that finds a key without a record for one of its
 // windows, while the plan's periods are changing, starts the record from
-// the key's record of another period (seed in script.go): the shortest
+// the key's record of another period (seed in lua/ring.lua): the shortest
 // period that covers the new one, else the longest shorter one, among the
 // plan's other windows and the periods the plan had lately.
 //

@@ -153,7 +153,7 @@ func reserveRest(pl *plan, us, rtt int64, blocks bool) int64 {
 	}
 	if blocks {
 		// A block may end in the coarse bucket after the current one
-		// (blockWrite in script.go).
+		// (blockWrite in lua/window.lua).
 		for _, r := range pl.blk.coarse {
 			rest = min(rest, (us/r.gran+2)*r.gran-us)
 		}
@@ -178,7 +178,7 @@ const minReserve = 2
 // to that instant: the requests the plan's last short window counts with
 // this one (all replicas' over a minute, for the common plan), at their
 // rate over its period, or over the time since the oldest it counts for a
-// key it has held for less (demandSpan in script.go), scaled to
+// key it has held for less (demandSpan in lua/reserve.lua), scaled to
 // the time the reservation could be spent (until the end of every long
 // window's current bucket and within reserveLife, less two round trips);
 // at most max, this replica's own share of that demand (ownShare), and at
@@ -207,7 +207,7 @@ func (a *reserveAsk) nums(pl *plan, b []byte) []byte {
 
 // worthAsking reports whether a reservation is worth asking for a key
 // whose round trip under pl, at now, was decided as d: the script's rule
-// (reserveSize in script.go) applied to d's counts, the requests its last
+// (reserveSize in lua/reserve.lua) applied to d's counts, the requests its last
 // short window counts over its period or, for a key this replica began to
 // track at born, less than a period before now, over the time since plus
 // a reservation's life (the script's span for a key its window has held

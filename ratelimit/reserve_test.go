@@ -314,7 +314,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 		short := time.Duration(1+rng.IntN(4)) * time.Second
 		if rng.IntN(4) == 0 {
 			// Longer than a reservation's life: the key is young in it
-			// for most of the case (demandSpan in script.go).
+			// for most of the case (demandSpan in lua/reserve.lua).
 			// With blocks, periods reserveLife divides (a minute) and
 			// periods it does not (32 s), whose coarse buckets count
 			// longer (coarseLate).
@@ -515,7 +515,7 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 }
 
 // TestReservationSizeRule checks the script's reservation rule (mode 2,
-// reserveSize in script.go) against the rule worked out exactly in Go,
+// reserveSize in lua/reserve.lua) against the rule worked out exactly in Go,
 // over generated plans of one or two short windows and one or two long
 // ones (limits up to MaxLimit, periods from MinPeriod to MaxPeriod), the
 // key's counts from none to each limit, and asks of every size, replica
@@ -1408,7 +1408,7 @@ func youngKeys(t *testing.T, f *fixture, p Policy) (trips, decisions [2]int) {
 // steady five requests a second under a plan of a minute and a day with
 // blocks in force, reserve blocks at their rate while the minute has held
 // them for less than its period, not at the fraction of it their count
-// over the whole minute would show (demandSpan in script.go): from 10 s to
+// over the whole minute would show (demandSpan in lua/reserve.lua): from 10 s to
 // 30 s after they began, at most 4% of their requests go to Redis (3%
 // here; 7% when the count was taken over the whole period), as they do
 // once the minute is full (2-3%). And a replica asks for a block once the

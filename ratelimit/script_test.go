@@ -95,7 +95,7 @@ func TestScriptMatchesReference(t *testing.T) {
 	}
 }
 
-// TestCodecMatchesStruct checks the Lua fallback of codecLua (what
+// TestCodecMatchesStruct checks the Lua fallback of lua/codec.lua (what
 // miniredis runs, and so what TestScriptMatchesReference checks) against
 // Redis's struct library (what production runs), on random values of
 // every width the script uses.
@@ -107,7 +107,7 @@ func TestCodecMatchesStruct(t *testing.T) {
 	if fallback == codecLua {
 		t.Fatal("codecLua no longer looks up struct as expected")
 	}
-	src := "local byte, char, floor = string.byte, string.char, math.floor\nlocal unpack_, pack_\n" + fallback + `
+	src := fallback + "\nlocal unpack_, pack_ = codec()\n" + `
 local vals = {}
 for i = 2, #ARGV do vals[i - 1] = tonumber(ARGV[i]) end
 local a, b = pack_(ARGV[1], unpack(vals)), struct.pack(ARGV[1], unpack(vals))
@@ -310,34 +310,5 @@ return tostring(counts(A[1], tonumber(A[2]), tonumber(A[3]), tonumber(A[4])))`
 					c, n, density, len(prefix), i0, i1, got, want, ring)
 			}
 		}
-	}
-}
-
-// TestExpandLua checks that the decision code's shared bodies are put in
-// with each place's suffix, that fast has both windows' code written out,
-// and that a marker expandLua does not know stops it.
-func TestExpandLua(t *testing.T) {
-	if got, want := expandLua("a\n  --@reset(7)\nb\n"), "a\n"+strings.ReplaceAll(resetLua, "$", "7")+"b\n"; got != want {
-		t.Errorf("expandLua = %q, want %q", got, want)
-	}
-	if strings.Contains(decideCore, "--@") {
-		t.Error("the decision code still holds a marker")
-	}
-	fast := decideCore[strings.Index(decideCore, "local function fast("):]
-	fast = fast[:strings.Index(fast, "\n-- PATHS counts")]
-	for _, part := range []string{"fresh1 = #h1", "fresh2 = #h2", "fresh3 = #h3", "off1 = 0", "off2 = 0", "off3 = 0", "reset1 = b1 * g1", "reset2 = b2 * g2", "reset3 = b3 * g3"} {
-		if !strings.Contains(fast, part) {
-			t.Errorf("fast does not hold %q", part)
-		}
-	}
-	for _, bad := range []string{"--@windows(1)\n", "--@write(1\n", "--@reset\n"} {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("expandLua(%q) did not panic", bad)
-				}
-			}()
-			expandLua(bad)
-		}()
 	}
 }

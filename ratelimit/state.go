@@ -135,7 +135,7 @@ func (r *ring) slot(j int64) int64 {
 // event, or into the oldest bucket r keeps), so the new window never
 // counts fewer of them than src recorded within r's period; what src had
 // already dropped (older than its own period) is not known to it. The
-// script does the same (seed in script.go).
+// script does the same (seed in lua/ring.lua).
 func (s *ringState) seedFrom(r *ring, b int64, src *ringState, now int64) {
 	s.head = b
 	sr := &src.geo
@@ -206,7 +206,7 @@ type banState struct {
 // still remembered), and the strikes start over. It returns whether a
 // ban began, how many of the k counted before it began (the one that
 // began it included), the strikes counted now and the offences
-// remembered. The script does the same (strike in script.go).
+// remembered. The script does the same (strike in lua/ban.lua).
 func (bs *banState) strike(r *banRule, now, k int64, record bool, expires *int64) (newBan bool, struck, strikes, offences int64) {
 	offences = bs.offences
 	if offences > 0 && bs.offenceAt+r.memory <= now {

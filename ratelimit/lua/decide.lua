@@ -1,0 +1,403 @@
+-- The decision code (script.go): decide, which serves every plan and
+-- every request.
+
+-- The reply's numbers, reused by every decision.
+local RES = {}
+
+-- decide evaluates one decision whose records are KEYS[base + 1 ..
+-- base + nk], under plan pl (its numbers V, ban multiplier, reply format
+-- and TTLs in ms), asked mode, extra, want, need and life, with
+-- ADD[i] admissions to add per window and the seeding numbers SEED (or
+-- nil), and returns its reply.
+local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
+  local V = pl.V
+  local nw = V[1]
+  -- Blocks (pl.nco > 0): each short window's coarse record (CO[x] for
+  -- window CO[x].i, CP[i] = x) is window nw + x, and its record is KEYS
+  -- base + pl.kco + x, after the plan's own; the records of other
+  -- periods (seeding) follow them. Transition windows start after them
+  -- (tb).
+  local nco, CO, CP = pl.nco, pl.CO, pl.CP
+  local tb = nw + nco
+
+  -- After a plan changed its periods: where a window the key has no
+  -- record of may take its past from (the number of sources, each as
+  -- (KEYS index, period, g, n, unit) and its period's coarse record as
+  -- (KEYS index, g, n, unit), index 0 for none, then per window the
+  -- number of sources to try, in order, and their indexes), then the
+  -- transition windows, enforced beside the plan's own where the key has a
+  -- record of them (another plan's windows, while an edit spreads over the
+  -- replicas): their number, each as (KEYS index, limit, period, g, n,
+  -- unit, ttl) and its coarse record as a source's. An index past the
+  -- plan's windows' is another period's record, after the coarse records
+  -- in KEYS (the numbers leave those out: at); a source that is one of the
+  -- plan's windows has that window's coarse record, if any (CO).
+  local SRC, TRY, TRANS
+  if SEED then
+    SRC, TRY, TRANS = {}, {}, {}
+    local function at(k)
+      if k > 1 + nw then return k + nco end
+      return k
+    end
+    local o = 1
+    local ns = SEED[o]
+    for s = 1, ns do
+      local q = o + 1 + 9 * (s - 1)
+      local k, ck, cg, cn, cu = SEED[q], SEED[q + 5], SEED[q + 6], SEED[q + 7], SEED[q + 8]
+      local x = k <= 1 + nw and CP and CP[k - 1]
+      if x then ck, cg, cn, cu = pl.kco + x, CO[x].g, CO[x].n, CO[x].unit elseif ck > 0 then ck = at(ck) end
+      SRC[s] = {at(k), SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], ck, cg, cn, cu}
+    end
+    o = o + 1 + 9 * ns
+    for i = 1, nw do
+      local k = SEED[o]
+      TRY[i] = {}
+      for m = 1, k do TRY[i][m] = SEED[o + m] end
+      o = o + 1 + k
+    end
+    for j = 1, SEED[o] do
+      local q = o + 1 + 11 * (j - 1)
+      local ck = SEED[q + 7]
+      if ck > 0 then ck = at(ck) end
+      TRANS[j] = {at(SEED[q]), SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6], ck, SEED[q + 8], SEED[q + 9], SEED[q + 10]}
+    end
+  end
+  local peek = mode == 1
+
+  -- The ban record.
+  local R = pl.ban
+  local bs, banUntil, offences, offenceAt, sring
+  if R then
+    bs = call('GET', KEYS[base + 1])
+    banUntil, offences, offenceAt, sring = banRead(bs, R)
+  end
+  local banned = R and banUntil > now
+  local admit = not banned
+  local room, lend = -1, now + life
+
+  -- Windows.
+  for i = 1, nw do
+    local o = 2 + 6 * (i - 1)
+    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local key = KEYS[base + 1 + i]
+    local h = call('GETRANGE', key, '0', '18')
+    if #h < 1 + HDR and TRY and TRY[i] then
+      -- A period the key has no record of, after a plan edit: start from
+      -- the best record of another period the key has.
+      -- (A record of that period, or its coarse record: blocks count
+      -- there alone.)
+      for _, si in ipairs(TRY[i]) do
+        local src = SRC[si]
+        local ss, cs2 = call('GET', KEYS[base + src[1]]), false
+        if not (ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT) then ss = false end
+        if src[6] > 0 then
+          cs2 = call('GET', KEYS[base + src[6]])
+          if not (cs2 and #cs2 >= 1 + HDR + (src[8] + 1) * SLOT) then cs2 = false end
+        end
+        if ss or cs2 then
+          -- The window's coarse record, if it has one, takes what is
+          -- still being spent: a new one, or the key's (cur), which
+          -- seed writes again with what it holds (a record too short
+          -- for its ring is another format's: left alone).
+          local x, C = CP and CP[i], nil
+          if x then
+            local cr, ck = CO[x], KEYS[base + pl.kco + x]
+            local cur = call('GET', ck)
+            if cur and #cur < 1 + HDR then cur = false end
+            if not cur or #cur >= WR - 1 + (cr.n + 1) * SLOT then
+              C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl, cur = cur}
+            end
+          end
+          if seed(key, ss, src[3], src[4], src[5], cs2, src[7], src[8], src[9], period, g, n, unit, pl.TTL[i], floor(now / g), now, C) then
+            h = call('GETRANGE', key, '0', '18')
+          end
+          break
+        end
+      end
+    end
+    view(i, key, h, period, g, n, unit)
+    -- Admissions made locally while Redis was unreachable count first, as
+    -- made now: at most the window's limit, since no interval held more.
+    local add = ADD[i]
+    if add > 0 and not peek then
+      if add > limit then add = limit end
+      WADD[i] = add
+      WUSED[i] = WUSED[i] + add
+    end
+    -- A lease still being spent holds this decision to the lease's
+    -- limit too (one under another plan, while replicas disagree).
+    WCAP[i], WCEND[i] = readCap(key, n, g, unit, WB[i], WVH[i], WHC[i], WHO[i])
+    if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+    local c = WUSED[i]
+    local x = CP and CP[i]
+    if x then
+      -- The window counts its coarse record's blocks too, and is held to
+      -- a cap on either.
+      local cr, y = CO[x], nw + x
+      local ck = KEYS[base + pl.kco + x]
+      view(y, ck, call('GETRANGE', ck, '0', '18'), period, cr.g, cr.n, cr.unit)
+      WCAP[y], WCEND[y] = readCap(ck, cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
+      if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
+      c = c + WUSED[y]
+    end
+    if c >= limit then admit = false end
+    if room < 0 or limit - c < room then room = limit - c end
+    if (WB[i] + 1) * g < lend then lend = (WB[i] + 1) * g end
+  end
+
+  -- Transition windows: another plan's windows, while an edit spreads.
+  -- Where the key has a record of one, an admission here must fit it too
+  -- and counts in it, so replicas still on that plan see it.
+  local TX, ntx = nil, 0
+  if TRANS then
+    TX = {}
+    for j = 1, #TRANS do
+      local tr = TRANS[j]
+      local key = KEYS[base + tr[1]]
+      local h = call('GETRANGE', key, '0', '18')
+      if #h >= 1 + HDR then
+        ntx = ntx + 1
+        local x = tb + ntx
+        TX[ntx] = tr
+        view(x, key, h, tr[3], tr[4], tr[5], tr[6])
+        WCAP[x], WCEND[x] = readCap(key, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
+        local limit = tr[2]
+        if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
+        local c = WUSED[x]
+        if tr[8] > 0 then
+          -- Its coarse record's blocks count too (working values -ntx),
+          -- as in the plan's own windows.
+          local ck = KEYS[base + tr[8]]
+          view(-ntx, ck, call('GETRANGE', ck, '0', '18'), tr[3], tr[9], tr[10], tr[11])
+          WCAP[-ntx], WCEND[-ntx] = readCap(ck, tr[10], tr[9], tr[11], WB[-ntx], WVH[-ntx], WHC[-ntx], WHO[-ntx])
+          if WCAP[-ntx] and WCAP[-ntx] < limit then limit = WCAP[-ntx] end
+          c = c + WUSED[-ntx]
+        end
+        if c >= limit then admit = false end
+        if room < 0 or limit - c < room then room = limit - c end
+        if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
+      end
+    end
+  end
+
+  -- granted admissions count at once; at is the time recorded for them.
+  local granted, at = 1, now
+  if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
+  local admitted = admit and not peek
+
+  -- A reservation riding on this admission (RSV, reserveSize): rk more
+  -- admissions of the long windows (those after the first RSV[5]),
+  -- counted with this one at the reservation's end rend. With blocks
+  -- (nco > 0: every short window has a coarse record), a block: the rk
+  -- count in the short windows too, in their coarse records, at rend,
+  -- which is then also within their current coarse buckets.
+  local rk, rend, ns = 0, 0, 0
+  if RSV and admitted and ntx == 0 and (nco == 0 or nco == RSV[5]) then
+    ns, rend = RSV[5], now + RSV[7]
+    local lroom = 2 ^ 53
+    for i = ns + 1, nw do
+      local o = 2 + 6 * (i - 1)
+      local limit = V[o]
+      if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+      if limit - WUSED[i] - 1 < lroom then lroom = limit - WUSED[i] - 1 end
+      if (WB[i] + 1) * V[o + 2] < rend then rend = (WB[i] + 1) * V[o + 2] end
+    end
+    local sc = WUSED[ns] + 1
+    if nco > 0 then
+      for i = 1, ns do
+        local x = CP[i]
+        local y, g = nw + x, CO[x].g
+        local limit = V[2 + 6 * (i - 1)]
+        if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+        if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
+        local r = limit - WUSED[i] - WUSED[y] - 1
+        if r < lroom then lroom = r end
+        -- Within the bucket after the current one (blockWrite).
+        local last = (floor(now / g) + 2) * g
+        if last < rend then rend = last end
+      end
+      sc = sc + WUSED[nw + CP[ns]]
+    end
+    local o = 2 + 6 * (ns - 1)
+    rk = reserveSize(sc, V[o + 1], lroom, rend - now, RSV, WKEY[ns], V[o + 2], V[o + 3], WVH[ns], WTOT[ns], WHC[ns], WFROM[ns])
+    if rk == 0 then rend = 0 end
+  end
+
+  for i = 1, nw do
+    local k, t = WADD[i], now
+    if admitted then k, t = k + granted, at end
+    if rk > 0 and i > ns then k, t = k + rk, rend end
+    if k > 0 then
+      local o = 2 + 6 * (i - 1)
+      record(i, k, t, V[o + 2], V[o + 3], V[o + 4], pl.TTL[i])
+    end
+  end
+  if rk > 0 and nco > 0 then
+    for x = 1, nco do
+      local cr = CO[x]
+      blockWrite(nw + x, rk, rend, V[2 + 6 * (cr.i - 1) + 1], cr.g, cr.n, cr.unit, cr.ttl)
+    end
+  end
+  if admitted then
+    for j = 1, ntx do
+      local tr = TX[j]
+      record(tb + j, granted, at, tr[4], tr[5], tr[6], tr[7])
+    end
+  end
+  -- A lease caps every window it counts in until it ends.
+  if admitted and granted > 1 then
+    for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
+    for j = 1, ntx do writeCap(WKEY[tb + j], TX[j][5], TX[j][2], lend, WCAP[tb + j], WCEND[tb + j]) end
+  end
+  -- And a reservation every long window, a block every coarse record too.
+  if rk > 0 then
+    for i = ns + 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], rend, WCAP[i], WCEND[i]) end
+    for x = 1, nco do
+      local y = nw + x
+      writeCap(WKEY[y], CO[x].n, V[2 + 6 * (CO[x].i - 1)], rend, WCAP[y], WCEND[y])
+    end
+  end
+
+  -- Candidate windows: evaluated on every request that reaches the script
+  -- (this one, and the extra rejections answered locally since the last
+  -- round trip, in turn), never refusing one. Records of their own, so
+  -- that a candidate never touches an enforced window's count. A key its
+  -- ban policy bans, it would refuse; of the others it admits (and
+  -- counts) as many as fit, as if it were the only windows, and limits
+  -- the rest, each a strike of its ban policy; the strike that begins a
+  -- ban is refused as banned, as are those after it.
+  local co = pl.co
+  local nc = V[co]
+  local cb = tb + ntx
+  local croom = -1
+  for i = 1, nc do
+    local o = co + 1 + 6 * (i - 1)
+    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local key = KEYS[base + 1 + nw + i]
+    view(cb + i, key, call('GETRANGE', key, '0', '18'), period, g, n, unit)
+    if croom < 0 or limit - WUSED[cb + i] < croom then croom = limit - WUSED[cb + i] end
+  end
+  local CR = pl.cban
+  local cbkey, cbs, cbUntil, cbOff, cbAt, cbRing
+  if CR then
+    cbkey = KEYS[base + 2 + nw + nc]
+    cbs = call('GET', cbkey)
+    cbUntil, cbOff, cbAt, cbRing = banRead(cbs, CR)
+  end
+  local cOut, cAdm, cLim, cBan = 0, 0, 0, 0
+  if nc > 0 and not peek then
+    local k = 1 + extra
+    if CR and cbUntil > now then
+      cBan, cOut = k, 2
+    else
+      if croom < 0 then croom = 0 end
+      cAdm = k
+      if cAdm > croom then cAdm = croom end
+      cLim = k - cAdm
+      if croom <= extra then cOut = 1 end
+      if cAdm > 0 then
+        for i = 1, nc do
+          local o = co + 1 + 6 * (i - 1)
+          record(cb + i, cAdm, now, V[o + 2], V[o + 3], V[o + 4], pl.CTTL[i])
+        end
+      end
+    end
+  end
+  local cNewBan, cStrikes, cBanUntil, cOffences = 0, 0, 0, 0
+  if CR then
+    local struck
+    cNewBan, struck, cStrikes, cBanUntil, cOffences = strike(cbkey, cbs, CR, cbUntil, cbOff, cbAt, cbRing, cLim, not peek and cLim > 0)
+    if cNewBan == 1 then
+      -- (One at a time: miniredis's Lua assigns a list in turn.)
+      cBan = cLim - struck + 1
+      cOut, cLim = 2, struck - 1
+    end
+  end
+
+  -- Strikes: this rejection and those answered locally since the last
+  -- round trip (extra), unless the key is banned.
+  local newBan, strikes = 0, 0
+  if R then
+    local k = extra
+    if not admit and not banned then k = k + 1 end
+    local struck
+    newBan, struck, strikes, banUntil, offences = strike(KEYS[base + 1], bs, R, banUntil, offences, offenceAt, sring, k, not peek and not banned)
+    if newBan == 1 then banned = true end
+  else
+    banUntil, offences = 0, 0
+  end
+
+  if not admitted then granted, lend = 0, 0 end
+  -- The reply carries only what the plan has (decode reads it). A
+  -- reservation's size and end take a lease's fields: the decision's own
+  -- admission and the rk reserved ones, until rend.
+  local rt = 0
+  RES[1], RES[2], RES[3], RES[4], RES[5] = 0, 0, now, granted, lend
+  if rk > 0 then RES[4], RES[5] = granted + rk, rend end
+  local m = 5
+  if R then
+    RES[6], RES[7], RES[8], RES[9] = newBan, strikes, banUntil, offences
+    m = 9
+  end
+  if nc > 0 then
+    RES[m + 1], RES[m + 2], RES[m + 3], RES[m + 4] = cOut, cAdm, cLim, cBan
+    m = m + 4
+    if CR then
+      RES[m + 1], RES[m + 2], RES[m + 3], RES[m + 4] = cNewBan, cStrikes, cBanUntil, cOffences
+      m = m + 4
+    end
+  end
+  for i = 1, nw do
+    local o = 2 + 6 * (i - 1)
+    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local counted = 0
+    if admitted then counted = granted end
+    if rk > 0 and i > ns then counted = counted + rk end
+    -- A refused request (banned or limited) waits for every full window
+    -- as well as for the ban: Retry-After is the true wait.
+    local u, rem, reset_, wait
+    local x = CP and CP[i]
+    if x then
+      local cr, cc = CO[x], 0
+      if rk > 0 then cc = rk end
+      u, rem, reset_, wait = pairStanding(i, nw + x, limit, period, g, n, unit, cr.g, cr.n, cr.unit, counted, cc, not admit)
+    else
+      u, rem, reset_, wait = standing(i, limit, period, g, n, unit, counted, not admit)
+    end
+    if wait > rt then rt = wait end
+    RES[m + 1], RES[m + 2] = u, reset_
+    m = m + 2
+  end
+  if not admit then
+    for j = 1, ntx do
+      local tr = TX[j]
+      local u, rem, reset_, wait
+      if tr[8] > 0 then
+        u, rem, reset_, wait = pairStanding(tb + j, -j, tr[2], tr[3], tr[4], tr[5], tr[6], tr[9], tr[10], tr[11], 0, 0, true)
+      else
+        u, rem, reset_, wait = standing(tb + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+      end
+      if wait > rt then rt = wait end
+    end
+  end
+  for i = 1, nc do
+    local o = co + 1 + 6 * (i - 1)
+    local u, rem, reset_ = standing(cb + i, V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], cAdm, false)
+    RES[m + 1], RES[m + 2] = u, reset_
+    m = m + 2
+  end
+  if banned then
+    RES[1], RES[2] = 2, banUntil - now
+    if rt > RES[2] then RES[2] = rt end
+  elseif not admit then
+    RES[1], RES[2] = 1, rt
+  end
+  if admitted and not banned and granted == 1 and rk == 0 and nc == 0 then
+    -- The short form: one admission, no candidate windows; bare with
+    -- nothing of a ban rule to report.
+    if not R then return pack_(pl.bfmt, now, unpack(RES, 6, m)) end
+    if RES[7] == 0 and RES[8] == 0 and RES[9] == 0 then return pack_(pl.bfmt, now, unpack(RES, 10, m)) end
+    return pack_(pl.sfmt, now, unpack(RES, 7, m))
+  end
+  return pack_(pl.rfmt, unpack(RES, 1, m))
+end

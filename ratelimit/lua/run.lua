@@ -1,0 +1,164 @@
+-- The decision code (script.go), last of its files: the plans a call
+-- decodes, the batch, and run, which a script or a Function calls.
+
+-- PATHS counts the decisions the calls answered since the code loaded
+-- and, of them, those that went to decide: tests read them to know which
+-- path their decisions took (fast made the others). Counted once a call,
+-- and once a decision only on decide's path.
+local PATHS = {0, 0}
+
+-- Plans are decoded once per call (once for all with a Function, up to
+-- a bound): their numbers (V), where the ban rule, the candidate windows
+-- and the candidate ban rule start in V, the ban rules as tables (nil: no
+-- bans), the reply's format and the records' TTLs (ms). PLANS maps
+-- a call's plan indexes, DECODED the plans' packed numbers.
+local DECODED, ndecoded = {}, 0
+local function banRule(V, o, mult)
+  if V[o] == 0 then return nil, o + 1 end
+  return {thr = V[o], sp = V[o + 1], sg = V[o + 2], sn = V[o + 3], su = V[o + 4], sttl = V[o + 5],
+    memory = V[o + 6], base = V[o + 7], max = V[o + 8], mult = mult}, o + 9
+end
+local function planAt(PLANS, p)
+  local pl = PLANS[p]
+  if pl then return pl end
+  local s, mult, cmult = ARGV[3 * p], ARGV[3 * p + 1], ARGV[3 * p + 2]
+  pl = DECODED[s]
+  if not pl or pl.mults ~= mult or pl.cmults ~= cmult then
+    local V = {unpack_('>' .. rep('I8', #s / 8), s, 1)}
+    local nw = V[1]
+    local ban, co = banRule(V, 2 + 6 * nw, tonumber(mult))
+    local nc = V[co]
+    local cban, xo = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
+    -- Blocks: the coarse records of the short windows, when the plan has
+    -- them (Go's plan.blocks): their count, then each as its window's
+    -- index, period, bucket width, n, offset unit and TTL.
+    local nco, CO, CP = 0, nil, nil
+    -- (V's last value is unpack's next position, not a number of the
+    -- plan's.)
+    if xo <= #s / 8 then nco = V[xo] end
+    if nco > 0 then
+      CO, CP = {}, {}
+      for x = 1, nco do
+        local q = xo + 1 + 6 * (x - 1)
+        CO[x] = {i = V[q], g = V[q + 2], n = V[q + 3], unit = V[q + 4], ttl = V[q + 5]}
+        CP[V[q]] = x
+      end
+    end
+    local ttl, cttl = {}, {}
+    for i = 1, nw do ttl[i] = V[2 + 6 * (i - 1) + 5] end
+    for i = 1, nc do cttl[i] = V[co + 1 + 6 * (i - 1) + 5] end
+    local fields = 5 + 2 * (nw + nc)
+    if ban then fields = fields + 4 end
+    if nc > 0 then fields = fields + 4 end
+    if cban then fields = fields + 4 end
+    -- The short forms' fields: now, with a ban rule the strikes, ban end
+    -- and offences (not in the bare form), then per window used and
+    -- reset.
+    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
+      bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
+      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3 and (nco == 0 or nco == 1 and CO[1].i == 1),
+      nco = nco, CO = CO, CP = CP, kco = 1 + nw + nc + (cban and 1 or 0)}
+    if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
+    DECODED[s], ndecoded = pl, ndecoded + 1
+  end
+  PLANS[p] = pl
+  return pl
+end
+
+-- The call being decided: its decisions (ARGV[1]), where the next one's
+-- numbers start, the KEYS index before its records, the replies so far
+-- and the plans met (planAt).
+local CALLS, POS, BASE, OUT, PLANS
+local ADD = {}
+-- A reservation's numbers (batch), one table for every decision: a table
+-- a decision is work for the collector.
+local RSVS = {}
+
+-- batch makes the call's decisions from POS on, in order, each by fast
+-- where it may (a plan fast serves, asked only to decide), else by
+-- decide. It moves POS and BASE past a decision before making it, so that
+-- when one fails (an error, which run catches), the batch goes on after
+-- it.
+local function batch()
+  local calls, out = CALLS, OUT
+  while POS <= #calls do
+    local nk, p, na, pos = unpack_('>I8I8I8', calls, POS)
+    local base = BASE
+    POS, BASE = pos, base + nk
+    local pl = planAt(PLANS, p)
+    local mode, extra, want, need, life, r = 0, 0, 1, 1, 1
+    -- fixed: how many of the numbers are the ask (the rest: adds, seeding).
+    local fixed, RSV = 5
+    if na == 0 then
+      -- A plain request: to decide, with no strikes and no lease.
+      if pl.fast then r = fast(base, pl, 1, 1, 1) end
+    else
+      mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
+      if mode == 2 then
+        -- Asked to decide, and to reserve (reserveSize): the replicas, the
+        -- margin, the least worth granting, the round trips' allowance
+        -- and how many of the plan's windows are short follow; want and
+        -- life are the reservation's most and life, not a lease's.
+        RSV = RSVS
+        RSV[1], RSV[2], RSV[3], RSV[4], RSV[5], pos = unpack_('>I8I8I8I8I8', calls, pos)
+        RSV[6], RSV[7] = want, life
+        -- (Every window short: a block alone, where every short window
+        -- has a coarse record.)
+        if RSV[5] < 1 or RSV[5] > pl.V[1] or RSV[5] == pl.V[1] and pl.nco ~= RSV[5] then RSV = nil end
+        want, need, life, fixed = 1, 1, 1, 10
+      end
+      POS = pos + 8 * (na - fixed)
+      -- (With blocks, a reservation of other short windows than the
+      -- coarse records' is decide's to refuse, and a block of a plan
+      -- with no long window decide's to grant.)
+      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) and (not RSV or (pl.nco == 0 or RSV[5] == pl.nco) and RSV[5] < pl.V[1]) then
+        r = fast(base, pl, want, need, life, RSV)
+      end
+    end
+    if not r then
+      PATHS[2] = PATHS[2] + 1
+      local nw = pl.V[1]
+      -- The admissions to add per window are sent only when there are
+      -- any (or seeding numbers follow them).
+      if na > fixed then
+        for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
+      else
+        for i = 1, nw do ADD[i] = 0 end
+      end
+      local SEED
+      if na > fixed + nw then
+        SEED = {unpack_('>' .. rep('I8', na - fixed - nw), calls, pos)}
+        SEED[na - fixed - nw + 1] = nil
+      end
+      r = decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
+    end
+    out[#out + 1] = r
+  end
+end
+
+-- run decides the batch of a call, at one reading of the server's clock:
+-- its decisions happen at one instant, in order. A decision that fails
+-- replies "E" and the error; the others are made as if it were not
+-- there. (One pcall for the batch, not one per decision: a decision that
+-- fails is rare, and a pcall's setup is not free.)
+local function run(keys, args)
+  if not byte then init() end
+  KEYS, ARGV = keys, args
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  CALLS, POS, BASE, OUT, PLANS = ARGV[1], 1, 0, {}, {}
+  FIN = tonumber(ARGV[2]) or 0
+  NOWMS = floor(now / 1000)
+  while true do
+    local from = POS
+    local ok, err = pcall(batch)
+    if ok then break end
+    -- A failure before a decision's numbers were read is the call's own
+    -- (malformed numbers): it ends the call.
+    if POS == from then error(err) end
+    if type(err) == 'table' and err.err then err = err.err end
+    OUT[#OUT + 1] = 'E' .. tostring(err)
+  end
+  PATHS[1] = PATHS[1] + #OUT
+  return OUT
+end
