@@ -37,10 +37,11 @@ test: services vet unit system helm-test alerts-test image-test api-test
 
 ## test-long: what make test leaves out, which CI runs after it: every test that calls testenv.Long (the fleet's
 ## longest scenarios) or testenv.Cases (property tests, which -short cuts to a few cases), found in the test files and
-## run in full as make test runs the rest of its package (.ci/test-long), then make mutants
+## run in full as make test runs the rest of its package (.ci/test-long), then the mutation check of every entry
+## that names its killer (make mutants runs them all)
 test-long: services
 	GO='$(GO)' NO_RACE_TESTS='$(NO_RACE_TESTS)' bash .ci/test-long
-	@$(MAKE) --no-print-directory mutants
+	MUTANTS_NAMED=1 bash .ci/mutants
 
 services:
 	@bash .ci/services
