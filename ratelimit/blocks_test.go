@@ -399,7 +399,7 @@ func TestBlocksHoldEveryWindowMiniredis(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 70)
 	var total blockDriver
-	for c := range max(*invariantCases, 60) {
+	for c := range testenv.Cases(t, 16, max(*invariantCases, 60)) {
 		mini, rdb := newMini(t, time.Now())
 		d := runBlockCase(t, rng, rdb, mini, 400)
 		total.stats.calls += d.stats.calls
@@ -499,7 +499,7 @@ func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 74)
 	granted := 0
-	for c := range max(*invariantCases, 40) {
+	for c := range testenv.Cases(t, 10, max(*invariantCases, 40)) {
 		pl, _ := genReservationPlan(rng)
 		for i := range pl.policy.Windows {
 			pl.policy.Windows[i].Limit = MaxLimit
@@ -581,7 +581,7 @@ func TestNamesFollowTheCallPlan(t *testing.T) {
 // its spend time.
 func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
 	t.Parallel()
-	playOnMiniredis(t, 74, runBlockCapLaterEnd)
+	playOnMiniredis(t, 74, runBlockCapLaterEnd, testenv.Cases(t, 8, max(*invariantCases/2, 30)))
 }
 
 // TestBlockCapKeepsTheLaterEndOnRedis plays the cases above on a real
@@ -589,6 +589,7 @@ func TestBlockCapKeepsTheLaterEnd(t *testing.T) {
 // of 2000-2400 s (buckets of 10-12 s) in place of the hour, so that H is
 // seconds away.
 func TestBlockCapKeepsTheLaterEndOnRedis(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	playOnRedis(t, 75, runBlockCapLaterEnd)
 }
@@ -725,13 +726,14 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 // its window. Every admission fits its plan's windows by its spend time.
 func TestBlockEndingBeforeTheHeadKeepsItsBucketsLastEvent(t *testing.T) {
 	t.Parallel()
-	playOnMiniredis(t, 72, runBlockBeforeTheHead)
+	playOnMiniredis(t, 72, runBlockBeforeTheHead, testenv.Cases(t, 8, max(*invariantCases/2, 30)))
 }
 
 // TestBlockEndingBeforeTheHeadOnRedis plays the cases above on a real
 // Redis by real time, on short periods of 1-3 s and long windows of
 // buckets of 10-12 s.
 func TestBlockEndingBeforeTheHeadOnRedis(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	playOnRedis(t, 73, runBlockBeforeTheHead)
 }
@@ -758,11 +760,12 @@ func caseTime(rng *rand.Rand, mini *miniredis.Miniredis) (clock func() int64, wa
 type blockCase func(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis) bool
 
 // playOnMiniredis plays cases of run drawn from seed, each on a miniredis
-// of its own: half of them at least must play as drawn.
-func playOnMiniredis(t *testing.T, seed uint64, run blockCase) {
+// of its own: half of them at least must play as drawn. The caller counts
+// them (testenv.Cases, so that make test-long runs it whole).
+func playOnMiniredis(t *testing.T, seed uint64, run blockCase, cases int) {
 	t.Helper()
 	rng := invariantRNG(t, seed)
-	cases, played := max(*invariantCases/2, 30), 0
+	played := 0
 	for range cases {
 		mini, rdb := newMini(t, time.Now())
 		if run(t, rng, rdb, mini) {

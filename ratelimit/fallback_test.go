@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 // countPending locks every shard of f and returns its pending-keys count
@@ -196,7 +198,7 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 8)
 	local, reservedLast, blockLast := 0, 0, 0
-	for c := range max(*invariantCases, 40) {
+	for c := range testenv.Cases(t, 10, max(*invariantCases, 40)) {
 		p := genPolicies(rng, 24*time.Hour)[0]
 		n := int64(1 + rng.IntN(5))
 		// Enough before the outage to spend part of small limits.

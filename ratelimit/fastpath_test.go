@@ -194,7 +194,7 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 	// read past a record's end.
 	start, end := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC).UnixMicro(), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
 	var fastTaken, decisions, fastBlocks, blocked int
-	for c := range max(*invariantCases, 40) {
+	for c := range testenv.Cases(t, 10, max(*invariantCases, 40)) {
 		plans := genFastPlans(rng, MaxPeriod)
 		// Half the cases with blocks in force: plans of short and long
 		// windows decide with their coarse records (plan.blk), their
@@ -389,7 +389,7 @@ func TestShortReplyTellsWhatAPeekTells(t *testing.T) {
 	withCandidate := compile(Policy{Name: "cand", Windows: []Window{{Limit: 5, Period: time.Minute}},
 		Candidate: []Window{{Limit: 3, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
 	var short, whole, withBan int
-	for c := range max(*invariantCases, 40) {
+	for c := range testenv.Cases(t, 10, max(*invariantCases, 40)) {
 		var plans []*plan
 		for _, p := range genPolicies(rng, MaxPeriod) {
 			plans = append(plans, compile(p, DefaultBuckets, DefaultStrikeBuckets))

@@ -31,14 +31,14 @@ import (
 // records made after it is caught.
 func TestGiveBackKeepsEveryBucketAtLeastAdmittedMiniredis(t *testing.T) {
 	t.Parallel()
-	giveBackProperty(t, "miniredis", false)
+	giveBackProperty(t, "miniredis", false, testenv.Cases(t, 8, *invariantCases))
 }
 
 // TestGiveBackKeepsEveryBucketAtLeastAdmittedRedis: the same on real
 // Redis, by real time.
 func TestGiveBackKeepsEveryBucketAtLeastAdmittedRedis(t *testing.T) {
 	t.Parallel()
-	giveBackProperty(t, "redis", false)
+	giveBackProperty(t, "redis", false, testenv.Cases(t, 4, max(*invariantCases/5, 8)))
 }
 
 // TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis is the same
@@ -50,26 +50,28 @@ func TestGiveBackKeepsEveryBucketAtLeastAdmittedRedis(t *testing.T) {
 // buckets as the windows' own records are.
 func TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis(t *testing.T) {
 	t.Parallel()
-	giveBackProperty(t, "miniredis", true)
+	giveBackProperty(t, "miniredis", true, testenv.Cases(t, 8, *invariantCases))
 }
 
 // TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedRedis: the same on
 // real Redis, by real time.
 func TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedRedis(t *testing.T) {
 	t.Parallel()
-	giveBackProperty(t, "redis", true)
+	giveBackProperty(t, "redis", true, testenv.Cases(t, 4, max(*invariantCases/5, 8)))
 }
 
-func giveBackProperty(t *testing.T, backend string, blocks bool) {
+// giveBackProperty plays cases of the give-back property on backend:
+// the caller's count (testenv.Cases, so that make test-long runs it whole).
+func giveBackProperty(t *testing.T, backend string, blocks bool, cases int) {
 	stream := uint64(113)
 	if blocks {
 		stream = 114
 	}
 	rng := invariantRNG(t, stream)
 	// (make fuzz runs 2000 cases.)
-	cases, steps := *invariantCases, 300
+	steps := 300
 	if backend == "redis" {
-		cases, steps = max(*invariantCases/5, 8), 200
+		steps = 200
 	}
 	var seen giveBackSeen
 	for c := range cases {

@@ -782,7 +782,7 @@ func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	var total, calls [3]int
 	leases, honoured, bans := 0, 0, 0
-	for c := range *invariantCases {
+	for c := range testenv.Cases(t, 10, *invariantCases) {
 		policies := genPolicies(rng, MaxPeriod)
 		var d *invariantDriver
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
@@ -1079,7 +1079,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 	// At least 40 cases: each takes about 0.15 s (about 1 s under -race), and
 	// what this test alone can find needs several replicas, plans and
 	// leases to meet (the lease cap's case took 1,000 plans to find).
-	for c := range max(*invariantCases/4, 40) {
+	for c := range testenv.Cases(t, 5, max(*invariantCases/4, 40)) {
 		var policies []Policy
 		for _, p := range genPolicies(rng, 24*time.Hour) {
 			if p, ok := atLeastAMinute(p); ok {

@@ -188,7 +188,7 @@ func TestLeasesStrictAcrossReplicas(t *testing.T) {
 	var admitted []int64
 	leased, limited := 0, 0
 	before := f.cmds.scripts.Load()
-	for range 6000 {
+	for range testenv.Cases(t, 1500, 6000) {
 		// Bursts at ~400/s, lulls at ~100/s.
 		mean := 2500 * time.Microsecond
 		if f.clk.Now().UnixMilli()/700%3 == 0 {
@@ -231,6 +231,7 @@ func TestLeasesStrictAcrossReplicas(t *testing.T) {
 // leasing on: leases taken while the window was filling must not cost the
 // steady state more than 1%.
 func TestLeasePacingAdmitsNearlyAll(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	f := newFixture(t, Options{CacheSize: -1})
 	p := perMinute(1500)
@@ -389,7 +390,7 @@ func TestLeaseHoldsOtherPlansToItsLimit(t *testing.T) {
 func TestLeaseCapRefusalWaitsUntilTheWindowFitsUnderIt(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 106)
-	cases, early := max(*invariantCases/2, 40), 0
+	cases, early := testenv.Cases(t, 10, max(*invariantCases/2, 40)), 0
 	for range cases {
 		if runLeaseCapUnder(t, rng) {
 			early++
@@ -450,7 +451,7 @@ func runLeaseCapUnder(t *testing.T, rng *rand.Rand) bool {
 func TestLeaseCapRefusalOverItsOwnLimitWaitsForTheWindow(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 107)
-	for range max(*invariantCases/2, 40) {
+	for range testenv.Cases(t, 10, max(*invariantCases/2, 40)) {
 		runLeaseCapOver(t, rng)
 	}
 }
@@ -679,7 +680,7 @@ func playLeaseCap(t *testing.T, a, b *Limiter, key string, pa, pb Policy, stepA,
 func TestLeaseCapHoldsGeneratedPlans(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 5)
-	runLeaseCapCases(t, rng, max(*invariantCases/2, 20), func(t *testing.T, pa, pb Policy, replicas int, stepA, stepB time.Duration) int {
+	runLeaseCapCases(t, rng, testenv.Cases(t, 4, max(*invariantCases/2, 20)), func(t *testing.T, pa, pb Policy, replicas int, stepA, stepB time.Duration) int {
 		f := newFixture(t, Options{Replicas: replicas})
 		b, err := newLimiter(f.rdb, Options{Replicas: replicas, Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
 		if err != nil {
@@ -717,6 +718,7 @@ func runLeaseCapCases(t *testing.T, rng *rand.Rand, n int, play func(t *testing.
 // same scenario on a real Redis, by real time (fewer: each takes up to a
 // second).
 func TestLeaseCapHoldsGeneratedPlansOnRedis(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -745,6 +747,7 @@ func TestLeaseCapHoldsGeneratedPlansOnRedis(t *testing.T) {
 // go unspent, and no case more than 25%; leases must answer at least 78%
 // of requests.
 func TestLeaseWasteUnderRandomArrivals(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	rng := invariantRNG(t, 73)
 	p := Policy{Name: "busy", Windows: []Window{{Limit: 1_000_000, Period: time.Minute}, {Limit: 100_000_000, Period: 24 * time.Hour}}}
@@ -859,6 +862,7 @@ func TestBelowDemand(t *testing.T) {
 // give-backs and no tenth kept, both phases came within 0.005% of exact
 // decisions over six seeds, with 41-70% leased.
 func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	rng := invariantRNG(t, 97)
 	// Per phase (rising, steady), pooled: requests, refused by the
@@ -967,7 +971,7 @@ func TestRecordNamesFollowTheKeysPlan(t *testing.T) {
 		}
 		return out
 	}
-	for c := range *invariantCases {
+	for c := range testenv.Cases(t, 10, *invariantCases) {
 		a := Policy{Name: "a", Windows: small(genPolicies(rng, 30*24*time.Hour)[0].Windows)}
 		b := Policy{Name: "b", Windows: small(genPolicies(rng, 30*24*time.Hour)[0].Windows)}
 		if rng.IntN(2) == 0 {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/animal-store/petstore/internal/testenv"
 )
 
 func TestWindowEdges(t *testing.T) {
@@ -197,7 +199,8 @@ func TestStrictUnderRandomTraffic(t *testing.T) {
 	p := Policy{Name: "s", Windows: []Window{{Limit: 4, Period: time.Second}, {Limit: 11, Period: 5 * time.Second}}}
 	rng := rand.New(rand.NewPCG(3, 4))
 	var admitted []int64
-	for range 1500 {
+	steps := testenv.Cases(t, 750, 1500)
+	for range steps {
 		f.clk.Add(time.Duration(rng.ExpFloat64() * float64(80*time.Millisecond)))
 		if d := f.allow(t, "k", p); d.Allowed() {
 			admitted = append(admitted, f.clk.Now().UnixMicro())
@@ -206,7 +209,7 @@ func TestStrictUnderRandomTraffic(t *testing.T) {
 	for _, w := range p.Windows {
 		checkStrict(t, admitted, w)
 	}
-	if len(admitted) < 250 {
+	if len(admitted) < steps/6 {
 		t.Fatalf("only %d admitted: traffic too thin to test anything", len(admitted))
 	}
 }
@@ -577,7 +580,7 @@ func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 89)
 	blockCases, lateCases := 0, 0
-	for c := range 24 {
+	for c := range testenv.Cases(t, 8, 24) {
 		replicas := 1 + rng.IntN(3)
 		blocks := c%2 == 1
 		w := Window{Limit: 200 + rng.Int64N(100_000), Period: time.Second * time.Duration(1+rng.IntN(3600))}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/animal-store/petstore/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
@@ -254,7 +255,7 @@ func TestPeriodEditKeepsCountsMiniredis(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: time.Minute})
 	t.Cleanup(func() { _ = rdb.Close() })
 	var allowed, refused int
-	for c := range max(*invariantCases/2, 10) {
+	for c := range testenv.Cases(t, 5, max(*invariantCases/2, 10)) {
 		old, edited := genPeriodEdit(rng, MaxPeriod)
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
 			a, r := runScriptPeriodEdit(t, rng, rdb, m, old, edited)
@@ -420,7 +421,7 @@ func TestPeriodEditWhileItSpreads(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
 	transitions := 0
-	for c := range max(*invariantCases/2, 10) {
+	for c := range testenv.Cases(t, 3, max(*invariantCases/2, 10)) {
 		old, edited := genPeriodEdit(rng, MaxPeriod)
 		po, pn := compile(old, DefaultBuckets, DefaultStrikeBuckets), compile(edited, DefaultBuckets, DefaultStrikeBuckets)
 		what := fmt.Sprintf("case %d: old %v, new %v", c, old.Windows, edited.Windows)

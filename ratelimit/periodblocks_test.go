@@ -328,21 +328,21 @@ func minLimit(ws []ring) int64 {
 
 func TestPeriodEditWithBlocksKeepsCountsMiniredis(t *testing.T) {
 	t.Parallel()
-	if carried := runBlockEditsMiniredis(t, invariantRNG(t, 31), false); carried < 30 {
+	if carried := runBlockEditsMiniredis(t, invariantRNG(t, 31), false, testenv.Cases(t, 8, max(*invariantCases/4, 20))); carried < 30 {
 		t.Fatalf("%d admissions spent after the edit from blocks granted before it: the edits should meet blocks being spent", carried)
 	}
 }
 
-// runBlockEditsMiniredis runs runBlockEdit's cases on a miniredis, checks
+// runBlockEditsMiniredis runs cases of runBlockEdit on a miniredis, checks
 // that blocks were met, and returns how many admissions were spent after
 // an edit from blocks granted before it.
-func runBlockEditsMiniredis(t *testing.T, rng *rand.Rand, spread bool) int {
+func runBlockEditsMiniredis(t *testing.T, rng *rand.Rand, spread bool, cases int) int {
 	t.Helper()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	var admitted, fromBlocks, carried int
-	for range max(*invariantCases/4, 20) {
+	for range cases {
 		m.FlushAll()
 		a, b, c := runBlockEdit(t, rng, rdb, m, spread)
 		admitted, fromBlocks, carried = admitted+a, fromBlocks+b, carried+c
@@ -355,6 +355,7 @@ func runBlockEditsMiniredis(t *testing.T, rng *rand.Rand, spread bool) int {
 }
 
 func TestPeriodEditWithBlocksKeepsCountsRedis(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	rng := invariantRNG(t, 32)
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
@@ -434,7 +435,7 @@ func TestPeriodEditCountsBlocksStillBeingSpent(t *testing.T) {
 // being spent throughout.
 func TestPeriodEditWithBlocksWhileItSpreads(t *testing.T) {
 	t.Parallel()
-	runBlockEditsMiniredis(t, invariantRNG(t, 33), true)
+	runBlockEditsMiniredis(t, invariantRNG(t, 33), true, testenv.Cases(t, 8, max(*invariantCases/4, 20)))
 }
 
 // TestTransitionWindowsCountBlocks: while an edit spreads, the new plan
@@ -547,7 +548,7 @@ func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	runTransitionCaps(t, invariantRNG(t, 101), rdb, m, max(*invariantCases/4, 40), capCase{})
+	runTransitionCaps(t, invariantRNG(t, 101), rdb, m, testenv.Cases(t, 8, max(*invariantCases/4, 40)), capCase{})
 }
 
 // TestDisagreeingPlanHoldsToABlocksCap: the same with no edit, the other
@@ -566,7 +567,7 @@ func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 103)
 	for _, cc := range []capCase{{own: true}, {own: true, reserve: true}, {own: true, lease: true, reserve: true}} {
-		runTransitionCaps(t, rng, rdb, m, max(*invariantCases/4, 40), cc)
+		runTransitionCaps(t, rng, rdb, m, testenv.Cases(t, 8, max(*invariantCases/4, 40)), cc)
 	}
 }
 
@@ -575,6 +576,7 @@ func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {
 // seconds for blocks, of a minute for leases (a lease ends with its
 // window's bucket, a 200th of the period).
 func TestBlockAndLeaseCapsHoldOnRedis(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -595,7 +597,7 @@ func TestTransitionWindowsHoldToALeasesCap(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	runTransitionCaps(t, invariantRNG(t, 104), rdb, m, max(*invariantCases/4, 40), capCase{lease: true})
+	runTransitionCaps(t, invariantRNG(t, 104), rdb, m, testenv.Cases(t, 8, max(*invariantCases/4, 40)), capCase{lease: true})
 }
 
 // capCase is what runTransitionCap plays: with own, the other plan is
@@ -849,7 +851,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 func TestLeaseEndsWithTheTransitionWindowsBucket(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 105)
-	cases, played := max(*invariantCases/4, 20), 0
+	cases, played := testenv.Cases(t, 5, max(*invariantCases/4, 20)), 0
 	for range cases {
 		la := 8 + rng.Int64N(60)
 		p := []time.Duration{time.Second, 3 * time.Second, 10 * time.Second}[rng.IntN(3)]
@@ -915,7 +917,7 @@ func TestLeaseEndsWithTheTransitionWindowsBucket(t *testing.T) {
 // 1 s to a minute, long periods, limits and moments.
 func TestNewLongWindowCountsABlockToItsEnd(t *testing.T) {
 	t.Parallel()
-	playOnMiniredis(t, 105, runNewLongWindowBlock)
+	playOnMiniredis(t, 105, runNewLongWindowBlock, testenv.Cases(t, 8, max(*invariantCases/2, 30)))
 }
 
 // runNewLongWindowBlock plays one case of
@@ -1027,7 +1029,7 @@ func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 // refused.
 func TestSeedBesideALiveCoarseRecordCountsABlockToItsEnd(t *testing.T) {
 	t.Parallel()
-	playOnMiniredis(t, 106, runSeedBesideALiveCoarseRecord)
+	playOnMiniredis(t, 106, runSeedBesideALiveCoarseRecord, testenv.Cases(t, 8, max(*invariantCases/2, 30)))
 }
 
 // runSeedBesideALiveCoarseRecord plays one case of
