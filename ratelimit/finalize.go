@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -310,41 +311,19 @@ func (r *replicas) forget() {
 	r.met.blocksInForce.Set(0)
 }
 
-// finalizeScript counts the live replicas of releases before this one's
-// last level (in the census KEYS[1] and not in KEYS[2], members silent
-// for ARGV[1] ms dropped) and, when there are none, sets the marks
-// KEYS[3] (records) and KEYS[4] (blocks) to the server's time in µs where
-// they are not set. ARGV[2] is "auto" for a replica finalizing by itself,
-// refused while the hold KEYS[5] is set; an operator's finalizing lifts
-// the hold. It returns the records mark (0 when refused), the count,
-// whether both marks were set already, the blocks mark, and whether a
-// hold refused it.
-var finalizeScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
-local older = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
-if older < 0 then older = 0 end
-if older > 0 then return {0, older, 0, 0, 0} end
-if ARGV[2] == 'auto' then
-  if redis.call('EXISTS', KEYS[5]) == 1 then return {0, 0, 0, 0, 1} end
-else
-  redis.call('DEL', KEYS[5])
-end
-local us = t[1] .. string.format('%06d', tonumber(t[2]))
-local marks, already = {}, 1
-for i = 3, 4 do
-  local was = redis.call('GET', KEYS[i])
-  if not was then
-    redis.call('SET', KEYS[i], us)
-    was, already = us, 0
-  end
-  marks[i] = tonumber(was)
-end
-return {marks[3], 0, already, marks[4], 0}
-`)
+// finalizeScript (lua/finalize.lua) counts the live replicas of releases
+// before this one's last level (in the census KEYS[1] and not in KEYS[2],
+// members silent for ARGV[1] ms dropped) and, when there are none, sets
+// the marks KEYS[3] (records) and KEYS[4] (blocks) to the server's time in
+// µs where they are not set. ARGV[2] is "auto" for a replica finalizing by
+// itself, refused while the hold KEYS[5] is set; an operator's finalizing
+// lifts the hold. It returns the records mark (0 when refused), the count,
+// whether both marks were set already, the blocks mark, and whether a hold
+// refused it.
+var finalizeScript = redis.NewScript(finalizeLua)
+
+//go:embed lua/finalize.lua
+var finalizeLua string
 
 // runFinalize runs finalizeScript for r's census, marks and hold, auto
 // (a replica's own judgment) or an operator's.
@@ -450,14 +429,12 @@ func (l *Limiter) Hold(ctx context.Context, hold bool) error {
 // process's clock: the time is for people reading it).
 func holdValue() string { return strconv.FormatInt(time.Now().UnixMicro(), 10) }
 
-// unmarkScript removes KEYS[i] where it holds ARGV[i] (a mark set again
-// as it was, not a later finalizing's).
-var unmarkScript = redis.NewScript(`
-for i = 1, 2 do
-  if ARGV[i] ~= '' and redis.call('GET', KEYS[i]) == ARGV[i] then redis.call('DEL', KEYS[i]) end
-end
-return 0
-`)
+// unmarkScript (lua/unmark.lua) removes KEYS[i] where it holds ARGV[i] (a
+// mark set again as it was, not a later finalizing's).
+var unmarkScript = redis.NewScript(unmarkLua)
+
+//go:embed lua/unmark.lua
+var unmarkLua string
 
 // Unfinalizing is how long after Unfinalize every replica has stopped
 // writing records as finalized and reading coarse records, and every

@@ -2,11 +2,11 @@ package ratelimit
 
 import (
 	"context"
+	_ "embed"
 	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -302,11 +302,9 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 	return keys, args
 }
 
-// giveBackScript takes unspent admissions back (format.go's window record:
-// the version, then the ring's header of head 8, total 4, head count 4
-// and head offset 2 bytes, then per older bucket a count of 4 and an
-// offset of 2 at slot bucket mod (n+1)), its numbers read and written by
-// the decision code's own codec (lua/codec.lua). KEYS and ARGV: per give-back
+// giveBackScript (lua/giveback.lua) takes unspent admissions back off
+// window records (format.go), its numbers read and written by the
+// decision code's own codec (lua/codec.lua). KEYS and ARGV: per give-back
 // (giveBackCommand), its key's reset mark and window records; and one
 // argument of 8-byte numbers: its admissions, the grant's server time,
 // the number of its windows, then per window the bucket they were counted
@@ -317,53 +315,7 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 // before the key's last reset (its mark) takes nothing: the records it
 // was counted in are gone. It returns, per give-back, the most taken off
 // any of its windows.
-var giveBackScript = redis.NewScript(codecLua + `
-local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
-local unpack_, pack_ = codec()
-local VERSION, HDR, SLOT, MAXC = ` + strconv.Itoa(formatVersion) + `, ` + strconv.Itoa(ringHeader) + `, ` + strconv.Itoa(slotBytes) + `, ` + strconv.Itoa(maxCount) + `
-local HDRS, OFS = tostring(HDR), {}
-local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local out, ki = {}, 1
-for gi = 1, #ARGV do
-  local A = ARGV[gi]
-  local k, at, m = unpack_('>I8I8I8', A, 1)
-  local mark = redis.call('GET', KEYS[ki])
-  local live = not mark or tonumber(mark) < at
-  local most = 0
-  for i = 1, m do
-    local key = KEYS[ki + i]
-    local b, n, g = unpack_('>I8I8I8', A, 1 + 24 * i)
-    -- the oldest bucket the window holds now
-    local lo = (now - now % g) / g - n
-    local h = live and b >= lo and redis.call('GETRANGE', key, '0', HDRS) or ''
-    if #h == 1 + HDR and byte(h, 1) == VERSION then
-      local vh, total, hc = unpack_('>I8I4I4', h, 2)
-      if total < MAXC then
-        if b == vh then
-          local d = math.min(k, hc)
-          if d > 0 and hc < MAXC then
-            redis.call('SETRANGE', key, '9', pack_('>I4I4', total - d, hc - d))
-            if d > most then most = d end
-          end
-        elseif b < vh and b >= vh - n then
-          local pos = 1 + HDR + SLOT * (b % (n + 1))
-          local s = redis.call('GETRANGE', key, ofs(pos), ofs(pos + 3))
-          local c = 0
-          if #s == 4 then c = unpack_('>I4', s, 1) end
-          local d = math.min(k, c)
-          if d > 0 and c < MAXC then
-            redis.call('SETRANGE', key, ofs(pos), pack_('>I4', c - d))
-            redis.call('SETRANGE', key, '9', pack_('>I4', total - d))
-            if d > most then most = d end
-          end
-        end
-      end
-    end
-  end
-  out[gi] = most
-  ki = ki + 1 + m
-end
-return out
-`)
+var giveBackScript = redis.NewScript(codecLua + giveBackLua)
+
+//go:embed lua/giveback.lua
+var giveBackLua string

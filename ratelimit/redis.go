@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	_ "embed"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -358,12 +359,10 @@ func resetRecords(ctx context.Context, rdb redis.Cmdable, prefix, key string, pl
 	return resetScript.Run(ctx, rdb, keys, max(ttl, 1000)).Err()
 }
 
-// resetScript deletes KEYS[2..] and sets the reset mark KEYS[1] to the
-// server's time in µs, to live ARGV[1] ms or what it had left if more.
-var resetScript = redis.NewScript(`
-if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
-local t = redis.call('TIME')
-local ttl = math.max(tonumber(ARGV[1]), redis.call('PTTL', KEYS[1]))
-redis.call('SET', KEYS[1], t[1] .. string.format('%06d', tonumber(t[2])), 'PX', ttl)
-return 1
-`)
+// resetScript (lua/reset.lua) deletes KEYS[2..] and sets the reset mark
+// KEYS[1] to the server's time in µs, to live ARGV[1] ms or what it had
+// left if more.
+var resetScript = redis.NewScript(resetLua)
+
+//go:embed lua/reset.lua
+var resetLua string

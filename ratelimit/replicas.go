@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -65,15 +66,16 @@ const (
 	heartbeatTTL   = 3 * time.Second
 )
 
-// heartbeatScript announces replica ARGV[1] in the census KEYS[1] and in
-// the censuses of the finalize levels this release has, KEYS[2] (records)
-// and KEYS[3] (blocks) (finalize.go), drops members silent for ARGV[2] ms
-// from all three, and returns the live count, how many of them are of
-// releases before each level (in the first census and not in the
-// level's), the marks KEYS[4] and KEYS[5] (empty when none), the
-// server's time (µs), the dataset's token KEYS[6], whether it
-// restored a mark, and the hold on finalizing KEYS[7] (empty when none). The release before this one writes KEYS[1] and
-// KEYS[2] alone, the one before that KEYS[1].
+// heartbeatScript (lua/heartbeat.lua) announces replica ARGV[1] in the
+// census KEYS[1] and in the censuses of the finalize levels this release
+// has, KEYS[2] (records) and KEYS[3] (blocks) (finalize.go), drops members
+// silent for ARGV[2] ms from all three, and returns the live count, how
+// many of them are of releases before each level (in the first census and
+// not in the level's), the marks KEYS[4] and KEYS[5] (empty when none),
+// the server's time (µs), the dataset's token KEYS[6], whether it restored
+// a mark, and the hold on finalizing KEYS[7] (empty when none). The
+// release before this one writes KEYS[1] and KEYS[2] alone, the one before
+// that KEYS[1].
 //
 // First it keeps the finalize marks through the loss of Redis's dataset
 // (finalize.go, heldMarks): KEYS[6] holds a token for the dataset,
@@ -82,34 +84,10 @@ const (
 // dataset it last read is gone, and the marks it held in force then
 // (ARGV[3], ARGV[4]; empty: not in force) are set again where missing,
 // and so is the hold it last read (ARGV[7]).
-var heartbeatScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-local ds = redis.call('GET', KEYS[6])
-if not ds then
-  ds = ARGV[6]
-  redis.call('SET', KEYS[6], ds)
-end
-local restored = 0
-if ARGV[5] ~= '' and ARGV[5] ~= ds then
-  for i = 3, 4 do
-    if ARGV[i] ~= '' and redis.call('SET', KEYS[i + 1], ARGV[i], 'NX') then restored = 1 end
-  end
-  if ARGV[7] ~= '' then redis.call('SET', KEYS[7], ARGV[7], 'NX') end
-end
-for i = 1, 3 do
-  redis.call('ZADD', KEYS[i], now, ARGV[1])
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - ttl)
-  redis.call('PEXPIRE', KEYS[i], 2 * ttl)
-end
-local n = redis.call('ZCARD', KEYS[1])
-local older = n - redis.call('ZCARD', KEYS[2])
-if older < 0 then older = 0 end
-local older2 = n - redis.call('ZCARD', KEYS[3])
-if older2 < 0 then older2 = 0 end
-return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2])), ds, restored, redis.call('GET', KEYS[7]) or ''}
-`)
+var heartbeatScript = redis.NewScript(heartbeatLua)
+
+//go:embed lua/heartbeat.lua
+var heartbeatLua string
 
 // newToken returns 16 random hex digits.
 func newToken() string {

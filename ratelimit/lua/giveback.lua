@@ -1,0 +1,60 @@
+-- giveBackScript (giveback.go), after codec.lua: takes unspent
+-- admissions back; its keys, arguments and reply are described there.
+local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
+local unpack_, pack_ = codec()
+-- A window record (format.go's formatVersion, ringHeader, slotBytes and
+-- maxCount, as in ring.lua): a version byte, then the ring's header of
+-- head (8), total (4), head count (4) and head offset (2) bytes, then per
+-- older bucket b a count (4) and an offset (2) at slot b mod (n+1).
+-- Counts saturate at MAXC.
+local VERSION, HDR, SLOT, MAXC = 1, 18, 6, 4294967295
+local HDRS, OFS = tostring(HDR), {}
+local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out, ki = {}, 1
+for gi = 1, #ARGV do
+  local A = ARGV[gi]
+  local k, at, m = unpack_('>I8I8I8', A, 1)
+  -- Granted at or before the key's last reset: its records are gone.
+  local mark = redis.call('GET', KEYS[ki])
+  local live = not mark or tonumber(mark) < at
+  local most = 0
+  for i = 1, m do
+    local key = KEYS[ki + i]
+    local b, n, g = unpack_('>I8I8I8', A, 1 + 24 * i)
+    -- the oldest bucket the window holds now
+    local lo = (now - now % g) / g - n
+    -- A bucket the window no longer holds is left alone.
+    local h = live and b >= lo and redis.call('GETRANGE', key, '0', HDRS) or ''
+    if #h == 1 + HDR and byte(h, 1) == VERSION then
+      local vh, total, hc = unpack_('>I8I4I4', h, 2)
+      -- Nothing off a saturated total or count: their true values are
+      -- unknown. Total and head count are at byte 9 (from 0), after the
+      -- version and the head.
+      if total < MAXC then
+        if b == vh then
+          local d = math.min(k, hc)
+          if d > 0 and hc < MAXC then
+            redis.call('SETRANGE', key, '9', pack_('>I4I4', total - d, hc - d))
+            if d > most then most = d end
+          end
+        elseif b < vh and b >= vh - n then
+          local pos = 1 + HDR + SLOT * (b % (n + 1))
+          local s = redis.call('GETRANGE', key, ofs(pos), ofs(pos + 3))
+          local c = 0
+          if #s == 4 then c = unpack_('>I4', s, 1) end
+          local d = math.min(k, c)
+          if d > 0 and c < MAXC then
+            redis.call('SETRANGE', key, ofs(pos), pack_('>I4', c - d))
+            redis.call('SETRANGE', key, '9', pack_('>I4', total - d))
+            if d > most then most = d end
+          end
+        end
+      end
+    end
+  end
+  out[gi] = most
+  ki = ki + 1 + m
+end
+return out
