@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,19 +45,13 @@ var callPool = sync.Pool{New: func() any {
 // Cluster slot per call), and decisions for one key keep their order, in
 // a call and across the calls of a round trip.
 type batcher struct {
-	rdb     redis.UniversalClient
-	sc      script
+	dec     *redisDecider
 	queue   chan *call
 	timeout time.Duration
 	cluster bool
 	observe func(time.Duration, error)
 	// waited hears how long each decision of a pipeline waited for it.
 	waited func(time.Duration)
-	log    *slog.Logger
-	// noFunctions is set once Redis is found without Functions (before
-	// Redis 7, or an ACL that refuses FCALL or FUNCTION LOAD): the batches
-	// then go as scripts (EVALSHA).
-	noFunctions atomic.Bool
 
 	// hold is how long the oldest queued decision may wait for the calls
 	// in flight to end before another pipeline carries it (0: none; see
@@ -73,9 +65,6 @@ type batcher struct {
 	// full is signalled when a script call's worth of decisions is
 	// queued: a held batch then goes at once.
 	full chan struct{}
-	// finalized is the script's finalize argument (finalize.go); nil:
-	// never finalized.
-	finalized func() any
 }
 
 // maxBatch caps the decisions sent in one pipeline, and queueSize those
@@ -85,12 +74,12 @@ const (
 	queueSize = 8192
 )
 
-func newBatcher(rdb redis.UniversalClient, sc script, timeout, hold time.Duration, log *slog.Logger, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
-	_, cluster := rdb.(*redis.ClusterClient)
+func newBatcher(dec *redisDecider, timeout, hold time.Duration, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
+	_, cluster := dec.rdb.(*redis.ClusterClient)
 	if hold < 0 {
 		hold = 0
 	}
-	b := &batcher{rdb: rdb, sc: sc, queue: make(chan *call, queueSize), timeout: timeout, hold: hold, full: make(chan struct{}, 1), cluster: cluster, log: log, observe: observe, waited: waited}
+	b := &batcher{dec: dec, queue: make(chan *call, queueSize), timeout: timeout, hold: hold, full: make(chan struct{}, 1), cluster: cluster, observe: observe, waited: waited}
 	ch := make(chan struct{})
 	b.ended.Store(&ch)
 	return b
@@ -221,12 +210,8 @@ func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *t
 	}
 }
 
-// exec sends batch as one pipeline of calls of the decision code and
-// answers every call. The code runs as a Function (FCALL) unless Redis has
-// none; a server that has not loaded the Function (a new or restarted
-// server, FUNCTION FLUSH) is given it and asked again, and so is one that
-// does not know the script (NOSCRIPT after SCRIPT FLUSH, a restart or a
-// failover), with EVAL.
+// exec sends batch as one pipeline of calls of the decision code
+// (redisDecider.call, send) and answers every call.
 func (b *batcher) exec(ctx context.Context, batch []*call) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
@@ -249,32 +234,17 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	for _, c := range batch {
 		b.waited(start.Sub(c.queued))
 	}
-	pipe := b.rdb.Pipeline()
-	// A call's reply is an array of strings, one a decision, read as
-	// such: a reply read as any would box each string (an allocation a
-	// decision).
 	cmds := make([]*redis.StringSliceCmd, len(groups))
 	ds := make([]decision, 0, len(batch))
-	command, name := "fcall", b.sc.fn
-	if b.noFunctions.Load() {
-		command, name = "evalsha", b.sc.sha
-	}
-	fin := notFinalized
-	if b.finalized != nil {
-		fin = b.finalized()
-	}
+	fin := b.dec.fin()
 	for i, g := range groups {
 		ds = ds[:0]
 		for _, c := range batch[g.from:g.to] {
 			ds = append(ds, c.decision)
 		}
-		cmds[i] = redis.NewStringSliceCmd(ctx, batchCall(command, name, ds, fin)...)
-		_ = pipe.Process(ctx, cmds[i])
+		cmds[i] = b.dec.call(ctx, ds, fin)
 	}
-	_, err := pipe.Exec(ctx)
-	if err != nil {
-		err = b.retry(ctx, cmds)
-	}
+	err := b.dec.send(ctx, cmds)
 	b.observe(time.Since(start), err)
 	for i, g := range groups {
 		rs, err := cmds[i].Val(), cmds[i].Err()
@@ -289,105 +259,6 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 			c.done <- struct{}{}
 		}
 	}
-}
-
-// retry sends again the calls of a pipeline (batchCall) that Redis
-// refused for want of the decision code, once it has it, and returns the
-// pipeline's error after: the first call's error, if any.
-func (b *batcher) retry(ctx context.Context, cmds []*redis.StringSliceCmd) error {
-	var missing, unsupported, noscript bool
-	for _, c := range cmds {
-		switch err := c.Err(); {
-		case err == nil:
-		case isNoScript(err):
-			noscript = true
-		case isFunctionMissing(err):
-			missing = true
-		case isFunctionUnsupported(err):
-			unsupported = true
-		}
-	}
-	if missing && !unsupported {
-		if err := b.loadFunction(ctx); err != nil && isFunctionUnsupported(err) {
-			unsupported = true
-		}
-	}
-	if unsupported && b.noFunctions.CompareAndSwap(false, true) {
-		b.log.Info("ratelimit: Redis runs no Functions here; deciding with scripts (EVALSHA)", "reason", firstError(cmds))
-	}
-	if noscript || unsupported {
-		// EVAL below carries the source anyway, so a failed load costs
-		// nothing; a successful one spares the next pipelines another
-		// NOSCRIPT.
-		_ = b.rdb.ScriptLoad(ctx, b.sc.src).Err()
-	}
-	if !missing && !unsupported && !noscript {
-		return firstError(cmds)
-	}
-	// The same call under another command and name: its key count, keys
-	// and arguments as they were.
-	again := func(command, name string, c *redis.StringSliceCmd) *redis.StringSliceCmd {
-		return redis.NewStringSliceCmd(ctx, append([]any{command, name}, c.Args()[2:]...)...)
-	}
-	pipe := b.rdb.Pipeline()
-	for i, c := range cmds {
-		switch err := c.Err(); {
-		case err == nil:
-			continue
-		case isFunctionMissing(err) && !unsupported:
-			cmds[i] = again("fcall", b.sc.fn, c)
-		case isNoScript(err) || isFunctionMissing(err) || isFunctionUnsupported(err):
-			cmds[i] = again("eval", b.sc.src, c)
-		default:
-			continue
-		}
-		_ = pipe.Process(ctx, cmds[i])
-	}
-	_, _ = pipe.Exec(ctx)
-	return firstError(cmds)
-}
-
-// loadFunction loads the decision code's library (on every master of a
-// cluster); one that another replica loaded first is no error.
-func (b *batcher) loadFunction(ctx context.Context) error {
-	load := func(ctx context.Context, c redis.Cmdable) error {
-		err := c.FunctionLoad(ctx, b.sc.library).Err()
-		if err != nil && strings.Contains(err.Error(), "already exists") {
-			err = nil
-		}
-		return err
-	}
-	if cc, ok := b.rdb.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
-	}
-	return load(ctx, b.rdb)
-}
-
-// firstError returns the first error of cmds.
-func firstError(cmds []*redis.StringSliceCmd) error {
-	for _, c := range cmds {
-		if err := c.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// isFunctionMissing reports whether err says the server has not loaded
-// the Function (a new or restarted server, FUNCTION FLUSH).
-func isFunctionMissing(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "Function not found")
-}
-
-// isFunctionUnsupported reports whether err says the server cannot run
-// Functions for this client: a server before Redis 7, or an ACL that
-// refuses FCALL or FUNCTION LOAD.
-func isFunctionUnsupported(err error) bool {
-	if err == nil {
-		return false
-	}
-	msg := err.Error()
-	return redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(strings.ToLower(msg), "unknown command")
 }
 
 // keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its

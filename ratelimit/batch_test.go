@@ -44,7 +44,7 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 				t.Fatal(err)
 			}
 			if backend == "redis" {
-				if err := (&batcher{rdb: rdb, sc: decisionScript()}).loadFunction(context.Background()); err != nil {
+				if err := (&redisDecider{rdb: rdb, sc: decisionScript()}).loadFunction(context.Background()); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -94,8 +94,8 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 					ds = append(ds, decision{keys: stateKeys(prefix, key, pl), pl: pl, nums: scriptNums(pl, in)})
 				}
 				before := cmds.scripts.Load()
-				b := &batcher{rdb: rdb, sc: decisionScript(), timeout: 5 * time.Second, log: discardLogger, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
-				b.noFunctions.Store(backend == "miniredis")
+				b := &batcher{dec: &redisDecider{rdb: rdb, sc: decisionScript(), log: discardLogger}, timeout: 5 * time.Second, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
+				b.dec.noFunctions.Store(backend == "miniredis")
 				calls := make([]*call, len(ds))
 				for i := range ds {
 					calls[i] = &call{decision: ds[i], done: make(chan struct{}, 1)}
@@ -300,8 +300,8 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 	before := calls("evalsha") + calls("eval")
 	decide(l2, "b", 99)
 	decide(l2, "b", 98)
-	if !l2.batch.noFunctions.Load() || calls("evalsha")+calls("eval") < before+2 || strings.Count(logs2.String(), "no Functions") != 1 {
-		t.Fatalf("without Functions: noFunctions %v, scripts %d, logs:\n%s", l2.batch.noFunctions.Load(), calls("evalsha")+calls("eval")-before, logs2)
+	if !l2.batch.dec.noFunctions.Load() || calls("evalsha")+calls("eval") < before+2 || strings.Count(logs2.String(), "no Functions") != 1 {
+		t.Fatalf("without Functions: noFunctions %v, scripts %d, logs:\n%s", l2.batch.dec.noFunctions.Load(), calls("evalsha")+calls("eval")-before, logs2)
 	}
 
 	// miniredis has no Functions at all.
@@ -311,7 +311,7 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 			t.Fatalf("on miniredis: %+v", d)
 		}
 	}
-	if !f.l.batch.noFunctions.Load() {
+	if !f.l.batch.dec.noFunctions.Load() {
 		t.Fatal("miniredis: Functions still on")
 	}
 }
@@ -475,9 +475,9 @@ func TestBatchAnswersEveryDecisionOfAMalformedReply(t *testing.T) {
 			t.Parallel()
 			_, rdb := newMini(t, time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC))
 			sum := sha1.Sum([]byte(c.src))
-			b := &batcher{rdb: rdb, sc: script{src: c.src, sha: hex.EncodeToString(sum[:])}, timeout: 5 * time.Second,
-				log: discardLogger, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
-			b.noFunctions.Store(true)
+			b := &batcher{dec: &redisDecider{rdb: rdb, sc: script{src: c.src, sha: hex.EncodeToString(sum[:])}, log: discardLogger}, timeout: 5 * time.Second,
+				observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
+			b.dec.noFunctions.Store(true)
 			calls := make([]*call, 2)
 			for i := range calls {
 				calls[i] = &call{decision: decision{keys: stateKeys("p:", fmt.Sprint("k", i), pl), pl: pl}, done: make(chan struct{}, 1)}
@@ -509,7 +509,7 @@ func TestLongCallKeepsItsRecords(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
 	sc := decisionScript()
-	if err := (&batcher{rdb: rdb, sc: sc}).loadFunction(ctx); err != nil {
+	if err := (&redisDecider{rdb: rdb, sc: sc}).loadFunction(ctx); err != nil {
 		t.Fatal(err)
 	}
 	prefix := randomPrefix(t)

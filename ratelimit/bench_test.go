@@ -226,7 +226,7 @@ func BenchmarkScriptCost(b *testing.B) {
 	if err := rdb.ScriptLoad(ctx, sc.src).Err(); err != nil {
 		b.Fatal(err)
 	}
-	if err := (&batcher{rdb: rdb, sc: sc}).loadFunction(ctx); err != nil {
+	if err := (&redisDecider{rdb: rdb, sc: sc}).loadFunction(ctx); err != nil {
 		b.Fatal(err)
 	}
 	rl := redis_rate.NewLimiter(rdb)

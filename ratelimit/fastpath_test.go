@@ -44,8 +44,8 @@ func generalOnlyCore(t testing.TB) string {
 // own (a name unique to the test), beside a function that reports how
 // many decisions each of its paths made: fast, then decide.
 type pathLibrary struct {
-	rdb     *redis.Client
-	fn, cnt string
+	rdb          *redis.Client
+	src, fn, cnt string
 }
 
 func loadPathLibrary(t testing.TB, rdb *redis.Client) *pathLibrary {
@@ -56,6 +56,7 @@ func loadPathLibrary(t testing.TB, rdb *redis.Client) *pathLibrary {
 	p := &pathLibrary{rdb: rdb, fn: lib + "_decide", cnt: lib + "_paths"}
 	src := decideLibrary(lib, p.fn) +
 		"redis.register_function{function_name='" + p.cnt + "', callback=function() return {PATHS[1] - PATHS[2], PATHS[2]} end, flags={'no-writes'}}\n"
+	p.src = src
 	ctx := context.Background()
 	if err := rdb.FunctionLoad(ctx, src).Err(); err != nil {
 		t.Fatal(err)
@@ -63,6 +64,9 @@ func loadPathLibrary(t testing.TB, rdb *redis.Client) *pathLibrary {
 	t.Cleanup(func() { _ = rdb.FunctionDelete(context.Background(), lib).Err() })
 	return p
 }
+
+// script is the library as a redisDecider calls it.
+func (p *pathLibrary) script() script { return script{library: p.src, fn: p.fn} }
 
 func (p *pathLibrary) decide(ctx context.Context, ds []decision) ([]any, error) {
 	return p.decideAt(ctx, ds, 0)

@@ -246,7 +246,7 @@ func fcallBatch(ctx context.Context, rdb redis.UniversalClient, ds []decision) (
 // fcallBatchAt is fcallBatch on a replica that finalized records at fin
 // (µs; 0: not finalized).
 func fcallBatchAt(ctx context.Context, rdb redis.UniversalClient, ds []decision, fin int64) ([]any, error) {
-	b := &batcher{rdb: rdb, sc: decisionScript()}
+	b := &redisDecider{rdb: rdb, sc: decisionScript()}
 	if err := b.loadFunction(ctx); err != nil {
 		return nil, err
 	}
@@ -295,6 +295,27 @@ func olderBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, 
 		return nil, err
 	}
 	return batchReplies(reply, len(ds))
+}
+
+// olderDecider decides as replicas of the release before records could
+// be finalized do (olderBatch), on the records r names.
+type olderDecider struct{ r *redisDecider }
+
+func (o olderDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
+	ds := make([]decision, len(reqs))
+	for i, q := range reqs {
+		ds[i] = o.r.pack(q.key, q.pl, q.in, nil)
+	}
+	replies, err := olderBatch(ctx, o.r.rdb, ds)
+	if err != nil {
+		return err
+	}
+	for i := range ds {
+		if out[i], err = decode(ds[i].pl, replies[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // silentServer listens on a loopback port, accepts connections and never

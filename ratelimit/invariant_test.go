@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -223,13 +224,16 @@ type refusal struct {
 	seq int
 }
 
-// invariantDriver runs one generated case against the script.
+// invariantDriver runs one generated case against a decider: the
+// decision code on Redis or miniredis, or the same algorithm in process.
 type invariantDriver struct {
 	t        *testing.T
 	rng      *rand.Rand
-	rdb      *redis.Client
-	mini     *miniredis.Miniredis // nil: real Redis, real time
+	rdb      *redis.Client        // nil: no Redis, local decides
+	mini     *miniredis.Miniredis // nil: real Redis, real time, or none
+	local    *localDecider        // with no Redis, the decider, on the test's clock
 	lib      *pathLibrary         // on real Redis, the Function that decides
+	prefix   string
 	keys     [][]string
 	plans    []*plan
 	policies []Policy
@@ -309,19 +313,25 @@ func (d *invariantDriver) stepTo(step int) {
 // clock is the time a call is made at: the test's on miniredis, the
 // server's (this machine's) on a real Redis.
 func (d *invariantDriver) clock() int64 {
-	if d.mini != nil {
+	if d.setsClock() {
 		return d.now
 	}
 	return time.Now().UnixMicro()
 }
 
+// setsClock reports whether the test sets the decider's clock
+// (miniredis, or no Redis), rather than real time passing.
+func (d *invariantDriver) setsClock() bool { return d.mini != nil || d.local != nil }
+
 func newInvariantDriver(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, policies []Policy) *invariantDriver {
-	d := &invariantDriver{t: t, rng: rng, rdb: rdb, mini: mini, policies: policies}
-	prefix := randomPrefix(t)
+	d := &invariantDriver{t: t, rng: rng, rdb: rdb, mini: mini, policies: policies, prefix: randomPrefix(t)}
+	if rdb == nil {
+		d.local = newLocalDecider(func() time.Time { return time.UnixMicro(d.now) })
+	}
 	for _, p := range policies {
 		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
 		d.plans = append(d.plans, pl)
-		d.keys = append(d.keys, stateKeys(prefix, "k", pl))
+		d.keys = append(d.keys, stateKeys(d.prefix, "k", pl))
 	}
 	d.refused = make([]refusal, len(policies))
 	return d
@@ -347,20 +357,8 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 	if want > 1 {
 		ask = leaseAsk{want: want, need: want, life: 1 + d.rng.Int64N(2_000_000)}
 	}
-	pl := d.plans[i]
-	replies, err := d.decide([]decision{{keys: d.keys[i], pl: pl, nums: scriptNums(pl, input{lease: ask})}})
-	var reply any
-	if err == nil {
-		reply = replies[0]
-	}
-	if err != nil {
-		t.Fatalf("%s: eval: %v", d.describe(), err)
-	}
-	v, err := decode(pl, reply)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.mini != nil && v.now != d.now {
+	v := d.decide([]request{{key: "k", pl: d.plans[i], in: input{lease: ask}}})[0]
+	if d.setsClock() && v.now != d.now {
 		t.Fatalf("script time %d, clock %d", v.now, d.now)
 	}
 	if v.now < d.last {
@@ -371,37 +369,50 @@ func (d *invariantDriver) call(i int, want int64) verdict {
 	return v
 }
 
-// decide makes the decisions ds in one call: on a real Redis as the
-// Function the limiter calls there (FCALL), on miniredis as the script
-// (EVAL), its fallback.
+// decide decides reqs in one batch, through a decider: on a real Redis
+// the Function the limiter calls there (FCALL), on miniredis the script
+// (EVAL), its fallback, and with no Redis the same algorithm in process.
 //
 // Before finAt (or with none) a third of the calls are the older
 // release's when the case has one, and half during a rollback; after it
 // a quarter are made by replicas that have not read the mark yet.
-func (d *invariantDriver) decide(ds []decision) ([]any, error) {
-	ctx := context.Background()
-	fin := max(d.finAt, d.clearAt)
-	if d.finAt == 0 || d.rolledBack {
-		fin = 0
-		if d.older && d.rng.IntN(3) == 0 || d.rolledBack && d.rng.IntN(2) == 0 {
-			d.calls[2]++
-			return olderBatch(ctx, d.rdb, ds)
+func (d *invariantDriver) decide(reqs []request) []verdict {
+	out := make([]verdict, len(reqs))
+	var dec decider = d.local
+	if d.rdb != nil {
+		fin := max(d.finAt, d.clearAt)
+		if d.finAt == 0 || d.rolledBack {
+			fin = 0
+			if d.older && d.rng.IntN(3) == 0 || d.rolledBack && d.rng.IntN(2) == 0 {
+				d.calls[2]++
+				fin = -1
+			}
+		} else if d.rng.IntN(4) == 0 {
+			fin = 0
 		}
-	} else if d.rng.IntN(4) == 0 {
-		fin = 0
+		if fin > 0 {
+			d.calls[0]++
+		} else if fin == 0 {
+			d.calls[1]++
+		}
+		r := &redisDecider{rdb: d.rdb, prefix: d.prefix, sc: decisionScript(), log: discardLogger,
+			finalized: func() any { return strconv.FormatInt(fin, 10) }}
+		switch {
+		case fin < 0:
+			dec = olderDecider{r}
+		case d.lib != nil:
+			r.sc = d.lib.script()
+		case d.mini != nil:
+			r.noFunctions.Store(true)
+		}
+		if fin >= 0 {
+			dec = r
+		}
 	}
-	if fin > 0 {
-		d.calls[0]++
-	} else {
-		d.calls[1]++
+	if err := dec.decide(context.Background(), reqs, out); err != nil {
+		d.t.Fatalf("%s: decide: %v", d.describe(), err)
 	}
-	if d.lib != nil {
-		return d.lib.decideAt(ctx, ds, fin)
-	}
-	if d.mini == nil {
-		return fcallBatchAt(ctx, d.rdb, ds, fin)
-	}
-	return evalBatchAt(ctx, d.rdb, ds, fin)
+	return out
 }
 
 // batch decides one request under each plan is[j], asking for wants[j]
@@ -413,34 +424,28 @@ func (d *invariantDriver) batch(is []int, wants []int64) {
 	if d.mini != nil {
 		d.mini.SetTime(time.UnixMicro(d.now))
 	}
-	var ds []decision
-	var mine []int // index in ds of each of is
+	var reqs []request
+	var mine []int // index in reqs of each of is
 	for j, i := range is {
 		if d.rng.IntN(3) == 0 {
 			pl := d.plans[d.rng.IntN(len(d.plans))]
-			ds = append(ds, decision{keys: stateKeys("other:", "n", pl), pl: pl, nums: scriptNums(pl, input{lease: noLease})})
+			reqs = append(reqs, request{key: "n", pl: pl, in: input{lease: noLease}})
 		}
 		ask := noLease
 		if wants[j] > 1 {
 			ask = leaseAsk{want: wants[j], need: wants[j], life: 1 + d.rng.Int64N(2_000_000)}
 		}
-		mine = append(mine, len(ds))
-		ds = append(ds, decision{keys: d.keys[i], pl: d.plans[i], nums: scriptNums(d.plans[i], input{lease: ask})})
+		mine = append(mine, len(reqs))
+		reqs = append(reqs, request{key: "k", pl: d.plans[i], in: input{lease: ask}})
 	}
-	replies, err := d.decide(ds)
-	if err != nil {
-		t.Fatalf("%s: eval: %v", d.describe(), err)
-	}
+	vs := d.decide(reqs)
 	var at int64
 	for j, i := range is {
-		v, err := decode(d.plans[i], replies[mine[j]])
-		if err != nil {
-			t.Fatal(err)
-		}
+		v := vs[mine[j]]
 		if j == 0 {
 			at = v.now
 		}
-		if v.now != at || (d.mini != nil && v.now != d.now) || v.now < d.last {
+		if v.now != at || (d.setsClock() && v.now != d.now) || v.now < d.last {
 			t.Fatalf("decision %d of a batch at %d, the batch's first at %d, the clock at %d, the last decision at %d", j, v.now, at, d.now, d.last)
 		}
 		d.last = v.now
@@ -598,6 +603,9 @@ func (d *invariantDriver) checkBan(i int, v verdict) {
 func (d *invariantDriver) checkRecordsOutlive(i int) {
 	t := d.t
 	t.Helper()
+	if d.rdb == nil {
+		return // no records
+	}
 	pl := d.plans[i]
 	rings := slices.Concat(pl.windows, pl.candidates)
 	ctx := context.Background()
@@ -676,7 +684,7 @@ func (d *invariantDriver) step(lastPlan int) int {
 	r := d.refused[i]
 	// Honour a Retry-After exactly, or come back 1 µs early (miniredis,
 	// whose clock the test sets).
-	if r.ok && d.mini != nil && d.last == r.at && r.seq == d.seq {
+	if r.ok && d.setsClock() && d.last == r.at && r.seq == d.seq {
 		switch rng.IntN(10) {
 		case 0, 1, 2:
 			d.now = r.at + r.retry
@@ -713,7 +721,7 @@ func (d *invariantDriver) step(lastPlan int) int {
 		d.tight--
 		dt = 1 + rng.Int64N(w.gran)
 	}
-	if d.mini == nil {
+	if !d.setsClock() {
 		// Real time: sleep only for short periods.
 		if dt <= int64(20*time.Millisecond/time.Microsecond) {
 			time.Sleep(time.Duration(dt) * time.Microsecond)
@@ -867,6 +875,36 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 			t.Errorf("the generated traffic left a path unchecked: fast %d, decide %d, calls %v", fast, general, calls)
 		}
 	})
+}
+
+// TestInvariantWindowsAndRetryAfterLocal holds the decider in process
+// (state.go: a limiter without Redis, the simulator, the fallback) to the
+// same promises as the decision code, through the same driver: one
+// property test of the decider seam, two implementations.
+func TestInvariantWindowsAndRetryAfterLocal(t *testing.T) {
+	t.Parallel()
+	rng := invariantRNG(t, 3)
+	var total [3]int
+	leases, honoured, bans := 0, 0, 0
+	for c := range testenv.Cases(t, 10, *invariantCases) {
+		policies := genPolicies(rng, MaxPeriod)
+		var d *invariantDriver
+		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
+			d = runInvariantCase(t, rng, nil, nil, policies, 150)
+		})
+		if t.Failed() {
+			return
+		}
+		for i := range total {
+			total[i] += d.stats[i]
+		}
+		leases, honoured, bans = leases+d.leases, honoured+d.honoured, bans+d.bans
+	}
+	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After; %d bans begun",
+		total[0], total[1], total[2], leases, honoured, bans)
+	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 || bans == 0 {
+		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured, %d bans", total, leases, honoured, bans)
+	}
 }
 
 // atLeastAMinute lengthens p's windows to a minute or more (300 ms

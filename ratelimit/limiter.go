@@ -109,7 +109,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 	// The breaker hears from the pipelines, which time a round trip from
 	// when it is sent: a decision that waited in the queue is not a Redis
 	// failure.
-	l.batch = newBatcher(client, decisionScript(), opts.Timeout, opts.PipelineHold, opts.Logger, func(d time.Duration, err error) {
+	l.batch = newBatcher(newRedisDecider(client, opts.Prefix, opts.Logger), opts.Timeout, opts.PipelineHold, func(d time.Duration, err error) {
 		met.observeRedis(d, err)
 		if err != nil {
 			l.breaker.failed(err)
@@ -117,7 +117,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 			l.breaker.succeeded()
 		}
 	}, func(d time.Duration) { met.queueWait.Observe(d.Seconds()) })
-	l.batch.finalized = l.replicas.finalized
+	l.batch.dec.finalized = l.replicas.finalized
 	for range opts.Pipelines {
 		l.goBackground(ctx, l.batch.run)
 	}
@@ -145,7 +145,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 		if err := client.ScriptLoad(lctx, decideLua).Err(); err != nil && ctx.Err() == nil {
 			l.log.Warn("ratelimit: cannot load the decision script yet", "err", err)
 		}
-		_ = l.batch.loadFunction(lctx)
+		_ = l.batch.dec.loadFunction(lctx)
 	})
 	return l, nil
 }
