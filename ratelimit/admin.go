@@ -2,8 +2,11 @@ package ratelimit
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // WindowUsage is one window's standing for a key.
@@ -157,3 +160,36 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	}
 	return nil
 }
+
+// resetRecords deletes key's records under pl (and the records of the
+// periods sd seeds from) and marks the key reset at the server's time, so
+// that no block granted before (a lease or a reservation of a replica the
+// Reset's announcement missed) is given back to the records made after
+// (giveback.go). The mark lasts as long as the longest of those records
+// would have: after that no bucket from before the Reset lies in any of
+// their windows, and a give-back takes only from buckets a window holds
+// at the server's time. A mark already there is overwritten by the later
+// time and keeps the longer of the two lives.
+func resetRecords(ctx context.Context, rdb redis.Cmdable, prefix, key string, pl *plan, sd *seeding) error {
+	// The coarse records too, where the plan has them, whether or not
+	// blocks are in force here: another replica's may be.
+	if pl.blk != nil {
+		pl = pl.blk
+	}
+	var ttl int64
+	for _, rs := range [][]ring{pl.windows, pl.candidates, sd.rings(), pl.coarse} {
+		for i := range rs {
+			ttl = max(ttl, rs[i].ttlMS)
+		}
+	}
+	keys := append([]string{resetMarkKey(prefix, key)}, seedKeys(prefix, key, sd, stateKeys(prefix, key, pl))...)
+	return resetScript.Run(ctx, rdb, keys, max(ttl, 1000)).Err()
+}
+
+// resetScript (lua/reset.lua) deletes KEYS[2..] and sets the reset mark
+// KEYS[1] to the server's time in µs, to live ARGV[1] ms or what it had
+// left if more.
+var resetScript = redis.NewScript(resetLua)
+
+//go:embed lua/reset.lua
+var resetLua string

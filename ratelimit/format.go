@@ -1,6 +1,9 @@
 package ratelimit
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // The state format, version 1. Everything the limiter stores in Redis is
 // described here; the decision code (lua/) reads and writes exactly these bytes, and
@@ -134,3 +137,88 @@ const (
 
 // ringSize is the number of bytes of a ring with n+1 slots.
 func ringSize(n int64) int64 { return ringHeader + (n+1)*slotBytes }
+
+// banKey returns the Redis key of key's ban record. The braces make
+// Redis Cluster hash only the key itself, so all of a key's records land
+// in one slot and one script can touch them (format.go).
+func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
+
+// windowKey is the name of key's record of window r (stateKeys' name).
+func windowKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:w:" + r.name }
+
+// coarseKey is the name of the coarse record r of key's window (blocks.go).
+func coarseKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:b:" + r.name }
+
+// resetMarkKey is the name of key's reset mark: the server time of its
+// last Reset (format.go).
+func resetMarkKey(prefix, key string) string { return prefix + "{" + key + "}:reset" }
+
+// candidateBanKey returns the Redis key of key's candidate ban record
+// (Policy.CandidateBan).
+func candidateBanKey(prefix, key string) string { return prefix + "{" + key + "}:cban" }
+
+// stateKeys returns the script's KEYS for key under pl: the ban record,
+// the record of each of pl's windows, then of each candidate window, then
+// the candidate ban record when pl has a candidate ban policy, then the
+// coarse records of blocks when pl counts them (blocks.go). (The names
+// banKey and candidateBanKey give, cut from one string: a decision
+// allocates its keys' bytes once.)
+func stateKeys(prefix, key string, pl *plan) []string {
+	size := pl.keyCount()*(len(prefix)+len(key)+2) + len(":ban")
+	for i := range pl.windows {
+		size += len(":w:") + len(pl.windows[i].name)
+	}
+	for i := range pl.candidates {
+		size += len(":c:") + len(pl.candidates[i].name)
+	}
+	if pl.cban.on {
+		size += len(":cban")
+	}
+	for i := range pl.coarse {
+		size += len(":b:") + len(pl.coarse[i].name)
+	}
+	var all strings.Builder
+	all.Grow(size)
+	keys := make([]string, 0, pl.keyCount())
+	// A Builder never changes the bytes it has written: each name stays
+	// what it was when cut.
+	name := func(kind, suffix string) {
+		from := all.Len()
+		all.WriteString(prefix)
+		all.WriteByte('{')
+		all.WriteString(key)
+		all.WriteByte('}')
+		all.WriteString(kind)
+		all.WriteString(suffix)
+		keys = append(keys, all.String()[from:])
+	}
+	name(":ban", "")
+	for i := range pl.windows {
+		name(":w:", pl.windows[i].name)
+	}
+	for i := range pl.candidates {
+		name(":c:", pl.candidates[i].name)
+	}
+	if pl.cban.on {
+		name(":cban", "")
+	}
+	for i := range pl.coarse {
+		name(":b:", pl.coarse[i].name)
+	}
+	return keys
+}
+
+// seedKeys appends to keys (stateKeys) the records of the other periods
+// sd names (registry.go).
+func seedKeys(prefix, key string, sd *seeding, keys []string) []string {
+	if sd == nil {
+		return keys
+	}
+	for i := range sd.extra {
+		keys = append(keys, prefix+"{"+key+"}:w:"+sd.extra[i].name)
+	}
+	for i := range sd.coarse {
+		keys = append(keys, prefix+"{"+key+"}:b:"+sd.coarse[i].name)
+	}
+	return keys
+}

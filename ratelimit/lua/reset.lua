@@ -1,4 +1,4 @@
--- resetScript (redis.go): deletes a key's records and marks the reset
+-- resetScript (admin.go): deletes a key's records and marks the reset
 -- for give-backs (giveback.go).
 if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
 local t = redis.call('TIME')
