@@ -223,7 +223,7 @@ func (l *Limiter) allow(ctx context.Context, key string, p *Policy, d *Decision)
 		l.allowLocal(key, pl, start, d)
 		return nil
 	}
-	return l.allowShared(ctx, key, pl, start, true, time.Time{}, d)
+	return l.allowShared(ctx, key, pl, start, d)
 }
 
 // allowLocal decides key in this process alone: a limiter without Redis.
@@ -237,61 +237,68 @@ func (l *Limiter) allowLocal(key string, pl *plan, start time.Time, d *Decision)
 //
 // No request waits for Redis longer than Options.Timeout in all, whether
 // for a lease another request is fetching or for its own round trip,
-// but for one more Timeout when that round trip fails (sendAgain):
-// entered is when its first wait began; a request that has not waited
-// (zero) has the whole Timeout, with no clock read for it. first is false
-// once the request has waited for another's lease: it then waits no more.
-func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start time.Time, first bool, entered time.Time, d *Decision) error {
-	var extra int64
-	if l.cache != nil {
-		pending, hit := l.cache.answer(key, pl, start, d)
-		if hit {
-			pl.outcome[d.Outcome].Inc()
-			return nil
+// but for one more Timeout when that round trip fails (sendAgain). A
+// request finding a lease round trip for its key in flight waits for it
+// once (its lease is likely to cover this request too, and if it finds
+// the key limited, the rejection cache answers), then looks again from
+// the top with what is left of its Timeout.
+func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start time.Time, d *Decision) error {
+	first := true
+	// entered is when the request's wait began; zero while it has not
+	// waited: it then has the whole Timeout, with no clock read for it.
+	var entered time.Time
+	for {
+		var extra int64
+		if l.cache != nil {
+			pending, hit := l.cache.answer(key, pl, start, d)
+			if hit {
+				pl.outcome[d.Outcome].Inc()
+				return nil
+			}
+			extra = pending
 		}
-		extra = pending
-	}
-	// Rejections answered locally must reach Redis as strikes: a request
-	// carrying them makes the round trip. Candidate windows evaluate every
-	// request: no leases for their keys.
-	ask := noLease
-	var names []string
-	if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
-		served, a, wait, ns := l.lease.take(key, pl, start, first, d)
-		if served {
-			pl.outcome[Allowed].Inc()
-			pl.leased.Inc()
-			pl.countNearLimit(d)
-			return nil
+		// Rejections answered locally must reach Redis as strikes: a
+		// request carrying them makes the round trip. Candidate windows
+		// evaluate every request: no leases for their keys.
+		ask := noLease
+		var names []string
+		if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
+			served, a, wait, ns := l.lease.take(key, pl, start, first, d)
+			if served {
+				pl.outcome[Allowed].Inc()
+				pl.leased.Inc()
+				pl.countNearLimit(d)
+				return nil
+			}
+			if wait != nil {
+				entered = time.Now()
+				l.awaitLease(ctx, wait)
+				first, start = false, l.now()
+				continue
+			}
+			ask, names = a, ns
 		}
-		if wait != nil {
-			return l.awaitLease(ctx, key, pl, wait, d)
+		budget := l.opts.Timeout
+		if !entered.IsZero() {
+			budget -= time.Since(entered)
 		}
-		ask, names = a, ns
+		if (pl.short != nil || pl.allShort && l.blocksOn()) && extra == 0 && ask == noLease && l.lease != nil {
+			return l.reservedTrip(ctx, key, pl, start, budget, names, d)
+		}
+		return l.roundTrip(ctx, key, pl, start, extra, ask, budget, names, d)
 	}
-	budget := l.opts.Timeout
-	if !entered.IsZero() {
-		budget -= time.Since(entered)
-	}
-	if (pl.short != nil || pl.allShort && l.blocksOn()) && extra == 0 && ask == noLease && l.lease != nil {
-		return l.reservedTrip(ctx, key, pl, start, budget, names, d)
-	}
-	return l.roundTrip(ctx, key, pl, start, extra, ask, budget, names, d)
 }
 
-// awaitLease waits for the round trip in flight that is asking a lease
-// for key: its lease is likely to cover this request too, and if it finds
-// the key limited, the rejection cache answers.
-func (l *Limiter) awaitLease(ctx context.Context, key string, pl *plan, wait <-chan struct{}, d *Decision) error {
-	entered := time.Now()
+// awaitLease waits, at most Timeout, for the lease round trip in flight
+// that closes wait.
+func (l *Limiter) awaitLease(ctx context.Context, wait <-chan struct{}) {
 	t := time.NewTimer(l.opts.Timeout)
+	defer t.Stop()
 	select {
 	case <-wait:
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	t.Stop()
-	return l.allowShared(ctx, key, pl, l.now(), false, entered, d)
 }
 
 // roundTrip decides key in Redis within budget, asking for a lease as ask
