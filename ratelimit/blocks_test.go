@@ -97,7 +97,7 @@ func (d *blockDriver) checkWindows(p int, x int64) {
 // coarseLate is how much longer than a period after its end a coarse
 // bucket of short window w's blocks counts: the period rounded up to
 // whole coarse buckets, less the period (blockRing; untl in lua/ring.lua).
-// None where the coarse bucket divides the period, as reserveLife divides
+// None where the coarse bucket divides the period, as blockLife divides
 // a minute; under a coarse bucket otherwise: a 32 s period has buckets of
 // 10,666,666 µs and counts a bucket for four of them past its end, 10.7 s
 // more than the period.
@@ -151,7 +151,7 @@ func (d *blockDriver) call(p int, in input) verdict {
 	pl := d.plans[p]
 	ctx := context.Background()
 	nums := scriptNums(pl, in)
-	if in.reserve != nil {
+	if in.block != nil {
 		shortenReservation(d.rng, nums)
 	}
 	ds := []decision{{keys: d.keys[p], pl: pl.blk, nums: nums}}
@@ -198,7 +198,7 @@ func (d *blockDriver) request(r int) {
 	var in input
 	switch k := d.rng.IntN(10); {
 	case k < 6:
-		in.reserve = &reserveAsk{max: 2 + d.rng.Int64N(300), replicas: int64(len(d.replicas)), rtt: d.rng.Int64N(3000)}
+		in.block = &blockAsk{max: 2 + d.rng.Int64N(300), replicas: int64(len(d.replicas)), rtt: d.rng.Int64N(3000)}
 	case k < 8:
 		want := 2 + d.rng.Int64N(64)
 		if d.rng.IntN(4) == 0 {
@@ -219,7 +219,7 @@ func (d *blockDriver) request(r int) {
 	d.spans = append(d.spans, blockSpan{p: rep.plan, start: x, end: x, k: 1})
 	d.checkWindows(rep.plan, x)
 	if v.granted > 1 {
-		if in.reserve != nil {
+		if in.block != nil {
 			d.stats.blocks++
 			if d.plans[rep.plan].allShort {
 				d.stats.allShort++
@@ -227,14 +227,14 @@ func (d *blockDriver) request(r int) {
 		} else {
 			d.stats.leases++
 		}
-		if v.leaseEnd <= x || v.leaseEnd > x+reserveLife.Microseconds() {
+		if v.leaseEnd <= x || v.leaseEnd > x+blockLife.Microseconds() {
 			t.Fatalf("%s\na grant of %d at %d ends at %d", d.describe(), v.granted, x, v.leaseEnd)
 		}
 		// A grant leaves every window, both records summed, margin times
 		// its size times the replicas.
 		k := v.granted - 1
 		need := k * (leaseMargin*int64(len(d.replicas)) - 1)
-		if in.reserve == nil {
+		if in.block == nil {
 			need = 0
 		}
 		for i, w := range d.plans[rep.plan].windows {
@@ -295,13 +295,13 @@ func (d *blockDriver) checkRetry(p int, x int64, v verdict) {
 }
 
 // shortenReservation gives a third of reserving asks (nums, scriptNums) a
-// life shorter than reserveLife, as a replica whose plan has other long
+// life shorter than blockLife, as a replica whose plan has other long
 // windows (ending their buckets sooner) would: blocks then end out of the
 // order they were granted in, and one may end in a coarse bucket before
 // the head (blockWrite in lua/window.lua).
 func shortenReservation(rng *rand.Rand, nums []byte) {
 	if rng.IntN(3) == 0 {
-		binary.BigEndian.PutUint64(nums[32:40], uint64(1+rng.Int64N(reserveLife.Microseconds())))
+		binary.BigEndian.PutUint64(nums[32:40], uint64(1+rng.Int64N(blockLife.Microseconds())))
 	}
 }
 
@@ -315,7 +315,7 @@ func genBlockPlans(rng *rand.Rand) []*plan {
 		// Short windows whose blocks are large against their limits: a
 		// reservation's life is most of such a period, or longer.
 		for i := range ns {
-			// (32 s: a period reserveLife does not divide, whose coarse
+			// (32 s: a period blockLife does not divide, whose coarse
 			// buckets count longer: coarseLate.)
 			pl.policy.Windows[i].Period = []time.Duration{time.Second, 3 * time.Second, 10 * time.Second, 30 * time.Second, 32 * time.Second, time.Minute}[rng.IntN(6)] + time.Duration(i)*time.Millisecond
 		}
@@ -352,7 +352,7 @@ func genBlockPlans(rng *rand.Rand) []*plan {
 
 func runBlockCase(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, steps int) *blockDriver {
 	d := &blockDriver{t: t, rng: rng, rdb: rdb, mini: mini, plans: genBlockPlans(rng)}
-	for !slices.ContainsFunc(d.plans, func(pl *plan) bool { return pl.short != nil || pl.allShort }) {
+	for !slices.ContainsFunc(d.plans, func(pl *plan) bool { return pl.blk != nil }) {
 		d.plans = genBlockPlans(rng)
 	}
 	d.singleLimits = len(d.plans) == 1
@@ -372,7 +372,7 @@ func runBlockCase(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 			// just before a replica's grant ends.
 			switch k := rng.IntN(20); {
 			case k == 0:
-				d.now += reserveLife.Microseconds() + rng.Int64N(short+1)
+				d.now += blockLife.Microseconds() + rng.Int64N(short+1)
 			case k < 3:
 				r := &d.replicas[rng.IntN(n)]
 				if r.left > 0 && r.end > d.now {
@@ -450,7 +450,7 @@ func TestBanReachesBlockHolders(t *testing.T) {
 		Ban: BanPolicy{Threshold: 1, StrikeWindow: time.Minute, Base: time.Minute, Multiplier: 1, Memory: time.Hour}}
 	ctx := context.Background()
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
-	for i := 0; reservedLeft(holder, "k") < 2; i++ {
+	for i := 0; blockLeft(holder, "k") < 2; i++ {
 		if i == 60 {
 			t.Fatal("no block for a key sending 4 requests/s")
 		}
@@ -459,7 +459,7 @@ func TestBanReachesBlockHolders(t *testing.T) {
 		}
 		f.clk.Add(250 * time.Millisecond)
 	}
-	held := reservedLeft(holder, "k")
+	held := blockLeft(holder, "k")
 	// Subscriptions are set up asynchronously; give them a moment.
 	time.Sleep(100 * time.Millisecond)
 	banned := false
@@ -474,9 +474,9 @@ func TestBanReachesBlockHolders(t *testing.T) {
 		t.Fatal("the other replica never banned the key")
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for reservedLeft(holder, "k") != 0 {
+	for blockLeft(holder, "k") != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of a block's %d admissions still held 2 s after a ban elsewhere", reservedLeft(holder, "k"), held)
+			t.Fatalf("%d of a block's %d admissions still held 2 s after a ban elsewhere", blockLeft(holder, "k"), held)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -512,7 +512,7 @@ func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
 		for range 40 {
 			now = now.Add(time.Duration(1 + rng.Int64N(int64(3*time.Second))))
 			mini.SetTime(now)
-			in := input{reserve: &reserveAsk{max: 1 << 20, replicas: 1}}
+			in := input{block: &blockAsk{max: 1 << 20, replicas: 1}}
 			rs, err := evalBatchAt(context.Background(), rdb, []decision{{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}}, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -525,7 +525,7 @@ func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
 				continue
 			}
 			granted++
-			if want := reserveRest(pl, v.now, 0, true); v.leaseEnd-v.now != want {
+			if want := blockRest(pl, v.now, 0); v.leaseEnd-v.now != want {
 				t.Fatalf("case %d, %v at %d: a block of %d granted for %d µs, the replica works out %d", c, pl.policy.Windows, v.now, v.granted-1, v.leaseEnd-v.now, want)
 			}
 		}
@@ -629,7 +629,7 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 	for H/dayG != (H-2*pw-2*g)/dayG || H/dayG != (H+2*g)/dayG {
 		H += hourG
 	}
-	span := min(g, reserveLife.Microseconds())
+	span := min(g, blockLife.Microseconds())
 	t1 := H - span/4 - rng.Int64N(span/2)
 	t3 := t1 + slack + rng.Int64N(H-t1-2*slack)
 	what += fmt.Sprintf(" (H %d)", H)
@@ -661,7 +661,7 @@ func runBlockCapLaterEnd(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *
 	block := func(pl *plan, at, most int64, name string) verdict {
 		t.Helper()
 		waitUntil(at)
-		v := call(pl, input{lease: noLease, reserve: &reserveAsk{max: most, replicas: 1}})
+		v := call(pl, input{lease: noLease, block: &blockAsk{max: most, replicas: 1}})
 		if v.outcome != Allowed {
 			t.Fatalf("%s: %s's block request at %d refused", what, name, v.now)
 		}
@@ -820,7 +820,7 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 	pa := mk(short, Window{Limit: 1_000_000, Period: 24 * time.Hour})
 	coarse := blockRing(pa.windows[0])
 	pw, g, n := p.Microseconds(), coarse.gran, coarse.n
-	dayG, life := pa.windows[1].gran, reserveLife.Microseconds()
+	dayG, life := pa.windows[1].gran, blockLife.Microseconds()
 
 	clock, waitUntil, slack := caseTime(rng, mini)
 
@@ -875,7 +875,7 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 	block := func(pl *plan, at int64, most int64) verdict {
 		t.Helper()
 		waitUntil(at)
-		v := call(pl, input{lease: noLease, reserve: &reserveAsk{max: most, replicas: 1}})
+		v := call(pl, input{lease: noLease, block: &blockAsk{max: most, replicas: 1}})
 		if v.outcome != Allowed {
 			t.Fatalf("%s: a block's request at %d refused", what, v.now)
 		}
@@ -1007,7 +1007,7 @@ func TestNoBlockWithoutCoarseRecords(t *testing.T) {
 			// though every one reached another replica.
 			for i := range 100 {
 				mini.SetTime(start.Add(time.Duration(i) * 200 * time.Millisecond))
-				nums := scriptNums(pl, input{reserve: &reserveAsk{max: 64, replicas: 1}})
+				nums := scriptNums(pl, input{block: &blockAsk{max: 64, replicas: 1}})
 				rs, err := evalBatch(ctx, rdb, []decision{{keys: keys, pl: cp, nums: nums}})
 				if err != nil {
 					t.Fatal(err)

@@ -137,16 +137,13 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				b.Cleanup(func() { _ = l.Close() })
 				return l
 			}
-			// tally counts one fleet's leased and reserved decisions.
-			type tally struct{ leased, reserved atomic.Int64 }
+			// tally counts one fleet's leased decisions.
+			type tally struct{ leased atomic.Int64 }
 			allow := func(l *Limiter, t *tally) func(ctx context.Context, key string) (bool, error) {
 				return func(ctx context.Context, key string) (bool, error) {
 					d, err := l.Allow(ctx, key, wl.p)
 					if d.Leased {
 						t.leased.Add(1)
-					}
-					if d.Reserved {
-						t.reserved.Add(1)
 					}
 					if err == nil && d.Degraded {
 						err = fmt.Errorf("degraded decision: %+v", d)
@@ -156,8 +153,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			}
 			// fleet is wl.replicas limiters on one prefix, each decision
 			// made by one of them (at random, or by the key's hash), and
-			// their registries, one each; t counts their leased and
-			// reserved decisions.
+			// their registries, one each; t counts their leased decisions.
 			fleet := func(prefix string, maxLease int, finalized, blocks bool, t *tally) (func(ctx context.Context, key string) (bool, error), []*prometheus.Registry) {
 				n := max(wl.replicas, 1)
 				regs := make([]*prometheus.Registry, n)
@@ -224,7 +220,6 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			}
 			warmTogether(b, contenders, keys, wl.warm)
 			ourTally.leased.Store(0)
-			ourTally.reserved.Store(0)
 			unspent0, givenBack0 := unspent(), givenBack()
 			const rounds = 3
 			b.ResetTimer()
@@ -259,7 +254,6 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			// (Counted from this limiter's decisions only, not from
 			// petstore-whole's or petstore-unfinalized's.)
 			b.ReportMetric(float64(ourTally.leased.Load())/n, "petstore-leased/decision")
-			b.ReportMetric(float64(ourTally.reserved.Load())/n, "petstore-reserved/decision")
 			// Counted when a replica lets them go: those of leases and
 			// reservations still held at the end are not in it.
 			b.ReportMetric((unspent()-unspent0)/n, "petstore-unspent/decision")

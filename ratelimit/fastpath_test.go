@@ -138,10 +138,11 @@ func genFastInput(rng *rand.Rand, pl *plan) input {
 		}
 	case r < 8:
 		in.extra = 1 + rng.Int64N(3)
-	case r < 12 && pl.short != nil:
-		// Asked to reserve the long windows (reserve.go), now and then
-		// with admissions to add.
-		in.reserve = &reserveAsk{max: 1 + rng.Int64N(64), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}
+	case r < 12 && pl.nShort > 0 && !pl.allShort:
+		// Asked for a block of the long windows (lua/reserve.lua: as the
+		// release before reserved them), now and then with admissions to
+		// add.
+		in.block = &blockAsk{max: 1 + rng.Int64N(64), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}
 		if rng.IntN(4) == 0 {
 			in.add = make([]int64, len(pl.windows))
 			for i := range in.add {
@@ -224,10 +225,10 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 				if rng.IntN(3) == 0 {
 					in = genFastInput(rng, plans[i])
 				}
-				if blocks && plans[i].short != nil && rng.IntN(3) == 0 {
+				if blocks && plans[i].nShort > 0 && !plans[i].allShort && rng.IntN(3) == 0 {
 					// Blocks large and small, so that they fill the
 					// short windows' coarse records.
-					in = input{lease: noLease, reserve: &reserveAsk{max: 1 + rng.Int64N(min(plans[i].windows[0].limit, 4096)), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}}
+					in = input{lease: noLease, block: &blockAsk{max: 1 + rng.Int64N(min(plans[i].windows[0].limit, 4096)), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}}
 				}
 				cp := plans[i]
 				if blocks && cp.blk != nil {
@@ -263,7 +264,7 @@ func TestFastPathDecidesAsDecide(t *testing.T) {
 					fastTaken++
 					if len(ds[0][j].pl.coarse) > 0 {
 						fastBlocks++
-						if ins[j].reserve != nil && v.granted > 1 {
+						if ins[j].block != nil && v.granted > 1 {
 							blocked++
 						}
 					}

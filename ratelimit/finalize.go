@@ -74,13 +74,13 @@ const (
 // while any live replica is in the census and not in final2 (the release
 // before this one included). While a heartbeat, at most heartbeatTTL ago,
 // read that mark and counted no such replica, a replica reserves blocks;
-// while it reads the mark at all, and for reserveLife and heartbeatTTL
+// while it reads the mark at all, and for blockLife and heartbeatTTL
 // after it last reserved one, its round trips read the coarse records
 // (a block granted elsewhere may still be spent). A rollback begun
 // without undoing the mark stops new blocks at the replicas' next
 // heartbeat; what the older replicas admit meanwhile, beside blocks still
 // being spent, may let a short window overshoot by those blocks, for up
-// to reserveLife.
+// to blockLife.
 const (
 	blocksCensusSuffix = "{replicas}:final2"
 	blocksMarkSuffix   = "{replicas}:finalized2"
@@ -167,7 +167,7 @@ func inForce(text string, mark, older int64) string {
 
 // blockView is a replica's view of the blocks mark: whether blocks are in
 // force (grant) and coarse records read (read) until until (Unix ns), and
-// until when coarse records are read regardless (readUntil: reserveLife
+// until when coarse records are read regardless (readUntil: blockLife
 // and heartbeatTTL after blocks were last in force).
 type blockView struct {
 	grant, read      bool
@@ -182,7 +182,7 @@ func (r *replicas) observeBlocks(mark, older int64, at time.Time) {
 		v.readUntil = old.readUntil
 	}
 	if v.grant {
-		v.readUntil = at.Add(heartbeatTTL + reserveLife).UnixNano()
+		v.readUntil = at.Add(heartbeatTTL + blockLife).UnixNano()
 	}
 	r.blk.Store(v)
 	r.met.blocksInForce.Set(boolGauge(v.grant))
@@ -440,7 +440,7 @@ var unmarkLua string
 // writing records as finalized and reading coarse records, and every
 // block granted before has ended: a heartbeat's TTL, a reservation's
 // life and the heartbeat's TTL again (readsCoarse).
-const Unfinalizing = 2*heartbeatTTL + reserveLife
+const Unfinalizing = 2*heartbeatTTL + blockLife
 
 // FinalizeStatus is what the census and the mark say now.
 type FinalizeStatus struct {

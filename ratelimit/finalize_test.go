@@ -372,7 +372,7 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	v := l.replicas.blk.Load()
 	l.replicas.blk.Store(&blockView{until: v.until, readUntil: time.Now().UnixNano()})
 	state(false, false, "undone, a reservation's life after the last block")
-	if Unfinalizing < heartbeatTTL+reserveLife+heartbeatTTL {
+	if Unfinalizing < heartbeatTTL+blockLife+heartbeatTTL {
 		t.Fatalf("Unfinalizing %v is shorter than the last block's life after the last heartbeat that saw it in force", Unfinalizing)
 	}
 }

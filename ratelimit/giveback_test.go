@@ -124,12 +124,12 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int, bl
 	rings, cp := pl.windows, pl
 	if blocks {
 		buckets := 2 + rng.IntN(20)
-		long := time.Duration(buckets) * reserveLife
+		long := time.Duration(buckets) * blockLife
 		if rng.IntN(2) == 0 {
 			long = 24 * time.Hour
 		}
 		// A short window: buckets shorter than a reservation's life.
-		short := time.Millisecond + time.Duration(rng.Int64N(int64(min(maxPeriod, time.Duration(buckets)*reserveLife-time.Millisecond))))
+		short := time.Millisecond + time.Duration(rng.Int64N(int64(min(maxPeriod, time.Duration(buckets)*blockLife-time.Millisecond))))
 		ws = []Window{{Limit: 1000 + rng.Int64N(1_000_000), Period: short},
 			{Limit: 1000 + rng.Int64N(1_000_000), Period: long}}
 		if rng.IntN(3) == 0 {
@@ -288,10 +288,10 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int, bl
 			}
 			in := input{lease: leaseAsk{want: n, need: n, life: int64(1 + rng.IntN(1_000_000))}}
 			if blocks && rng.IntN(3) > 0 {
-				in = input{reserve: &reserveAsk{max: n, replicas: 1, rtt: 0}}
+				in = input{block: &blockAsk{max: n, replicas: 1, rtt: 0}}
 			}
 			nums := scriptNums(pl, in)
-			if in.reserve != nil {
+			if in.block != nil {
 				shortenReservation(rng, nums)
 			}
 			rs, err := evalBatch(ctx, rdb, []decision{{keys: keys[key], pl: cp, nums: nums}})
@@ -304,7 +304,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int, bl
 			}
 			switch {
 			case v.outcome != Allowed:
-			case in.reserve != nil && v.granted > 1:
+			case in.block != nil && v.granted > 1:
 				// A block: the request in every window's record, the
 				// block in the long ones' (at their current bucket) and
 				// in the coarse ones' (at its end's).

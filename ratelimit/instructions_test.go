@@ -58,17 +58,13 @@ import (
 //   - head-moved-banplan: the plan with a ban rule (a third record read).
 //   - head-moved-3windows: a minute, an hour and a day, no ban rule (the
 //     hour's and the day's headers read and written too).
-//   - head-moved-reserved, head-moved-banplan-reserved: the cold decision
-//     of a key holding a reservation of its day window (reserve.go): the
-//     minute window alone (and the ban record).
-//   - head-moved-finalized, head-moved-reserved-finalized: the same
-//     once records are finalized (finalize.go): the minute record's
+//   - head-moved-finalized: the same once records are finalized (finalize.go): the minute record's
 //     expiry is set when its head moves into a new epoch (15 s) alone,
 //     not on each move, so most decisions skip that command.
 //   - head-moved-blocks, head-moved-five-blocks-ride: head-moved and
 //     head-moved-five-ride with blocks in force (blocks.go): the minute
 //     window's coarse record read too, and in the second a block of every
-//     window granted where a reservation was; -decide: the same decisions
+//     window granted; -decide: the same decisions
 //     by the code with its fast path off, as plans with coarse records
 //     were decided before the fast path took them.
 //   - head-moved-short-one, head-moved-short-two (and -blocks): plans
@@ -150,10 +146,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-reserved", business.short, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-banplan-reserved", banPlan.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-finalized", business, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-reserved-finalized", business.short, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-ride-none", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
@@ -175,11 +168,11 @@ func BenchmarkRedisInstructions(b *testing.B) {
 			var total int64
 			for it := range b.N {
 				prefix := fmt.Sprintf("petstore:rl:i%d.%d:", ci, it)
-				var rsv *reserveAsk
+				var rsv *blockAsk
 				if strings.Contains(c.name, "-ride") {
 					// Asked to reserve as a replica alone would ask; the
 					// measured pass is asked, the warm ones too.
-					rsv = &reserveAsk{max: 64, replicas: 1}
+					rsv = &blockAsk{max: 64, replicas: 1}
 				}
 				var fin int64
 				if strings.HasSuffix(c.name, "-finalized") {
@@ -196,7 +189,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 					for k := 0; k < keys; k += c.per {
 						ds := make([]decision, 0, c.per)
 						for j := k; j < k+c.per && j < keys; j++ {
-							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), cp), pl: cp, nums: scriptNums(c.pl, input{lease: noLease, reserve: rsv})})
+							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), cp), pl: cp, nums: scriptNums(c.pl, input{lease: noLease, block: rsv})})
 						}
 						ks, args := batchCommandAt(ds, fin)
 						if err := cg.rdb.FCall(ctx, fn, ks, args...).Err(); err != nil {

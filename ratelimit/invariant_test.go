@@ -955,13 +955,11 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 // the end of the current bucket a period on at the latest), and that
 // Remaining never tells the client of more room than its window has,
 // beyond what was admitted since the count it reports was read from Redis
-// other than through the same lease or reservation (README, Trade-offs):
-// for each window, Remaining <= max(limit - admissions
-// within (x-p, x], 0) + the admissions since that read not spent from
-// that lease or reservation. The read is the decision's own round trip,
-// and for a reserved decision's short windows; the round trip that took
-// the lease, for a leased one; and for a reserved decision's long windows
-// the round trip after which the reservation was granted. Round trips
+// other than through the same lease or block (README, Trade-offs): for
+// each window, Remaining <= max(limit - admissions within (x-p, x], 0) +
+// the admissions since that read not spent from that lease or block. The
+// read is the decision's own round trip; the round trip that took the
+// lease or block, for a leased one. Round trips
 // over-count (unspent leases, buckets), so they never over-report. The
 // admissions' times and windows are the admission log's spans, one per
 // admission, in the same order.
@@ -970,26 +968,22 @@ type windowFieldsCheck struct {
 	// bucket may be its coarse record's (blocks.go).
 	blocks bool
 	by     []int // each admission's replica, in the order admitted
-	kind   []int // 0 a round trip, 1 leased, 2 reserved
+	kind   []int // 0 a round trip, 1 leased
 	trip   map[int]int
-	grant  map[int]int // each replica's reservation: granted after this admission
-	until  map[int]time.Time
 }
 
 // admitted checks the admission d of replica l (r) under pl, logged last
-// in log, after any reservation it earned was taken: its windows'
+// in log: its windows'
 // Binding, Reset and Remaining.
 func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter, r int, pl *plan, d Decision) {
 	t.Helper()
 	if c.trip == nil {
-		c.trip, c.grant, c.until = map[int]int{}, map[int]int{}, map[int]time.Time{}
+		c.trip = map[int]int{}
 	}
 	x := d.Time.UnixMicro()
 	kind := 0
 	if d.Leased {
 		kind = 1
-	} else if d.Reserved {
-		kind = 2
 	}
 	n := len(c.by)
 	if len(log.spans) != n+1 {
@@ -998,11 +992,8 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 	c.by, c.kind = append(c.by, r), append(c.kind, kind)
 	for i, w := range pl.windows {
 		read := n // the admissions after read were not seen
-		switch {
-		case d.Leased:
+		if d.Leased {
 			read = c.trip[r]
-		case d.Reserved && w.gran >= reserveLife.Microseconds():
-			read = c.grant[r]
 		}
 		var others int64
 		for j := read + 1; j < n; j++ {
@@ -1017,7 +1008,7 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 		// reservation's end, recorded as its bucket's last event,
 		// rounded up to the record's unit).
 		g, unit := w.gran, w.unit
-		if c.blocks && w.gran < reserveLife.Microseconds() {
+		if c.blocks && w.gran < blockLife.Microseconds() {
 			// A block is counted in the coarse bucket of its end, at most
 			// the one after the current, until that bucket's end plus the
 			// period rounded up to whole coarse buckets (blocks.go).
@@ -1025,13 +1016,13 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 			g, unit = 2*cr.gran+coarseLate(w), cr.unit
 		}
 		if reset, most := d.Windows[i].Reset.UnixMicro(), x+w.period+g+unit; reset < x+w.period || reset > most {
-			t.Fatalf("replica %d (leased %v, reserved %v) at %d µs: the %s window's reset %d µs is not within [%d, %d] (x + period, plus a bucket of %d µs and a unit)",
-				r, d.Leased, d.Reserved, x, time.Duration(w.period)*time.Microsecond, reset, x+w.period, most, w.gran)
+			t.Fatalf("replica %d (leased %v) at %d µs: the %s window's reset %d µs is not within [%d, %d] (x + period, plus a bucket of %d µs and a unit)",
+				r, d.Leased, x, time.Duration(w.period)*time.Microsecond, reset, x+w.period, most, w.gran)
 		}
 		room := max(w.limit-log.count(w.period, x), 0)
 		if got := d.Windows[i].Remaining; got > room+others {
-			t.Fatalf("replica %d (leased %v, reserved %v) at %d µs: the %s window reports %d remaining; its limit %d leaves %d, and %d were admitted otherwise since its count was read",
-				r, d.Leased, d.Reserved, x, time.Duration(w.period)*time.Microsecond, got, w.limit, room, others)
+			t.Fatalf("replica %d (leased %v) at %d µs: the %s window reports %d remaining; its limit %d leaves %d, and %d were admitted otherwise since its count was read",
+				r, d.Leased, x, time.Duration(w.period)*time.Microsecond, got, w.limit, room, others)
 		}
 	}
 	// Binding: the window with the fewest remaining, the longer on a tie
@@ -1047,12 +1038,6 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 	}
 	if kind == 0 {
 		c.trip[r] = n
-	}
-	// A reservation the replica holds now that it did not before was
-	// granted after this admission's round trip (on real time a little
-	// later, which only loosens the check).
-	if u := reservedUntil(l, "k"); !u.IsZero() && !u.Equal(c.until[r]) {
-		c.grant[r], c.until[r] = n, u
 	}
 }
 
@@ -1113,7 +1098,7 @@ func checkWindowsOutlive(t *testing.T, f *fixture, l *Limiter, policies []Policy
 func TestInvariantThroughTheLimiter(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 4)
-	leased, reserved, retried, gaveBack := 0, 0, 0, 0
+	leased, retried, gaveBack := 0, 0, 0
 	// At least 40 cases: each takes about 0.15 s (about 1 s under -race), and
 	// what this test alone can find needs several replicas, plans and
 	// leases to meet (the lease cap's case took 1,000 plans to find).
@@ -1222,18 +1207,15 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				if d.Leased {
 					leased++
 				}
-				if d.Reserved {
-					reserved++
-				}
 				x := d.Time.UnixMicro()
 				if w, n := log.admit(plans[pi], x); w != nil {
 					t.Fatalf("%v: replica %d (plan %d, leased %v): %d admissions within %s ending at %d, limit %d",
 						policies, r, pi, d.Leased, n, time.Duration(w.period)*time.Microsecond, x, w.limit)
 				}
 				fields.admitted(t, &log, ls[r], r, plans[pi], d)
-				// (Every third leased or reserved admission: a probe costs
-				// a round trip.)
-				if d.Leased && leased%3 == 0 || d.Reserved && reserved%3 == 0 {
+				// (Every third leased admission: a probe costs a round
+				// trip.)
+				if d.Leased && leased%3 == 0 {
 					probes = append(probes, outliveProbe{x: x, plan: pi})
 				}
 				return d
@@ -1285,7 +1267,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				}
 				f.clk.Set(retry.Add(-time.Microsecond))
 				early := ask(r, pi)
-				stale := (d.Cached || d.Reserved) && disagree
+				stale := d.Cached && disagree
 				if applied() != before {
 					gaveBack++
 				} else if early.Allowed() || !stale && early.Outcome == Limited && early.RetryAfter != time.Microsecond {
@@ -1305,5 +1287,5 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 			return
 		}
 	}
-	t.Logf("%d admissions came from leases, %d from reservations; %d refusals retried 1 µs before and at their Retry-After (%d of them 1 µs before after a give-back)", leased, reserved, retried, gaveBack)
+	t.Logf("%d admissions came from leases and blocks; %d refusals retried 1 µs before and at their Retry-After (%d of them 1 µs before after a give-back)", leased, retried, gaveBack)
 }

@@ -47,8 +47,8 @@ type leaseTable struct {
 	maxLease    int64
 	replicas    func() int64 // live replica count
 	rtt         atomic.Int64 // moving average of decision round trips, µs
-	// back, when set, is given what leases and reservations leave
-	// unspent (giveback.go).
+	// back, when set, is given what leases and blocks leave unspent
+	// (giveback.go).
 	back func(giveBack)
 	// prefix is the limiter's key prefix, for the record names each
 	// entry keeps (names).
@@ -74,10 +74,10 @@ type leaseEntry struct {
 	cur, prev int64
 	curStart  time.Time
 
-	// This replica's own requests for the key in the current reservation
-	// period (from ownStart; reserveLife or more) and in the one before it
-	// (from ownPrevStart, zero while there is none): what a reservation's
-	// size stands on (ownShare).
+	// This replica's own requests for the key in the current block
+	// period (from ownStart; blockLife or more) and in the one before it
+	// (from ownPrevStart, zero while there is none): what a block's size
+	// stands on (ownShare).
 	own, ownPrev           int64
 	ownStart, ownPrevStart time.Time
 	// born is when this replica began to track the key (the entry's
@@ -98,7 +98,7 @@ type leaseEntry struct {
 	binding  int
 	// block: the lease is a block (blocks.go), counted in the short
 	// windows' coarse records (in the bucket of its end, redisEnd: µs,
-	// server clock) and the long windows, for up to reserveLife.
+	// server clock) and the long windows, for up to blockLife.
 	block    bool
 	redisEnd int64
 
@@ -106,8 +106,10 @@ type leaseEntry struct {
 	// closed when it ends.
 	refill chan struct{}
 
-	// res is the key's reservation of its plan's long windows (reserve.go).
-	res reservation
+	// warm: the key's last decision under its plan here showed a demand a
+	// block would serve (worthAsking); asking: a block round trip is in
+	// flight.
+	warm, asking bool
 
 	// names are the key's record names under namesPl (stateKeys), made
 	// once rather than for every round trip; never changed in place, so
@@ -252,7 +254,7 @@ func (e *leaseEntry) note(now time.Time) {
 		e.cur, e.curStart = 0, now
 	}
 	e.cur++
-	if now.Sub(e.ownStart) >= reserveLife {
+	if now.Sub(e.ownStart) >= blockLife {
 		e.ownPrev, e.ownPrevStart = e.own, e.ownStart
 		e.own, e.ownStart = 0, now
 	}
@@ -287,7 +289,7 @@ func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
 // unspent about half the time (11% of leased admissions under random
 // arrivals); at half a deviation, 6%, for about 4 in 100 requests more
 // decided by a round trip (TestLeaseWasteUnderRandomArrivals). A whole
-// one, as reservations take, would cost twice that: a lease's rate is
+// one, as blocks take, would cost twice that: a lease's rate is
 // measured over a few hundred milliseconds, so its estimate is as noisy
 // as the demand itself. The key's slower rates (own, ownPrev), steadier,
 // were tried in its place: a key resuming after a pause of a few
@@ -329,8 +331,7 @@ func (e *leaseEntry) serve(now time.Time, d *Decision) {
 }
 
 // drop forgets the key's lease, counting what it left unspent (its
-// admissions stay counted in Redis; a block's as a reservation's), and
-// returns that.
+// admissions stay counted in Redis), and returns that.
 func (e *leaseEntry) drop() (unspent int64) {
 	if e.left > 0 && e.pl != nil {
 		unspent = e.left
@@ -341,7 +342,7 @@ func (e *leaseEntry) drop() (unspent int64) {
 }
 
 // kind is the metrics' index of what the key's lease is: 0 a lease, 1 a
-// block (counted as reservations are).
+// block.
 func (e *leaseEntry) kind() int {
 	if e.block {
 		return 1
@@ -375,42 +376,39 @@ func (t *leaseTable) letGo(key string) {
 	sh.mu.Unlock()
 }
 
-// forget drops key's lease and reservation, without giving back what they
-// leave unspent: after a Reset their records are new (giveback.go).
+// forget drops key's lease or block, without giving back what it leaves
+// unspent: after a Reset its records are new (giveback.go).
 func (t *leaseTable) forget(key string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	if e := sh.keys[key]; e != nil {
 		e.drop()
-		e.dropReservation()
 	}
 	sh.mu.Unlock()
 }
 
-// release drops every lease and reservation the table holds, counting
-// what they leave unspent (drop, dropReservation), and returns how many
-// admissions of each that was.
-func (t *leaseTable) release() (leased, reserved int64) {
+// release drops every lease and block the table holds, counting what they
+// leave unspent (drop), and returns how many admissions that was.
+func (t *leaseTable) release() (unspent int64) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.keys {
-			leased += t.dropLease(k, e)
-			reserved += t.dropReserved(k, e)
+			unspent += t.dropLease(k, e)
 		}
 		sh.mu.Unlock()
 	}
-	return leased, reserved
+	return unspent
 }
 
 // sweep drops keys without a usable lease or a round trip in flight that
-// have been idle for two rate periods, except a key whose last whole
-// decision showed the demand for a reservation (warm), idle for less than
-// reserveLife: a key sending a few requests a second to a fleet reaches
-// each replica a second or more apart, and would otherwise lose what its
-// last round trip showed before its next request, and never reserve. Such
-// keys are kept only while their shard is at most half full, so that they
-// never crowd out the keys that lease.
+// have been idle for two rate periods, except a key whose last decision
+// showed the demand for a block (warm), idle for less than blockLife: a
+// key sending a few requests a second to a fleet reaches each replica a
+// second or more apart, and would otherwise lose what its last round trip
+// showed before its next request, and never take a block. Such keys are
+// kept only while their shard is at most half full, so that they never
+// crowd out the keys that lease.
 func (t *leaseTable) sweep(now time.Time) (kept int) {
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -419,10 +417,8 @@ func (t *leaseTable) sweep(now time.Time) (kept int) {
 		for k, e := range sh.keys {
 			idle := now.Sub(e.curStart)
 			if e.refill == nil && idle >= 2*rateSpan && (e.left == 0 || !now.Before(e.deadline)) &&
-				!e.res.asking && (e.res.left == 0 || !now.Before(e.res.deadline)) &&
-				(!e.res.warm || crowded || idle >= reserveLife) {
+				!e.asking && (!e.warm || crowded || idle >= blockLife) {
 				t.dropLease(k, e)
-				t.dropReserved(k, e)
 				delete(sh.keys, k)
 			}
 		}

@@ -169,10 +169,9 @@ func (l *Limiter) Close() error {
 		// gives back what they leave unspent, within a second; what it
 		// cannot give back stays counted in Redis until it slides out.
 		if l.lease != nil {
-			if leased, reserved := l.lease.release(); leased+reserved > 0 {
+			if unspent := l.lease.release(); unspent > 0 {
 				l.back.flush(min(max(l.opts.Timeout, 100*time.Millisecond), time.Second))
-				l.log.Info("ratelimit: closed; leases and reservations let go",
-					"unspent_leased", leased, "unspent_reserved", reserved)
+				l.log.Info("ratelimit: closed; leases and blocks let go", "unspent", unspent)
 			}
 		}
 	}
@@ -282,8 +281,8 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 		if !entered.IsZero() {
 			budget -= time.Since(entered)
 		}
-		if (pl.short != nil || pl.allShort && l.blocksOn()) && extra == 0 && ask == noLease && l.lease != nil {
-			return l.reservedTrip(ctx, key, pl, start, budget, names, d)
+		if pl.blk != nil && extra == 0 && ask == noLease && l.lease != nil && l.blocksOn() {
+			return l.blockTrip(ctx, key, pl, start, budget, names, d)
 		}
 		return l.roundTrip(ctx, key, pl, start, extra, ask, budget, names, d)
 	}
@@ -319,10 +318,9 @@ func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start tim
 // and, when Redis answered, v. names are the key's record names under pl
 // when the caller has them (the lease table keeps them), nil otherwise.
 //
-// With rsv, the round trip also asks to reserve the plan's long windows
-// for the key's next requests (reserve.go), and the lease table keeps
-// what Redis granted.
-func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision, v *verdict, rsv *reserveAsk) error {
+// With blk, the round trip also asks for a block for the key's next
+// requests (blocks.go), and the lease table keeps what Redis granted.
+func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision, v *verdict, blk *blockAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
 	}
@@ -337,6 +335,11 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
 	cp := l.callPlan(pl)
+	if cp.coarse == nil {
+		// Blocks went out of force since the caller looked: a block
+		// needs the coarse records.
+		blk = nil
+	}
 	// (Names taken before blocks came into force or went out of it, a
 	// heartbeat in between, are another plan's: a plan with coarse
 	// records has more.)
@@ -344,7 +347,7 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		names = stateKeys(l.opts.Prefix, key, cp)
 	}
 	dec := decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: cp,
-		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, reserve: rsv})}
+		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, block: blk})}
 	reply, err := l.batch.do(ctx, dec, budget)
 	if err != nil && l.sendAgain(ctx, err) {
 		l.met.sentAgain.Inc()
@@ -358,16 +361,10 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		l.fb.restorePending(key, pending)
 		return l.failedTrip(ctx, key, pl, start, extra, d)
 	}
-	// A lease or a reservation is counted whole, but the rest of it is
-	// this process's to grant: a lease's and a block's in every window, a
-	// reservation's in the long ones.
-	from := 0
-	if rsv != nil && cp.coarse == nil && pl.short != nil {
-		l.lease.reserved(key, pl, start, v)
-		from = len(pl.short.windows)
-	}
-	l.answered(key, pl, start, v, from, max(v.granted-1, 0), d)
-	if rsv != nil && cp.coarse != nil {
+	// A lease or a block is counted whole, but the rest of it is this
+	// process's to grant.
+	l.answered(key, pl, start, v, max(v.granted-1, 0), d)
+	if blk != nil {
 		l.lease.blocked(key, pl, start, v, d)
 	}
 	if v.newBan && cp != pl {
@@ -397,7 +394,7 @@ func (l *Limiter) sendAgain(ctx context.Context, err error) bool {
 // announceBan tells every replica that key was banned, so that each lets
 // go of the key's block (blocks.go) and its next request learns of the
 // ban from Redis: a block is spent without a round trip for up to
-// reserveLife, where a lease ends within leaseLife. Best effort, off the
+// blockLife, where a lease ends within leaseLife. Best effort, off the
 // request's path: a replica that misses it learns of the ban when its
 // block ends.
 func (l *Limiter) announceBan(key string) {
@@ -448,15 +445,14 @@ func (l *Limiter) failedTrip(ctx context.Context, key string, pl *plan, start ti
 // answered turns v, Redis's verdict for key from a round trip that began
 // at start, into d. The fallback remembers Redis's own counts; then the
 // admissions that round trip counted and this process holds to grant (a
-// lease's rest, a reservation's) are added back to the Remaining of
-// windows from on, so that it reads as if each request had gone to Redis
-// alone.
-func (l *Limiter) answered(key string, pl *plan, start time.Time, v *verdict, from int, held int64, d *Decision) {
+// lease's or a block's rest) are added back to the Remaining of every
+// window, so that it reads as if each request had gone to Redis alone.
+func (l *Limiter) answered(key string, pl *plan, start time.Time, v *verdict, held int64, d *Decision) {
 	l.fb.remember(key, pl, start.UnixMicro(), v)
 	if l.lease != nil {
 		l.lease.observe(l.now().Sub(start))
 	}
-	for i := from; i < len(v.win); i++ {
+	for i := range v.win {
 		v.win[i].remaining += held
 	}
 	l.finish(pl, v, false, d)

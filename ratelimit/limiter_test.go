@@ -575,7 +575,7 @@ func TestFailClosedSpendsHeldLeases(t *testing.T) {
 // they end: a second at most. Half the cases run with blocks in force
 // (finalized, as a fresh install of the chart runs) at a pace that earns
 // them, where a block held when Redis failed is spent until its end, up
-// to reserveLife later.
+// to blockLife later.
 func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 89)
@@ -621,7 +621,7 @@ func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 		failed := f.clk.Now()
 		var admitted int64
 		var lastAdmitted time.Duration // after the failure
-		for ; f.clk.Now().Sub(failed) < reserveLife+time.Second; f.clk.Add(next()) {
+		for ; f.clk.Now().Sub(failed) < blockLife+time.Second; f.clk.Add(next()) {
 			i := rng.IntN(replicas)
 			d, err := ls[i].Allow(context.Background(), "k", p)
 			switch {
@@ -634,7 +634,7 @@ func TestFailClosedAdmitsOnlyWhatRedisCounted(t *testing.T) {
 					t.Fatalf("case %d: replica %d admitted from a lease %s after Redis failed, past the end (%s after) of the lease it held then",
 						c, i, f.clk.Now().Sub(failed), ends[i].Sub(failed))
 				}
-				if el := f.clk.Now().Sub(failed); heldBlocks == 0 && el >= leaseLife || el >= reserveLife {
+				if el := f.clk.Now().Sub(failed); heldBlocks == 0 && el >= leaseLife || el >= blockLife {
 					t.Fatalf("case %d: admitted from a lease %s after Redis failed, past any lease's life", c, el)
 				}
 			case err != nil && !errors.Is(err, ErrUnavailable):

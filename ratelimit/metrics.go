@@ -18,7 +18,6 @@ type metrics struct {
 	candidateBans   *prometheus.CounterVec
 	nearLimit       *prometheus.CounterVec
 	leased          *prometheus.CounterVec
-	reserved        *prometheus.CounterVec
 	unspent         *prometheus.CounterVec
 	givenBack       *prometheus.CounterVec
 	redisDuration   prometheus.Histogram
@@ -69,13 +68,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "leased_total",
 			Help: "Admissions granted in process from a lease, without a round trip to Redis (also in decisions_total), by plan.",
 		}, []string{"plan"}),
-		reserved: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "petstore", Subsystem: "ratelimit", Name: "reserved_total",
-			Help: "Requests decided by a round trip in the plan's short windows alone, their long windows' admission taken from a reservation held in process (also in decisions_total), by plan.",
-		}, []string{"plan"}),
 		unspent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "unspent_total",
-			Help: "Admissions a replica counted in Redis ahead of requests (a lease's, kind=\"lease\"; a reservation's, kind=\"reservation\") and let go without granting: the lease or reservation ended, was dropped by a Reset, or its plan changed. They count in their windows until they slide out. By plan and kind.",
+			Help: "Admissions a replica counted in Redis ahead of requests (a lease's, kind=\"lease\"; a block's, kind=\"block\") and let go without granting: the lease or block ended, was dropped by a Reset, or its plan changed. They count in their windows until they slide out. By plan and kind.",
 		}, []string{"plan", "kind"}),
 		givenBack: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "given_back_total",
@@ -141,15 +136,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		blocksInForce: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "blocks_in_force",
-			Help: "1 while this replica reserves blocks of every window for slow keys and spends them in process ('petstore limits finalize' with no replica of an older release live).",
+			Help: "1 while this replica takes blocks of every window for slow keys and spends them in process ('petstore limits finalize' with no replica of an older release live).",
 		}),
 		trackedKeys: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "tracked_keys",
-			Help: "Keys this replica tracks for leases and reservations after its last sweep (at most 65536).",
+			Help: "Keys this replica tracks for leases and blocks after its last sweep (at most 65536).",
 		}),
 		untracked: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "petstore", Subsystem: "ratelimit", Name: "untracked_total",
-			Help: "Requests of keys this replica had no room to track: each decided by its own Redis round trip, never leased or reserved.",
+			Help: "Requests of keys this replica had no room to track: each decided by its own Redis round trip, never leased.",
 		}),
 	}
 	if reg == nil {
@@ -175,9 +170,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.leased, err = register(reg, m.leased); err != nil {
-		return nil, err
-	}
-	if m.reserved, err = register(reg, m.reserved); err != nil {
 		return nil, err
 	}
 	if m.unspent, err = register(reg, m.unspent); err != nil {
@@ -267,12 +259,10 @@ type counters struct {
 	nearLimit prometheus.Counter
 	// leased counts admissions granted from a lease.
 	leased prometheus.Counter
-	// reserved counts requests decided under a reservation.
-	reserved prometheus.Counter
-	// unspent counts admissions of leases (0) and reservations (1) let
-	// go without granting.
+	// unspent counts admissions of leases (0) and blocks (1) let go
+	// without granting.
 	unspent [2]prometheus.Counter
-	// givenBack counts admissions of leases (0) and reservations (1)
+	// givenBack counts admissions of leases (0) and blocks (1)
 	// given back, taken off their windows' counts (giveback.go).
 	givenBack [2]prometheus.Counter
 	// local counts decisions made without Redis, by outcome.
@@ -304,9 +294,8 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 		c.nearLimit = m.nearLimit.WithLabelValues(name)
 	}
 	c.leased = m.leased.WithLabelValues(name)
-	c.reserved = m.reserved.WithLabelValues(name)
-	c.unspent = [2]prometheus.Counter{m.unspent.WithLabelValues(name, "lease"), m.unspent.WithLabelValues(name, "reservation")}
-	c.givenBack = [2]prometheus.Counter{m.givenBack.WithLabelValues(name, "lease"), m.givenBack.WithLabelValues(name, "reservation")}
+	c.unspent = [2]prometheus.Counter{m.unspent.WithLabelValues(name, "lease"), m.unspent.WithLabelValues(name, "block")}
+	c.givenBack = [2]prometheus.Counter{m.givenBack.WithLabelValues(name, "lease"), m.givenBack.WithLabelValues(name, "block")}
 	for o := Allowed; o <= Banned; o++ {
 		c.localOutcome[o] = m.local.WithLabelValues(name, o.String())
 	}

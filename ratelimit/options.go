@@ -83,10 +83,10 @@ type Options struct {
 	// CacheSize caps the keys remembered as limited or banned (default
 	// 65536); negative disables the cache.
 	CacheSize int
-	// MaxLease caps the admissions a replica reserves for a busy key in
-	// one round trip and then grants in process (default 64), and those
-	// of a key's long windows it reserves (reserve.go); 1 (or less)
-	// disables both: one round trip per request in every window.
+	// MaxLease caps the admissions a replica counts for a busy key in one
+	// round trip and then grants in process (a lease, default 64), and
+	// those of a slow key's block (blocks.go); 1 (or less) disables both:
+	// one round trip per request.
 	MaxLease int
 	// FinalizeAfter is how long this replica's heartbeats must count no
 	// live replica of an older release, and no operator's hold, before it

@@ -42,7 +42,7 @@ func genBlockEdit(rng *rand.Rand) (*plan, *plan) {
 			// Long windows that the traffic leaves room in, so that the
 			// replicas hold blocks when the edit lands.
 			for i := range op.Windows {
-				if op.Windows[i].Period/time.Duration(DefaultBuckets) >= reserveLife {
+				if op.Windows[i].Period/time.Duration(DefaultBuckets) >= blockLife {
 					op.Windows[i].Limit = 1_000_000
 				}
 			}
@@ -50,7 +50,7 @@ func genBlockEdit(rng *rand.Rand) (*plan, *plan) {
 		old := compile(op, DefaultBuckets, DefaultStrikeBuckets)
 		old.split()
 		ws := slices.Clone(old.policy.Windows)
-		if old.short != nil && rng.IntN(4) == 0 {
+		if old.nShort > 0 && !old.allShort && rng.IntN(4) == 0 {
 			// The long windows dropped: the short ones keep their
 			// periods and records, where the blocks counted.
 			edited := compile(Policy{Name: old.policy.Name, Windows: ws[:len(old.blk.coarse)], Ban: old.policy.Ban}, DefaultBuckets, DefaultStrikeBuckets)
@@ -74,7 +74,7 @@ func genBlockEdit(rng *rand.Rand) (*plan, *plan) {
 		slices.SortFunc(ws, func(a, b Window) int { return int(a.Period - b.Period) })
 		edited := compile(Policy{Name: old.policy.Name, Windows: ws, Ban: old.policy.Ban}, DefaultBuckets, DefaultStrikeBuckets)
 		edited.split()
-		if old.short != nil && edited.blk != nil {
+		if old.nShort > 0 && !old.allShort && edited.blk != nil {
 			return old, edited
 		}
 	}
@@ -205,7 +205,7 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		if !underNew && edit == 0 && rng.IntN(3) > 0 {
 			// Asked to reserve: a block of every window (none while an
 			// edit spreads: Limiter.reservedTrip).
-			in.reserve = &reserveAsk{max: 2 + rng.Int64N(300), replicas: int64(len(reps)), rtt: rng.Int64N(3000)}
+			in.block = &blockAsk{max: 2 + rng.Int64N(300), replicas: int64(len(reps)), rtt: rng.Int64N(3000)}
 		}
 		v := call(underNew, in)
 		if underNew && edit == 0 {
@@ -233,7 +233,7 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		case 1, 2:
 			dt = rng.Int64N(pn.windows[0].gran + 1)
 		case 3:
-			dt = rng.Int64N(reserveLife.Microseconds())
+			dt = rng.Int64N(blockLife.Microseconds())
 		default:
 			dt = rng.Int64N(min(po.windows[0].period, pn.windows[0].period)/4 + 1)
 		}
@@ -247,7 +247,7 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		}
 	}
 	small := func() {
-		dt := rng.Int64N(reserveLife.Microseconds() / 20)
+		dt := rng.Int64N(blockLife.Microseconds() / 20)
 		now += dt
 		sleepShort(mini, dt)
 	}
@@ -276,7 +276,7 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 			// blocks spent just after it would leave a window counting them
 			// too early.
 			w := pn.windows[0]
-			if at := edit + w.period - reserveLife.Microseconds()/10 + rng.Int64N(reserveLife.Microseconds()/2); at > now {
+			if at := edit + w.period - blockLife.Microseconds()/10 + rng.Int64N(blockLife.Microseconds()/2); at > now {
 				now = at
 			}
 		}
@@ -393,7 +393,7 @@ func TestPeriodEditCountsBlocksStillBeingSpent(t *testing.T) {
 	var left, end int64
 	for range 40 {
 		r.now += 200_000
-		v := call(false, input{lease: noLease, reserve: &reserveAsk{max: 300, replicas: 1}})
+		v := call(false, input{lease: noLease, block: &blockAsk{max: 300, replicas: 1}})
 		if v.granted > 1 {
 			left, end = v.granted-1, v.leaseEnd
 			break
@@ -460,7 +460,7 @@ func TestTransitionWindowsCountBlocks(t *testing.T) {
 	var block int64
 	for range 20 {
 		r.now += 100_000
-		v := call(false, input{lease: noLease, reserve: &reserveAsk{max: 300, replicas: 1}})
+		v := call(false, input{lease: noLease, block: &blockAsk{max: 300, replicas: 1}})
 		if v.outcome == Allowed {
 			admitted++
 		}
@@ -761,7 +761,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 			break
 		}
 		wait(gap)
-		v := call(false, input{lease: noLease, reserve: &reserveAsk{max: lc, replicas: 1}})
+		v := call(false, input{lease: noLease, block: &blockAsk{max: lc, replicas: 1}})
 		if v.outcome != Allowed {
 			break
 		}
@@ -803,7 +803,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 		}
 		in := input{lease: noLease}
 		if cc.reserve {
-			in.reserve = &reserveAsk{max: 4 * la, replicas: 1}
+			in.block = &blockAsk{max: 4 * la, replicas: 1}
 		}
 		v := call(true, in)
 		if v.granted > 1 {
@@ -900,7 +900,7 @@ func TestLeaseEndsWithTheTransitionWindowsBucket(t *testing.T) {
 }
 
 // TestNewLongWindowCountsABlockToItsEnd: a plan edit that gives a window
-// a new long period (one without a coarse record: buckets of reserveLife
+// a new long period (one without a coarse record: buckets of blockLife
 // or more) starts its record from the key's record of another period,
 // and a block granted before the edit and spent after it counts there
 // until a period past the block's end, even when that end lies past the
@@ -938,7 +938,7 @@ func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 	po := mk(short, Window{Limit: 1_000_000, Period: time.Hour})
 	clock, waitUntil, _ := caseTime(rng, mini)
 	pw, g := p.Microseconds(), blockRing(po.windows[0]).gran
-	hourG, span := po.windows[1].gran, min(g, reserveLife.Microseconds())
+	hourG, span := po.windows[1].gran, min(g, blockLife.Microseconds())
 	newG := mk(short, Window{Limit: 1, Period: long}).windows[1].gran
 
 	// B, the end of a bucket of the new window with no end of the hour's
@@ -971,7 +971,7 @@ func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 		}
 	}
 	waitUntil(t1)
-	a := callOld(input{lease: noLease, reserve: &reserveAsk{max: m, replicas: 1}})
+	a := callOld(input{lease: noLease, block: &blockAsk{max: m, replicas: 1}})
 	if a.outcome != Allowed {
 		t.Fatalf("%s: the block request at %d refused", what, t1)
 	}
@@ -1076,7 +1076,7 @@ func runSeedBesideALiveCoarseRecord(t *testing.T, rng *rand.Rand, rdb *redis.Cli
 			call(pl, input{lease: noLease, seed: sd}, sd)
 		}
 		waitUntil(t0)
-		return call(pl, input{lease: noLease, seed: sd, reserve: &reserveAsk{max: m, replicas: 1}}, sd)
+		return call(pl, input{lease: noLease, seed: sd, block: &blockAsk{max: m, replicas: 1}}, sd)
 	}
 	keys := stateKeys(prefix, "k", py.blk)
 	wkey, ckey := keys[1], keys[len(keys)-1] // P2's window record, its coarse record

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"encoding/binary"
 	"math"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -75,29 +74,21 @@ type plan struct {
 	// used is when a decision was last made under the plan (Unix s).
 	used atomic.Int64
 
-	// short and long split a plan of short and long windows for
-	// reservations (reserve.go): long holds the windows whose buckets
-	// last reserveLife or more, short the others and the ban rule. Both
-	// are nil when the plan has windows of one kind only, or candidates.
-	// They name the same records as the plan, decide under its name and
-	// never reach the metrics, the plan cache or the registry.
-	short, long *plan
-	// shortNamesFirst: short's record names are the first of the plan's
-	// (stateKeys), as its windows are: a key's names under the plan, cut,
-	// serve its short part.
-	shortNamesFirst bool
-	// allShort: every window is short (and no candidates). Such a plan
-	// has no reservation, but blocks, in force, asked on its whole
-	// decision (blocks.go).
+	// nShort is how many of the plan's windows are short, the first ones:
+	// those whose buckets last less than blockLife, which a block counts
+	// in their coarse records (blocks.go). 0 on a plan that takes no
+	// blocks: one of long windows alone, or with candidates.
+	nShort int
+	// allShort: every window is short (and no candidates).
 	allShort bool
 
 	// coarse are the coarse records of the plan's short windows, in their
 	// order (blockRing), on the plan that counts blocks (blk): stored as
 	// {KEY}:b:NAME after the plan's other records, and nil on every other
 	// plan. blk is the plan with them, for a plan with short windows (and
-	// no candidate windows) and for its short part: the same windows, names and
-	// counters, with the coarse records read and written beside the short
-	// windows' own (blocks.go).
+	// no candidate windows): the same windows, names and counters, with
+	// the coarse records read and written beside the short windows' own
+	// (blocks.go).
 	coarse []ring
 	blk    *plan
 	// backRings are, on blk, the records a block is counted in: the
@@ -139,44 +130,24 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	return pl
 }
 
-// shortWindows returns how many of pl's windows are short, for a plan
-// that reserves or takes blocks: its short part's, or every window of a
-// plan of short windows alone.
-func (pl *plan) shortWindows() int {
-	if pl.short != nil {
-		return len(pl.short.windows)
-	}
-	return len(pl.windows)
-}
+// shortWindows returns how many of pl's windows are short (nShort).
+func (pl *plan) shortWindows() int { return pl.nShort }
 
-// split sets pl's short and long parts, when it has both kinds of window
-// and no candidates: the windows whose buckets are shorter than
-// reserveLife, the first ones, and the rest.
+// split sets pl's short windows and the plan with their coarse records
+// (blk), when it has short windows and no candidates: the windows whose
+// buckets are shorter than blockLife, the first ones. Their coarse
+// records are read whenever they may count blocks, the plan's own or
+// another plan's of the same periods the key is also decided under.
 func (pl *plan) split() {
-	p := &pl.policy
 	s := 0
-	for s < len(pl.windows) && pl.windows[s].gran < reserveLife.Microseconds() {
+	for s < len(pl.windows) && pl.windows[s].gran < blockLife.Microseconds() {
 		s++
 	}
 	if len(pl.candidates) > 0 || s == 0 {
 		return
 	}
-	if s == len(pl.windows) {
-		// No long window, so no reservation, but blocks, asked on the
-		// whole decision; its windows' coarse records are read (blk)
-		// whenever they may count blocks, its own or another plan's of
-		// the same periods the key is also decided under.
-		pl.blk = pl.withBlocks(s)
-		pl.allShort = true
-		return
-	}
-	pl.short = compile(Policy{Name: p.Name, Windows: p.Windows[:s], Ban: p.Ban, Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)
-	pl.long = compile(Policy{Name: p.Name, Windows: p.Windows[s:], Shadow: p.Shadow}, pl.buckets, pl.strikeBuckets)
-	// The names are the same for every key and prefix but for those.
-	whole, short := stateKeys("", "", pl), stateKeys("", "", pl.short)
-	pl.shortNamesFirst = len(short) <= len(whole) && slices.Equal(short, whole[:len(short)])
+	pl.nShort, pl.allShort = s, s == len(pl.windows)
 	pl.blk = pl.withBlocks(s)
-	pl.short.blk = pl.short.withBlocks(s)
 }
 
 // banRule is a BanPolicy compiled: its strike window as a ring whose

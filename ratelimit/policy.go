@@ -273,11 +273,6 @@ type Decision struct {
 	// process had reserved for the key in advance (a lease), without a
 	// round trip.
 	Leased bool
-	// Reserved is true when the request was decided by a round trip in its
-	// plan's short windows alone, its admission in the long windows (a
-	// day's, an hour's) taken from a block this process had reserved for
-	// the key in advance (a reservation).
-	Reserved bool
 	// Time is when the decision was made, by the clock that made it: the
 	// Redis server's for shared decisions, this process's otherwise. For a
 	// leased admission it is the server time of the lease's round trip plus

@@ -236,8 +236,8 @@ func isFunctionUnsupported(err error) bool {
 const (
 	modeDecide int64 = 0
 	modePeek   int64 = 1
-	// modeReserve decides, and reserves the long windows (reserve.go).
-	modeReserve int64 = 2
+	// modeBlock decides, and counts a block (blocks.go).
+	modeBlock int64 = 2
 )
 
 // scriptNums returns one decision's numbers for the script (script.go,
@@ -250,8 +250,8 @@ func scriptNums(pl *plan, in input) []byte {
 	mode := modeDecide
 	if in.peek {
 		mode = modePeek
-	} else if in.reserve != nil {
-		mode = modeReserve
+	} else if in.block != nil {
+		mode = modeBlock
 	}
 	seed := in.seed.numbers()
 	adds := slices.ContainsFunc(in.add, func(a int64) bool { return a != 0 })
@@ -260,16 +260,16 @@ func scriptNums(pl *plan, in input) []byte {
 	}
 	b := make([]byte, 0, 8*(10+len(pl.windows)+len(seed)))
 	ask := [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life}
-	if mode == modeReserve {
-		// Asked to reserve: at most max, for reserveLife; the
-		// reservation's own numbers follow.
-		ask = [5]int64{mode, in.extra, in.reserve.max, 1, reserveLife.Microseconds()}
+	if mode == modeBlock {
+		// Asked for a block: at most max, for blockLife; the
+		// block's own numbers follow.
+		ask = [5]int64{mode, in.extra, in.block.max, 1, blockLife.Microseconds()}
 	}
 	for _, v := range ask {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
-	if mode == modeReserve {
-		b = in.reserve.nums(pl, b)
+	if mode == modeBlock {
+		b = in.block.nums(pl, b)
 	}
 	if len(seed) > 0 || adds {
 		for i := range pl.windows {

@@ -252,7 +252,7 @@ func newSeeding(pl *plan, others []other, young []int64) *seeding {
 	// plan may have a coarse record: read beside its own.
 	for i := range others {
 		src := &srcs[len(pl.windows)+i]
-		if src.r.gran >= reserveLife.Microseconds() {
+		if src.r.gran >= blockLife.Microseconds() {
 			continue
 		}
 		c := blockRing(src.r)

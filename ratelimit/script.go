@@ -53,10 +53,10 @@ import (
 // ARGV[1]: the decisions, 8-byte big-endian numbers each: how many KEYS
 // it has, its plan (index among the plans below, from 1), how many
 // numbers follow, then those: mode (0 decide, 1 peek, 2 decide and
-// reserve), extra strikes, lease size wanted, lease room needed, lease
-// life (µs) (in mode 2: the most to reserve, 1, the reservation's life,
+// count a block), extra strikes, lease size wanted, lease room needed,
+// lease life (µs) (in mode 2: the largest block, 1, the block's life,
 // then the replicas, the margin, the least to grant, the round trips'
-// allowance (µs) and how many of the plan's windows are short: reserve.go,
+// allowance (µs) and how many of the plan's windows are short: blocks.go,
 // reserveSize below), then, when any
 // follow, per window the admissions made without Redis to record
 // (input.add) and, when a plan edit changed periods, the seeding numbers
@@ -79,11 +79,13 @@ import (
 // bucket of every window and may be spent until the lease ends: the end of
 // the current bucket of every window, and at most life after now. The
 // lease's end is recorded as the bucket's last event, and that time only
-// ever grows. Otherwise one admission counts. A reservation (mode 2) is a
-// lease of the long windows alone riding on an admission: the request
-// counts once in every window, and the reservation's admissions with it
-// in the long ones, at the reservation's end; its size and end come back
-// in a lease's fields (granted: 1 + the size).
+// ever grows. Otherwise one admission counts. A block (mode 2) rides on
+// an admission: the request counts once in every window, and the block's
+// admissions with it, at the block's end, in the long windows' own
+// records and in the short ones' coarse records (blocks.go; asked of a
+// plan without coarse records, the long windows alone: what the release
+// before called a reservation); its size and end come back in a lease's
+// fields (granted: 1 + the size).
 //
 // Reply: one string per decision, in order. A decision's string is 8-byte
 // big-endian signed integers (decode reads it), in one of three forms.

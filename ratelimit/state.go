@@ -314,9 +314,9 @@ type input struct {
 	add   []int64  // per window: admissions made locally while Redis was unreachable, recorded as made now
 	lease leaseAsk // admissions to count at once
 	seed  *seeding // where a window the key has no record of takes its past from (script only)
-	// reserve asks an admission to reserve the plan's long windows too
-	// (script only; reserve.go).
-	reserve *reserveAsk
+	// block asks an admission to count a block too (script only;
+	// blocks.go).
+	block *blockAsk
 }
 
 // decide evaluates one request for the key whose state is st, at now. An

@@ -49,8 +49,8 @@ import (
 // work, without wrk's) and their difference (the limiter's cost per
 // decision in the server), Redis's CPU per request (INFO CPU), the calls
 // of the decision code per request and their time per request (INFO
-// commandstats), the shares of decisions served by a lease and made under
-// a reservation of the long windows, wrk's CPU per request, and the whole machine's busy CPU
+// commandstats), the share of decisions served by a lease or a block,
+// wrk's CPU per request, and the whole machine's busy CPU
 // per request (/proc/stat): when the machine is saturated, on/off is the
 // ratio of the two sides' machine CPU per request, whoever spends it;
 // and for redis_rate its throughput against off, the server CPU it adds
@@ -64,7 +64,7 @@ import (
 // seconds of it untimed (default none); -benchtime Nx runs N rotations of
 // the four rounds per workload. It needs wrk (Debian's package) and redis-server.
 // BENCH_WHOLE (say 1) adds a fifth side: the limiter with leases and
-// reservations off (MaxLease 1), reported as whole/off, on/whole and its
+// blocks off (MaxLease 1), reported as whole/off, on/whole and its
 // server and Redis CPU a request.
 // BENCH_FINALIZED (say 1) finalizes the limiter's records first
 // ('petstore limits finalize'; the limiter's sides only, redis_rate's
@@ -232,7 +232,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 					url, stop := serve(s.name, s.limiter)
 					if wrkWarmup > 0 {
 						// Untimed: the side's keys build the history
-						// reservations and blocks are sized on.
+						// leases and blocks are sized on.
 						runWrkFor(b, script, url, wrkWarmup)
 					}
 					calls0, usec0 := rs.scripts(b)
@@ -273,7 +273,6 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(float64(on.scripts)/on.requests, "scripts/req")
 			if c := on.counts; c.decided > 0 {
 				b.ReportMetric(c.leased/c.decided, "leased/decision")
-				b.ReportMetric(c.reserved/c.decided, "reserved/decision")
 			}
 			b.ReportMetric(on.scriptUsec/on.requests, "redis-script-us/req")
 			// redis_rate in the same stack, the same rounds: what an
@@ -297,7 +296,7 @@ func BenchmarkServeWithWrk(b *testing.B) {
 			b.ReportMetric(perReq(fl.cpu, fl.requests)-perReq(off.cpu, off.requests), "fields-server-cpu-us/req")
 			b.ReportMetric(perReq(on.cpu, on.requests)-perReq(fl.cpu, fl.requests), "limiter-own-server-cpu-us/req")
 			b.ReportMetric(perReq(fl.wrk, fl.requests), "fields-wrk-cpu-us/req")
-			// The same limiter with leases and reservations off (BENCH_WHOLE):
+			// The same limiter with leases and blocks off (BENCH_WHOLE):
 			// what they save, in the same rounds.
 			if wh := sideNamed("whole"); wh != nil {
 				b.ReportMetric((wh.requests/wh.elapsed.Seconds())/(off.requests/off.elapsed.Seconds()), "whole/off")
@@ -350,9 +349,9 @@ func newLabelled(side string, rdb redis.UniversalClient, opts ratelimit.Options)
 }
 
 // limiterCounts are a limiter's decisions, those spent from a lease or a
-// block, those under a reservation and those sent to Redis (each waits in
-// a pipeline's queue), as its metrics count them.
-type limiterCounts struct{ decided, leased, reserved, trips float64 }
+// block and those sent to Redis (each waits in a pipeline's queue), as
+// its metrics count them.
+type limiterCounts struct{ decided, leased, trips float64 }
 
 // countsOf reads g's limiterCounts (none for a nil g).
 func countsOf(b *testing.B, g prometheus.Gatherer) limiterCounts {
@@ -360,10 +359,9 @@ func countsOf(b *testing.B, g prometheus.Gatherer) limiterCounts {
 		return limiterCounts{}
 	}
 	return limiterCounts{
-		decided:  testenv.CounterSum(b, g, "petstore_ratelimit_decisions_total", nil),
-		leased:   testenv.CounterSum(b, g, "petstore_ratelimit_leased_total", nil),
-		reserved: testenv.CounterSum(b, g, "petstore_ratelimit_reserved_total", nil),
-		trips:    float64(testenv.Histogram(b, g, "petstore_ratelimit_queue_wait_seconds").GetSampleCount()),
+		decided: testenv.CounterSum(b, g, "petstore_ratelimit_decisions_total", nil),
+		leased:  testenv.CounterSum(b, g, "petstore_ratelimit_leased_total", nil),
+		trips:   float64(testenv.Histogram(b, g, "petstore_ratelimit_queue_wait_seconds").GetSampleCount()),
 	}
 }
 
@@ -371,7 +369,6 @@ func countsOf(b *testing.B, g prometheus.Gatherer) limiterCounts {
 func (c *limiterCounts) add(now, before limiterCounts) {
 	c.decided += now.decided - before.decided
 	c.leased += now.leased - before.leased
-	c.reserved += now.reserved - before.reserved
 	c.trips += now.trips - before.trips
 }
 

@@ -6,6 +6,7 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"runtime/debug"
@@ -87,36 +88,44 @@ func TestRoundTripRequestFitsTheConnectionStack(t *testing.T) {
 	}
 }
 
-// TestReservedRequestFitsTheConnectionStack checks the same for the
-// requests of a key decided under a reservation of its day window (leases
-// on, as by default), whose path to Redis is a frame deeper than the
-// others': a one-second window beside the day, whose 5 ms buckets leave
-// no time for a lease, so that every request makes a round trip and,
-// once the key's rate shows, holds a reserved admission (and before,
-// or between two reservations, is decided whole through the same path).
-func TestReservedRequestFitsTheConnectionStack(t *testing.T) {
+// TestBlockTripRequestFitsTheConnectionStack checks the same for the
+// requests of a key too slow to lease, with blocks in force (the
+// limiter finalized), whose path to Redis is a frame deeper than the
+// others' (blockTrip): a one-second window beside the day, whose 5 ms
+// buckets leave no time for a lease, so that every request makes a round
+// trip asking for a block, until one is granted and spent in process.
+func TestBlockTripRequestFitsTheConnectionStack(t *testing.T) {
 	p := ratelimit.Policy{Name: "cold", Windows: []ratelimit.Window{{Limit: 100_000, Period: time.Second}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
-	h, reg := stackTestServer(t, 0, p)
-	reserved := func() float64 {
-		return testenv.CounterSum(t, reg, "petstore_ratelimit_reserved_total", map[string]string{"plan": "cold"})
+	h, reg, lim := stackTestLimiter(t, 0, p)
+	if _, _, err := lim.Finalize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(10 * time.Second); testenv.CounterSum(t, reg, "petstore_ratelimit_blocks_in_force", nil) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("blocks not in force 10 s after Finalize")
+		}
+	}
+	count := func(name string) float64 {
+		return testenv.CounterSum(t, reg, name, map[string]string{"plan": "cold"})
 	}
 	stackTestRequest(t, h, -1) // compiles the plan (not measured)
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	measured, whole := 0, 0
-	for i := 0; i < 2000 && measured < 50; i++ {
-		before := reserved()
+	trips, spent := 0, 0
+	for i := 0; i < 2000 && (trips < 50 || spent == 0); i++ {
+		before := count("petstore_ratelimit_leased_total")
 		moved := stackTestRequest(t, h, i)
-		if reserved() == before+1 {
-			measured++
+		fromBlock := count("petstore_ratelimit_leased_total") == before+1
+		if fromBlock {
+			spent++
 		} else {
-			whole++ // decided under the whole plan, by the same deeper path
+			trips++
 		}
 		if moved {
-			t.Fatalf("request %d (reserved: %v): a request of a key that may reserve outgrew the %d-byte stack a keep-alive connection settles at", i, reserved() == before+1, 8<<10)
+			t.Fatalf("request %d (from a block: %v): a request of a key that may take a block outgrew the %d-byte stack a keep-alive connection settles at", i, fromBlock, 8<<10)
 		}
 	}
-	if measured < 50 || whole == 0 {
-		t.Fatalf("%d requests decided under a reservation and %d whole: want 50 and some", measured, whole)
+	if trips < 50 || spent == 0 {
+		t.Fatalf("%d requests made a round trip asking for a block and %d were spent from one: want 50 and some", trips, spent)
 	}
 }
 
@@ -128,6 +137,13 @@ var busyPlan = ratelimit.Policy{Name: "busy", Windows: []ratelimit.Window{{Limit
 // (maxLease as Options.MaxLease: 0 the default, 1 no leases) and the
 // limiter's registry; every request's key is on plan p.
 func stackTestServer(t *testing.T, maxLease int, p ratelimit.Policy) (http.Handler, *prometheus.Registry) {
+	t.Helper()
+	h, reg, _ := stackTestLimiter(t, maxLease, p)
+	return h, reg
+}
+
+// stackTestLimiter is stackTestServer, with the limiter.
+func stackTestLimiter(t *testing.T, maxLease int, p ratelimit.Policy) (http.Handler, *prometheus.Registry, *ratelimit.Limiter) {
 	t.Helper()
 	m := miniredis.RunT(t)
 	client := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
@@ -142,7 +158,7 @@ func stackTestServer(t *testing.T, maxLease int, p ratelimit.Policy) (http.Handl
 		c.Auth = policyAuth{policy: p}
 		c.Limiter = lim
 	})
-	return ts.handler, reg
+	return ts.handler, reg, lim
 }
 
 // stackTestRequest serves GET /v1/pets through h on a connection's stack

@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,28 +28,14 @@ func blockLeft(l *Limiter, key string) int64 {
 	})
 }
 
-// reservedLeft returns the admissions left in key's reservation, or in
-// its block.
-func reservedLeft(l *Limiter, key string) int64 {
-	return leaseEntryField(l, key, func(e *leaseEntry) int64 {
-		if e.block {
-			return e.left
-		}
-		return e.res.left
-	})
-}
-
-// reservedUntil returns the deadline of key's reservation, or of its
-// block (zero: none with admissions left).
-func reservedUntil(l *Limiter, key string) time.Time {
+// blockUntil returns the deadline of key's block on l (zero: none with
+// admissions left).
+func blockUntil(l *Limiter, key string) time.Time {
 	ns := leaseEntryField(l, key, func(e *leaseEntry) int64 {
 		if e.block && e.left > 0 {
 			return e.deadline.UnixNano()
 		}
-		if e.res.left <= 0 {
-			return 0
-		}
-		return e.res.deadline.UnixNano()
+		return 0
 	})
 	if ns == 0 {
 		return time.Time{}
@@ -61,179 +46,6 @@ func reservedUntil(l *Limiter, key string) time.Time {
 // coldPlan is the common plan of a cold key: a minute and a day, far from
 // both limits.
 var coldPlan = Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
-
-// TestReservationEndsOnTime reserves a cold key's day window and checks
-// that the reservation is spent only until it ends (the reservation's
-// life, inside a 432 s bucket of the day window), less the microsecond
-// the server's clock resolution costs, each spent admission making a
-// round trip in the minute window alone; that its admissions count in the
-// day window until the reservation's end plus the day; and that
-// Remaining counts down through it.
-func TestReservationEndsOnTime(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, Options{})
-	// The start of a bucket of the day window (432 s).
-	t0 := epoch.Truncate(432 * time.Second).Add(432 * time.Second)
-	f.clk.Set(t0)
-	var reservedAt time.Time
-	for i := range 40 {
-		d := f.allow(t, "k", coldPlan)
-		if !d.Allowed() || d.Leased || d.Windows[0].Remaining != int64(999-i) || d.Windows[1].Remaining != int64(99_999-i) {
-			t.Fatalf("request %d: %+v, want admitted by a round trip with %d and %d remaining", i, d, 999-i, 99_999-i)
-		}
-		if d.Reserved {
-			t.Fatalf("request %d reserved before any reservation was granted", i)
-		}
-		if reservedLeft(f.l, "k") >= 2 {
-			reservedAt = f.clk.Now()
-			break
-		}
-		// Four requests a second: no lease of the minute window forms.
-		f.clk.Add(250 * time.Millisecond)
-	}
-	if reservedAt.IsZero() {
-		t.Fatal("no reservation for a key sending 4 requests/s")
-	}
-	u, err := f.l.Usage(context.Background(), "k", coldPlan)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spent := 1000 - u.Windows[0].Remaining
-	reserved := reservedLeft(f.l, "k")
-	if got := 100_000 - u.Windows[1].Remaining; got != spent+reserved {
-		t.Fatalf("day window counts %d, want the %d admitted and the %d reserved", got, spent, reserved)
-	}
-	end := reservedAt.Add(reserveLife)
-	counted := func(name string, labels map[string]string) float64 {
-		return testenv.CounterSum(t, f.reg, "petstore_ratelimit_"+name, labels)
-	}
-	reservedBefore := counted("reserved_total", map[string]string{"plan": "cold"})
-	decidedBefore := counted("decisions_total", map[string]string{"plan": "cold", "outcome": "allowed"})
-	spends := 0
-	// Spent one by one, each in a round trip of the minute window alone,
-	// at the same cold pace.
-	for n := int64(0); reservedLeft(f.l, "k") > 2 && f.clk.Now().Add(250*time.Millisecond).Before(end.Add(-2*time.Microsecond)); n++ {
-		f.clk.Add(250 * time.Millisecond)
-		before := f.cmds.scripts.Load()
-		d := f.allow(t, "k", coldPlan)
-		if !d.Reserved || d.Leased || f.cmds.scripts.Load() != before+1 || !d.Time.Equal(f.clk.Now()) {
-			t.Fatalf("request %d of the reservation: %+v (%d commands), want one round trip, reserved", n, d, f.cmds.scripts.Load()-before)
-		}
-		if want := 1000 - spent - n - 1; d.Windows[0].Remaining != want {
-			t.Fatalf("request %d of the reservation: minute remaining %d, want %d", n, d.Windows[0].Remaining, want)
-		}
-		if want := 100_000 - spent - n - 1; d.Windows[1].Remaining != want {
-			t.Fatalf("request %d of the reservation: day remaining %d, want %d (as if each had gone alone)", n, d.Windows[1].Remaining, want)
-		}
-		spends++
-	}
-	f.clk.Set(end.Add(-2 * time.Microsecond))
-	if d := f.allow(t, "k", coldPlan); !d.Reserved {
-		t.Fatalf("2µs before the reservation ends: %+v, want reserved", d)
-	}
-	spends++
-	if got := counted("reserved_total", map[string]string{"plan": "cold"}) - reservedBefore; got != float64(spends) {
-		t.Fatalf("reserved_total rose by %v over %d reserved decisions", got, spends)
-	}
-	if got := counted("decisions_total", map[string]string{"plan": "cold", "outcome": "allowed"}) - decidedBefore; got != float64(spends) {
-		t.Fatalf("decisions_total{allowed} rose by %v over %d reserved admissions", got, spends)
-	}
-	u, err = f.l.Usage(context.Background(), "k", coldPlan)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := end.Add(24 * time.Hour); u.Windows[1].Reset.Before(want) {
-		t.Fatalf("day reset %s, want no earlier than the reservation's end plus the day, %s", u.Windows[1].Reset, want)
-	}
-	admitted := 1000 - u.Windows[0].Remaining
-	// 1µs before its end, the reservation's last admission is not spent:
-	// the request is decided whole, and the day window still counts it.
-	left := reservedLeft(f.l, "k")
-	if left < 1 {
-		t.Fatal("the reservation was spent before its end: nothing to check there")
-	}
-	f.clk.Set(end.Add(-time.Microsecond))
-	d := f.allow(t, "k", coldPlan)
-	if d.Reserved || !d.Allowed() {
-		t.Fatalf("1µs before the reservation's end: %+v, want admitted whole", d)
-	}
-	if want := 100_000 - admitted - left - 1; d.Windows[1].Remaining != want {
-		t.Fatalf("day remaining %d after the reservation, want %d: its %d unspent admissions stay counted", d.Windows[1].Remaining, want, left)
-	}
-}
-
-// TestReservationGivenBackOnRefusal fills a cold key's minute window from
-// another replica while this one holds a reservation for it: a request
-// refused under the reservation gives its reserved admission back, and one
-// admitted spends one.
-func TestReservationGivenBackOnRefusal(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, Options{})
-	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, MaxLease: 1, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = other.Close() })
-	p := Policy{Name: "tight", Windows: []Window{{Limit: 40, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
-	// Requests in the middle of the minute window's 300 ms buckets, 300 ms
-	// apart: never a lease of it, but a reservation of the day once the
-	// minute shows the rate.
-	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432*time.Second + 150*time.Millisecond))
-	for i := 0; reservedLeft(f.l, "k") < 3; i++ {
-		if i == 30 {
-			t.Fatal("no reservation of 3 or more after 30 requests, 300 ms apart")
-		}
-		if d := f.allow(t, "k", p); !d.Allowed() {
-			t.Fatalf("request %d: %+v", i, d)
-		}
-		f.clk.Add(300 * time.Millisecond)
-	}
-	spend := func(want Outcome) {
-		t.Helper()
-		before := reservedLeft(f.l, "k")
-		d := f.allow(t, "k", p)
-		if !d.Reserved || d.Outcome != want {
-			t.Fatalf("%+v, want %v under the reservation", d, want)
-		}
-		after := reservedLeft(f.l, "k")
-		if want == Allowed && after != before-1 || want != Allowed && after != before {
-			t.Fatalf("%v under the reservation: %d left of %d", d.Outcome, after, before)
-		}
-		f.clk.Add(300 * time.Millisecond)
-	}
-	spend(Allowed)
-	// The other replica fills the minute window.
-	for {
-		d, err := other.Allow(context.Background(), "k", p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !d.Allowed() {
-			break
-		}
-	}
-	spend(Limited)
-}
-
-// TestReservationsHoldEveryWindow plays generated cold traffic from one to
-// three replicas under generated plans of a short window and one or two
-// long ones (whose buckets outlast a reservation's life), limits from a
-// few to plenty, in half the cases with a second plan of other long limits
-// that replicas take up and drop, and checks the promise itself: no interval of any window's
-// length holds more admissions than its limit, by each admission's
-// Decision.Time. It fails unless reservations served some of them.
-func TestReservationsHoldEveryWindow(t *testing.T) {
-	t.Parallel()
-	holdEveryWindow(t, 60, false)
-}
-
-// TestReservationsHoldEveryWindowOnRedis plays the same on real Redis, by
-// real time (fewer and shorter cases; the clock cannot jump a long
-// window's period ahead to probe it).
-func TestReservationsHoldEveryWindowOnRedis(t *testing.T) {
-	t.Parallel()
-	holdEveryWindowOnRedis(t, 4, false)
-}
 
 // TestBlocksHoldEveryWindowThroughTheLimiter plays the reservation cases
 // with blocks in force (blocks.go): reserved admissions are then spent in
@@ -315,7 +127,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 		if rng.IntN(4) == 0 {
 			// Longer than a reservation's life: the key is young in it
 			// for most of the case (demandSpan in lua/reserve.lua).
-			// With blocks, periods reserveLife divides (a minute) and
+			// With blocks, periods blockLife divides (a minute) and
 			// periods it does not (32 s), whose coarse buckets count
 			// longer (coarseLate).
 			short = time.Duration(15+rng.IntN(46)) * time.Second
@@ -378,7 +190,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 					onPlan[r] = rng.IntN(len(ps))
 				}
 				p, pl := ps[onPlan[r]], pls[onPlan[r]]
-				until := reservedUntil(ls[r], "k")
+				until := blockUntil(ls[r], "k")
 				if h.outlive != nil && !until.IsZero() && rng.IntN(4) == 0 {
 					if d := until.Sub(h.now()) - time.Duration(rng.IntN(1500))*time.Microsecond; d > 0 {
 						h.sleep(d)
@@ -386,7 +198,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 				}
 				at := h.now()
 				nearEnd := until.Sub(at) < 2*time.Millisecond
-				before := reservedLeft(ls[r], "k")
+				before := blockLeft(ls[r], "k")
 				d, err := ls[r].Allow(context.Background(), "k", p)
 				if err != nil {
 					t.Fatal(err)
@@ -406,16 +218,16 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 				// leave unspent, should the key stop now.
 				sent[r] = append(sent[r], at)
 				now := d.Time.UnixMicro()
-				if k := reservedLeft(ls[r], "k"); k > before {
+				if k := blockLeft(ls[r], "k"); k > before {
 					sw := d.Windows[0]
 					span := sw.Period
 					for _, x := range trips {
 						if x > now-sw.Period.Microseconds() {
-							span = min(span, time.Duration(now-x)*time.Microsecond+reserveLife)
+							span = min(span, time.Duration(now-x)*time.Microsecond+blockLife)
 							break
 						}
 					}
-					if most := (sw.Limit - sw.Remaining) * int64(reserveLife) / int64(span); k > most {
+					if most := (sw.Limit - sw.Remaining) * int64(blockLife) / int64(span); k > most {
 						t.Fatalf("%v, %d replicas: request %d (%+v) earned a reservation of %d, more than the %d its short window's count over %s allows",
 							ps, replicas, i, d, k, most, span)
 					}
@@ -428,7 +240,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 					trips = append(trips, now)
 				}
 				if d.Allowed() {
-					if d.Reserved || blocks && d.Leased {
+					if d.Leased {
 						reserved++
 						if nearEnd || reserved%4 == 0 {
 							probes = append(probes, outliveProbe{x: d.Time.UnixMicro(), plan: onPlan[r]})
@@ -436,7 +248,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 					}
 					if w, n := log.admit(pl, d.Time.UnixMicro()); w != nil {
 						t.Fatalf("%v, %d replicas: request %d (plan %s, reserved %v): %d admissions within %s ending at %s, limit %d",
-							ps, replicas, i, p.Name, d.Reserved, n, time.Duration(w.period)*time.Microsecond, d.Time.Format(time.RFC3339Nano), w.limit)
+							ps, replicas, i, p.Name, d.Leased, n, time.Duration(w.period)*time.Microsecond, d.Time.Format(time.RFC3339Nano), w.limit)
 					}
 					fields.admitted(t, &log, ls[r], r, pl, d)
 				}
@@ -470,8 +282,8 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 func ownDemandBound(sent []time.Time, now time.Time) int64 {
 	var most int64
 	for j, from := range sent {
-		span := max(now.Sub(from)-100*time.Millisecond, reserveLife)
-		most = max(most, int64(len(sent)-j)*int64(reserveLife)/int64(span))
+		span := max(now.Sub(from)-100*time.Millisecond, blockLife)
+		most = max(most, int64(len(sent)-j)*int64(blockLife)/int64(span))
 	}
 	return most
 }
@@ -481,14 +293,14 @@ func ownDemandBound(sent []time.Time, now time.Time) int64 {
 // which drops it, so that it admits nothing uncounted meanwhile.
 func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{})
-	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true})
+	f := newFixtureWith(t, Options{}, hooks{blocks: true})
+	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true, blocks: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = other.Close() })
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
-	for i := 0; reservedLeft(f.l, "k") < 2; i++ {
+	for i := 0; blockLeft(f.l, "k") < 2; i++ {
 		if i == 40 {
 			t.Fatal("no reservation for a key sending 4 requests/s")
 		}
@@ -501,15 +313,15 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for reservedLeft(f.l, "k") != 0 {
+	for blockLeft(f.l, "k") != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d reserved admissions still held 2 s after a Reset elsewhere", reservedLeft(f.l, "k"))
+			t.Fatalf("%d reserved admissions still held 2 s after a Reset elsewhere", blockLeft(f.l, "k"))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	f.clk.Add(250 * time.Millisecond)
 	d := f.allow(t, "k", coldPlan)
-	if d.Reserved || !d.Allowed() || d.Windows[1].Remaining != coldPlan.Windows[1].Limit-1 {
+	if d.Leased || !d.Allowed() || d.Windows[1].Remaining != coldPlan.Windows[1].Limit-1 {
 		t.Fatalf("after the Reset: %+v, want decided whole, the day counting this request alone", d)
 	}
 }
@@ -527,7 +339,7 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 // the rule's product passes 2^52, where doubles round; granted only to an
 // admitted request; and counted, with the request, in every long window
 // (in the short ones the request alone) until its end, the end of every
-// long window's current bucket and at most reserveLife after now.
+// long window's current bucket and at most blockLife after now.
 func TestReservationSizeRule(t *testing.T) {
 	t.Parallel()
 	t.Run("miniredis", func(t *testing.T) {
@@ -628,7 +440,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 			// mostly within two reservations' lives of the period.
 			back, from := max(sw.period-2*sw.gran, 1), int64(0)
 			if rng.IntN(4) != 0 {
-				from = max(back-2*reserveLife.Microseconds(), 0)
+				from = max(back-2*blockLife.Microseconds(), 0)
 			}
 			backs := []int64{from + rng.Int64N(back-from)}
 			if rng.IntN(2) == 0 {
@@ -655,7 +467,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 			}
 			mini.SetTime(at.Add(time.Duration(rng.Int64N(w.gran)) * time.Microsecond))
 		}
-		ask := reserveAsk{replicas: 1 + rng.Int64N(8), rtt: rng.Int64N(3000)}
+		ask := blockAsk{replicas: 1 + rng.Int64N(8), rtt: rng.Int64N(3000)}
 		switch rng.IntN(4) {
 		case 0:
 			ask.max = 1 + rng.Int64N(64)
@@ -671,7 +483,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 			// An ask that leaves the count to bind, more often than not.
 			ask.replicas, ask.max = 1, 1<<40
 		}
-		in := input{reserve: &ask, lease: noLease}
+		in := input{block: &ask, lease: noLease}
 		if rng.IntN(4) == 0 {
 			// Admissions to add as well: decided by decide, not fast.
 			in.add = make([]int64, nw)
@@ -731,7 +543,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 		if k < want {
 			// Only the rounding allowance: one less, or none when that
 			// falls below the least granted.
-			if !(product > 1<<52 && bound == "count" && (k == want-1 || k == 0 && want-1 < minReserve)) {
+			if !(product > 1<<52 && bound == "count" && (k == want-1 || k == 0 && want-1 < minBlock)) {
 				t.Fatalf("%s: reserved %d, the rule gives %d (bound by %s, product %d)", what, k, want, bound, product)
 			}
 			seen.rounded++
@@ -745,9 +557,9 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 			case "count":
 				seen.byCount++
 				switch {
-				case v.now-oldest+reserveLife.Microseconds() < sw.period:
+				case v.now-oldest+blockLife.Microseconds() < sw.period:
 					seen.young++
-				case sw.period > reserveLife.Microseconds():
+				case sw.period > blockLife.Microseconds():
 					seen.old++
 				}
 			case "most":
@@ -758,7 +570,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 		}
 		// What the decision recorded: the request in every window, the
 		// reservation in the long ones, until its end.
-		end := v.now + reserveLife.Microseconds()
+		end := v.now + blockLife.Microseconds()
 		for i := ns; i < nw; i++ {
 			g := pl.windows[i].gran
 			end = min(end, (v.now/g+1)*g)
@@ -789,10 +601,10 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 // (µs) earns, the key's windows counting c before it and the first ns of
 // them short, the oldest bucket of the last short one's record that
 // holds a request beginning at oldest (µs; now when none does), worked
-// out exactly in integers (reserveAsk, reserveSize and demandSpan in
+// out exactly in integers (blockAsk, reserveSize and demandSpan in
 // script.go), with the term that bound it and the product sc·rest.
-func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask reserveAsk) (k int64, bound string, product int64) {
-	end := now + reserveLife.Microseconds()
+func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAsk) (k int64, bound string, product int64) {
+	end := now + blockLife.Microseconds()
 	lroom := int64(math.MaxInt64)
 	for i := ns; i < len(pl.windows); i++ {
 		w := pl.windows[i]
@@ -807,10 +619,10 @@ func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask reserve
 	// The key's demand, over the window's period or, while the window
 	// has held the key for less, over the time since its oldest request
 	// plus a reservation's life.
-	if young := now - oldest + reserveLife.Microseconds(); young < sp {
+	if young := now - oldest + blockLife.Microseconds(); young < sp {
 		sp = young
 	}
-	// sc ≤ 2·MaxLimit, rest ≤ reserveLife: the product fits an int64.
+	// sc ≤ 2·MaxLimit, rest ≤ blockLife: the product fits an int64.
 	product = sc * rest
 	k, bound = product/sp, "count"
 	if ask.max < k {
@@ -819,20 +631,20 @@ func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask reserve
 	if m := lroom / (leaseMargin * ask.replicas); m < k {
 		k, bound = m, "margin"
 	}
-	if k < minReserve {
+	if k < minBlock {
 		return 0, "least", product
 	}
 	return k, bound, product
 }
 
 // genReservationPlan draws a plan of one or two short windows (buckets
-// shorter than reserveLife) and one or two long ones, with a ban rule
+// shorter than blockLife) and one or two long ones, with a ban rule
 // half the time: of up to three windows the fast path decides, of four
 // decide.
 func genReservationPlan(rng *rand.Rand) (*plan, int) {
 	for {
 		ns, nl := 1+rng.IntN(2), 1+rng.IntN(2)
-		longFrom := reserveLife * DefaultBuckets
+		longFrom := blockLife * DefaultBuckets
 		var ws []Window
 		seen := map[time.Duration]bool{}
 		for len(ws) < ns+nl {
@@ -857,7 +669,7 @@ func genReservationPlan(rng *rand.Rand) (*plan, int) {
 		}
 		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
 		pl.split()
-		if pl.short != nil && len(pl.short.windows) == ns {
+		if pl.nShort == ns && !pl.allShort {
 			return pl, ns
 		}
 	}
@@ -870,13 +682,13 @@ func genReservationPlan(rng *rand.Rand) (*plan, int) {
 // good.
 func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, Options{})
+	f := newFixtureWith(t, Options{}, hooks{blocks: true})
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
 	reserveCold(t, f, "at first")
 	// Spend it: the key's next round trip is under the whole plan, and
 	// asks (its last one showed the demand).
-	for reservedLeft(f.l, "k") > 0 {
-		if d := f.allow(t, "k", coldPlan); !d.Reserved {
+	for blockLeft(f.l, "k") > 0 {
+		if d := f.allow(t, "k", coldPlan); !d.Leased {
 			t.Fatalf("%+v, want decided under the reservation", d)
 		}
 		f.clk.Add(250 * time.Millisecond)
@@ -891,9 +703,9 @@ func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
 }
 
 // TestUnspentCounted checks petstore_ratelimit_unspent_total: what a lease
-// or a reservation leaves unspent is counted, exactly, when the replica
-// lets it go (a lease dropped for a plan change, a reservation replaced
-// after it ended, one dropped by a Reset, one swept with its idle key),
+// or a block leaves unspent is counted, exactly, when the replica lets
+// it go (a lease dropped for a plan change, a block replaced after it
+// ended, one dropped by a Reset, one swept with its idle key),
 // and nothing is for one spent to the last; and
 // petstore_ratelimit_given_back_total: all of it is given back, but for
 // what a Reset drops (giveback.go).
@@ -920,7 +732,7 @@ func TestUnspentCounted(t *testing.T) {
 	start := epoch.Truncate(432 * time.Second).Add(432 * time.Second)
 	t.Run("lease dropped for a plan change", func(t *testing.T) {
 		t.Parallel()
-		f := newFixture(t, Options{})
+		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		p := perMinute(10_000)
 		left := leaseBusy(t, f, "k", p)
 		if d := f.allow(t, "k", perMinute(20_000)); d.Leased {
@@ -933,49 +745,49 @@ func TestUnspentCounted(t *testing.T) {
 			t.Fatalf("%d lease admissions given back, want the %d it held", got, left)
 		}
 	})
-	t.Run("reservation replaced after its end", func(t *testing.T) {
+	t.Run("block replaced after its end", func(t *testing.T) {
 		t.Parallel()
-		f := newFixture(t, Options{})
+		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
 		left := reserveCold(t, f, "")
-		f.clk.Set(reservedUntil(f.l, "k").Add(time.Millisecond))
-		if d := f.allow(t, "k", coldPlan); d.Reserved {
-			t.Fatalf("%+v after the reservation's end, want decided whole", d)
+		f.clk.Set(blockUntil(f.l, "k").Add(time.Millisecond))
+		if d := f.allow(t, "k", coldPlan); d.Leased {
+			t.Fatalf("%+v after the block's end, want decided by Redis", d)
 		}
-		if reservedLeft(f.l, "k") < 2 {
-			t.Fatal("the round trip after the reservation's end reserved nothing")
+		if blockLeft(f.l, "k") < 2 {
+			t.Fatal("the round trip after the block's end took none")
 		}
-		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left {
-			t.Fatalf("unspent reserved admissions %d, want the %d the first reservation held", got, left)
+		if got := unspent(t, f, coldPlan.Name, "block"); got != left {
+			t.Fatalf("unspent block admissions %d, want the %d the first block held", got, left)
 		}
-		if got := givenBack(t, f, coldPlan.Name, "reservation", left); got != left {
-			t.Fatalf("%d reserved admissions given back, want the %d the first reservation held", got, left)
+		if got := givenBack(t, f, coldPlan.Name, "block", left); got != left {
+			t.Fatalf("%d block admissions given back, want the %d the first block held", got, left)
 		}
 	})
-	t.Run("reservation dropped by a Reset", func(t *testing.T) {
+	t.Run("block dropped by a Reset", func(t *testing.T) {
 		t.Parallel()
-		f := newFixture(t, Options{})
+		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
 		reserveCold(t, f, "")
 		f.clk.Add(250 * time.Millisecond)
-		if d := f.allow(t, "k", coldPlan); !d.Reserved {
-			t.Fatalf("%+v, want decided under the reservation", d)
+		if d := f.allow(t, "k", coldPlan); !d.Leased {
+			t.Fatalf("%+v, want spent from the block", d)
 		}
-		left := reservedLeft(f.l, "k")
+		left := blockLeft(f.l, "k")
 		if err := f.l.Reset(context.Background(), "k", coldPlan); err != nil {
 			t.Fatal(err)
 		}
-		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left || reservedLeft(f.l, "k") != 0 {
-			t.Fatalf("after a Reset: unspent %d (want %d), %d still held", got, left, reservedLeft(f.l, "k"))
+		if got := unspent(t, f, coldPlan.Name, "block"); got != left || blockLeft(f.l, "k") != 0 {
+			t.Fatalf("after a Reset: unspent %d (want %d), %d still held", got, left, blockLeft(f.l, "k"))
 		}
 		// Its records are new: nothing is taken off them.
-		if got := givenBack(t, f, coldPlan.Name, "reservation", 0); got != 0 {
-			t.Fatalf("after a Reset: %d reserved admissions given back, want none", got)
+		if got := givenBack(t, f, coldPlan.Name, "block", 0); got != 0 {
+			t.Fatalf("after a Reset: %d block admissions given back, want none", got)
 		}
 	})
-	t.Run("reservation of a replica a Reset's announcement missed", func(t *testing.T) {
+	t.Run("block of a replica a Reset's announcement missed", func(t *testing.T) {
 		t.Parallel()
-		f := newFixture(t, Options{})
+		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
 		left := reserveCold(t, f, "")
 		other := f.fleet(t, 2)[1]
@@ -998,49 +810,49 @@ func TestUnspentCounted(t *testing.T) {
 		}
 		// The reservation ends and is swept: nothing of it is taken off
 		// the new records.
-		f.clk.Set(reservedUntil(f.l, "k").Add(time.Second))
+		f.clk.Set(blockUntil(f.l, "k").Add(time.Second))
 		f.l.lease.sweep(f.clk.Now())
-		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left {
-			t.Fatalf("unspent reserved admissions %d, want the %d the reservation held", got, left)
+		if got := unspent(t, f, coldPlan.Name, "block"); got != left {
+			t.Fatalf("unspent block admissions %d, want the %d the block held", got, left)
 		}
-		if got := givenBack(t, f, coldPlan.Name, "reservation", 0); got != 0 {
-			t.Fatalf("%d reserved admissions given back after a Reset, want none", got)
+		if got := givenBack(t, f, coldPlan.Name, "block", 0); got != 0 {
+			t.Fatalf("%d block admissions given back after a Reset, want none", got)
 		}
 	})
-	t.Run("reservation swept with its idle key", func(t *testing.T) {
+	t.Run("block swept with its idle key", func(t *testing.T) {
 		t.Parallel()
-		f := newFixture(t, Options{})
+		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
 		left := reserveCold(t, f, "")
-		f.clk.Set(reservedUntil(f.l, "k").Add(time.Second))
+		f.clk.Set(blockUntil(f.l, "k").Add(time.Second))
 		f.l.lease.sweep(f.clk.Now())
-		if got := unspent(t, f, coldPlan.Name, "reservation"); got != left || leaseEntryField(f.l, "k", func(*leaseEntry) int64 { return 1 }) != 0 {
+		if got := unspent(t, f, coldPlan.Name, "block"); got != left || leaseEntryField(f.l, "k", func(*leaseEntry) int64 { return 1 }) != 0 {
 			t.Fatalf("after a sweep: unspent %d, want %d, and the key gone", got, left)
 		}
-		if got := givenBack(t, f, coldPlan.Name, "reservation", left); got != left {
-			t.Fatalf("after a sweep: %d reserved admissions given back, want %d", got, left)
+		if got := givenBack(t, f, coldPlan.Name, "block", left); got != left {
+			t.Fatalf("after a sweep: %d block admissions given back, want %d", got, left)
 		}
 	})
-	t.Run("reservation spent to the last", func(t *testing.T) {
+	t.Run("block spent to the last", func(t *testing.T) {
 		t.Parallel()
-		f := newFixture(t, Options{})
+		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
 		reserveCold(t, f, "")
-		for reservedLeft(f.l, "k") > 0 {
+		for blockLeft(f.l, "k") > 0 {
 			f.clk.Add(100 * time.Millisecond)
-			if d := f.allow(t, "k", coldPlan); !d.Reserved {
-				t.Fatalf("%+v, want decided under the reservation", d)
+			if d := f.allow(t, "k", coldPlan); !d.Leased {
+				t.Fatalf("%+v, want spent from the block", d)
 			}
 		}
 		f.clk.Add(100 * time.Millisecond)
 		f.allow(t, "k", coldPlan)
-		if got := unspent(t, f, coldPlan.Name, "reservation"); got != 0 {
-			t.Fatalf("unspent %d of a reservation spent to the last", got)
+		if got := unspent(t, f, coldPlan.Name, "block"); got != 0 {
+			t.Fatalf("unspent %d of a block spent to the last", got)
 		}
 	})
-	t.Run("lease and reservation let go at Close", func(t *testing.T) {
+	t.Run("lease and block let go at Close", func(t *testing.T) {
 		t.Parallel()
-		f := newFixture(t, Options{})
+		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
 		reserved := reserveCold(t, f, "")
 		busy := perMinute(10_000)
@@ -1048,8 +860,8 @@ func TestUnspentCounted(t *testing.T) {
 		if err := f.l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if got := unspent(t, f, coldPlan.Name, "reservation"); got != reserved {
-			t.Errorf("unspent reserved admissions after Close %d, want the %d held", got, reserved)
+		if got := unspent(t, f, coldPlan.Name, "block"); got != reserved {
+			t.Errorf("unspent block admissions after Close %d, want the %d held", got, reserved)
 		}
 		if got := unspent(t, f, busy.Name, "lease"); got != leased {
 			t.Errorf("unspent leased admissions after Close %d, want the %d held", got, leased)
@@ -1058,10 +870,10 @@ func TestUnspentCounted(t *testing.T) {
 		if got := givenBack(t, f, busy.Name, "lease", 0); got != leased {
 			t.Errorf("leased admissions given back by Close %d, want the %d held", got, leased)
 		}
-		if got := givenBack(t, f, coldPlan.Name, "reservation", 0); got != reserved {
-			t.Errorf("reserved admissions given back by Close %d, want the %d held", got, reserved)
+		if got := givenBack(t, f, coldPlan.Name, "block", 0); got != reserved {
+			t.Errorf("block admissions given back by Close %d, want the %d held", got, reserved)
 		}
-		want := fmt.Sprintf("unspent_leased=%d unspent_reserved=%d", leased, reserved)
+		want := fmt.Sprintf("unspent=%d", leased+reserved)
 		if !strings.Contains(f.logs.String(), want) {
 			t.Errorf("log after Close: %q, want a line with %q", f.logs.String(), want)
 		}
@@ -1069,7 +881,7 @@ func TestUnspentCounted(t *testing.T) {
 		if err := f.l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if got := unspent(t, f, coldPlan.Name, "reservation") + unspent(t, f, busy.Name, "lease"); got != reserved+leased {
+		if got := unspent(t, f, coldPlan.Name, "block") + unspent(t, f, busy.Name, "lease"); got != reserved+leased {
 			t.Errorf("after a second Close: %d unspent, want %d", got, reserved+leased)
 		}
 	})
@@ -1094,14 +906,14 @@ func leaseBusy(t *testing.T, f *fixture, key string, p Policy) int64 {
 // what names the moment in a failure.
 func reserveCold(t *testing.T, f *fixture, what string) int64 {
 	t.Helper()
-	for i := 0; reservedLeft(f.l, "k") < 2; i++ {
+	for i := 0; blockLeft(f.l, "k") < 2; i++ {
 		if i == 60 {
 			t.Fatalf("%s: no reservation for a key sending 4 requests/s", what)
 		}
 		f.allow(t, "k", coldPlan)
 		f.clk.Add(250 * time.Millisecond)
 	}
-	return reservedLeft(f.l, "k")
+	return blockLeft(f.l, "k")
 }
 
 // TestReservationForKeysSlowerThanTheSweep checks the promise "a key
@@ -1127,7 +939,7 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 		gap := each / time.Duration(replicas)
 		t.Run(fmt.Sprintf("%d/replicas=%d,each=%v", c, replicas, each), func(t *testing.T) {
 			t.Parallel()
-			f := newFixture(t, Options{Replicas: replicas})
+			f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: true})
 			ls := f.fleet(t, replicas)
 			// The start of a bucket of the day window (432 s): the test's
 			// two minutes never reach its end, which would shorten what a
@@ -1143,12 +955,12 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 				if err != nil || !d.Allowed() {
 					t.Fatalf("request %d: %+v, %v", i, d, err)
 				}
-				if first < 0 && d.Reserved {
+				if first < 0 && d.Leased {
 					first = i
 				}
 				if first >= 0 && i > first {
 					after++
-					if d.Reserved {
+					if d.Leased {
 						reserved++
 					}
 				}
@@ -1173,7 +985,7 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 func TestReservationSizedByOwnDemand(t *testing.T) {
 	t.Parallel()
 	const replicas = 4
-	f := newFixture(t, Options{Replicas: replicas})
+	f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: true})
 	ls := f.fleet(t, replicas)
 	// The start of a bucket of the day window: its end never shortens
 	// what a reservation could be within the test's two minutes.
@@ -1190,14 +1002,14 @@ func TestReservationSizedByOwnDemand(t *testing.T) {
 			r   int
 		}{{"by-key", 0}, {"spread", i % replicas}} {
 			l := ls[c.r]
-			before := reservedLeft(l, c.key)
+			before := blockLeft(l, c.key)
 			d, err := l.Allow(context.Background(), c.key, coldPlan)
 			if err != nil || !d.Allowed() {
 				t.Fatalf("request %d of %s: %+v, %v", i, c.key, d, err)
 			}
 			// Grants after the first minute, when the minute window counts
 			// a whole minute of the key's requests.
-			if k := reservedLeft(l, c.key); k > before && time.Duration(i)*gap >= time.Minute {
+			if k := blockLeft(l, c.key); k > before && time.Duration(i)*gap >= time.Minute {
 				grants[c.key] = append(grants[c.key], k)
 			}
 		}
@@ -1242,21 +1054,21 @@ func TestReservationWasteUnderRandomArrivals(t *testing.T) {
 		replicas := 1 + rng.IntN(4)
 		// Each replica's requests for the key in a reservation's life (10 s).
 		m := 8 + rng.Float64()*32
-		rate := m / reserveLife.Seconds() * float64(replicas) // the fleet's, a second
-		f := newFixture(t, Options{Replicas: replicas})
+		rate := m / blockLife.Seconds() * float64(replicas) // the fleet's, a second
+		f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: true})
 		ls := f.fleet(t, replicas)
 		f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
 		var g, spent int64
 		for f.clk.Now().Sub(epoch) < 432*time.Second+3*time.Minute {
 			l := ls[rng.IntN(replicas)]
-			before := reservedLeft(l, "k")
+			before := blockLeft(l, "k")
 			d, err := l.Allow(context.Background(), "k", coldPlan)
 			if err != nil || !d.Allowed() {
 				t.Fatalf("case %d: %+v, %v", c, d, err)
 			}
-			if d.Reserved {
+			if d.Leased {
 				spent++
-			} else if k := reservedLeft(l, "k"); k > before {
+			} else if k := blockLeft(l, "k"); k > before {
 				g += k
 			}
 			f.clk.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
@@ -1264,7 +1076,7 @@ func TestReservationWasteUnderRandomArrivals(t *testing.T) {
 		// What every replica still holds is spent or lost within its life.
 		var held int64
 		for _, l := range ls {
-			held += reservedLeft(l, "k")
+			held += blockLeft(l, "k")
 		}
 		g -= held
 		waste := g - spent
@@ -1286,7 +1098,7 @@ func TestReservationWasteUnderRandomArrivals(t *testing.T) {
 
 // TestSweepKeepsWarmKeysOnlyWhileRoomLasts checks the lease table's sweep
 // on one shard of eight places: an idle key that showed no demand goes
-// after two rate periods; one that did (warm) stays until reserveLife,
+// after two rate periods; one that did (warm) stays until blockLife,
 // but only while the shard is at most half full; and a key holding a
 // reservation stays until it ends, crowded or not.
 func TestSweepKeepsWarmKeysOnlyWhileRoomLasts(t *testing.T) {
@@ -1305,7 +1117,7 @@ func TestSweepKeepsWarmKeysOnlyWhileRoomLasts(t *testing.T) {
 	fill := func(n int, idle time.Duration, warm bool) {
 		clear(sh.keys)
 		for _, k := range keys[:n] {
-			sh.keys[k] = &leaseEntry{curStart: now.Add(-idle), res: reservation{warm: warm}}
+			sh.keys[k] = &leaseEntry{curStart: now.Add(-idle), warm: warm}
 		}
 	}
 	for _, c := range []struct {
@@ -1318,7 +1130,7 @@ func TestSweepKeepsWarmKeysOnlyWhileRoomLasts(t *testing.T) {
 		{"cold, idle two rate periods", 2, 2 * rateSpan, false, false},
 		{"cold, idle under two rate periods", 2, 2*rateSpan - time.Millisecond, false, true},
 		{"warm, half full", 4, 3 * time.Second, true, true},
-		{"warm, idle a reservation's life", 4, reserveLife, true, false},
+		{"warm, idle a block's life", 4, blockLife, true, false},
 		{"warm, over half full", 5, 3 * time.Second, true, false},
 	} {
 		fill(c.n, c.idle, c.warm)
@@ -1327,54 +1139,13 @@ func TestSweepKeepsWarmKeysOnlyWhileRoomLasts(t *testing.T) {
 			t.Errorf("%s: %d of %d keys kept, want kept %v", c.name, len(sh.keys), c.n, c.kept)
 		}
 	}
-	// A reservation still usable keeps its key in a crowded shard.
+	// A block still usable keeps its key in a crowded shard.
 	fill(8, 3*time.Second, true)
-	pl := &plan{}
-	sh.keys[keys[0]].res = reservation{pl: pl, left: 3, deadline: now.Add(time.Second), warm: true}
+	e := sh.keys[keys[0]]
+	e.pl, e.left, e.deadline, e.block = &plan{}, 3, now.Add(time.Second), true
 	tbl.sweep(now)
 	if len(sh.keys) != 1 || sh.keys[keys[0]] == nil {
-		t.Fatalf("crowded shard after a sweep: %d keys, want the one holding a reservation", len(sh.keys))
-	}
-}
-
-// TestShortNamesAreTheFirstOfThePlans: a reserved decision sends the
-// first of the key's record names under the whole plan (the lease table
-// keeps those) as its short part's: over generated plans of short and
-// long windows, with a ban rule or none, the short part's names are
-// exactly the whole plan's first ones, whatever the key and prefix.
-func TestShortNamesAreTheFirstOfThePlans(t *testing.T) {
-	t.Parallel()
-	rng := invariantRNG(t, 72)
-	split := 0
-	for c := range 20 * *invariantCases {
-		p := genPolicies(rng, MaxPeriod)[0]
-		if rng.IntN(2) == 0 {
-			// A short and a long window at least, so that most plans split.
-			p.Windows = append(p.Windows, Window{Limit: genLimit(rng), Period: time.Duration(1+rng.Int64N(900)) * time.Second},
-				Window{Limit: genLimit(rng), Period: time.Duration(1+rng.Int64N(400)) * 24 * time.Hour})
-			p.Windows = slices.CompactFunc(slices.SortedFunc(slices.Values(p.Windows), func(x, y Window) int { return cmp.Compare(x.Period, y.Period) }),
-				func(x, y Window) bool { return x.Period == y.Period })
-		}
-		if err := p.Validate(); err != nil {
-			continue
-		}
-		pl := compile(p, DefaultBuckets, DefaultStrikeBuckets)
-		pl.split()
-		if pl.short == nil {
-			continue
-		}
-		split++
-		if !pl.shortNamesFirst {
-			t.Fatalf("case %d: %v: the short part's names are not the plan's first", c, p.Windows)
-		}
-		prefix, key := fmt.Sprint("p", rng.IntN(3), ":"), fmt.Sprint("key-", rng.Uint64())
-		whole, short := stateKeys(prefix, key, pl), stateKeys(prefix, key, pl.short)
-		if n := pl.short.keyCount(); len(short) != n || !slices.Equal(short, whole[:n]) {
-			t.Fatalf("case %d: %v: short names %q, the plan's %q", c, p.Windows, short, whole)
-		}
-	}
-	if split < *invariantCases {
-		t.Fatalf("only %d of the generated plans split into a short and a long part", split)
+		t.Fatalf("crowded shard after a sweep: %d keys, want the one holding a block", len(sh.keys))
 	}
 }
 
