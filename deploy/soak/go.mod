@@ -1,0 +1,3 @@
+module github.com/animal-store/petstore/deploy/soak
+
+go 1.26

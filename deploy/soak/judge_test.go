@@ -1,0 +1,251 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNewSchedule(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		duration, every, warmup time.Duration
+		faults                  []time.Duration
+		wantWarmup              time.Duration
+	}{
+		// make soak: a fault every 10 minutes, none at the very end.
+		{time.Hour, 10 * time.Minute, 2 * time.Minute,
+			[]time.Duration{10 * time.Minute, 20 * time.Minute, 30 * time.Minute, 40 * time.Minute, 50 * time.Minute}, 2 * time.Minute},
+		// The CI form: one fault, at the middle, and a quarter of the
+		// interval's warm-up.
+		{5 * time.Minute, 10 * time.Minute, 2 * time.Minute, []time.Duration{150 * time.Second}, 37500 * time.Millisecond},
+		{19 * time.Minute, 10 * time.Minute, 2 * time.Minute, []time.Duration{570 * time.Second}, 2 * time.Minute},
+		{20 * time.Minute, 10 * time.Minute, 2 * time.Minute, []time.Duration{10 * time.Minute}, 2 * time.Minute},
+		// No faults: the warm-up is cut to a quarter of the run.
+		{4 * time.Minute, 0, 2 * time.Minute, nil, time.Minute},
+	} {
+		s := newSchedule(c.duration, c.every, c.warmup)
+		if !slices.Equal(s.faults, c.faults) || s.warmup != c.wantWarmup {
+			t.Errorf("newSchedule(%s, %s, %s): faults %v, warm-up %s; want %v, %s",
+				c.duration, c.every, c.warmup, s.faults, s.warmup, c.faults, c.wantWarmup)
+		}
+	}
+}
+
+func TestTimelinePhases(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	tl := &timeline{start: t0, warmup: 30 * time.Second, grace: 5 * time.Second}
+	i := tl.beginFault(at(100))
+	// While the fault lasts, everything after its start is in it.
+	if p := tl.phaseAt(at(1000)); p != phaseFault {
+		t.Fatalf("during an unfinished fault: %s", p)
+	}
+	tl.endFault(i, at(120))
+	for _, c := range []struct {
+		s    float64
+		want phase
+	}{
+		{0, phaseWarmup}, {29.9, phaseWarmup}, {30, phaseSteady}, {99.9, phaseSteady},
+		{100, phaseFault}, {124.9, phaseFault}, // until ready plus the grace
+		{125, phaseWarmup}, {154.9, phaseWarmup}, // then the warm-up again
+		{155, phaseSteady},
+	} {
+		if p := tl.phaseAt(at(c.s)); p != c.want {
+			t.Errorf("phase at %.1fs: %s, want %s", c.s, p, c.want)
+		}
+	}
+	for _, c := range []struct {
+		send, recv float64
+		want       bool
+	}{
+		{90, 99.9, false}, // answered before the fault
+		{99, 100.5, true}, // in flight when it began
+		{110, 111, true},
+		{124, 126, true},      // sent within the grace
+		{125.1, 125.2, false}, // sent after it
+	} {
+		if got := tl.excused(at(c.send), at(c.recv)); got != c.want {
+			t.Errorf("excused(%v, %v) = %v, want %v", c.send, c.recv, got, c.want)
+		}
+	}
+}
+
+// samples builds a run: phases as a string (w warm-up, s steady, f
+// fault), one sample every 10 s, series x taking values from v.
+func samples(phases string, v func(i int) (float64, bool)) []sample {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var out []sample
+	for i, c := range phases {
+		p := map[rune]phase{'w': phaseWarmup, 's': phaseSteady, 'f': phaseFault}[c]
+		s := sample{at: t0.Add(time.Duration(i+1) * 10 * time.Second), phase: p, values: map[string]float64{}}
+		if x, ok := v(i); ok {
+			s.values["x"] = x
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func TestJudgeGrowthComparesFirstAndLastSteadyIntervals(t *testing.T) {
+	t.Parallel()
+	//            0    5    10   15   20   25
+	phases := "wwsssssffwwsssssffwwssss"
+	for _, c := range []struct {
+		name   string
+		v      func(i int) float64
+		pct    float64
+		failed bool
+	}{
+		{"flat", func(int) float64 { return 100 }, 0, false},
+		// Warm-up and fault samples never count, however high.
+		{"spikes outside steady", func(i int) float64 {
+			if phases[i] != 's' {
+				return 1e9
+			}
+			return 100
+		}, 0, false},
+		// The median shrugs off one outlier in each interval.
+		{"one outlier", func(i int) float64 {
+			if i == 3 || i == 21 {
+				return 1000
+			}
+			return 100
+		}, 0, false},
+		// The middle interval does not count: first against last.
+		{"middle high", func(i int) float64 {
+			if i >= 11 && i <= 15 {
+				return 200
+			}
+			return 100
+		}, 0, false},
+		{"5% exactly passes", func(i int) float64 {
+			if i >= 20 {
+				return 105
+			}
+			return 100
+		}, 5, false},
+		{"over 5% fails", func(i int) float64 {
+			if i >= 20 {
+				return 105.5
+			}
+			return 100
+		}, 5.5, true},
+		// Small counts must also rise by more than minRise.
+		{"two more of 30 passes", func(i int) float64 {
+			if i >= 20 {
+				return 32
+			}
+			return 30
+		}, 100.0 * 2 / 30, false},
+		{"three more of 30 fails", func(i int) float64 {
+			if i >= 20 {
+				return 33
+			}
+			return 30
+		}, 10, true},
+		{"shrinking passes", func(i int) float64 {
+			if i >= 20 {
+				return 50
+			}
+			return 100
+		}, -50, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ss := samples(phases, func(i int) (float64, bool) { return c.v(i), true })
+			got, err := judgeGrowth(ss, []string{"x"}, []string{"x"}, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got.first) != 5 || len(got.last) != 4 {
+				t.Fatalf("compared %d and %d samples, want the first interval's 5 and the last's 4", len(got.first), len(got.last))
+			}
+			g := got.rows[0]
+			if math.Abs(g.pct-c.pct) > 1e-9 || g.failed != c.failed {
+				t.Errorf("growth %+.2f%% failed %v, want %+.2f%% failed %v", g.pct, g.failed, c.pct, c.failed)
+			}
+		})
+	}
+}
+
+func TestJudgeGrowthWithoutFaultsComparesThirds(t *testing.T) {
+	t.Parallel()
+	ss := samples("wwsssssssss", func(i int) (float64, bool) { return float64(100 + i), true })
+	got, err := judgeGrowth(ss, []string{"x"}, []string{"x"}, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Steady samples 2-10: the first three (102..104) against the last
+	// three (108..110).
+	if g := got.rows[0]; g.first != 103 || g.last != 109 {
+		t.Errorf("medians %v and %v, want 103 and 109", g.first, g.last)
+	}
+}
+
+func TestJudgeGrowthNeedsSamples(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		phases string
+		have   func(i int) bool
+		want   string
+	}{
+		{"wwffww", func(int) bool { return true }, "no steady samples"},
+		{"wwsssss", func(int) bool { return true }, "too few"},
+		// A replica missing from most of the last interval.
+		{"wssssffwsss", func(i int) bool { return i < 9 }, "x: 4 values in the first steady interval and 1 in the last"},
+	} {
+		ss := samples(c.phases, func(i int) (float64, bool) { return 1, c.have(i) })
+		if _, err := judgeGrowth(ss, []string{"x"}, []string{"x"}, 5); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one saying %q", c.phases, err, c.want)
+		}
+	}
+	// A series drawn but not judged is left out instead.
+	ss := samples("wssssffwsss", func(i int) (float64, bool) { return 1, i < 9 })
+	if c, err := judgeGrowth(ss, []string{"x"}, nil, 5); err != nil || len(c.rows) != 0 {
+		t.Errorf("an unjudged series short of samples: rows %v, error %v", c.rows, err)
+	}
+}
+
+func TestJudgedSeries(t *testing.T) {
+	t.Parallel()
+	all, judged := seriesNames(2)
+	for _, name := range []string{"r1_rss_bytes", "r2_heap_goal_bytes", "r1_goroutines_less_conns", "r2_open_fds_less_conns", redisMemory, redisKeys} {
+		if !slices.Contains(judged, name) {
+			t.Errorf("%s is not judged", name)
+		}
+	}
+	for _, name := range []string{"r1_heap_inuse_bytes", "r1_goroutines", "r2_open_fds", "r1_conns", "r2_redis_conns"} {
+		if !slices.Contains(all, name) || slices.Contains(judged, name) {
+			t.Errorf("%s: want it recorded and not judged", name)
+		}
+	}
+	for _, name := range judged {
+		if !slices.Contains(all, name) {
+			t.Errorf("%s is judged but not recorded", name)
+		}
+	}
+}
+
+func TestMixCounts(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{20, 21, 99, 10000, 12345} {
+		c := mixCounts(n)
+		sum := 0
+		for i, k := range c {
+			if k < 1 {
+				t.Errorf("mixCounts(%d): plan %s gets %d keys", n, keyMix[i].plan, k)
+			}
+			sum += k
+		}
+		if sum != n {
+			t.Errorf("mixCounts(%d) = %v: %d keys in all", n, c, sum)
+		}
+	}
+	if got := fmt.Sprint(mixCounts(10000)); got != "[4000 3000 2000 500 500]" {
+		t.Errorf("mixCounts(10000) = %s", got)
+	}
+}

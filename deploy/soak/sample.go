@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// replicaColumns are each replica's series, by their CSV column (after
+// the replica's name), in order; judged ones are held to -max-growth.
+//
+// Heap in use saws between what the last collection left live and the
+// goal at which the next starts (twice as much at GOGC=100): a median
+// of samples taken at random points of the saw moves by 10% or more
+// between two intervals of the same process. It is drawn; the goal,
+// which moves only when the live heap does, is judged.
+//
+// Each connection HAProxy (or the sampler) holds open to a replica costs
+// it a goroutine and a descriptor, and each of its Redis client's pooled
+// connections a descriptor; how many there are follows the load's
+// concurrency (the pool keeps as many as were ever in use at once), not
+// a leak. The raw counts are drawn, and goroutines and descriptors are
+// judged net of those connections: what is left (listeners, files,
+// timers, the limiter's workers; a socket the replica never closed) is
+// the replica's own.
+var replicaColumns = []struct {
+	name   string
+	metric string // the /metrics sample it comes from, if any
+	judged bool
+}{
+	{"rss_bytes", "process_resident_memory_bytes", true},
+	{"heap_inuse_bytes", "go_memstats_heap_inuse_bytes", false},
+	{"heap_goal_bytes", "go_memstats_next_gc_bytes", true},
+	{"goroutines", "go_goroutines", false},
+	{"open_fds", "", false},    // /proc/PID/fd
+	{"conns", "", false},       // accepted, established (census)
+	{"redis_conns", "", false}, // to Redis, established (census)
+	{goroutinesLessConns, "", true},
+	{openFDsLessConns, "", true},
+}
+
+const (
+	goroutinesLessConns = "goroutines_less_conns" // goroutines - conns
+	openFDsLessConns    = "open_fds_less_conns"   // open_fds - conns - redis_conns
+)
+
+// The series read from Redis: INFO's used_memory, and DBSIZE.
+const (
+	redisMemory = "redis_used_memory_bytes"
+	redisKeys   = "redis_keys"
+)
+
+// seriesNames returns every series' name, in the CSV's order, and the
+// names of those judged.
+func seriesNames(replicas int) (all, judged []string) {
+	for i := 1; i <= replicas; i++ {
+		for _, c := range replicaColumns {
+			name := fmt.Sprintf("r%d_%s", i, c.name)
+			all = append(all, name)
+			if c.judged {
+				judged = append(judged, name)
+			}
+		}
+	}
+	all = append(all, redisMemory, redisKeys)
+	judged = append(judged, redisMemory, redisKeys)
+	return all, judged
+}
+
+// replicaTarget is where the sampler reads one replica: its metrics, its
+// process (0: none running now) and the ports it accepts on.
+type replicaTarget struct {
+	opsURL   string
+	pid      int
+	api, ops int
+}
+
+// readSeries reads every series now. A replica or Redis that does not
+// answer (one being restarted) leaves its series out; the errors say
+// which.
+func readSeries(ctx context.Context, client *http.Client, replicas []replicaTarget, redisPort int) (map[string]float64, []error) {
+	out := map[string]float64{}
+	var errs []error
+	for i, r := range replicas {
+		name := func(column string) string { return fmt.Sprintf("r%d_%s", i+1, column) }
+		m, err := scrape(ctx, client, r.opsURL)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("r%d: %w", i+1, err))
+			continue
+		}
+		for _, c := range replicaColumns {
+			if c.metric == "" {
+				continue
+			}
+			if v, ok := m[c.metric]; ok {
+				out[name(c.name)] = v
+			} else {
+				errs = append(errs, fmt.Errorf("r%d: no %s in /metrics", i+1, c.metric))
+			}
+		}
+		// Right after the scrape, whose own connection is then open and
+		// idle, as between samples.
+		fds, err := census(r.pid, []int{r.api, r.ops}, redisPort)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("r%d: %w", i+1, err))
+			continue
+		}
+		out[name("open_fds")] = float64(fds.total)
+		out[name("conns")] = float64(fds.accepted)
+		out[name("redis_conns")] = float64(fds.redis)
+		out[name(openFDsLessConns)] = float64(fds.total - fds.accepted - fds.redis)
+		if v, ok := m["go_goroutines"]; ok {
+			out[name(goroutinesLessConns)] = v - float64(fds.accepted)
+		}
+	}
+	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)
+	info, err := redisDo(redisAddr, "INFO", "memory")
+	if err == nil {
+		var v float64
+		if v, err = infoField(info, "used_memory"); err == nil {
+			out[redisMemory] = v
+		}
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("redis: %w", err))
+	}
+	if n, err := redisDo(redisAddr, "DBSIZE"); err != nil {
+		errs = append(errs, fmt.Errorf("redis: %w", err))
+	} else if v, err := strconv.ParseFloat(n, 64); err == nil {
+		out[redisKeys] = v
+	}
+	return out, errs
+}
+
+// fdCensus is a process's descriptors at one moment, and how many of
+// them are established TCP connections it accepted, or opened to Redis.
+type fdCensus struct {
+	total, accepted, redis int
+}
+
+// census takes process pid's fdCensus from /proc: its descriptors, and
+// for each socket among them its connection in /proc/net/tcp.
+// Connections accepted on one of ports count as accepted, connections to
+// redisPort as Redis's; only ESTABLISHED ones: a socket its peer has
+// closed (CLOSE_WAIT) stays the process's own until it closes it too.
+func census(pid int, ports []int, redisPort int) (fdCensus, error) {
+	var c fdCensus
+	if pid == 0 {
+		return c, errors.New("not running")
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return c, err
+	}
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return c, err
+	}
+	conns := parseProcNetTCP(table)
+	for _, e := range entries {
+		link, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		c.total++
+		inode, ok := strings.CutPrefix(link, "socket:[")
+		if !ok {
+			continue
+		}
+		tc, ok := conns[strings.TrimSuffix(inode, "]")]
+		if !ok || tc.state != tcpEstablished {
+			continue
+		}
+		switch {
+		case slices.Contains(ports, tc.local):
+			c.accepted++
+		case tc.remote == redisPort:
+			c.redis++
+		}
+	}
+	return c, nil
+}
+
+// tcpConn is one connection of /proc/net/tcp: its ports and state.
+type tcpConn struct {
+	local, remote int
+	state         string
+}
+
+const tcpEstablished = "01"
+
+// parseProcNetTCP returns /proc/net/tcp's connections by socket inode.
+func parseProcNetTCP(b []byte) map[string]tcpConn {
+	out := map[string]tcpConn{}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		// sl local_address rem_address st tx:rx tr:when retrnsmt uid
+		// timeout inode ...; addresses are hex IP:port.
+		f := strings.Fields(line)
+		if len(f) < 10 || f[9] == "0" {
+			continue
+		}
+		local, err1 := hexPort(f[1])
+		remote, err2 := hexPort(f[2])
+		if err1 != nil || err2 != nil {
+			continue // the header
+		}
+		out[f[9]] = tcpConn{local: local, remote: remote, state: f[3]}
+	}
+	return out
+}
+
+func hexPort(addr string) (int, error) {
+	_, h, ok := strings.Cut(addr, ":")
+	if !ok {
+		return 0, fmt.Errorf("no port in %q", addr)
+	}
+	p, err := strconv.ParseUint(h, 16, 16)
+	return int(p), err
+}
+
+// scrape returns the unlabelled samples of the /metrics at opsURL.
+func scrape(ctx context.Context, client *http.Client, opsURL string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, opsURL+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	return parseMetrics(resp.Body)
+}
+
+// parseMetrics reads Prometheus' text format, keeping the samples
+// without labels.
+func parseMetrics(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' || strings.ContainsRune(line, '{') {
+			continue
+		}
+		name, value, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// infoField returns a numeric field of Redis's INFO reply.
+func infoField(info, field string) (float64, error) {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO has no %s", field)
+}
+
+// redisDo sends one command to the Redis at addr on a connection of its
+// own and returns the reply: a simple string, an integer or a bulk
+// string. The soak asks once every few seconds; a pool would earn
+// nothing.
+func redisDo(addr string, args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(2 * time.Second)); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := io.WriteString(c, b.String()); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return "", errors.New("empty reply")
+	}
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", fmt.Errorf("%s: %s", args[0], line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", fmt.Errorf("%s: bulk reply %q", args[0], line)
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return "", fmt.Errorf("%s: unexpected reply %q", args[0], line)
+}
+
+// csvLog writes one row a sample to the run's CSV, flushed at once so
+// that a run cut short keeps what it saw.
+type csvLog struct {
+	f      *os.File
+	w      *csv.Writer
+	series []string
+	start  time.Time
+}
+
+func newCSVLog(path string, series []string, start time.Time) (*csvLog, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	l := &csvLog{f: f, w: csv.NewWriter(f), series: series, start: start}
+	header := append([]string{"time", "elapsed_s", "phase", "requests_per_s", "failed", "dropped"}, series...)
+	if err := l.w.Write(header); err != nil {
+		f.Close()
+		return nil, err
+	}
+	l.w.Flush()
+	return l, l.w.Error()
+}
+
+// write appends s.
+func (l *csvLog) write(s sample) error {
+	row := []string{
+		s.at.UTC().Format(time.RFC3339Nano),
+		strconv.FormatFloat(s.at.Sub(l.start).Seconds(), 'f', 1, 64),
+		string(s.phase),
+		strconv.FormatFloat(s.rps, 'f', 1, 64),
+		strconv.FormatInt(s.failed, 10),
+		strconv.FormatInt(s.dropped, 10),
+	}
+	for _, name := range l.series {
+		v, ok := s.values[name]
+		if !ok {
+			row = append(row, "")
+			continue
+		}
+		row = append(row, strconv.FormatFloat(v, 'f', -1, 64))
+	}
+	if err := l.w.Write(row); err != nil {
+		return err
+	}
+	l.w.Flush()
+	return l.w.Error()
+}
+
+func (l *csvLog) Close() error { return l.f.Close() }
