@@ -78,6 +78,7 @@ unit:
 system:
 	$(GO) test -short -count=1 -timeout 15m -v ./internal/fleettest/
 	cd deploy/loadtest && $(GO) vet ./... && $(GO) test -short -race -count=1 ./...
+	cd deploy/soak && $(GO) vet ./... && $(GO) test -short -race -count=1 ./...
 
 ## helm-test: the chart's checks. Without -short: the tests it would skip build the service and run it as the chart
 ## configures it, in about 15 s together, and only they show that what the chart renders starts.
@@ -115,6 +116,13 @@ cluster-down:
 ## loadtest: reset the cluster's load-test keys and run the load-test kit against it (LOADTEST_FLAGS)
 loadtest:
 	@bash deploy/local/cluster.sh loadtest $(LOADTEST_FLAGS)
+
+## soak: make cluster's fleet on a private Redis at half its measured capacity over 10,000 keys for SOAK_DURATION (1h),
+## the replicas rolled and Redis restarted empty every 10 minutes; fails when a replica's memory, goroutines or
+## descriptors or Redis's memory or keys grow over 5%, or a request gets a 5xx outside a fault (CSV, SVG, summary in .soak/)
+SOAK_DURATION ?= 1h
+soak: build
+	cd deploy/soak && $(GO) run . -duration $(SOAK_DURATION) -petstore $(CURDIR)/$(BIN) -dir $(CURDIR)/.soak $(SOAK_FLAGS)
 
 ## bench: the benchmarks whose figures the README quotes (installs wrk for the end-to-end one, valgrind to count Redis's instructions, lua5.1 for the decision code's line profile)
 bench:
