@@ -123,11 +123,11 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 // a request. (Counts of windows that p does not have, kept from an
 // earlier plan, expire with their period.) Every
 // replica drops what it cached for the key through the same announcement
-// as Unban, and drops any lease or reservation it holds for the key
-// without giving back what it leaves unspent (the records it was counted
-// in are gone): until the announcement reaches a replica (or, if it is
-// missed, until they end: at most 1 s for a lease, 10 s for a
-// reservation) those are spent uncounted. Nothing granted before the
+// as Unban, and drops any lease or block it holds for the key without
+// giving back what it leaves unspent (the records it was counted in are
+// gone): until the announcement reaches a replica (or, if it is missed,
+// until they end: at most 1 s for a lease, 10 s for a block) those are
+// spent uncounted. Nothing granted before the
 // Reset is given back to the records made after it: the Reset marks the
 // key with the server's time, and a give-back of an earlier grant takes
 // nothing (giveback.go).
@@ -163,7 +163,7 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 
 // resetRecords deletes key's records under pl (and the records of the
 // periods sd seeds from) and marks the key reset at the server's time, so
-// that no block granted before (a lease or a reservation of a replica the
+// that nothing granted before (a lease or a block of a replica the
 // Reset's announcement missed) is given back to the records made after
 // (giveback.go). The mark lasts as long as the longest of those records
 // would have: after that no bucket from before the Reset lies in any of

@@ -191,7 +191,7 @@ func (t *leaseTable) askBlock(key string, pl *plan, now time.Time, rtt int64) (m
 	return most, true, e.born
 }
 
-// ownShare returns what this replica can expect to spend of a reservation
+// ownShare returns what this replica can expect to spend of a block
 // for the key over rest µs, on the evidence of its own requests for it
 // since the start of the previous block period (of the current one
 // while there is none): their count at their average rate over rest, m,

@@ -73,9 +73,9 @@ const (
 // its own kind), and Finalize sets PREFIX{replicas}:finalized2 too, refused
 // while any live replica is in the census and not in final2 (the release
 // before this one included). While a heartbeat, at most heartbeatTTL ago,
-// read that mark and counted no such replica, a replica reserves blocks;
+// read that mark and counted no such replica, a replica grants blocks;
 // while it reads the mark at all, and for blockLife and heartbeatTTL
-// after it last reserved one, its round trips read the coarse records
+// after it last granted one, its round trips read the coarse records
 // (a block granted elsewhere may still be spent). A rollback begun
 // without undoing the mark stops new blocks at the replicas' next
 // heartbeat; what the older replicas admit meanwhile, beside blocks still
@@ -194,7 +194,7 @@ func (r *replicas) observeBlocks(mark, older int64, at time.Time) {
 		r.met.olderReplicas.Set(float64(older))
 		r.met.finalizeMark.Set(1)
 		if older > 0 && r.warnedBlocks.CompareAndSwap(false, true) && r.log != nil {
-			r.log.Warn("ratelimit: blocks are in force by the finalize mark but replicas of an older release are live: no new blocks are reserved; run 'petstore limits finalize --undo' before rolling back",
+			r.log.Warn("ratelimit: blocks are in force by the finalize mark but replicas of an older release are live: no new blocks are granted; run 'petstore limits finalize --undo' before rolling back",
 				"older_replicas", older)
 		}
 	}
@@ -438,8 +438,8 @@ var unmarkLua string
 
 // Unfinalizing is how long after Unfinalize every replica has stopped
 // writing records as finalized and reading coarse records, and every
-// block granted before has ended: a heartbeat's TTL, a reservation's
-// life and the heartbeat's TTL again (readsCoarse).
+// block granted before has ended: a heartbeat's TTL, a block's life and
+// the heartbeat's TTL again (readsCoarse).
 const Unfinalizing = 2*heartbeatTTL + blockLife
 
 // FinalizeStatus is what the census and the mark say now.

@@ -15,12 +15,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Giving back: what a lease or a reservation leaves unspent was counted in
+// Giving back: what a lease or a block leaves unspent was counted in
 // Redis with what was admitted, in the bucket that was current when it was
 // granted, and would count there until the bucket slides out: against the
 // key's limits in every interval that holds it (the day's window too), so
 // that a key sending close to its limit could be refused for admissions
-// nobody made. A replica that lets a lease or a reservation go with
+// nobody made. A replica that lets a lease or a block go with
 // admissions left (its end passed, its plan changed, the key's entry was
 // swept, the replica closes) therefore sends them back: a script takes
 // them off that bucket's count and off the window's total, in every window
@@ -30,7 +30,7 @@ import (
 // admitted in each of its buckets, because
 //
 //   - an admission is given back only once the replica can no longer spend
-//     it: it leaves the lease table (drop, dropReservation, under the
+//     it: it leaves the lease table (drop, under the
 //     shard's lock) before it is queued, and it is queued once, and sent
 //     again only when the server answered NOSCRIPT (ran nothing): never
 //     after a network error or a timeout, when the server may have run it

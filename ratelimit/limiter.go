@@ -165,7 +165,7 @@ func (l *Limiter) Close() error {
 	if l.closed.CompareAndSwap(false, true) {
 		l.cancel()
 		waitBounded(&l.wg, time.Second)
-		// A replica going away lets its leases and reservations go and
+		// A replica going away lets its leases and blocks go and
 		// gives back what they leave unspent, within a second; what it
 		// cannot give back stays counted in Redis until it slides out.
 		if l.lease != nil {
@@ -416,7 +416,7 @@ func (l *Limiter) callPlan(pl *plan) *plan {
 }
 
 // blocksOn reports whether blocks are in force on this replica (blocks.go,
-// finalize.go): what it reserves is a block.
+// finalize.go): slow keys then take blocks.
 func (l *Limiter) blocksOn() bool { return l.hooks.blocks || l.replicas.grantsBlocks() }
 
 // readsCoarse reports whether this replica's round trips read coarse
@@ -520,7 +520,7 @@ func decisionOf(pl *plan, v *verdict, d *Decision) {
 }
 
 // subscribeLoop drops cached bans that another process lifted, the
-// leases and reservations of keys it reset, and the blocks of keys it
+// leases and blocks of keys it reset, and the blocks of keys it
 // banned (announceBan).
 func (l *Limiter) subscribeLoop(ctx context.Context) {
 	if l.cache == nil && l.lease == nil {
@@ -551,7 +551,7 @@ func (l *Limiter) subscribeLoop(ctx context.Context) {
 			}
 			l.fb.unban(m.Payload)
 			// After a Reset the key's counts are gone: a lease or a
-			// reservation held here would admit uncounted until it ends.
+			// block held here would admit uncounted until it ends.
 			if l.lease != nil {
 				l.lease.forget(m.Payload)
 			}

@@ -57,7 +57,7 @@ type Options struct {
 	// Registerer receives the metrics; nil exports none.
 	Registerer prometheus.Registerer
 	// Logger receives one line per change of Redis reachability, and one at
-	// Close when leases or reservations are let go (default: discard).
+	// Close when leases or blocks are let go (default: discard).
 	Logger *slog.Logger
 
 	// Buckets is the number of buckets a window is split into (default 200):
@@ -96,7 +96,7 @@ type Options struct {
 	// Admin marks a Limiter that administers limits rather than deciding
 	// requests (the limits commands: Usage, Reset, Unban, Finalize): it
 	// sends no heartbeats, so it never counts among the live replicas,
-	// whose count sizes every replica's leases, reservations and share of
+	// whose count sizes every replica's leases, blocks and share of
 	// a limit without Redis, and marks no periods in the registry.
 	Admin bool
 }

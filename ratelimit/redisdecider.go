@@ -407,8 +407,7 @@ func decodeInto(pl *plan, s string, out *verdict) error {
 		return v
 	}
 	v := out
-	// A caller may lend the windows' slice (spendReserved: the short
-	// windows' part of the whole plan's).
+	// A caller may lend the windows' slice.
 	buf := v.win
 	if short {
 		// One admission: Allowed, no wait, no lease, no new ban.
