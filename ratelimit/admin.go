@@ -52,7 +52,7 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 	degraded := false
 	switch {
 	case l.rdb == nil:
-		v = l.local.decide(key, pl, now, input{peek: true, lease: noLease})
+		v = l.local.store.decide(key, pl, now, input{peek: true, lease: noLease})
 	default:
 		err := ErrUnavailable
 		if !l.breaker.isOpen() {
@@ -99,7 +99,7 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 // replica drops its cached ban at once through pub/sub (and within
 // Options.BanRevalidate if the announcement is lost).
 func (l *Limiter) Unban(ctx context.Context, key string) error {
-	l.local.unban(key)
+	l.local.store.unban(key)
 	if l.rdb == nil {
 		return nil
 	}
@@ -136,7 +136,7 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	if err != nil {
 		return err
 	}
-	l.local.forget(key)
+	l.local.store.forget(key)
 	if l.rdb == nil {
 		return nil
 	}

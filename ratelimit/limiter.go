@@ -22,7 +22,7 @@ type Limiter struct {
 	log   *slog.Logger
 	met   *metrics
 	plans planCache
-	local *memStore // the whole store without Redis
+	local *localDecider // the decider without Redis
 	fb    *fallback // decisions without Redis when it has one
 	cache *rejectCache
 	lease *leaseTable // nil when leasing is off
@@ -68,11 +68,11 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 		log:    opts.Logger,
 		met:    met,
 		plans:  newPlanCache(),
-		local:  newMemStore(),
 		now:    h.clock,
 		ctx:    ctx,
 		cancel: cancel,
 	}
+	l.local = newLocalDecider(l.now)
 	if client == nil {
 		if !h.inStep {
 			l.goBackground(ctx, l.sweepLoop)
@@ -219,16 +219,18 @@ func (l *Limiter) allow(ctx context.Context, key string, p *Policy, d *Decision)
 	start := l.now()
 	pl.touch(start)
 	if l.rdb == nil {
-		l.allowLocal(key, pl, start, d)
+		l.allowLocal(key, pl, d)
 		return nil
 	}
 	return l.allowShared(ctx, key, pl, start, d)
 }
 
-// allowLocal decides key in this process alone: a limiter without Redis.
-func (l *Limiter) allowLocal(key string, pl *plan, start time.Time, d *Decision) {
-	v := l.local.decide(key, pl, start.UnixMicro(), input{lease: noLease})
-	l.finish(pl, &v, false, d)
+// allowLocal decides key in this process alone, through the local
+// decider: a limiter without Redis.
+func (l *Limiter) allowLocal(key string, pl *plan, d *Decision) {
+	var v [1]verdict
+	_ = l.local.decide(context.Background(), []request{{key: key, pl: pl, in: input{lease: noLease}}}, v[:])
+	l.finish(pl, &v[0], false, d)
 }
 
 // allowShared answers from what this replica holds for key (the rejection
@@ -576,7 +578,7 @@ func (l *Limiter) sweepLoop(ctx context.Context) {
 // sweep drops the state of keys idle at now and reports how full the
 // lease table is.
 func (l *Limiter) sweep(now time.Time) {
-	l.local.sweep(now.UnixMicro())
+	l.local.store.sweep(now.UnixMicro())
 	if l.fb != nil {
 		l.fb.sweep(now.UnixMicro())
 	}
