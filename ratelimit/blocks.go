@@ -136,8 +136,6 @@ func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d
 	e.block = true
 }
 
-// blocksOn reports whether blocks are in force (blocks.go).
-func (t *leaseTable) blocksOn() bool { return t.blocks != nil && t.blocks() }
 
 // blockTrip decides a request of a key too slow to lease under a plan
 // with short windows, blocks in force: by a round trip asking for a block

@@ -88,8 +88,6 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
-		l.lease.blocks = l.blocksOn
-		l.lease.callPlan = l.callPlan
 		l.lease.prefix = opts.Prefix
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
@@ -264,7 +262,7 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 		ask := noLease
 		var names []string
 		if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
-			served, a, wait, ns := l.lease.take(key, pl, start, first, d)
+			served, a, wait, ns := l.lease.take(key, pl, l.callPlan(pl), start, first, d)
 			if served {
 				pl.outcome[Allowed].Inc()
 				pl.leased.Inc()
