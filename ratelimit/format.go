@@ -25,6 +25,9 @@ import (
 // of a key's records in one slot, so one script can touch them all):
 //
 //	PREFIX{KEY}:w:PERIOD:GRAN   window record (PERIOD and GRAN in µs)
+//	PREFIX{KEY}:b:PERIOD:GRAN   coarse record of a short window (the window
+//	                            record's layout; GRAN is blockLife, n one
+//	                            more than the period spans: blocks.go)
 //	PREFIX{KEY}:ban             ban record
 //	PREFIX{KEY}:c:PERIOD:GRAN   candidate window record (the window record's layout)
 //	PREFIX{KEY}:cban            candidate ban record (the ban record's layout)
