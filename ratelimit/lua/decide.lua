@@ -185,10 +185,10 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
   local admitted = admit and not peek
 
-  -- A reservation riding on this admission (RSV, reserveSize): rk more
+  -- A block riding on this admission (RSV, reserveSize): rk more
   -- admissions of the long windows (those after the first RSV[5]),
-  -- counted with this one at the reservation's end rend. With blocks
-  -- (nco > 0: every short window has a coarse record), a block: the rk
+  -- counted with this one at the block's end rend. Where every short
+  -- window has a coarse record (nco > 0, as this release asks), the rk
   -- count in the short windows too, in their coarse records, at rend,
   -- which is then also within their current coarse buckets.
   local rk, rend, ns = 0, 0, 0
@@ -249,7 +249,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
     for j = 1, ntx do writeCap(WKEY[tb + j], TX[j][5], TX[j][2], lend, WCAP[tb + j], WCEND[tb + j]) end
   end
-  -- And a reservation every long window, a block every coarse record too.
+  -- And a block every long window, and every coarse record too.
   if rk > 0 then
     for i = ns + 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], rend, WCAP[i], WCEND[i]) end
     for x = 1, nco do
@@ -329,8 +329,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
 
   if not admitted then granted, lend = 0, 0 end
   -- The reply carries only what the plan has (decode reads it). A
-  -- reservation's size and end take a lease's fields: the decision's own
-  -- admission and the rk reserved ones, until rend.
+  -- block's size and end take a lease's fields: the decision's own
+  -- admission and the block's rk, until rend.
   local rt = 0
   RES[1], RES[2], RES[3], RES[4], RES[5] = 0, 0, now, granted, lend
   if rk > 0 then RES[4], RES[5] = granted + rk, rend end

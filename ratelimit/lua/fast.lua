@@ -81,7 +81,7 @@ local function fast(base, pl, want, need, life, RSV)
   end
   local count, at = 1, now
   if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
-  -- A reservation riding on this admission (decide's, reserveSize): the
+  -- A block riding on this admission (decide's, reserveSize): the
   -- long windows are window 3, or windows 2 and 3 (ns, the short ones,
   -- 1 or 2, fewer than nw).
   local leased, rk, rend, ns = count, 0, 0, 0
@@ -122,7 +122,7 @@ local function fast(base, pl, want, need, life, RSV)
   local reset1, reset2, reset3
   reset1 = resetAt(b1, off1, period1, g1, n1, unit1)
   if nw >= 2 then
-    -- From here on the windows are long (count the reservation) when
+    -- From here on the windows are long (count the block) when
     -- the first short ones are behind.
     if rk > 0 and ns == 1 then count, at = 1 + rk, rend end
     local ttl2 = pl.TTL[2]
@@ -135,7 +135,7 @@ local function fast(base, pl, want, need, life, RSV)
     local _, _, off3 = write(key3, h3, fresh3, vh3, total3, hc3, ho3, b3, count, at, g3, n3, unit3, ttl3)
     reset3 = resetAt(b3, off3, period3, g3, n3, unit3)
   end
-  -- A lease caps every window until it ends; a reservation, every long
+  -- A lease caps every window until it ends; a block, every long
   -- window.
   if leased > 1 then
     writeCap(key1, n1, l1, lend, cap1, cend1)
@@ -176,7 +176,7 @@ local function fast(base, pl, want, need, life, RSV)
   if bs then _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false) end
   -- The reply: for one admission (a cold key's) the bare form when the
   -- ban rule, if any, has nothing to report, else the short form; the
-  -- whole form for a lease, or a reservation (its size and end in a
+  -- whole form for a lease, or a block (its size and end in a
   -- lease's fields; per window the count with it, 1 + rk in the long
   -- ones: count's last value).
   if rk > 0 then

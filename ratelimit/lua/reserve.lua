@@ -1,5 +1,4 @@
--- The decision code (script.go): how much a reservation or a block may
--- hold (reserve.go, blocks.go).
+-- The decision code (script.go): how much a block may hold (blocks.go).
 
 -- firstIn returns the first of slots i0 .. i1 (i0 <= i1) of ring slots s
 -- (slot 0 at position 1) that holds a count, nil when none does; runs of
@@ -19,18 +18,18 @@ local function firstIn(s, i0, i1)
   return nil
 end
 
--- demandSpan returns the time a reservation's size takes the key's
+-- demandSpan returns the time a block's size takes the key's
 -- demand to have built up over (reserveSize): the period sp of its last
 -- short window, whose record key (bucket width g, n, and as window read
 -- it head vh, total, head count hc and first bucket counted from) counts
 -- that demand; or, while the oldest bucket of the record that holds a
 -- request (now when none does) began less than sp - life ago, the time
--- since it began plus life, a reservation's life. Every admission the
+-- since it began plus life, a block's life. Every admission the
 -- window counts was decided in that bucket or later, or spent from a
 -- block granted by a round trip before it, within its life (at most
 -- life); a key the window has held for less than its period would
 -- otherwise read as sending at a fraction of its rate until a period had
--- passed. At least life: a new key reserves at most what it has sent.
+-- passed. At least life: a new key's block is at most what it has sent.
 local function demandSpan(key, sp, g, n, vh, total, hc, from, life)
   local t0 = now
   if total > 0 and from <= vh then
@@ -49,13 +48,13 @@ local function demandSpan(key, sp, g, n, vh, total, hc, from, life)
   return sp
 end
 
--- reserveSize returns the admissions of the long windows to reserve
--- beside a request admitted now (mode 2, reserve.go), worked out from the
+-- reserveSize returns the admissions of a block to count beside a
+-- request admitted now (mode 2, blocks.go), worked out from the
 -- counts its decision read: the requests the last short window counts
 -- with this one (sc), at their rate over its period (sp, µs) or, for a
 -- key the window has held for less, over the time since the oldest of
 -- them (demandSpan, given the window's record key and what window read
--- of it, g .. from), scaled to the time the reservation could be spent
+-- of it, g .. from), scaled to the time the block could be spent
 -- (rest, µs: until its end) less the round trips' allowance (RSV[4]);
 -- at most RSV[6] (the replica's
 -- own share of that demand), and at most what leaves every long window

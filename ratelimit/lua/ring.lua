@@ -317,7 +317,7 @@ end
 -- (cg, cn, cu; blocks.go), either false when the key has none: every
 -- bucket of either whose last event still counts in the window at now is
 -- carried over whole (carry). A bucket whose last event lies past the
--- head bucket (a block or a reservation still being spent, counted at
+-- head bucket (a block still being spent, counted at
 -- its end) goes to the window's coarse record C (key, g, n, unit, ttl),
 -- when it has one, whose head may run a bucket ahead (blockWrite), so it
 -- counts until a period after that end; else the record's head moves to

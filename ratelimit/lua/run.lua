@@ -70,7 +70,7 @@ end
 -- and the plans met (planAt).
 local CALLS, POS, BASE, OUT, PLANS
 local ADD = {}
--- A reservation's numbers (batch), one table for every decision: a table
+-- A block's numbers (batch), one table for every decision: a table
 -- a decision is work for the collector.
 local RSVS = {}
 
@@ -95,10 +95,10 @@ local function batch()
     else
       mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
       if mode == 2 then
-        -- Asked to decide, and to reserve (reserveSize): the replicas, the
+        -- Asked to decide, and to count a block (reserveSize): the replicas, the
         -- margin, the least worth granting, the round trips' allowance
         -- and how many of the plan's windows are short follow; want and
-        -- life are the reservation's most and life, not a lease's.
+        -- life are the block's most and life, not a lease's.
         RSV = RSVS
         RSV[1], RSV[2], RSV[3], RSV[4], RSV[5], pos = unpack_('>I8I8I8I8I8', calls, pos)
         RSV[6], RSV[7] = want, life
@@ -108,9 +108,9 @@ local function batch()
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
-      -- (With blocks, a reservation of other short windows than the
-      -- coarse records' is decide's to refuse, and a block of a plan
-      -- with no long window decide's to grant.)
+      -- (A block of other short windows than the coarse records' is
+      -- decide's to refuse, and a block of a plan with no long window
+      -- decide's to grant.)
       if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) and (not RSV or (pl.nco == 0 or RSV[5] == pl.nco) and RSV[5] < pl.V[1]) then
         r = fast(base, pl, want, need, life, RSV)
       end
