@@ -136,7 +136,6 @@ func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d
 	e.block = true
 }
 
-
 // blockTrip decides a request of a key too slow to lease under a plan
 // with short windows, blocks in force: by a round trip asking for a block
 // for the key's next requests when its last round trip showed the demand

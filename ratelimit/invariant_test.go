@@ -788,27 +788,13 @@ func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
 	m.ClockTTL(true)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	var total, calls [3]int
-	leases, honoured, bans := 0, 0, 0
-	for c := range testenv.Cases(t, 10, *invariantCases) {
-		policies := genPolicies(rng, MaxPeriod)
-		var d *invariantDriver
-		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			d = runInvariantCase(t, rng, rdb, m, policies, 150)
-		})
-		if t.Failed() {
-			return
-		}
-		for i := range total {
-			total[i] += d.stats[i]
-			calls[i] += d.calls[i]
-		}
-		leases, honoured, bans = leases+d.leases, honoured+d.honoured, bans+d.bans
+	s := playInvariantCases(t, rng, rdb, m, testenv.Cases(t, 10, *invariantCases))
+	if t.Failed() {
+		return
 	}
-	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After; %d bans begun; calls %d finalized, %d not, %d by the release before",
-		total[0], total[1], total[2], leases, honoured, bans, calls[0], calls[1], calls[2])
-	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 || bans == 0 || calls[0] == 0 || calls[1] == 0 || calls[2] == 0 {
-		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured, %d bans, calls %v", total, leases, honoured, bans, calls)
+	t.Logf("%s; calls %d finalized, %d not, %d by the release before", s, s.calls[0], s.calls[1], s.calls[2])
+	if !s.reachedAll() || s.calls[0] == 0 || s.calls[1] == 0 || s.calls[2] == 0 {
+		t.Fatalf("the generated traffic did not reach every outcome: %s, calls %v", s, s.calls)
 	}
 }
 
@@ -884,27 +870,53 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 func TestInvariantWindowsAndRetryAfterLocal(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 3)
-	var total [3]int
-	leases, honoured, bans := 0, 0, 0
-	for c := range testenv.Cases(t, 10, *invariantCases) {
+	s := playInvariantCases(t, rng, nil, nil, testenv.Cases(t, 10, *invariantCases))
+	if t.Failed() {
+		return
+	}
+	t.Logf("%s", s)
+	if !s.reachedAll() {
+		t.Fatalf("the generated traffic did not reach every outcome: %s", s)
+	}
+}
+
+// invariantTally sums what a test's generated cases reached.
+type invariantTally struct {
+	total, calls           [3]int
+	leases, honoured, bans int
+}
+
+func (s invariantTally) String() string {
+	return fmt.Sprintf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After; %d bans begun",
+		s.total[0], s.total[1], s.total[2], s.leases, s.honoured, s.bans)
+}
+
+// reachedAll reports whether the cases refused, banned, leased and were
+// retried at exactly Retry-After.
+func (s invariantTally) reachedAll() bool {
+	return s.total[Limited] > 0 && s.total[Banned] > 0 && s.leases > 0 && s.honoured > 0 && s.bans > 0
+}
+
+// playInvariantCases plays n generated cases of 150 steps each on rdb
+// (miniredis m, whose clock the cases set; rdb nil: the decider in
+// process) and sums what they reached; it stops at the first that fails.
+func playInvariantCases(t *testing.T, rng *rand.Rand, rdb *redis.Client, m *miniredis.Miniredis, n int) (s invariantTally) {
+	for c := range n {
 		policies := genPolicies(rng, MaxPeriod)
 		var d *invariantDriver
 		t.Run(fmt.Sprint("case", c), func(t *testing.T) {
-			d = runInvariantCase(t, rng, nil, nil, policies, 150)
+			d = runInvariantCase(t, rng, rdb, m, policies, 150)
 		})
 		if t.Failed() {
-			return
+			return s
 		}
-		for i := range total {
-			total[i] += d.stats[i]
+		for i := range s.total {
+			s.total[i] += d.stats[i]
+			s.calls[i] += d.calls[i]
 		}
-		leases, honoured, bans = leases+d.leases, honoured+d.honoured, bans+d.bans
+		s.leases, s.honoured, s.bans = s.leases+d.leases, s.honoured+d.honoured, s.bans+d.bans
 	}
-	t.Logf("decisions: %d allowed, %d limited, %d banned; %d leases; %d retries at exactly Retry-After; %d bans begun",
-		total[0], total[1], total[2], leases, honoured, bans)
-	if total[Limited] == 0 || total[Banned] == 0 || leases == 0 || honoured == 0 || bans == 0 {
-		t.Fatalf("the generated traffic did not reach every outcome: %v, %d leases, %d honoured, %d bans", total, leases, honoured, bans)
-	}
+	return s
 }
 
 // atLeastAMinute lengthens p's windows to a minute or more (300 ms

@@ -23,7 +23,7 @@ type Limiter struct {
 	met   *metrics
 	plans planCache
 	local *localDecider // the decider without Redis
-	fb    *fallback // decisions without Redis when it has one
+	fb    *fallback     // decisions without Redis when it has one
 	cache *rejectCache
 	lease *leaseTable // nil when leasing is off
 	back  *giveBacks  // what leases leave unspent, sent back; nil when leasing is off
