@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -186,13 +187,28 @@ type remainingTracker struct {
 	compared int
 	rose     int
 	maxRise  int64
+	// worst is the comparison that rose by maxRise: the key, its answer
+	// and the earlier one it rose above.
+	worst struct {
+		key          string
+		answer, from answer
+	}
+}
+
+// answer is one response as the Remaining check sees it.
+type answer struct {
+	send, recv time.Time
+	remaining  int64
+	window     time.Duration // the key's shortest
+	// from is the replica that answered, when the deployment names it
+	// (X-Served-By: make cluster's HAProxy does); "" otherwise.
+	from string
 }
 
 type keyHistory struct {
-	first     time.Time
-	recv      []time.Time // sorted
-	remaining []int64     // of the response received at recv[i]
-	min       []int64     // min[i]: the least of remaining[:i+1]
+	first   time.Time
+	answers []answer // sorted by recv
+	least   []int    // least[i]: the index of the least Remaining of answers[:i+1]
 }
 
 func newRemainingTracker(slack int64) *remainingTracker {
@@ -200,48 +216,51 @@ func newRemainingTracker(slack int64) *remainingTracker {
 }
 
 // observe records one response of key and reports whether it broke the
-// rule, with the least Remaining answered before it (-1: none to compare
-// with), which it may exceed by the slack alone. Responses may be
-// observed slightly out of receive order (goroutines race to report); one
-// observed after a later request was checked is then missing from that
-// check, which can hide a rise but never invent one.
-func (t *remainingTracker) observe(key string, send, recv time.Time, rl rateLimit) (ok bool, bound int64) {
+// rule, with the answer of least Remaining received before its request was
+// sent, which it may exceed by the slack alone (compared false: none to
+// compare with). Responses may be observed slightly out of receive order
+// (goroutines race to report); one observed after a later request was
+// checked is then missing from that check, which can hide a rise but never
+// invent one.
+func (t *remainingTracker) observe(key string, a answer) (ok bool, bound answer, compared bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	h := t.keys[key]
 	if h == nil {
-		h = &keyHistory{first: send}
+		h = &keyHistory{first: a.send}
 		t.keys[key] = h
 	}
-	if send.Before(h.first) {
-		h.first = send
+	if a.send.Before(h.first) {
+		h.first = a.send
 	}
-	ok, bound = true, -1
-	if recv.Sub(h.first) < rl.window {
+	ok = true
+	if a.recv.Sub(h.first) < a.window {
 		// The responses received before this request was sent.
-		i := sort.Search(len(h.recv), func(i int) bool { return !h.recv[i].Before(send) })
+		i := sort.Search(len(h.answers), func(i int) bool { return !h.answers[i].recv.Before(a.send) })
 		if i > 0 {
-			bound = h.min[i-1]
-			rise := rl.remaining - bound
+			bound, compared = h.answers[h.least[i-1]], true
+			rise := a.remaining - bound.remaining
 			ok = rise <= t.slack
 			t.compared++
 			if rise > 0 {
 				t.rose++
-				t.maxRise = max(t.maxRise, rise)
+				if rise > t.maxRise {
+					t.maxRise = rise
+					t.worst.key, t.worst.answer, t.worst.from = key, a, bound
+				}
 			}
 		}
 	}
-	at := sort.Search(len(h.recv), func(i int) bool { return h.recv[i].After(recv) })
-	h.recv = append(h.recv[:at], append([]time.Time{recv}, h.recv[at:]...)...)
-	h.remaining = append(h.remaining[:at], append([]int64{rl.remaining}, h.remaining[at:]...)...)
-	h.min = append(h.min, 0)
-	for i := at; i < len(h.min); i++ {
-		h.min[i] = h.remaining[i]
-		if i > 0 && h.min[i-1] < h.min[i] {
-			h.min[i] = h.min[i-1]
+	at := sort.Search(len(h.answers), func(i int) bool { return h.answers[i].recv.After(a.recv) })
+	h.answers = slices.Insert(h.answers, at, a)
+	h.least = append(h.least, 0)
+	for i := at; i < len(h.least); i++ {
+		h.least[i] = i
+		if i > 0 && h.answers[h.least[i-1]].remaining < h.answers[i].remaining {
+			h.least[i] = h.least[i-1]
 		}
 	}
-	return ok, bound
+	return ok, bound, compared
 }
 
 // rises returns how many answers were compared with earlier ones, how
@@ -250,4 +269,12 @@ func (t *remainingTracker) rises() (compared, rose int, most int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.compared, t.rose, t.maxRise
+}
+
+// largest returns the comparison that rose the most: its key, its answer
+// and the earlier answer it rose above.
+func (t *remainingTracker) largest() (key string, a, from answer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.worst.key, t.worst.answer, t.worst.from
 }

@@ -86,7 +86,9 @@ func TestRemainingTracker(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
-	rl := func(rem int64) rateLimit { return rateLimit{limit: 100, remaining: rem, window: time.Second} }
+	ans := func(send, recv int, rem int64) answer {
+		return answer{send: ms(send), recv: ms(recv), remaining: rem, window: time.Second}
+	}
 	tr := newRemainingTracker(0)
 	steps := []struct {
 		send, recv int
@@ -102,36 +104,40 @@ func TestRemainingTracker(t *testing.T) {
 		{1200, 1210, 99, true}, // past the window from the first request: old requests slid out
 	}
 	for i, s := range steps {
-		ok, bound := tr.observe("k", ms(s.send), ms(s.recv), rl(s.remaining))
+		ok, bound, _ := tr.observe("k", ans(s.send, s.recv, s.remaining))
 		if ok != s.ok {
-			t.Errorf("step %d (remaining %d): ok = %v (bound %d), want %v", i, s.remaining, ok, bound, s.ok)
+			t.Errorf("step %d (remaining %d): ok = %v (bound %d), want %v", i, s.remaining, ok, bound.remaining, s.ok)
 		}
 	}
 	// Observed out of receive order: the late report still bounds
 	// requests sent after it was received.
 	tr = newRemainingTracker(0)
-	tr.observe("k", ms(0), ms(20), rl(50))
-	tr.observe("k", ms(0), ms(10), rl(40))
-	if ok, bound := tr.observe("k", ms(30), ms(40), rl(45)); ok || bound != 40 {
-		t.Errorf("after out-of-order reports: ok %v bound %d, want a rise above 40", ok, bound)
+	tr.observe("k", ans(0, 20, 50))
+	tr.observe("k", ans(0, 10, 40))
+	if ok, bound, _ := tr.observe("k", ans(30, 40, 45)); ok || bound.remaining != 40 || !bound.recv.Equal(ms(10)) {
+		t.Errorf("after out-of-order reports: ok %v bound %d received at %s, want a rise above 40, received at 10ms", ok, bound.remaining, bound.recv.Sub(t0))
 	}
-	if ok, _ := tr.observe("other", ms(30), ms(40), rl(99)); !ok {
+	if ok, _, compared := tr.observe("other", ans(30, 40, 99)); !ok || compared {
 		t.Error("keys are tracked apart")
 	}
 	if compared, rose, most := tr.rises(); compared != 1 || rose != 1 || most != 5 {
 		t.Errorf("rises: %d of %d compared, most %d; want 1 of 1, 5", rose, compared, most)
 	}
+	if key, a, from := tr.largest(); key != "k" || a.remaining != 45 || !a.send.Equal(ms(30)) || from.remaining != 40 || !from.recv.Equal(ms(10)) {
+		t.Errorf("largest: %s answered %d (sent %s) after %d (received %s); want k, 45 sent at 30ms after 40 received at 10ms",
+			key, a.remaining, a.send.Sub(t0), from.remaining, from.recv.Sub(t0))
+	}
 
 	// With a slack, a rise up to it passes, one beyond it fails.
 	tr = newRemainingTracker(3)
-	tr.observe("k", ms(0), ms(10), rl(90))
+	tr.observe("k", ans(0, 10, 90))
 	for i, s := range []struct {
 		remaining int64
 		ok        bool
 	}{{93, true}, {94, false}, {80, true}, {83, true}, {84, false}} {
 		// Each sent after the answers before it were received: compared
 		// with the least of them.
-		if ok, _ := tr.observe("k", ms(20+20*i), ms(30+20*i), rl(s.remaining)); ok != s.ok {
+		if ok, _, _ := tr.observe("k", ans(20+20*i, 30+20*i, s.remaining)); ok != s.ok {
 			t.Errorf("slack 3, Remaining %d: ok %v, want %v", s.remaining, ok, s.ok)
 		}
 	}

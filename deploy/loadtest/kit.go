@@ -51,6 +51,8 @@ type kit struct {
 	remaining *remainingTracker
 	log       io.Writer
 	logMu     sync.Mutex
+	// start is when the kit was made: failure messages give times from it.
+	start time.Time
 	// windows is each key's shortest window, by key id, as GET
 	// /v1/rate_limit named it (learnWindows).
 	windows map[string]time.Duration
@@ -79,6 +81,7 @@ func newKit(cfg config, keys int, log io.Writer) *kit {
 		checks:    newChecks(),
 		remaining: newRemainingTracker(riseAllowed(cfg, keys)),
 		log:       log,
+		start:     time.Now(),
 		latency:   map[string][]time.Duration{},
 		statuses:  map[string]map[int]int{},
 	}
@@ -149,10 +152,26 @@ func (k *kit) get(ctx context.Context, scenario string, key key) response {
 		// Nothing to bound the check by: not checked, rather than passed.
 		return r
 	}
-	ok, bound := k.remaining.observe(key.id, r.send, r.recv, r.rl)
-	k.checks.record(checkRemaining, ok, fmt.Sprintf("%s: %s answered Remaining %d after an earlier answer said %d (a rise of %d, %d allowed)",
-		scenario, key.id, r.rl.remaining, bound, r.rl.remaining-bound, k.remaining.slack))
+	a := answer{send: r.send, recv: r.recv, remaining: r.rl.remaining, window: r.rl.window, from: resp.Header.Get("X-Served-By")}
+	ok, bound, _ := k.remaining.observe(key.id, a)
+	if !ok {
+		k.checks.record(checkRemaining, false, fmt.Sprintf("%s: %s answered Remaining %d %s after %d %s: a rise of %d, %d allowed",
+			scenario, key.id, a.remaining, k.when(a), bound.remaining, k.when(bound), a.remaining-bound.remaining, k.remaining.slack))
+	} else {
+		k.checks.record(checkRemaining, true, "")
+	}
 	return r
+}
+
+// when says where and when a was answered, for a failure message: its
+// replica when the deployment names it, and its send and receive times
+// from the start of the run.
+func (k *kit) when(a answer) string {
+	from := ""
+	if a.from != "" {
+		from = a.from + ", "
+	}
+	return fmt.Sprintf("(%ssent %s, received %s)", from, a.send.Sub(k.start).Round(time.Millisecond), a.recv.Sub(k.start).Round(time.Millisecond))
 }
 
 // learnWindows asks GET /v1/rate_limit, which spends none of a key's
@@ -483,6 +502,10 @@ func (rep report) print(w io.Writer, cfg config) int {
 		if name == checkRemaining {
 			compared, rose, most := k.remaining.rises()
 			fmt.Fprintf(w, "         %d of %d comparisons rose, by at most %d (allowed: %d)\n", rose, compared, most, k.remaining.slack)
+			if most > 0 {
+				key, a, from := k.remaining.largest()
+				fmt.Fprintf(w, "         the most: %s answered %d %s after %d %s\n", key, a.remaining, k.when(a), from.remaining, k.when(from))
+			}
 		}
 		for _, s := range k.checks.sample[name] {
 			fmt.Fprintf(w, "         e.g. %s\n", s)

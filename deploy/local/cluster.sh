@@ -211,6 +211,8 @@ $(balance_lines)
   option httpchk GET /readyz
   http-check expect status 200
   default-server inter 300ms fall 1 rise 1
+  # Which replica answered, for the load-test kit's failure messages.
+  http-response set-header X-Served-By %[srv_name]
 EOF
     for i in $(seq 1 "$REPLICAS"); do
       echo "  server r$i 127.0.0.1:$(api_port "$i") check port $(ops_port "$i")"
