@@ -9,12 +9,27 @@ import (
 
 // sample is one reading of every series, taken every -sample-every.
 type sample struct {
-	at      time.Time
-	phase   phase
-	rps     float64 // requests answered a second since the previous sample
-	failed  int64   // of them 5xx or not answered at all
-	dropped int64   // arrivals since the previous sample that found every worker busy
-	values  map[string]float64
+	at       time.Time
+	phase    phase
+	rps      float64 // requests answered a second since the previous sample
+	requests int64   // requests answered since the previous sample
+	failed   int64   // of them 5xx or not answered at all
+	dropped  int64   // arrivals since the previous sample that found every worker busy
+	values   map[string]float64
+}
+
+// maxDroppedPct is the most of a sample's arrivals (since the previous
+// sample) that may have been dropped, every client busy, for it to count
+// in judgeGrowth. More means the fleet fell behind the rate: the machine
+// stalled (other processes took the cores) or something in the fleet
+// did, and requests piled up in flight, each holding memory, a
+// connection and goroutines, so the series show the pile, not the
+// fleet at the load it was meant to carry.
+const maxDroppedPct = 1.0
+
+// held reports whether s saw the intended load.
+func (s sample) held() bool {
+	return float64(s.dropped)*100 <= maxDroppedPct*float64(s.requests+s.dropped)
 }
 
 // interval is a run of consecutive steady samples: the fleet between a
@@ -26,19 +41,26 @@ func (iv interval) span(start time.Time) string {
 	return clock(iv[0].at.Sub(start)) + "-" + clock(iv[len(iv)-1].at.Sub(start))
 }
 
-// load returns iv's mean throughput and the share of its arrivals
-// dropped, in percent, over samples every `every`.
-func (iv interval) load(every time.Duration) (rps, droppedPct float64) {
-	var sent, dropped float64
+// describe says when iv ran, how many samples it holds and how many of
+// them held the load, and the load it carried.
+func (iv interval) describe(start time.Time) string {
+	var requests, dropped int64
 	for _, s := range iv {
-		rps += s.rps
-		sent += s.rps * every.Seconds()
-		dropped += float64(s.dropped)
+		requests += s.requests
+		dropped += s.dropped
 	}
-	if sent+dropped > 0 {
-		droppedPct = 100 * dropped / (sent + dropped)
+	secs := iv[len(iv)-1].at.Sub(iv[0].at).Seconds()
+	rps := 0.0
+	if secs > 0 && len(iv) > 1 {
+		// The first sample's requests came before its start.
+		rps = float64(requests-iv[0].requests) / secs
 	}
-	return rps / float64(len(iv)), droppedPct
+	pct := 0.0
+	if requests+dropped > 0 {
+		pct = 100 * float64(dropped) / float64(requests+dropped)
+	}
+	return fmt.Sprintf("%s, %d samples, %d holding the rate; %.0f requests/s, %.1f%% of arrivals dropped",
+		iv.span(start), len(iv), iv.held(), rps, pct)
 }
 
 // clock formats an offset into the run as minutes:seconds.
@@ -79,31 +101,50 @@ const minRise = 2
 // must hold for its median to mean anything.
 const minSamples = 3
 
+// rule says how judgeGrowth holds a series to the limit: across the run
+// (the first steady interval against the last) and within each steady
+// interval (its first half against its second). A series with neither
+// is only drawn.
+type rule struct {
+	across, within bool
+}
+
 // growth is one series' verdict.
 type growth struct {
 	series        string
-	first, last   float64 // medians
+	rule          rule
+	first, last   float64 // medians of the first and the last steady interval
 	nFirst, nLast int
 	pct           float64 // (last - first) / first, in percent
-	judged        bool    // held to the limit
 	failed        bool
+	// Within: the steady interval whose second half rose most over its
+	// first, when the rule asks (withinIv nil when no interval had
+	// samples enough in both halves).
+	withinIv                interval
+	withinFirst, withinLast float64
+	withinPct               float64
+	withinFailed            bool
 }
 
 // comparison is what judgeGrowth compared: the first and the last
 // steady interval (or, in a run without faults, the first and last third
-// of its one steady interval).
+// of its one steady interval), and every steady interval.
 type comparison struct {
 	first, last interval
+	intervals   []interval
 	rows        []growth
 }
 
-// judgeGrowth compares, for each series, the median of its values in
-// the first steady interval with the median in the last one: a judged
-// series fails when the latter exceeds the former by more than maxPct
-// percent and by more than minRise.
+// judgeGrowth holds each series to its rule. Across the run, it compares
+// the median of its values in the first steady interval with the median
+// in the last one; within each steady interval, the median of its first
+// half with that of its second. Either fails when the later median
+// exceeds the earlier by more than maxPct percent and by more than
+// minRise.
 //
 // Only steady samples count: never one taken in a fault's window, nor in
-// the warm-up that follows it, nor in the run's own warm-up. Like is
+// the warm-up that follows it, nor in the run's own warm-up, nor one
+// whose load was not held (sample.held). Across the run, like is
 // compared with like: every fault restarts each replica and Redis, so
 // every series starts again from nothing after it, and the run's first
 // steady interval also follows fresh processes and a fresh Redis (the
@@ -112,11 +153,15 @@ type comparison struct {
 // the same work; the last interval's have lived through a Redis restart
 // (a fault rolls the replicas first), which the first's had not. What
 // grows from the one to the other is what a restart does not reset, or
-// what a replica keeps from a Redis restart. The median, not the mean,
-// so that one sample taken during a burst of requests does not decide.
-func judgeGrowth(samples []sample, series, judged []string, maxPct float64) (comparison, error) {
+// what a replica keeps from a Redis restart. What grows through a
+// process's life and goes with it (no process outlives the time between
+// two faults) shows only within an interval, where the same processes
+// and the same Redis are compared with themselves, older. The median,
+// not the mean, so that one sample taken during a burst of requests does
+// not decide.
+func judgeGrowth(samples []sample, series []string, rules map[string]rule, maxPct float64) (comparison, error) {
 	ivs := steadyIntervals(samples)
-	var c comparison
+	c := comparison{intervals: ivs}
 	switch len(ivs) {
 	case 0:
 		return c, fmt.Errorf("no steady samples at all: lengthen -duration or shorten -warmup")
@@ -131,39 +176,81 @@ func judgeGrowth(samples []sample, series, judged []string, maxPct float64) (com
 	default:
 		c.first, c.last = ivs[0], ivs[len(ivs)-1]
 	}
+	if h1, h2 := c.first.held(), c.last.held(); h1 < minSamples || h2 < minSamples {
+		return c, fmt.Errorf("the rate was not held: in %d of the first interval's %d samples and %d of the last's %d, "+
+			"no more than %.0f%% of the arrivals found every client busy; want %d in each (a machine busier than when the capacity was measured?)",
+			h1, len(c.first), h2, len(c.last), maxDroppedPct, minSamples)
+	}
 	for _, name := range series {
+		r := rules[name]
 		a, b := values(c.first, name), values(c.last, name)
-		isJudged := slices.Contains(judged, name)
-		if !isJudged && (len(a) < minSamples || len(b) < minSamples) {
-			continue
-		}
 		if len(a) < minSamples || len(b) < minSamples {
+			if !r.across {
+				continue
+			}
 			return c, fmt.Errorf("%s: %d values in the first steady interval and %d in the last, want at least %d in each: lengthen -duration",
 				name, len(a), len(b), minSamples)
 		}
-		g := growth{series: name, first: median(a), last: median(b), nFirst: len(a), nLast: len(b), judged: isJudged}
-		switch {
-		case g.first > 0:
-			g.pct = (g.last - g.first) / g.first * 100
-		case g.last > 0:
-			g.pct = math.Inf(1)
+		g := growth{series: name, rule: r, first: median(a), last: median(b), nFirst: len(a), nLast: len(b)}
+		g.pct = rise(g.first, g.last)
+		g.failed = r.across && exceeds(g.first, g.last, maxPct)
+		if r.within {
+			for _, iv := range ivs {
+				h := len(iv) / 2
+				a, b := values(iv[:h], name), values(iv[h:], name)
+				if len(a) < minSamples || len(b) < minSamples {
+					continue
+				}
+				first, last := median(a), median(b)
+				if pct := rise(first, last); g.withinIv == nil || pct > g.withinPct {
+					g.withinIv, g.withinFirst, g.withinLast, g.withinPct = iv, first, last, pct
+					g.withinFailed = exceeds(first, last, maxPct)
+				}
+			}
 		}
-		g.failed = isJudged && g.pct > maxPct && g.last-g.first > minRise
 		c.rows = append(c.rows, g)
 	}
 	return c, nil
 }
 
-// values returns the readings of series name in iv (a replica being
-// restarted has none).
+// rise is how much later exceeds earlier, in percent of it.
+func rise(earlier, later float64) float64 {
+	switch {
+	case earlier > 0:
+		return (later - earlier) / earlier * 100
+	case later > 0:
+		return math.Inf(1)
+	}
+	return 0
+}
+
+// exceeds reports whether later is over the limit: more than maxPct
+// percent above earlier, and more than minRise.
+func exceeds(earlier, later, maxPct float64) bool {
+	return rise(earlier, later) > maxPct && later-earlier > minRise
+}
+
+// values returns the readings of series name in iv's samples that held
+// the load (a replica being restarted has none).
 func values(iv interval, name string) []float64 {
 	var out []float64
 	for _, s := range iv {
-		if v, ok := s.values[name]; ok {
+		if v, ok := s.values[name]; ok && s.held() {
 			out = append(out, v)
 		}
 	}
 	return out
+}
+
+// held counts iv's samples that held the load.
+func (iv interval) held() int {
+	n := 0
+	for _, s := range iv {
+		if s.held() {
+			n++
+		}
+	}
+	return n
 }
 
 func median(vs []float64) float64 {

@@ -9,6 +9,9 @@ import (
 	"time"
 )
 
+// acrossOnly judges series x across the run only.
+var acrossOnly = map[string]rule{"x": {across: true}}
+
 func TestNewSchedule(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -157,7 +160,7 @@ func TestJudgeGrowthComparesFirstAndLastSteadyIntervals(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ss := samples(phases, func(i int) (float64, bool) { return c.v(i), true })
-			got, err := judgeGrowth(ss, []string{"x"}, []string{"x"}, 5)
+			got, err := judgeGrowth(ss, []string{"x"}, acrossOnly, 5)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -175,7 +178,7 @@ func TestJudgeGrowthComparesFirstAndLastSteadyIntervals(t *testing.T) {
 func TestJudgeGrowthWithoutFaultsComparesThirds(t *testing.T) {
 	t.Parallel()
 	ss := samples("wwsssssssss", func(i int) (float64, bool) { return float64(100 + i), true })
-	got, err := judgeGrowth(ss, []string{"x"}, []string{"x"}, 5)
+	got, err := judgeGrowth(ss, []string{"x"}, acrossOnly, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +202,7 @@ func TestJudgeGrowthNeedsSamples(t *testing.T) {
 		{"wssssffwsss", func(i int) bool { return i < 9 }, "x: 4 values in the first steady interval and 1 in the last"},
 	} {
 		ss := samples(c.phases, func(i int) (float64, bool) { return 1, c.have(i) })
-		if _, err := judgeGrowth(ss, []string{"x"}, []string{"x"}, 5); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := judgeGrowth(ss, []string{"x"}, acrossOnly, 5); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one saying %q", c.phases, err, c.want)
 		}
 	}
@@ -212,21 +215,66 @@ func TestJudgeGrowthNeedsSamples(t *testing.T) {
 
 func TestJudgedSeries(t *testing.T) {
 	t.Parallel()
-	all, judged := seriesNames(2)
-	for _, name := range []string{"r1_rss_bytes", "r2_heap_goal_bytes", "r1_goroutines_less_conns", "r2_open_fds_less_conns", redisMemory, redisKeys} {
-		if !slices.Contains(judged, name) {
-			t.Errorf("%s is not judged", name)
+	all, rules := seriesNames(2)
+	for name, want := range map[string]rule{
+		"r1_rss_bytes":       {across: true},
+		"r2_heap_goal_bytes": {across: true, within: true},
+		"r1_goroutines_own":  {across: true, within: true},
+		"r2_open_fds_own":    {across: true, within: true},
+		redisMemory:          {across: true, within: true},
+		redisKeys:            {across: true, within: true},
+		// Drawn only.
+		"r1_heap_inuse_bytes": {}, "r1_goroutines": {}, "r2_open_fds": {}, "r1_conns": {}, "r2_redis_conns": {}, "r1_in_flight": {},
+	} {
+		if !slices.Contains(all, name) {
+			t.Errorf("%s is not recorded", name)
+		}
+		if rules[name] != want {
+			t.Errorf("%s is judged %+v, want %+v", name, rules[name], want)
 		}
 	}
-	for _, name := range []string{"r1_heap_inuse_bytes", "r1_goroutines", "r2_open_fds", "r1_conns", "r2_redis_conns"} {
-		if !slices.Contains(all, name) || slices.Contains(judged, name) {
-			t.Errorf("%s: want it recorded and not judged", name)
-		}
-	}
-	for _, name := range judged {
+	for name := range rules {
 		if !slices.Contains(all, name) {
 			t.Errorf("%s is judged but not recorded", name)
 		}
+	}
+}
+
+// TestJudgeGrowthWithinAnInterval: a series that climbs through every
+// process's life and starts again with the next (no process outlives a
+// fault) looks the same in the first interval and the last; only the
+// comparison within each interval sees it.
+func TestJudgeGrowthWithinAnInterval(t *testing.T) {
+	t.Parallel()
+	const phases = "wssssssffwssssss"
+	climbs := func(i int) (float64, bool) {
+		switch {
+		case i >= 1 && i <= 6:
+			return float64(100 + 10*(i-1)), true
+		case i >= 10:
+			return float64(100 + 10*(i-10)), true
+		}
+		return 100, true
+	}
+	c, err := judgeGrowth(samples(phases, climbs), []string{"x"}, map[string]rule{"x": {across: true, within: true}}, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := c.rows[0]
+	if g.failed {
+		t.Errorf("failed across the run (%+.1f%%): the first and last intervals are alike", g.pct)
+	}
+	// Halves: 100, 110, 120 against 130, 140, 150.
+	if !g.withinFailed || g.withinFirst != 110 || g.withinLast != 140 {
+		t.Errorf("within: %v to %v, failed %v; want 110 to 140, failed", g.withinFirst, g.withinLast, g.withinFailed)
+	}
+	// Judged across only, it passes.
+	c, err = judgeGrowth(samples(phases, climbs), []string{"x"}, acrossOnly, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := c.rows[0]; g.failed || g.withinFailed || g.withinIv != nil {
+		t.Errorf("a series judged across only: %+v", g)
 	}
 }
 
@@ -247,5 +295,37 @@ func TestMixCounts(t *testing.T) {
 	}
 	if got := fmt.Sprint(mixCounts(10000)); got != "[4000 3000 2000 500 500]" {
 		t.Errorf("mixCounts(10000) = %s", got)
+	}
+}
+
+// TestJudgeGrowthLeavesOutSamplesThatDidNotHoldTheRate: a sample whose
+// arrivals found every client busy shows requests piled up in flight,
+// not the fleet at its load; too few others and growth is not judged.
+func TestJudgeGrowthLeavesOutSamplesThatDidNotHoldTheRate(t *testing.T) {
+	t.Parallel()
+	const phases = "wsssssffwsssss"
+	mark := func(ss []sample, behind func(i int) bool) []sample {
+		for i := range ss {
+			ss[i].requests = 1000
+			if behind(i) {
+				ss[i].dropped = 11 // just over 1% of 1011
+				ss[i].values["x"] = 500
+			} else {
+				ss[i].dropped = 10 // 1% of 1010: held
+			}
+		}
+		return ss
+	}
+	ss := mark(samples(phases, func(int) (float64, bool) { return 100, true }), func(i int) bool { return i == 12 || i == 13 })
+	c, err := judgeGrowth(ss, []string{"x"}, acrossOnly, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := c.rows[0]; g.last != 100 || g.nLast != 3 || g.failed {
+		t.Errorf("last median %v of %d values, failed %v: want 100 of the 3 samples that held the rate", g.last, g.nLast, g.failed)
+	}
+	ss = mark(samples(phases, func(int) (float64, bool) { return 100, true }), func(i int) bool { return i >= 11 })
+	if _, err := judgeGrowth(ss, []string{"x"}, acrossOnly, 5); err == nil || !strings.Contains(err.Error(), "the rate was not held: in 5 of the first interval's 5 samples and 2 of the last's 5") {
+		t.Errorf("error %v, want one saying the rate was not held", err)
 	}
 }

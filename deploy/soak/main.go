@@ -22,8 +22,9 @@
 // own under -dir.
 //
 // It fails when a judged series grows more than -max-growth percent
-// from the first steady interval to the last (judgeGrowth says exactly
-// how, replicaColumns which series and why), when a request gets a 5xx
+// from the first steady interval to the last, or within one
+// (judgeGrowth says exactly how, replicaColumns which series and why),
+// when a request gets a 5xx
 // or no answer outside a fault's window (from the fault's start until
 // the fleet is as before, plus -grace), or when the fleet does not
 // recover from a fault within a minute.
@@ -93,7 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.rate, "rate", 0, "the steady rate in requests/s (0: -load of the measured capacity)")
 	fs.DurationVar(&c.probe, "probe", 5*time.Second, "how long the capacity is measured, after a second's start")
 	fs.IntVar(&c.workers, "workers", 256, "most requests in flight; an arrival finding none free is counted as dropped")
-	fs.Float64Var(&c.maxGrowth, "max-growth", 5, "most a series may grow from the first steady interval to the last, in percent")
+	fs.Float64Var(&c.maxGrowth, "max-growth", 5, "most a series may grow from the first steady interval to the last, or within one, in percent")
 	fs.StringVar(&c.petstore, "petstore", "../../bin/petstore", "the petstore binary the replicas run (make build)")
 	fs.StringVar(&c.script, "cluster-script", "../local/cluster.sh", "make cluster's script")
 	fs.StringVar(&c.dir, "dir", "../../.soak", "where each run gets a directory of its own (CSV, SVG, summary, the fleet's logs)")

@@ -39,7 +39,7 @@ type report struct {
 
 // judge sorts the load's failures by fault window and compares the
 // series (judgeGrowth).
-func (r *report) judge(tl *timeline, series, judged []string) {
+func (r *report) judge(tl *timeline, series []string, rules map[string]rule) {
 	r.load.mu.Lock()
 	for _, f := range r.load.failures {
 		if tl.excused(f.send, f.recv) {
@@ -53,7 +53,7 @@ func (r *report) judge(tl *timeline, series, judged []string) {
 	if overflow > 0 && r.fatal == nil {
 		r.fatal = fmt.Errorf("%d failures beyond the %d kept, not judged", overflow, maxFailures)
 	}
-	r.growth, r.growthErr = judgeGrowth(r.samples, series, judged, r.cfg.maxGrowth)
+	r.growth, r.growthErr = judgeGrowth(r.samples, series, rules, r.cfg.maxGrowth)
 }
 
 // failures says what failed the run ("" when nothing did).
@@ -67,7 +67,12 @@ func (r *report) failures() string {
 	}
 	for _, g := range r.growth.rows {
 		if g.failed {
-			out = append(out, fmt.Sprintf("%s grew %+.1f%% (%s to %s), over %.0f%%", g.series, g.pct, r.format(g.series, g.first), r.format(g.series, g.last), r.cfg.maxGrowth))
+			out = append(out, fmt.Sprintf("%s grew %s from the first steady interval to the last (%s to %s)",
+				g.series, pct(g.pct), r.format(g.series, g.first), r.format(g.series, g.last)))
+		}
+		if g.withinFailed {
+			out = append(out, fmt.Sprintf("%s grew %s within the steady interval %s (%s in its first half, %s in its second)",
+				g.series, pct(g.withinPct), g.withinIv.span(r.start), r.format(g.series, g.withinFirst), r.format(g.series, g.withinLast)))
 		}
 	}
 	if n := len(r.outside); n > 0 {
@@ -136,25 +141,26 @@ func (r *report) String() string {
 		fmt.Fprintf(&b, "growth: not judged: %v\n", r.growthErr)
 	} else {
 		c := r.growth
-		fmt.Fprintf(&b, "growth: medians of the first steady interval (%s, %d samples) and the last (%s, %d samples); over %.0f%% fails\n",
-			c.first.span(r.start), len(c.first), c.last.span(r.start), len(c.last), cfg.maxGrowth)
-		r1, d1 := c.first.load(cfg.sampleEvery)
-		r2, d2 := c.last.load(cfg.sampleEvery)
-		fmt.Fprintf(&b, "  load: %.0f requests/s in the first (%.1f%% of arrivals dropped), %.0f/s in the last (%.1f%%)\n", r1, d1, r2, d2)
-		if max(d1, d2) > 1 {
-			fmt.Fprintf(&b, "  warning: the rate was not held (every worker busy): the machine was busier than when the capacity was measured, "+
-				"and the intervals compare unlike loads (more requests in flight hold more memory and goroutines)\n")
+		fmt.Fprintf(&b, "growth: over %.0f%% (and %d) fails; the medians of the first steady interval and the last, and the most an interval's\n"+
+			"second half rose over its first (within); steady intervals:\n", cfg.maxGrowth, minRise)
+		for _, iv := range c.intervals {
+			fmt.Fprintf(&b, "  %s\n", iv.describe(r.start))
 		}
-		fmt.Fprintf(&b, "  %-26s %12s %12s %9s\n", "series", "first", "last", "growth")
+		fmt.Fprintf(&b, "  %-24s %11s %11s %8s %8s\n", "series", "first", "last", "growth", "within")
 		for _, g := range c.rows {
-			mark := ""
-			switch {
-			case g.failed:
-				mark = "  FAIL"
-			case !g.judged:
-				mark = "  (drawn, not judged)"
+			within, mark := "-", ""
+			if g.withinIv != nil {
+				within = pct(g.withinPct)
 			}
-			fmt.Fprintf(&b, "  %-26s %12s %12s %8s%s\n", g.series, r.format(g.series, g.first), r.format(g.series, g.last), pct(g.pct), mark)
+			switch {
+			case g.failed || g.withinFailed:
+				mark = "  FAIL"
+			case g.rule == (rule{}):
+				mark = "  (drawn, not judged)"
+			case !g.rule.within:
+				mark = "  (not judged within)"
+			}
+			fmt.Fprintf(&b, "  %-24s %11s %11s %8s %8s%s\n", g.series, r.format(g.series, g.first), r.format(g.series, g.last), pct(g.pct), within, mark)
 		}
 	}
 	if f := r.failures(); f != "" {

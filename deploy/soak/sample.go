@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -18,64 +19,76 @@ import (
 )
 
 // replicaColumns are each replica's series, by their CSV column (after
-// the replica's name), in order; judged ones are held to -max-growth.
+// the replica's name), in order, and how each is judged.
 //
 // Heap in use saws between what the last collection left live and the
 // goal at which the next starts (twice as much at GOGC=100): a median
 // of samples taken at random points of the saw moves by 10% or more
 // between two intervals of the same process. It is drawn; the goal,
-// which moves only when the live heap does, is judged.
+// which moves only when the live heap does, is judged. Resident memory
+// is judged across the run only: after a start it rises for minutes
+// with the heap's peaks (the runtime returns pages slowly), so within a
+// process's first interval it grows without a leak; a leak shows in the
+// heap goal first.
 //
 // Each connection HAProxy (or the sampler) holds open to a replica costs
-// it a goroutine and a descriptor, and each of its Redis client's pooled
-// connections a descriptor; how many there are follows the load's
+// it a goroutine and a descriptor, each request in flight another
+// goroutine (net/http's background read), and each of its Redis client's
+// pooled connections a descriptor; how many there are follows the load's
 // concurrency (the pool keeps as many as were ever in use at once), not
 // a leak. The raw counts are drawn, and goroutines and descriptors are
-// judged net of those connections: what is left (listeners, files,
-// timers, the limiter's workers; a socket the replica never closed) is
-// the replica's own.
+// judged net of those: what is left (listeners, files, timers, the
+// limiter's workers; a socket the replica never closed) is the
+// replica's own.
 var replicaColumns = []struct {
 	name   string
 	metric string // the /metrics sample it comes from, if any
-	judged bool
+	rule   rule
 }{
-	{"rss_bytes", "process_resident_memory_bytes", true},
-	{"heap_inuse_bytes", "go_memstats_heap_inuse_bytes", false},
-	{"heap_goal_bytes", "go_memstats_next_gc_bytes", true},
-	{"goroutines", "go_goroutines", false},
-	{"open_fds", "", false},    // /proc/PID/fd
-	{"conns", "", false},       // accepted, established (census)
-	{"redis_conns", "", false}, // to Redis, established (census)
-	{goroutinesLessConns, "", true},
-	{openFDsLessConns, "", true},
+	{"rss_bytes", "process_resident_memory_bytes", rule{across: true}},
+	{"heap_inuse_bytes", "go_memstats_heap_inuse_bytes", rule{}},
+	{"heap_goal_bytes", "go_memstats_next_gc_bytes", rule{across: true, within: true}},
+	{"goroutines", "go_goroutines", rule{}},
+	{"in_flight", "petstore_http_requests_in_flight", rule{}},
+	{"open_fds", "", rule{}},    // /proc/PID/fd
+	{"conns", "", rule{}},       // accepted, established (census)
+	{"redis_conns", "", rule{}}, // to Redis, established (census)
+	{goroutinesOwn, "", rule{across: true, within: true}},
+	{openFDsOwn, "", rule{across: true, within: true}},
 }
 
 const (
-	goroutinesLessConns = "goroutines_less_conns" // goroutines - conns
-	openFDsLessConns    = "open_fds_less_conns"   // open_fds - conns - redis_conns
+	goroutinesOwn = "goroutines_own" // goroutines - conns - in_flight
+	openFDsOwn    = "open_fds_own"   // open_fds - conns - redis_conns
 )
 
-// The series read from Redis: INFO's used_memory, and DBSIZE.
+// The series read from Redis: INFO's used_memory, and DBSIZE. Each
+// fault restarts Redis empty, so a record that never expires shows only
+// within an interval: both are judged there too.
 const (
 	redisMemory = "redis_used_memory_bytes"
 	redisKeys   = "redis_keys"
 )
 
 // seriesNames returns every series' name, in the CSV's order, and the
-// names of those judged.
-func seriesNames(replicas int) (all, judged []string) {
+// rules of those judged.
+func seriesNames(replicas int) ([]string, map[string]rule) {
+	var all []string
+	rules := map[string]rule{}
 	for i := 1; i <= replicas; i++ {
 		for _, c := range replicaColumns {
 			name := fmt.Sprintf("r%d_%s", i, c.name)
 			all = append(all, name)
-			if c.judged {
-				judged = append(judged, name)
+			if c.rule != (rule{}) {
+				rules[name] = c.rule
 			}
 		}
 	}
-	all = append(all, redisMemory, redisKeys)
-	judged = append(judged, redisMemory, redisKeys)
-	return all, judged
+	for _, name := range []string{redisMemory, redisKeys} {
+		all = append(all, name)
+		rules[name] = rule{across: true, within: true}
+	}
+	return all, rules
 }
 
 // replicaTarget is where the sampler reads one replica: its metrics, its
@@ -94,6 +107,8 @@ func readSeries(ctx context.Context, client *http.Client, replicas []replicaTarg
 	var errs []error
 	for i, r := range replicas {
 		name := func(column string) string { return fmt.Sprintf("r%d_%s", i+1, column) }
+		before, beforeErr := census(r.pid, []int{r.api, r.ops}, redisPort)
+		censused := beforeErr == nil
 		m, err := scrape(ctx, client, r.opsURL)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("r%d: %w", i+1, err))
@@ -109,19 +124,25 @@ func readSeries(ctx context.Context, client *http.Client, replicas []replicaTarg
 				errs = append(errs, fmt.Errorf("r%d: no %s in /metrics", i+1, c.metric))
 			}
 		}
-		// Right after the scrape, whose own connection is then open and
-		// idle, as between samples.
-		fds, err := census(r.pid, []int{r.api, r.ops}, redisPort)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("r%d: %w", i+1, err))
+		// Connections come and go between the scrape and the census: the
+		// mean of one before and one after stands for the moment of the
+		// scrape. (The scrape's own connection is open in both, and idle,
+		// as between samples.)
+		after, err := census(r.pid, []int{r.api, r.ops}, redisPort)
+		if err != nil || !censused {
+			errs = append(errs, fmt.Errorf("r%d: %w", i+1, cmp.Or(err, beforeErr)))
 			continue
 		}
-		out[name("open_fds")] = float64(fds.total)
-		out[name("conns")] = float64(fds.accepted)
-		out[name("redis_conns")] = float64(fds.redis)
-		out[name(openFDsLessConns)] = float64(fds.total - fds.accepted - fds.redis)
-		if v, ok := m["go_goroutines"]; ok {
-			out[name(goroutinesLessConns)] = v - float64(fds.accepted)
+		mean := func(f func(fdCensus) int) float64 { return float64(f(before)+f(after)) / 2 }
+		conns := mean(func(c fdCensus) int { return c.accepted })
+		out[name("open_fds")] = mean(func(c fdCensus) int { return c.total })
+		out[name("conns")] = conns
+		out[name("redis_conns")] = mean(func(c fdCensus) int { return c.redis })
+		out[name(openFDsOwn)] = mean(func(c fdCensus) int { return c.total - c.accepted - c.redis })
+		g, ok1 := m["go_goroutines"]
+		inFlight, ok2 := m["petstore_http_requests_in_flight"]
+		if ok1 && ok2 {
+			out[name(goroutinesOwn)] = g - conns - inFlight
 		}
 	}
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)

@@ -127,7 +127,7 @@ func (s *soak) run(ctx context.Context) (*report, error) {
 
 	tl := &timeline{start: time.Now(), warmup: s.sched.warmup, grace: cfg.grace}
 	rep.start = tl.start
-	series, judged := seriesNames(cfg.replicas)
+	series, rules := seriesNames(cfg.replicas)
 	csvLog, err := newCSVLog(filepath.Join(s.dir, "soak.csv"), series, tl.start)
 	if err != nil {
 		return nil, err
@@ -168,7 +168,7 @@ func (s *soak) run(ctx context.Context) (*report, error) {
 		rep.fatal = sampleErr
 	}
 	rep.samples = samples
-	rep.judge(tl, series, judged)
+	rep.judge(tl, series, rules)
 
 	f, err := s.create("soak.svg")
 	if err != nil {
@@ -278,12 +278,13 @@ func (s *soak) sample(ctx context.Context, stop <-chan struct{}, tl *timeline, l
 		values, errs := readSeries(ctx, client, s.fleet.targets(), s.redis.port)
 		requests, failed, dropped := load.requests.Load(), load.failed.Load(), load.dropped.Load()
 		sm := sample{
-			at:      at,
-			phase:   tl.phaseAt(at),
-			rps:     float64(requests-prevRequests) / at.Sub(prevAt).Seconds(),
-			failed:  failed - prevFailed,
-			dropped: dropped - prevDropped,
-			values:  values,
+			at:       at,
+			phase:    tl.phaseAt(at),
+			rps:      float64(requests-prevRequests) / at.Sub(prevAt).Seconds(),
+			requests: requests - prevRequests,
+			failed:   failed - prevFailed,
+			dropped:  dropped - prevDropped,
+			values:   values,
 		}
 		prevAt, prevRequests, prevFailed, prevDropped = at, requests, failed, dropped
 		if sm.phase == phaseSteady && len(errs) > 0 {
