@@ -20,7 +20,8 @@ import (
 // until its end, and strikes are counted locally as usual. Every local
 // admission is remembered and added to the shared windows by the key's
 // next round trip (input.add), so the windows that follow a failure know
-// about them.
+// about them. An admission reports Remaining counted down from the last
+// shared verdict, not from this replica's share of it (countDown).
 type fallback struct {
 	seed        maphash.Seed
 	shards      [memShards]fallbackShard
@@ -187,6 +188,9 @@ func (f *fallback) decide(key string, pl *plan, now int64, in input) verdict {
 		}
 		e.expires = max(e.expires, e.state.expires)
 	}
+	if v.outcome == Allowed {
+		e.countDown(pl, now, &v)
+	}
 	return v
 }
 
@@ -218,6 +222,30 @@ func (e *fallbackEntry) seedState(pl, lp *plan, now, n int64) (*keyState, []take
 		st.ban.until = e.banUntil
 	}
 	return st, tk
+}
+
+// countDown states the Remaining of an admission v, decided at now, as
+// the window's rather than this replica's share: in each window still
+// within its period of the last shared verdict, what that verdict left,
+// R, less what this replica has admitted alone and not yet added to the
+// shared windows (pending: each came after that verdict's round trip
+// began, which took those before it). So an answer made without Redis
+// counts down from the key's last shared count, as a lease's answers do
+// (lease.go): short of the window's true figure by what the replicas held
+// unspent when that verdict was made, over by what was admitted elsewhere
+// since, and never above L. A window the verdict no longer
+// covers, or never did, keeps the local figure: this replica knows
+// nothing shared of it. So do refusals: the window that refuses reads 0.
+func (e *fallbackEntry) countDown(pl *plan, now int64, v *verdict) {
+	if e.at == 0 || e.pl != pl {
+		return
+	}
+	for i := range pl.windows {
+		if now-e.at >= pl.windows[i].period || i >= len(e.remaining) || i >= len(v.win) {
+			continue
+		}
+		v.win[i].remaining = max(e.remaining[i]-e.pending, 0)
+	}
 }
 
 // sweep drops what no longer matters.

@@ -186,7 +186,9 @@ func TestFallbackPendingCountNeverLow(t *testing.T) {
 // command, and each window of period W and limit L must find, among the
 // replica's degraded admissions, at most max(1, ⌊L/N⌋) within any W, and
 // at most ⌊R/N⌋ from the last shared answer (which left R) until W has
-// passed since that answer's round trip began. Half the cases run with
+// passed since that answer's round trip began. Meanwhile each degraded
+// admission reports that window's Remaining as R less the degraded
+// admissions since (countDown), and none above L. Half the cases run with
 // leases and reservations: an answer that granted a lease, or spent a
 // reservation, left R as Redis counted it, the block whole (its unspent
 // part is added to the Remaining the caller sees). A quarter of them
@@ -270,10 +272,12 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 			if blocks && blockLeft(f.l, "k") > 0 {
 				blockLast++
 			}
-			// What each window's last shared answer leaves this replica:
-			// ⌊R/N⌋ until a period has passed since it.
-			share := map[time.Duration]int64{}
+			// What each window's last shared answer left, R, as Redis
+			// counted it, and of that this replica's share: ⌊R/N⌋ until a
+			// period has passed since it.
+			shared, share := map[time.Duration]int64{}, map[time.Duration]int64{}
 			for i, lw := range last.Windows {
+				shared[lw.Period] = lw.Remaining - held[i]
 				share[lw.Period] = (lw.Remaining - held[i]) / n
 			}
 			f.mini.SetError("ERR injected: Redis refuses every command")
@@ -295,6 +299,18 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 				x := f.clk.Now()
 				times = append(times, x)
 				local++
+				// Each admission's Remaining counts down from the last shared
+				// answer while its window holds that answer: R less the
+				// degraded admissions since.
+				for _, dw := range d.Windows {
+					if dw.Remaining > dw.Limit {
+						t.Fatalf("%v, %d replicas: degraded Remaining %d above the %s window's limit %d", p, n, dw.Remaining, dw.Period, dw.Limit)
+					}
+					if r, ok := shared[dw.Period]; ok && x.Sub(lastAt) < dw.Period && dw.Remaining != r-int64(len(times)) {
+						t.Fatalf("%v, %d replicas: degraded Remaining %d in the %s window after %d degraded admissions since the last shared answer at %v, which left %d: want %d",
+							p, n, dw.Remaining, dw.Period, len(times), lastAt, r, r-int64(len(times)))
+					}
+				}
 				for _, w := range p.Windows {
 					within := 0
 					for _, y := range times {
