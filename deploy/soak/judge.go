@@ -19,13 +19,14 @@ type sample struct {
 }
 
 // maxDroppedPct is the most of a sample's arrivals (since the previous
-// sample) that may have been dropped, every client busy, for it to count
-// in judgeGrowth. More means the fleet fell behind the rate: the machine
+// sample) that may have been dropped, every client busy, for the sample
+// to have held the rate. More means the fleet fell behind: the machine
 // stalled (other processes took the cores) or something in the fleet
 // did, and requests piled up in flight, each holding memory, a
-// connection and goroutines, so the series show the pile, not the
-// fleet at the load it was meant to carry.
-const maxDroppedPct = 1.0
+// connection and goroutines. On this 2-core machine up to 2.5% dropped
+// left every series where it was; 12 to 29% raised the heap goal by a
+// quarter to nine tenths, and it stayed raised after the pile had gone.
+const maxDroppedPct = 5.0
 
 // held reports whether s saw the intended load.
 func (s sample) held() bool {
@@ -41,8 +42,8 @@ func (iv interval) span(start time.Time) string {
 	return clock(iv[0].at.Sub(start)) + "-" + clock(iv[len(iv)-1].at.Sub(start))
 }
 
-// describe says when iv ran, how many samples it holds and how many of
-// them held the load, and the load it carried.
+// describe says when iv ran, how many samples it holds and for how
+// many it held the rate, and the load it carried.
 func (iv interval) describe(start time.Time) string {
 	var requests, dropped int64
 	for _, s := range iv {
@@ -59,8 +60,8 @@ func (iv interval) describe(start time.Time) string {
 	if requests+dropped > 0 {
 		pct = 100 * float64(dropped) / float64(requests+dropped)
 	}
-	return fmt.Sprintf("%s, %d samples, %d holding the rate; %.0f requests/s, %.1f%% of arrivals dropped",
-		iv.span(start), len(iv), iv.held(), rps, pct)
+	return fmt.Sprintf("%s, %d samples, the rate held for %d; %.0f requests/s, %.1f%% of arrivals dropped",
+		iv.span(start), len(iv), len(iv.held()), rps, pct)
 }
 
 // clock formats an offset into the run as minutes:seconds.
@@ -127,8 +128,9 @@ type growth struct {
 }
 
 // comparison is what judgeGrowth compared: the first and the last
-// steady interval (or, in a run without faults, the first and last third
-// of its one steady interval), and every steady interval.
+// steady interval that held the rate (or, in a run without faults, the
+// first and last third of its one steady interval), and every steady
+// interval.
 type comparison struct {
 	first, last interval
 	intervals   []interval
@@ -144,7 +146,9 @@ type comparison struct {
 //
 // Only steady samples count: never one taken in a fault's window, nor in
 // the warm-up that follows it, nor in the run's own warm-up, nor one
-// whose load was not held (sample.held). Across the run, like is
+// taken once the rate was not held (interval.held); an interval that
+// held it for fewer than minSamples samples is left out, and the first
+// and last of the others are compared. Across the run, like is
 // compared with like: every fault restarts each replica and Redis, so
 // every series starts again from nothing after it, and the run's first
 // steady interval also follows fresh processes and a fresh Redis (the
@@ -160,26 +164,31 @@ type comparison struct {
 // not the mean, so that one sample taken during a burst of requests does
 // not decide.
 func judgeGrowth(samples []sample, series []string, rules map[string]rule, maxPct float64) (comparison, error) {
-	ivs := steadyIntervals(samples)
-	c := comparison{intervals: ivs}
-	switch len(ivs) {
-	case 0:
+	c := comparison{intervals: steadyIntervals(samples)}
+	// Each interval counts until the rate was first not held.
+	var held []interval
+	for _, iv := range c.intervals {
+		if h := iv.held(); len(h) >= minSamples {
+			held = append(held, h)
+		}
+	}
+	switch {
+	case len(c.intervals) == 0:
 		return c, fmt.Errorf("no steady samples at all: lengthen -duration or shorten -warmup")
-	case 1:
+	case len(c.intervals) == 1 && len(held) == 1:
 		// No fault split the run: its first third against its last.
-		iv := ivs[0]
+		iv := held[0]
 		n := len(iv) / 3
 		if n < minSamples {
-			return c, fmt.Errorf("one steady interval of %d samples: too few to compare its first and last thirds", len(iv))
+			return c, fmt.Errorf("one steady interval, which held the rate for %d samples: too few to compare its first and last thirds", len(iv))
 		}
 		c.first, c.last = iv[:n], iv[len(iv)-n:]
+	case len(held) >= 2:
+		c.first, c.last = held[0], held[len(held)-1]
 	default:
-		c.first, c.last = ivs[0], ivs[len(ivs)-1]
-	}
-	if h1, h2 := c.first.held(), c.last.held(); h1 < minSamples || h2 < minSamples {
-		return c, fmt.Errorf("the rate was not held: in %d of the first interval's %d samples and %d of the last's %d, "+
-			"no more than %.0f%% of the arrivals found every client busy; want %d in each (a machine busier than when the capacity was measured?)",
-			h1, len(c.first), h2, len(c.last), maxDroppedPct, minSamples)
+		return c, fmt.Errorf("the rate was not held: %d of %d steady intervals held it for %d samples from their start "+
+			"(no more than %.0f%% of each sample's arrivals finding every client busy), want %d (a machine busier than when the capacity was measured?)",
+			len(held), len(c.intervals), minSamples, maxDroppedPct, min(2, len(c.intervals)))
 	}
 	for _, name := range series {
 		r := rules[name]
@@ -195,7 +204,7 @@ func judgeGrowth(samples []sample, series []string, rules map[string]rule, maxPc
 		g.pct = rise(g.first, g.last)
 		g.failed = r.across && exceeds(g.first, g.last, maxPct)
 		if r.within {
-			for _, iv := range ivs {
+			for _, iv := range held {
 				h := len(iv) / 2
 				a, b := values(iv[:h], name), values(iv[h:], name)
 				if len(a) < minSamples || len(b) < minSamples {
@@ -230,27 +239,28 @@ func exceeds(earlier, later, maxPct float64) bool {
 	return rise(earlier, later) > maxPct && later-earlier > minRise
 }
 
-// values returns the readings of series name in iv's samples that held
-// the load (a replica being restarted has none).
+// values returns the readings of series name in iv (a replica being
+// restarted has none).
 func values(iv interval, name string) []float64 {
 	var out []float64
 	for _, s := range iv {
-		if v, ok := s.values[name]; ok && s.held() {
+		if v, ok := s.values[name]; ok {
 			out = append(out, v)
 		}
 	}
 	return out
 }
 
-// held counts iv's samples that held the load.
-func (iv interval) held() int {
-	n := 0
-	for _, s := range iv {
-		if s.held() {
-			n++
+// held returns iv up to its first sample that did not hold the rate:
+// what a pile of requests raised stays raised after it has gone, so no
+// later sample of the interval shows the fleet at its load either.
+func (iv interval) held() interval {
+	for i, s := range iv {
+		if !s.held() {
+			return iv[:i]
 		}
 	}
-	return n
+	return iv
 }
 
 func median(vs []float64) float64 {

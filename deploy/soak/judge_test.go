@@ -298,34 +298,50 @@ func TestMixCounts(t *testing.T) {
 	}
 }
 
-// TestJudgeGrowthLeavesOutSamplesThatDidNotHoldTheRate: a sample whose
-// arrivals found every client busy shows requests piled up in flight,
-// not the fleet at its load; too few others and growth is not judged.
-func TestJudgeGrowthLeavesOutSamplesThatDidNotHoldTheRate(t *testing.T) {
+// TestJudgeGrowthCountsAnIntervalUntilTheRateWasNotHeld: once a
+// sample's arrivals found every client busy, requests piled up in
+// flight and what they raised stays raised: the interval counts up to
+// that sample, and one that held the rate too briefly not at all.
+func TestJudgeGrowthCountsAnIntervalUntilTheRateWasNotHeld(t *testing.T) {
 	t.Parallel()
-	const phases = "wsssssffwsssss"
-	mark := func(ss []sample, behind func(i int) bool) []sample {
+	//                 0    5    10   15   20
+	const phases = "wsssssffwssssssffwsssss"
+	run := func(behind map[int]bool, high func(i int) bool) []sample {
+		ss := samples(phases, func(i int) (float64, bool) {
+			if high(i) {
+				return 500, true
+			}
+			return 100, true
+		})
 		for i := range ss {
-			ss[i].requests = 1000
-			if behind(i) {
-				ss[i].dropped = 11 // just over 1% of 1011
-				ss[i].values["x"] = 500
-			} else {
-				ss[i].dropped = 10 // 1% of 1010: held
+			ss[i].requests, ss[i].dropped = 1000, 50 // 4.8%: held
+			if behind[i] {
+				ss[i].dropped = 60 // 5.7%
 			}
 		}
 		return ss
 	}
-	ss := mark(samples(phases, func(int) (float64, bool) { return 100, true }), func(i int) bool { return i == 12 || i == 13 })
-	c, err := judgeGrowth(ss, []string{"x"}, acrossOnly, 5)
+	x := []string{"x"}
+	both := map[string]rule{"x": {across: true, within: true}}
+
+	// The last interval (18-22) falls behind at 20 and stays high after
+	// it: only 18 and 19 count, too few, so the middle one (9-14) is the
+	// last compared; it too falls behind, at 12, after which it is high.
+	ss := run(map[int]bool{12: true, 20: true}, func(i int) bool { return i >= 12 && i <= 14 || i >= 20 })
+	c, err := judgeGrowth(ss, x, both, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g := c.rows[0]; g.last != 100 || g.nLast != 3 || g.failed {
-		t.Errorf("last median %v of %d values, failed %v: want 100 of the 3 samples that held the rate", g.last, g.nLast, g.failed)
+	if len(c.last) != 3 || c.last[0].at != ss[9].at {
+		t.Fatalf("compared the last with %d samples from %v, want the middle interval's first 3", len(c.last), c.last[0].at)
 	}
-	ss = mark(samples(phases, func(int) (float64, bool) { return 100, true }), func(i int) bool { return i >= 11 })
-	if _, err := judgeGrowth(ss, []string{"x"}, acrossOnly, 5); err == nil || !strings.Contains(err.Error(), "the rate was not held: in 5 of the first interval's 5 samples and 2 of the last's 5") {
+	if g := c.rows[0]; g.failed || g.withinFailed || g.last != 100 {
+		t.Errorf("%+v: want nothing raised after the rate was not held to count", g)
+	}
+
+	// Only the first interval holds the rate long enough: not judged.
+	ss = run(map[int]bool{9: true, 18: true}, func(int) bool { return false })
+	if _, err := judgeGrowth(ss, x, both, 5); err == nil || !strings.Contains(err.Error(), "the rate was not held: 1 of 3 steady intervals") {
 		t.Errorf("error %v, want one saying the rate was not held", err)
 	}
 }
