@@ -104,10 +104,11 @@ const minSamples = 3
 
 // rule says how judgeGrowth holds a series to the limit: across the run
 // (the first steady interval against the last) and within each steady
-// interval (its first half against its second). A series with neither
-// is only drawn.
+// interval of at least withinFrom (its first half against its second).
+// A series with neither is only drawn.
 type rule struct {
 	across, within bool
+	withinFrom     time.Duration
 }
 
 // growth is one series' verdict.
@@ -205,6 +206,9 @@ func judgeGrowth(samples []sample, series []string, rules map[string]rule, maxPc
 		g.failed = r.across && exceeds(g.first, g.last, maxPct)
 		if r.within {
 			for _, iv := range held {
+				if iv[len(iv)-1].at.Sub(iv[0].at) < r.withinFrom {
+					continue
+				}
 				h := len(iv) / 2
 				a, b := values(iv[:h], name), values(iv[h:], name)
 				if len(a) < minSamples || len(b) < minSamples {

@@ -221,8 +221,8 @@ func TestJudgedSeries(t *testing.T) {
 		"r2_heap_goal_bytes": {across: true, within: true},
 		"r1_goroutines_own":  {across: true, within: true},
 		"r2_open_fds_own":    {across: true, within: true},
-		redisMemory:          {across: true, within: true},
-		redisKeys:            {across: true, within: true},
+		redisMemory:          {across: true, within: true, withinFrom: redisSettles},
+		redisKeys:            {across: true, within: true, withinFrom: redisSettles},
 		// Drawn only.
 		"r1_heap_inuse_bytes": {}, "r1_goroutines": {}, "r2_open_fds": {}, "r1_conns": {}, "r2_redis_conns": {}, "r1_in_flight": {},
 	} {
@@ -267,6 +267,15 @@ func TestJudgeGrowthWithinAnInterval(t *testing.T) {
 	// Halves: 100, 110, 120 against 130, 140, 150.
 	if !g.withinFailed || g.withinFirst != 110 || g.withinLast != 140 {
 		t.Errorf("within: %v to %v, failed %v; want 110 to 140, failed", g.withinFirst, g.withinLast, g.withinFailed)
+	}
+	// Judged within intervals of a minute or more only, it passes: these
+	// last 50 s.
+	c, err = judgeGrowth(samples(phases, climbs), []string{"x"}, map[string]rule{"x": {across: true, within: true, withinFrom: time.Minute}}, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := c.rows[0]; g.withinFailed || g.withinIv != nil {
+		t.Errorf("judged within intervals shorter than withinFrom: %+v", g)
 	}
 	// Judged across only, it passes.
 	c, err = judgeGrowth(samples(phases, climbs), []string{"x"}, acrossOnly, 5)

@@ -159,6 +159,8 @@ func (r *report) String() string {
 				mark = "  (drawn, not judged)"
 			case !g.rule.within:
 				mark = "  (not judged within)"
+			case g.withinIv == nil && g.rule.withinFrom > 0:
+				mark = fmt.Sprintf("  (judged within intervals of %s or more)", g.rule.withinFrom)
 			}
 			fmt.Fprintf(&b, "  %-24s %11s %11s %8s %8s%s\n", g.series, r.format(g.series, g.first), r.format(g.series, g.last), pct(g.pct), within, mark)
 		}
