@@ -187,9 +187,19 @@ func judgeGrowth(samples []sample, series []string, rules map[string]rule, maxPc
 	case len(held) >= 2:
 		c.first, c.last = held[0], held[len(held)-1]
 	default:
+		want, long := min(2, len(c.intervals)), 0
+		for _, iv := range c.intervals {
+			if len(iv) >= minSamples {
+				long++
+			}
+		}
+		if long < want {
+			return c, fmt.Errorf("%d of %d steady intervals have %d samples, want %d: lengthen -duration or shorten -warmup",
+				long, len(c.intervals), minSamples, want)
+		}
 		return c, fmt.Errorf("the rate was not held: %d of %d steady intervals held it for %d samples from their start "+
 			"(no more than %.0f%% of each sample's arrivals finding every client busy), want %d (a machine busier than when the capacity was measured?)",
-			len(held), len(c.intervals), minSamples, maxDroppedPct, min(2, len(c.intervals)))
+			len(held), len(c.intervals), minSamples, maxDroppedPct, want)
 	}
 	for _, name := range series {
 		r := rules[name]

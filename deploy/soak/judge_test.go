@@ -197,6 +197,7 @@ func TestJudgeGrowthNeedsSamples(t *testing.T) {
 		want   string
 	}{
 		{"wwffww", func(int) bool { return true }, "no steady samples"},
+		{"wssffwss", func(int) bool { return true }, "0 of 2 steady intervals have 3 samples, want 2"},
 		{"wwsssss", func(int) bool { return true }, "too few"},
 		// A replica missing from most of the last interval.
 		{"wssssffwsss", func(i int) bool { return i < 9 }, "x: 4 values in the first steady interval and 1 in the last"},
