@@ -180,7 +180,7 @@ func TestRiseAllowed(t *testing.T) {
 	}
 	c.held = 384
 	if n := riseAllowed(c, 20); n != 768 {
-		t.Errorf("held 384: %d allowed, want 768 (its under-report and its give-backs)", n)
+		t.Errorf("held 384: %d allowed, want 768 (what three replicas can have counted and not spent: 4 x 64 each)", n)
 	}
 	// 1,000/s over 20 keys for 10 s, and a burst of 1,000 over 20 keys.
 	c.leaseLife = 10 * time.Second

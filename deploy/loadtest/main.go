@@ -63,9 +63,10 @@ type config struct {
 	burstP99   time.Duration
 	checkRate  float64
 	short      bool
-	// The Remaining check's slack: held, the most a fleet's replicas can
-	// hold unspent for one key; leaseLife, a lease's longest life, which
-	// adds what the run sends one key in that time (riseAllowed).
+	// The Remaining check's slack (riseAllowed): held, half the most a
+	// fleet can have counted for one key and not spent; leaseLife, the
+	// longest an answer counts down from one count, which adds what the
+	// run sends one key in that time.
 	held      int64
 	leaseLife time.Duration
 }
@@ -91,10 +92,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.p99, "p99", 200*time.Millisecond, "threshold: 99th percentile latency of steady requests")
 	fs.DurationVar(&c.burstP99, "burst-p99", 500*time.Millisecond, "threshold: 99th percentile latency of burst requests (all sent at once, so they queue)")
 	fs.Float64Var(&c.checkRate, "check-rate", 0.999, "threshold: least fraction of each load check that passes (scenario checks must all pass)")
-	fs.Int64Var(&c.held, "remaining-held", 0, "the Remaining check's slack for a fleet with leases: the most its replicas can hold unspent for one key "+
-		"(petstore: replicas x 2 x --ratelimit-max-lease); 0 checks that Remaining never rises")
-	fs.DurationVar(&c.leaseLife, "remaining-lease-life", 0, "with -remaining-held: a lease's longest life (petstore: 10s); the check also allows "+
-		"what this run sends one key in that time, which a leased answer may not count yet")
+	fs.Int64Var(&c.held, "remaining-held", 0, "the Remaining check's slack for a fleet with leases: half the most its replicas can have counted for one key "+
+		"and not spent (petstore: replicas x 2 x --ratelimit-max-lease); the check allows twice this; 0 checks that Remaining never rises")
+	fs.DurationVar(&c.leaseLife, "remaining-lease-life", 0, "with -remaining-held: the longest an answer counts down from one count (petstore: a block's 10s); "+
+		"the check also allows what this run sends one key in that time, which an answer from an older count does not count")
 	fs.BoolVar(&c.short, "short", false, "a short run for CI: 300/s for 5s, a burst of 200, one retry")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -158,15 +159,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // riseAllowed is how far one key's Remaining may rise above an earlier
-// answer, for keys keys. A leased answer (petstore's README, Rate
-// limiting) counts down from what Redis said when its lease was granted:
-// it under-reports by what the other replicas hold unspent, and
-// over-reports by what was admitted meanwhile other than through the
-// lease, within the lease's life. Between two answers Remaining can then
-// rise by the first's under-report, plus what was given back between
-// them (both at most what is held), plus the second's over-report (at
-// most the key's requests over a lease's life: its share of the steady
-// rate and of the burst). Without -remaining-held, none.
+// answer, for keys keys (README, "The Remaining allowance"). Every answer
+// counts down from a count Redis made (the round trip that decided it, or
+// granted the lease or block it spends, or its replica's last one for an
+// answer decided without Redis), so a later answer rises above an earlier
+// one by what Redis took back between their counts, or, when the later
+// one's count is the older, by what Redis counted between them: at most
+// what the fleet can have counted and not spent at one time (2H: per
+// replica a lease or block held, a lease and a block in flight, and one
+// give-back on its way) plus the key's requests over a block's life D
+// (its share of the steady rate and of the burst). Without
+// -remaining-held, none.
 func riseAllowed(c config, keys int) int64 {
 	if c.held == 0 {
 		return 0

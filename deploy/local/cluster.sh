@@ -370,13 +370,16 @@ loadtest() {
   (cd "$ROOT/deploy/loadtest" && go build -o "$STATE/loadtest" .)
   log "$(petstore limits reset --plan loadtest)"
   log "$(petstore limits reset --plan tiny)"
-  # The replicas lease admissions (64 at most a lease, and as many a
-  # block or reservation: --ratelimit-max-lease's default), so one key's
-  # Remaining may rise between answers by what they hold unspent and by
-  # what was admitted during a lease's life (10 s at most); the kit
-  # allows that much and no more. The steady load ramps up over its first
-  # 5 s, so replicas just started open their connections as traffic grows
-  # (deploy/loadtest/README.md).
+  # Every answer counts down from a count Redis made, and the replicas
+  # lease admissions (64 at most a lease or a block: --ratelimit-max-lease's
+  # default), so one key's Remaining may rise between answers by what the
+  # fleet has counted and not spent (per replica a lease or block held, a
+  # lease and a block in flight, a give-back on its way: twice
+  # -remaining-held) and by what the key sent over a block's life (10 s):
+  # the kit allows that, 2 x 384 + rate*10s/keys + burst/keys = 1,318 for
+  # three replicas, and no more (deploy/loadtest/README.md, "The Remaining
+  # allowance"). The steady load ramps up over its first 5 s, so replicas
+  # just started open their connections as traffic grows.
   "$STATE/loadtest" -url "http://127.0.0.1:$PORT" -keys "$STATE/keys-loadtest.csv" -tiny-keys "$STATE/keys-tiny.csv" \
     -tiny-limit 5 -tiny-period 10s -tiny-ban 30s -ramp 5s \
     -remaining-held $((REPLICAS * 2 * 64)) -remaining-lease-life 10s "$@"
