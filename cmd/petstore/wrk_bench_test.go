@@ -103,7 +103,10 @@ func BenchmarkServeWithWrk(b *testing.B) {
 		plan string
 		ban  string // the plan's ban setting: "off", or "" for the standard rule every built-in plan has
 	}{
-		{"busy", 16, "{limit: 100000, period: 1m}, {limit: 10000000, period: 24h}", "off"},
+		// busy's limits stay out of reach: at 27,000 requests/s a minute of
+		// 100,000 a key ran out within a round, and its 429s (cheap to
+		// serve) failed the run.
+		{"busy", 16, "{limit: 1000000, period: 1m}, {limit: 100000000, period: 24h}", "off"},
 		{"cold", 5000, "{limit: 1000, period: 1m}, {limit: 100000, period: 24h}", "off"},
 		{"cold-ban", 5000, "{limit: 1000, period: 1m}, {limit: 100000, period: 24h}", ""},
 	} {
