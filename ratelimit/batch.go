@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -220,16 +219,7 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 		// (one slot) keep their order.
 		slices.SortStableFunc(batch, func(x, y *call) int { return x.slot - y.slot })
 	}
-	type group struct{ from, to int }
-	var groups []group
-	for from := 0; from < len(batch); {
-		to := from + 1
-		for to < len(batch) && to-from < scriptBatch && batch[to].slot == batch[from].slot {
-			to++
-		}
-		groups = append(groups, group{from, to})
-		from = to
-	}
+	groups := scriptCalls(len(batch), func(i int) int { return batch[i].slot })
 	start := time.Now()
 	for _, c := range batch {
 		b.waited(start.Sub(c.queued))
@@ -247,10 +237,7 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	err := b.dec.send(ctx, cmds)
 	b.observe(time.Since(start), err)
 	for i, g := range groups {
-		rs, err := cmds[i].Val(), cmds[i].Err()
-		if err == nil && len(rs) != g.to-g.from {
-			err = fmt.Errorf("ratelimit: %d script replies for %d decisions", len(rs), g.to-g.from)
-		}
+		rs, err := g.replies(cmds[i])
 		for j, c := range batch[g.from:g.to] {
 			if err == nil {
 				c.reply = rs[j]

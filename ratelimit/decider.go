@@ -55,3 +55,8 @@ func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict) 
 	}
 	return nil
 }
+
+// one decides a batch of one request, with nothing to allocate for it.
+func (d *localDecider) one(q request) verdict {
+	return d.store.decide(q.key, q.pl, d.now().UnixMicro(), q.in)
+}

@@ -212,6 +212,17 @@ func (r *replicas) grantsBlocks() bool {
 	return v != nil && v.grant && time.Now().UnixNano() < v.until
 }
 
+// callPlan returns the plan a round trip for a request under pl is sent
+// under: pl with its short windows' coarse records (plan.blk) while this
+// replica reads them (readsCoarse, or always with force: the blocks
+// hook), else pl.
+func (r *replicas) callPlan(pl *plan, force bool) *plan {
+	if pl.blk != nil && (force || r.readsCoarse()) {
+		return pl.blk
+	}
+	return pl
+}
+
 // readsCoarse reports whether this replica's round trips read coarse
 // records: blocks may be spent somewhere.
 func (r *replicas) readsCoarse() bool {

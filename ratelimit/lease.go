@@ -51,8 +51,11 @@ type leaseTable struct {
 	// (giveback.go).
 	back func(giveBack)
 	// prefix is the limiter's key prefix, for the record names each
-	// entry keeps (names).
-	prefix string
+	// entry keeps (names); fleet and forceCoarse tell the plan a round
+	// trip is sent under, whose records they are (replicas.callPlan).
+	prefix      string
+	fleet       *replicas
+	forceCoarse bool
 	// untracked counts the requests of keys the table had no room for
 	// (their shard full), until the sweep hands them to the metrics.
 	untracked atomic.Int64
@@ -132,13 +135,13 @@ func (t *leaseTable) shard(key string) *leaseShard {
 
 // take answers one request for key under pl from its lease (served, the
 // decision in d). When it cannot, it returns what to ask the script for
-// and the key's record names under np, the plan its round trip is sent
+// and the key's record names under the plan its round trip is sent
 // under (nil when the table has no room for the key); wait, when not nil, is a lease round trip for the key
 // already in flight, which the caller may wait for and then call take
 // again with first false. first also counts the request toward the key's
 // demand. A caller given an ask with want > 1 must call done when its
 // round trip ends.
-func (t *leaseTable) take(key string, pl, np *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}, names []string) {
+func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}, names []string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -162,7 +165,7 @@ func (t *leaseTable) take(key string, pl, np *plan, now time.Time, first bool, d
 		}
 		t.dropLease(key, e)
 	}
-	names = e.namesOf(t.prefix, key, np)
+	names = e.namesOf(t.prefix, key, t.fleet.callPlan(pl, t.forceCoarse))
 	if e.refill != nil {
 		if first {
 			return false, noLease, e.refill, names

@@ -1033,7 +1033,7 @@ func TestLeaseTableCountsKeysItHasNoRoomFor(t *testing.T) {
 	for i := 0; untracked < 5; i++ {
 		k := fmt.Sprint("k", i)
 		sh := lt.shard(k)
-		served, _, _, names := lt.take(k, pl, pl, epoch, true, &d)
+		served, _, _, names := lt.take(k, pl, epoch, true, &d)
 		switch {
 		case served:
 			t.Fatalf("%s served with no lease granted", k)

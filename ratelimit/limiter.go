@@ -89,6 +89,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
 		l.lease.prefix = opts.Prefix
+		l.lease.fleet, l.lease.forceCoarse = l.replicas, h.blocks
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
 		if h.inStep {
@@ -226,9 +227,8 @@ func (l *Limiter) allow(ctx context.Context, key string, p *Policy, d *Decision)
 // allowLocal decides key in this process alone, through the local
 // decider: a limiter without Redis.
 func (l *Limiter) allowLocal(key string, pl *plan, d *Decision) {
-	var v [1]verdict
-	_ = l.local.decide(context.Background(), []request{{key: key, pl: pl, in: input{lease: noLease}}}, v[:])
-	l.finish(pl, &v[0], false, d)
+	v := l.local.one(request{key: key, pl: pl, in: input{lease: noLease}})
+	l.finish(pl, &v, false, d)
 }
 
 // allowShared answers from what this replica holds for key (the rejection
@@ -262,7 +262,7 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 		ask := noLease
 		var names []string
 		if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
-			served, a, wait, ns := l.lease.take(key, pl, l.callPlan(pl), start, first, d)
+			served, a, wait, ns := l.lease.take(key, pl, start, first, d)
 			if served {
 				pl.outcome[Allowed].Inc()
 				pl.leased.Inc()
@@ -406,14 +406,8 @@ func (l *Limiter) announceBan(key string) {
 }
 
 // callPlan returns the plan a round trip for a request under pl is sent
-// under: pl with its short windows' coarse records (plan.blk) while this
-// replica reads them (blocks may be spent: readsCoarse), else pl.
-func (l *Limiter) callPlan(pl *plan) *plan {
-	if pl.blk != nil && l.readsCoarse() {
-		return pl.blk
-	}
-	return pl
-}
+// under (replicas.callPlan).
+func (l *Limiter) callPlan(pl *plan) *plan { return l.replicas.callPlan(pl, l.hooks.blocks) }
 
 // blocksOn reports whether blocks are in force on this replica (blocks.go,
 // finalize.go): slow keys then take blocks.

@@ -97,40 +97,59 @@ func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict
 	}
 	fin := r.fin()
 	_, cluster := r.rdb.(*redis.ClusterClient)
-	slot := func(i int) int {
+	calls := scriptCalls(len(ds), func(i int) int {
 		if !cluster {
 			return 0
 		}
 		return keySlot(ds[i].keys[0])
+	})
+	cmds := make([]*redis.StringSliceCmd, len(calls))
+	for k, c := range calls {
+		cmds[k] = r.call(ctx, ds[c.from:c.to], fin)
 	}
-	var cmds []*redis.StringSliceCmd
-	var from []int
-	for i := 0; i < len(ds); {
-		j := i + 1
-		for j < len(ds) && j-i < scriptBatch && slot(j) == slot(i) {
-			j++
-		}
-		cmds, from = append(cmds, r.call(ctx, ds[i:j], fin)), append(from, i)
-		i = j
-	}
-	from = append(from, len(ds))
 	err := r.send(ctx, cmds)
-	for k, c := range cmds {
-		rs, cerr := c.Val(), c.Err()
-		if cerr == nil && len(rs) != from[k+1]-from[k] {
-			cerr = fmt.Errorf("ratelimit: %d script replies for %d decisions", len(rs), from[k+1]-from[k])
-		}
+	for k, c := range calls {
+		rs, cerr := c.replies(cmds[k])
 		if cerr != nil {
 			err = cerr
 			continue
 		}
 		for j, s := range rs {
-			if derr := decodeInto(ds[from[k]+j].pl, s, &out[from[k]+j]); derr != nil && err == nil {
+			if derr := decodeInto(ds[c.from+j].pl, s, &out[c.from+j]); derr != nil && err == nil {
 				err = derr
 			}
 		}
 	}
 	return err
+}
+
+// callSpan is the decisions from .. to-1 of a batch: one script call's.
+type callSpan struct{ from, to int }
+
+// scriptCalls splits n decisions, in their order, into script calls:
+// runs of one Redis Cluster slot (slot(i) is decision i's), at most
+// scriptBatch long.
+func scriptCalls(n int, slot func(i int) int) []callSpan {
+	var calls []callSpan
+	for from := 0; from < n; {
+		to := from + 1
+		for to < n && to-from < scriptBatch && slot(to) == slot(from) {
+			to++
+		}
+		calls = append(calls, callSpan{from, to})
+		from = to
+	}
+	return calls
+}
+
+// replies returns the replies of call c, the call of s's decisions: one
+// string a decision.
+func (s callSpan) replies(c *redis.StringSliceCmd) ([]string, error) {
+	rs, err := c.Val(), c.Err()
+	if err == nil && len(rs) != s.to-s.from {
+		err = fmt.Errorf("ratelimit: %d script replies for %d decisions", len(rs), s.to-s.from)
+	}
+	return rs, err
 }
 
 // retry sends again the calls of a pipeline (batchCall) that Redis
