@@ -1,9 +1,7 @@
--- The decision code (script.go): the ban record and its strikes.
+-- Decision code (script.go): the ban record and its strikes.
 
--- banRead reads ban record bs (false: none) of ban rule R at now: the
--- ban's end, the offences still remembered, the last offence, and whether
--- its strike ring is of R's strike window (strikes of another do not
--- count toward R's).
+-- banRead returns ban record bs's (false: none) ban end, offences remembered
+-- and last offence at now, and whether its strike ring is rule R's to count.
 local function banRead(bs, R)
   if not bs or #bs < 37 then return 0, 0, 0, false end
   local banUntil, offences, offenceAt = get(bs, 2, 8), get(bs, 10, 4), get(bs, 14, 8)
@@ -12,14 +10,12 @@ local function banRead(bs, R)
   return banUntil, offences, offenceAt, sring
 end
 
--- strike counts k strikes at now in ban record key (content bs, read by
--- banRead as banUntil, offences, offenceAt, sring) of ban rule R, when
--- record: when they cross R's threshold the key is banned (for longer
--- with each offence still remembered) and the strikes start over; the
--- record is rewritten with its TTL. It returns whether a ban began (1),
--- how many of the k counted before it began (the one that began it
--- included), the strikes counted now, the ban's end (0: not banned) and
--- the offences remembered. banState.strike (state.go) is the same in Go.
+-- strike counts k strikes at now (when record) in ban record key of rule R:
+-- crossing R's threshold bans the key, longer per offence remembered, and
+-- starts the strikes over; the record's TTL outlives the ban, the offences and
+-- the strikes. It returns whether a ban began (1), how many of k counted up to
+-- it (its own included), the strikes counted now, the ban's end (0: none) and
+-- the offences. banState.strike (state.go) is the Go twin.
 local function strike(key, bs, R, banUntil, offences, offenceAt, sring, k, record)
   local sp, sg, sn, su = R.sp, R.sg, R.sn, R.su
   local newBan, struck, strikes = 0, 0, 0

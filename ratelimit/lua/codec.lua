@@ -1,12 +1,7 @@
--- codec returns unpack_ and pack_: big-endian unsigned integers of the
--- given byte widths ('>I6I2I3'), read from string s at position p (the
--- values, then the position after them) or packed into one string. Redis
--- has them in C (the struct library, several times faster than decoding
--- byte by byte in Lua); elsewhere (miniredis in tests) the same functions
--- are written in Lua, for the formats used here: '>' then 'I' with a
--- width of 1 to 8. TestCodecMatchesStruct checks that they agree. Every
--- script starts with this file; each calls codec once, where Redis's
--- libraries are there (a Function library's code at load time has none).
+-- codec returns unpack_ and pack_ for big-endian unsigned integers ('>I6I2');
+-- unpack_(f, s, p) returns the values, then the next position. Redis's struct
+-- library where present, else (miniredis) the same in Lua for '>' and I1 .. I8
+-- (TestCodecMatchesStruct). Called at run time: a Function loads without it.
 local function codec()
   local lib = rawget(_G, 'struct')
   if lib then return lib.unpack, lib.pack end

@@ -1,37 +1,24 @@
--- The decision code (script.go): decide, which serves every plan and
--- every request.
+-- Decision code (script.go): decide, which serves every plan and request.
 
--- The reply's numbers, reused by every decision.
 local RES = {}
 
--- decide evaluates one decision whose records are KEYS[base + 1 ..
--- base + nk], under plan pl (its numbers V, ban multiplier, reply format
--- and TTLs in ms), asked mode, extra, want, need and life, with
--- ADD[i] admissions to add per window and the seeding numbers SEED (or
--- nil), and returns its reply.
+-- decide makes one decision (records from KEYS[base + 1]) under plan pl, with
+-- the asked numbers, ADD, SEED and RSV (nil: none), and returns its reply.
 local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   local V = pl.V
   local nw = V[1]
-  -- Blocks (pl.nco > 0): each short window's coarse record (CO[x] for
-  -- window CO[x].i, CP[i] = x) is window nw + x, and its record is KEYS
-  -- base + pl.kco + x, after the plan's own; the records of other
-  -- periods (seeding) follow them. Transition windows start after them
-  -- (tb).
+  -- Blocks (nco > 0): window i's coarse record (x = CP[i], CO[x].i = i) is
+  -- working window nw + x, record KEYS[base + pl.kco + x]; the records of other
+  -- periods (seeding) follow. Transition windows start after tb.
   local nco, CO, CP = pl.nco, pl.CO, pl.CP
   local tb = nw + nco
 
-  -- After a plan changed its periods: where a window the key has no
-  -- record of may take its past from (the number of sources, each as
-  -- (KEYS index, period, g, n, unit) and its period's coarse record as
-  -- (KEYS index, g, n, unit), index 0 for none, then per window the
-  -- number of sources to try, in order, and their indexes), then the
-  -- transition windows, enforced beside the plan's own where the key has a
-  -- record of them (another plan's windows, while an edit spreads over the
-  -- replicas): their number, each as (KEYS index, limit, period, g, n,
-  -- unit, ttl) and its coarse record as a source's. An index past the
-  -- plan's windows' is another period's record, after the coarse records
-  -- in KEYS (the numbers leave those out: at); a source that is one of the
-  -- plan's windows has that window's coarse record, if any (CO).
+  -- SEED, after a plan changed its periods: the sources a window with no
+  -- record may take its past from (count; each: KEYS index, period, g, n,
+  -- unit, coarse record's KEYS index (0: none), g, n, unit), per window the
+  -- sources to try (count, indexes), then the transition windows (count;
+  -- each: KEYS index, limit, period, g, n, unit, ttl, coarse record as a
+  -- source's). Indexes past the plan's windows skip coarse records (at).
   local SRC, TRY, TRANS
   if SEED then
     SRC, TRY, TRANS = {}, {}, {}
@@ -64,7 +51,6 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   end
   local peek = mode == 1
 
-  -- The ban record.
   local R = pl.ban
   local bs, banUntil, offences, offenceAt, sring
   if R then
@@ -75,17 +61,14 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   local admit = not banned
   local room, lend = -1, now + life
 
-  -- Windows.
   for i = 1, nw do
     local o = 2 + 6 * (i - 1)
     local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
     local key = KEYS[base + 1 + i]
     local h = call('GETRANGE', key, '0', '18')
     if #h < 1 + HDR and TRY and TRY[i] then
-      -- A period the key has no record of, after a plan edit: start from
-      -- the best record of another period the key has.
-      -- (A record of that period, or its coarse record: blocks count
-      -- there alone.)
+      -- No record of this period (a plan edit): start from the best record of
+      -- another period the key has, or its coarse record (blocks count there).
       for _, si in ipairs(TRY[i]) do
         local src = SRC[si]
         local ss, cs2 = call('GET', KEYS[base + src[1]]), false
@@ -95,10 +78,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
           if not (cs2 and #cs2 >= 1 + HDR + (src[8] + 1) * SLOT) then cs2 = false end
         end
         if ss or cs2 then
-          -- The window's coarse record, if it has one, takes what is
-          -- still being spent: a new one, or the key's (cur), which
-          -- seed writes again with what it holds (a record too short
-          -- for its ring is another format's: left alone).
+          -- The window's coarse record, if any, takes what is still being
+          -- spent (one too short for its ring is another format's: left alone).
           local x, C = CP and CP[i], nil
           if x then
             local cr, ck = CO[x], KEYS[base + pl.kco + x]
@@ -131,8 +112,6 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     local c = WUSED[i]
     local x = CP and CP[i]
     if x then
-      -- The window counts its coarse record's blocks too, and is held to
-      -- a cap on either.
       local cr, y = CO[x], nw + x
       local ck = KEYS[base + pl.kco + x]
       view(y, ck, call('GETRANGE', ck, '0', '18'), period, cr.g, cr.n, cr.unit)
@@ -145,9 +124,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     if (WB[i] + 1) * g < lend then lend = (WB[i] + 1) * g end
   end
 
-  -- Transition windows: another plan's windows, while an edit spreads.
-  -- Where the key has a record of one, an admission here must fit it too
-  -- and counts in it, so replicas still on that plan see it.
+  -- Transition windows (another plan's, while an edit spreads): where the key
+  -- has a record of one, an admission must fit it and counts there too.
   local TX, ntx = nil, 0
   if TRANS then
     TX = {}
@@ -165,8 +143,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
         if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
         local c = WUSED[x]
         if tr[8] > 0 then
-          -- Its coarse record's blocks count too (working values -ntx),
-          -- as in the plan's own windows.
+          -- Its coarse record's blocks count too (working values -ntx).
           local ck = KEYS[base + tr[8]]
           view(-ntx, ck, call('GETRANGE', ck, '0', '18'), tr[3], tr[9], tr[10], tr[11])
           WCAP[-ntx], WCEND[-ntx] = readCap(ck, tr[10], tr[9], tr[11], WB[-ntx], WVH[-ntx], WHC[-ntx], WHO[-ntx])
@@ -185,12 +162,9 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   if want > 1 and room >= need and room >= want then granted, at = want, lend else lend = 0 end
   local admitted = admit and not peek
 
-  -- A block riding on this admission (RSV, reserveSize): rk more
-  -- admissions of the long windows (those after the first RSV[5]),
-  -- counted with this one at the block's end rend. Where every short
-  -- window has a coarse record (nco > 0, as this release asks), the rk
-  -- count in the short windows too, in their coarse records, at rend,
-  -- which is then also within their current coarse buckets.
+  -- A block riding on this admission (RSV, reserveSize): rk more admissions
+  -- of the long windows (after the first RSV[5]) at the block's end rend.
+  -- Where the short windows have coarse records (nco > 0), rk counts there too.
   local rk, rend, ns = 0, 0, 0
   if RSV and admitted and ntx == 0 and (nco == 0 or nco == RSV[5]) then
     ns, rend = RSV[5], now + RSV[7]
@@ -249,7 +223,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
     for j = 1, ntx do writeCap(WKEY[tb + j], TX[j][5], TX[j][2], lend, WCAP[tb + j], WCEND[tb + j]) end
   end
-  -- And a block every long window, and every coarse record too.
+  -- A block caps every long window and coarse record until it ends.
   if rk > 0 then
     for i = ns + 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], rend, WCAP[i], WCEND[i]) end
     for x = 1, nco do
@@ -258,14 +232,10 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     end
   end
 
-  -- Candidate windows: evaluated on every request that reaches the script
-  -- (this one, and the extra rejections answered locally since the last
-  -- round trip, in turn), never refusing one. Records of their own, so
-  -- that a candidate never touches an enforced window's count. A key its
-  -- ban policy bans, it would refuse; of the others it admits (and
-  -- counts) as many as fit, as if it were the only windows, and limits
-  -- the rest, each a strike of its ban policy; the strike that begins a
-  -- ban is refused as banned, as are those after it.
+  -- Candidate windows, in records of their own, never refuse: of this
+  -- request and the extra rejected locally, they count as many as fit and
+  -- limit the rest, each a strike of their ban policy; the strike that
+  -- begins a ban, those after it and all of a banned key count as banned.
   local co = pl.co
   local nc = V[co]
   local cb = tb + ntx
@@ -314,8 +284,6 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     end
   end
 
-  -- Strikes: this rejection and those answered locally since the last
-  -- round trip (extra), unless the key is banned.
   local newBan, strikes = 0, 0
   if R then
     local k = extra
@@ -328,9 +296,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   end
 
   if not admitted then granted, lend = 0, 0 end
-  -- The reply carries only what the plan has (decode reads it). A
-  -- block's size and end take a lease's fields: the decision's own
-  -- admission and the block's rk, until rend.
+  -- The reply carries only what the plan has (decode). A block's size and
+  -- end take a lease's fields: this admission plus rk, until rend.
   local rt = 0
   RES[1], RES[2], RES[3], RES[4], RES[5] = 0, 0, now, granted, lend
   if rk > 0 then RES[4], RES[5] = granted + rk, rend end
@@ -393,8 +360,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     RES[1], RES[2] = 1, rt
   end
   if admitted and not banned and granted == 1 and rk == 0 and nc == 0 then
-    -- The short form: one admission, no candidate windows; bare with
-    -- nothing of a ban rule to report.
+    -- Short form: one admission, no candidates; bare with no ban to report.
     if not R then return pack_(pl.bfmt, now, unpack(RES, 6, m)) end
     if RES[7] == 0 and RES[8] == 0 and RES[9] == 0 then return pack_(pl.bfmt, now, unpack(RES, 10, m)) end
     return pack_(pl.sfmt, now, unpack(RES, 7, m))

@@ -1,11 +1,8 @@
--- The decision code (script.go): fast, the common request through the
--- same functions, handed to decide before any write where decide would
--- refuse.
+-- Decision code (script.go): fast, the common request's short path.
 
--- fit returns the room and the lease end a fast decision has left once
--- a window of limit l (capped by a lease's cap, if any) holds c in its
--- current bucket b of width g: nil when the window is full, which fast
--- hands to decide; a lease ends with every window's current bucket.
+-- fit returns the room and lease end left once a window of limit l (under
+-- cap, if any) holds c in current bucket b of width g, nil when it is full:
+-- a lease ends with every window's current bucket.
 local function fit(room, lend, l, cap, c, b, g)
   local m = l
   if cap and cap < m then m = cap end
@@ -15,27 +12,20 @@ local function fit(room, lend, l, cap, c, b, g)
   return room, lend
 end
 
--- fast decides, as decide does, one request of the common plan: one to
--- three windows, a ban rule or none, no candidate windows, asked to decide,
--- with no strikes to count, no admissions to add and nothing to seed. It
--- makes the same reads, arithmetic and writes as decide, through the same
--- functions (window, readCap and fit, then write, resetAt and writeCap), with its
--- working values in locals and its reply packed at once. Where decide would
--- refuse (a banned key, a full window), it returns nil having written
--- nothing (its reads change nothing), and decide decides.
+-- fast decides as decide does, through the same functions, a request of the
+-- common plan (one to three windows, no candidate windows), asked to decide
+-- with no strikes to count and nothing to add or seed. Where decide would
+-- refuse, it returns nil having written nothing, and decide decides.
 local function fast(base, pl, want, need, life, RSV)
   local V = pl.V
   local nw = V[1]
-  -- The ban record, read first as decide reads it (most keys have none).
   local ban, bs, banUntil, offences, offenceAt, sring = pl.ban
   if ban then
     bs = call('GET', KEYS[base + 1])
     banUntil, offences, offenceAt, sring = banRead(bs, ban)
     if banUntil > now then return nil end
   end
-  -- The windows, each read into locals of its own (window i's numbers
-  -- start at V[6i - 4]); room is what every window has left (fit; no
-  -- limit is near 2^53).
+  -- Window i's numbers start at V[6i - 4]; room starts above any limit.
   local room, lend = 2 ^ 53, now + life
   local l1, period1, g1, n1, unit1, key1, h1, fresh1, vh1, total1, hc1, ho1, b1, c1, from1, cap1, cend1
   l1, period1, g1, n1, unit1, key1 = V[2], V[3], V[4], V[5], V[6], KEYS[base + 2]
@@ -62,11 +52,8 @@ local function fast(base, pl, want, need, life, RSV)
     room, lend = fit(room, lend, l3, cap3, c3, b3, g3)
     if not room then return nil end
   end
-  -- Blocks (a plan whose one short window, window 1, has a coarse
-  -- record: planAt): the window counts its coarse record's blocks too
-  -- (cy) and is held to a cap on either record, read as decide reads it
-  -- (view: working values y = nw + 1).
-  -- m1: window 1's limit under a cap on either record.
+  -- Blocks (planAt: window 1 alone has a coarse record, working values y):
+  -- window 1 counts its blocks too (cy); m1 is its limit under either cap.
   local y, cy, cr, m1 = nil, 0, nil, nil
   if pl.nco == 1 then
     cr, y = pl.CO[1], nw + 1
@@ -81,9 +68,8 @@ local function fast(base, pl, want, need, life, RSV)
   end
   local count, at = 1, now
   if want > 1 and room >= need and room >= want then count, at = want, lend else lend = 0 end
-  -- A block riding on this admission (decide's, reserveSize): the
-  -- long windows are window 3, or windows 2 and 3 (ns, the short ones,
-  -- 1 or 2, fewer than nw).
+  -- A block (decide's, reserveSize): the long windows are window 3, or
+  -- windows 2 and 3 (ns short ones, fewer than nw).
   local leased, rk, rend, ns = count, 0, 0, 0
   if RSV then
     ns, rend = RSV[5], now + RSV[7]
@@ -103,9 +89,8 @@ local function fast(base, pl, want, need, life, RSV)
       if (b3 + 1) * g3 < rend then rend = (b3 + 1) * g3 end
     end
     if y then
-      -- A block (ns is 1: batch): window 1's room counts both records,
-      -- and the block ends within the coarse bucket after the current
-      -- (blockWrite).
+      -- Here ns is 1 (batch): window 1's room counts both records, and the
+      -- block ends within the coarse bucket after the current (blockWrite).
       if m1 - c1 - cy - 1 < lroom then lroom = m1 - c1 - cy - 1 end
       local last = (floor(now / cr.g) + 2) * cr.g
       if last < rend then rend = last end
@@ -122,8 +107,7 @@ local function fast(base, pl, want, need, life, RSV)
   local reset1, reset2, reset3
   reset1 = resetAt(b1, off1, period1, g1, n1, unit1)
   if nw >= 2 then
-    -- From here on the windows are long (count the block) when
-    -- the first short ones are behind.
+    -- Window 2 counts the block when it is long.
     if rk > 0 and ns == 1 then count, at = 1 + rk, rend end
     local ttl2 = pl.TTL[2]
     local _, _, off2 = write(key2, h2, fresh2, vh2, total2, hc2, ho2, b2, count, at, g2, n2, unit2, ttl2)
@@ -135,8 +119,7 @@ local function fast(base, pl, want, need, life, RSV)
     local _, _, off3 = write(key3, h3, fresh3, vh3, total3, hc3, ho3, b3, count, at, g3, n3, unit3, ttl3)
     reset3 = resetAt(b3, off3, period3, g3, n3, unit3)
   end
-  -- A lease caps every window until it ends; a block, every long
-  -- window.
+  -- A lease caps every window until it ends; a block, every long window.
   if leased > 1 then
     writeCap(key1, n1, l1, lend, cap1, cend1)
     if nw >= 2 then
@@ -155,9 +138,8 @@ local function fast(base, pl, want, need, life, RSV)
     end
   end
   if y then
-    -- The block, in the coarse bucket of its end, capped there as every
-    -- long window is; window 1's reply counts both records (decide's
-    -- pairStanding, for an admission).
+    -- The block, in the coarse bucket of its end, capped there as every long
+    -- window is; window 1's reply counts both records (pairStanding).
     local cc = 0
     if rk > 0 then
       cc = rk
@@ -168,17 +150,12 @@ local function fast(base, pl, want, need, life, RSV)
     if r > reset1 then reset1 = r end
     c1 = c1 + cy + cc
   end
-  -- With a ban rule, admitted with no strikes to count: what decide's
-  -- strike reports then (the strikes the ring still counts, the offences
-  -- remembered), with nothing written; all zero for a key with no ban
-  -- record (most keys), as for a plan without a ban rule.
+  -- With a ban rule: what decide's strike reports for an admission with no
+  -- strikes, writing nothing; zeros for a key with no ban record.
   local _, strikes, bu, off = nil, 0, 0, 0
   if bs then _, _, strikes, bu, off = strike(KEYS[base + 1], bs, ban, banUntil, offences, offenceAt, sring, 0, false) end
-  -- The reply: for one admission (a cold key's) the bare form when the
-  -- ban rule, if any, has nothing to report, else the short form; the
-  -- whole form for a lease, or a block (its size and end in a
-  -- lease's fields; per window the count with it, 1 + rk in the long
-  -- ones: count's last value).
+  -- The reply, as decide's: bare or short for one admission, else whole (a
+  -- block's size and end in the lease's fields; long windows count 1 + rk).
   if rk > 0 then
     local u2 = c2 + count
     if ns == 2 then u2 = c2 + 1 end

@@ -2,11 +2,9 @@
 -- admissions back; its keys, arguments and reply are described there.
 local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
 local unpack_, pack_ = codec()
--- A window record (format.go's formatVersion, ringHeader, slotBytes and
--- maxCount, as in ring.lua): a version byte, then the ring's header of
--- head (8), total (4), head count (4) and head offset (2) bytes, then per
--- older bucket b a count (4) and an offset (2) at slot b mod (n+1).
--- Counts saturate at MAXC.
+-- A window record, as in ring.lua (format.go): version 1, head 8, total 4,
+-- head count 4, head offset 2, then per older bucket b a count 4 and offset
+-- 2 at slot b mod (n+1). Counts saturate at MAXC.
 local VERSION, HDR, SLOT, MAXC = 1, 18, 6, 4294967295
 local HDRS, OFS = tostring(HDR), {}
 local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end
@@ -23,15 +21,13 @@ for gi = 1, #ARGV do
   for i = 1, m do
     local key = KEYS[ki + i]
     local b, n, g = unpack_('>I8I8I8', A, 1 + 24 * i)
-    -- the oldest bucket the window holds now
     local lo = (now - now % g) / g - n
     -- A bucket the window no longer holds is left alone.
     local h = live and b >= lo and redis.call('GETRANGE', key, '0', HDRS) or ''
     if #h == 1 + HDR and byte(h, 1) == VERSION then
       local vh, total, hc = unpack_('>I8I4I4', h, 2)
-      -- Nothing off a saturated total or count: their true values are
-      -- unknown. Total and head count are at byte 9 (from 0), after the
-      -- version and the head.
+      -- A saturated total or count is left alone: its true value is unknown.
+      -- (Total and head count start at byte 9, from 0.)
       if total < MAXC then
         if b == vh then
           local d = math.min(k, hc)

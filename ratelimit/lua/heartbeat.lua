@@ -9,9 +9,8 @@ if not ds then
   ds = ARGV[6]
   redis.call('SET', KEYS[6], ds)
 end
--- Another token than the one this replica last read: the dataset it
--- read is gone, and the marks and the hold it held then are set again
--- where missing.
+-- A new token: the dataset this replica read is gone; set the marks and
+-- the hold it held then again where missing.
 local restored = 0
 if ARGV[5] ~= '' and ARGV[5] ~= ds then
   for i = 3, 4 do
@@ -19,7 +18,6 @@ if ARGV[5] ~= '' and ARGV[5] ~= ds then
   end
   if ARGV[7] ~= '' then redis.call('SET', KEYS[7], ARGV[7], 'NX') end
 end
--- Announce this replica in the three censuses and drop the silent.
 for i = 1, 3 do
   redis.call('ZADD', KEYS[i], now, ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - ttl)

@@ -1,8 +1,6 @@
--- The decision code (script.go): how much a block may hold (blocks.go).
+-- Decision code (script.go): how much a block may hold (blocks.go).
 
--- firstIn returns the first of slots i0 .. i1 (i0 <= i1) of ring slots s
--- (slot 0 at position 1) that holds a count, nil when none does; runs of
--- 8 empty slots are skipped whole, as counts skips them.
+-- firstIn returns the first slot of i0 .. i1 of s holding a count (nil: none).
 local function firstIn(s, i0, i1)
   local p, last = 1 + i0 * SLOT, 1 + (i1 + 1) * SLOT
   while p < last do
@@ -18,18 +16,11 @@ local function firstIn(s, i0, i1)
   return nil
 end
 
--- demandSpan returns the time a block's size takes the key's
--- demand to have built up over (reserveSize): the period sp of its last
--- short window, whose record key (bucket width g, n, and as window read
--- it head vh, total, head count hc and first bucket counted from) counts
--- that demand; or, while the oldest bucket of the record that holds a
--- request (now when none does) began less than sp - life ago, the time
--- since it began plus life, a block's life. Every admission the
--- window counts was decided in that bucket or later, or spent from a
--- block granted by a round trip before it, within its life (at most
--- life); a key the window has held for less than its period would
--- otherwise read as sending at a fraction of its rate until a period had
--- passed. At least life: a new key's block is at most what it has sent.
+-- demandSpan returns the span the demand counted by the last short window
+-- (period sp; record key as window read it) built up over: sp, or for a key
+-- younger than that, the time since its oldest counted request's bucket plus
+-- life (a block's, within which an admission may be spent), at least life.
+-- Otherwise a young key would read as sending at a fraction of its rate.
 local function demandSpan(key, sp, g, n, vh, total, hc, from, life)
   local t0 = now
   if total > 0 and from <= vh then
@@ -48,21 +39,11 @@ local function demandSpan(key, sp, g, n, vh, total, hc, from, life)
   return sp
 end
 
--- reserveSize returns the admissions of a block to count beside a
--- request admitted now (mode 2, blocks.go), worked out from the
--- counts its decision read: the requests the last short window counts
--- with this one (sc), at their rate over its period (sp, µs) or, for a
--- key the window has held for less, over the time since the oldest of
--- them (demandSpan, given the window's record key and what window read
--- of it, g .. from), scaled to the time the block could be spent
--- (rest, µs: until its end) less the round trips' allowance (RSV[4]);
--- at most RSV[6] (the replica's
--- own share of that demand), and at most what leaves every long window
--- the margin (RSV[2]) times the size times the replicas (RSV[1])
--- remaining (lroom: the least any long window has left after this
--- request); 0 below RSV[3]. Its end is the end of every long window's
--- current bucket, at most RSV[7] after now. The record is read for its
--- oldest request only when the caps leave the span to decide the size.
+-- reserveSize returns a block's size beside a request admitted now (mode 2,
+-- blocks.go): sc, what the last short window counts with it, at its rate over
+-- sp (or demandSpan) times rest less the round trips' allowance RSV[4]; at
+-- most the replica's share RSV[6] and lroom (the least room a long window has
+-- left) / (margin RSV[2] * replicas RSV[1]); 0 below RSV[3].
 local function reserveSize(sc, sp, lroom, rest, RSV, key, g, n, vh, total, hc, from)
   local num = sc * (rest - RSV[4])
   if num <= 0 or lroom <= 0 then return 0 end
@@ -75,9 +56,8 @@ local function reserveSize(sc, sp, lroom, rest, RSV, key, g, n, vh, total, hc, f
     sp = demandSpan(key, sp, g, n, vh, total, hc, from, RSV[7])
     k = num / sp
   end
-  -- A product past 2^52 may be rounded up: one less keeps the floor
-  -- from rising above the exact quotient's (the sizes that matter, at
-  -- most RSV[6], are far smaller than such a quotient's error).
+  -- A product past 2^52 may be rounded up: one less keeps the floor from
+  -- rising above the exact quotient's.
   if num > 2 ^ 52 then k = k - 1 end
   k = floor(k)
   if k > most then k = most end

@@ -1,17 +1,10 @@
--- The decision code (script.go), last of its files: the plans a call
--- decodes, the batch, and run, which a script or a Function calls.
+-- Decision code, last file (script.go): plans, the batch, and run, the entry.
 
--- PATHS counts the decisions the calls answered since the code loaded
--- and, of them, those that went to decide: tests read them to know which
--- path their decisions took (fast made the others). Counted once a call,
--- and once a decision only on decide's path.
+-- PATHS: decisions answered since load, and those decide made (for tests).
 local PATHS = {0, 0}
 
--- Plans are decoded once per call (once for all with a Function, up to
--- a bound): their numbers (V), where the ban rule, the candidate windows
--- and the candidate ban rule start in V, the ban rules as tables (nil: no
--- bans), the reply's format and the records' TTLs (ms). PLANS maps
--- a call's plan indexes, DECODED the plans' packed numbers.
+-- Plans, decoded once per call or, with a Function, once for all (DECODED, at
+-- most 256). PLANS maps a call's plan indexes to them.
 local DECODED, ndecoded = {}, 0
 local function banRule(V, o, mult)
   if V[o] == 0 then return nil, o + 1 end
@@ -29,12 +22,10 @@ local function planAt(PLANS, p)
     local ban, co = banRule(V, 2 + 6 * nw, tonumber(mult))
     local nc = V[co]
     local cban, xo = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
-    -- Blocks: the coarse records of the short windows, when the plan has
-    -- them (Go's plan.blocks): their count, then each as its window's
-    -- index, period, bucket width, n, offset unit and TTL.
+    -- Blocks (Go's plan.blocks): the count of coarse records, then each as
+    -- its window's index, period, bucket width, n, offset unit and TTL.
     local nco, CO, CP = 0, nil, nil
-    -- (V's last value is unpack's next position, not a number of the
-    -- plan's.)
+    -- (V's last value is unpack's next position, not the plan's.)
     if xo <= #s / 8 then nco = V[xo] end
     if nco > 0 then
       CO, CP = {}, {}
@@ -51,9 +42,8 @@ local function planAt(PLANS, p)
     if ban then fields = fields + 4 end
     if nc > 0 then fields = fields + 4 end
     if cban then fields = fields + 4 end
-    -- The short forms' fields: now, with a ban rule the strikes, ban end
-    -- and offences (not in the bare form), then per window used and
-    -- reset.
+    -- The short forms: now, with a ban rule the strikes, ban end and
+    -- offences (not in the bare form), then per window used and reset.
     pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
       bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
       mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3 and (nco == 0 or nco == 1 and CO[1].i == 1),
@@ -65,20 +55,15 @@ local function planAt(PLANS, p)
   return pl
 end
 
--- The call being decided: its decisions (ARGV[1]), where the next one's
--- numbers start, the KEYS index before its records, the replies so far
--- and the plans met (planAt).
+-- The call: decisions, next one's position and KEYS base, replies, plans met.
 local CALLS, POS, BASE, OUT, PLANS
 local ADD = {}
--- A block's numbers (batch), one table for every decision: a table
--- a decision is work for the collector.
+-- A block's numbers, one table reused: a table per decision is garbage.
 local RSVS = {}
 
--- batch makes the call's decisions from POS on, in order, each by fast
--- where it may (a plan fast serves, asked only to decide), else by
--- decide. It moves POS and BASE past a decision before making it, so that
--- when one fails (an error, which run catches), the batch goes on after
--- it.
+-- batch makes the call's decisions from POS on, in order, each by fast where
+-- it may, else by decide. POS and BASE move past a decision before it is
+-- made, so that after one fails (run catches it) the batch goes on.
 local function batch()
   local calls, out = CALLS, OUT
   while POS <= #calls do
@@ -95,22 +80,18 @@ local function batch()
     else
       mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
       if mode == 2 then
-        -- Asked to decide, and to count a block (reserveSize): the replicas, the
-        -- margin, the least worth granting, the round trips' allowance
-        -- and how many of the plan's windows are short follow; want and
+        -- Decide and count a block (reserveSize): its numbers follow; want and
         -- life are the block's most and life, not a lease's.
         RSV = RSVS
         RSV[1], RSV[2], RSV[3], RSV[4], RSV[5], pos = unpack_('>I8I8I8I8I8', calls, pos)
         RSV[6], RSV[7] = want, life
-        -- (Every window short: a block alone, where every short window
-        -- has a coarse record.)
+        -- (Every window short: only where each has a coarse record.)
         if RSV[5] < 1 or RSV[5] > pl.V[1] or RSV[5] == pl.V[1] and pl.nco ~= RSV[5] then RSV = nil end
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
-      -- (A block of other short windows than the coarse records' is
-      -- decide's to refuse, and a block of a plan with no long window
-      -- decide's to grant.)
+      -- (Decide refuses a block of other short windows than the coarse
+      -- records', and grants one of a plan with no long window.)
       if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) and (not RSV or (pl.nco == 0 or RSV[5] == pl.nco) and RSV[5] < pl.V[1]) then
         r = fast(base, pl, want, need, life, RSV)
       end
@@ -118,8 +99,7 @@ local function batch()
     if not r then
       PATHS[2] = PATHS[2] + 1
       local nw = pl.V[1]
-      -- The admissions to add per window are sent only when there are
-      -- any (or seeding numbers follow them).
+      -- Admissions to add come only when there are any (or seeding follows).
       if na > fixed then
         for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
       else
@@ -136,11 +116,8 @@ local function batch()
   end
 end
 
--- run decides the batch of a call, at one reading of the server's clock:
--- its decisions happen at one instant, in order. A decision that fails
--- replies "E" and the error; the others are made as if it were not
--- there. (One pcall for the batch, not one per decision: a decision that
--- fails is rare, and a pcall's setup is not free.)
+-- run decides a call's batch, in order, at one reading of the clock. A failed
+-- decision replies "E" and the error; the rest go on (one pcall for all).
 local function run(keys, args)
   if not byte then init() end
   KEYS, ARGV = keys, args

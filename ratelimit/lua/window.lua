@@ -1,23 +1,14 @@
--- The decision code (script.go): a window record as a decision sees and
--- writes it, its lease cap, and what a window reports after a decision.
+-- Decision code (script.go): window records, their lease cap, their report.
 
--- Window working values, by index (windows 1..nw, then transition
--- windows, then candidate windows), in arrays reused by every decision of
--- the batch, so that a decision allocates almost nothing: the record's
--- key, its header as read, whether it is new, its head, total, head
--- count and offset as read, the current bucket, the events counted now,
--- the first bucket counted, and the admissions made elsewhere being
--- added.
+-- Working values by window index (window's results, and WADD: admissions
+-- added), reused so that a decision allocates almost nothing.
 local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
 
--- The lease cap (format.go): a window record's extension after its ring,
--- the lowest limit under which a lease on the window may still be spent
--- (4 bytes) and until when (8, µs). A lease's end is its bucket's last
--- event (and that only grows), so while one may still be spent, the head
--- bucket is the current one, holds two events or more, and its last event
--- lies ahead: only then is the cap read. WCAP and WCEND hold window i's
--- cap and its end as read (nil: none in force). Both decision paths read
--- and write it through these two functions.
+-- The lease cap (format.go), after a window record's ring: the lowest limit a
+-- lease on the window may still be spent under (4 bytes) and until when (8,
+-- µs). A lease ends at its bucket's last event, so readCap reads it only when
+-- the head is the current bucket, holds two events or more and ends ahead.
+-- writeCap keeps the lower limit until the later end. WCAP, WCEND: as read.
 local CAPFMT, CAPLEN = '>I4I8', 12
 local WCAP, WCEND = {}, {}
 local function capAt(n) return WR - 1 + (n + 1) * SLOT end
@@ -44,13 +35,9 @@ local function writeCap(key, n, l, lend, cap, cend)
   end
 end
 
--- window reads window record key (header h already read: '' when none)
--- at now: whether it is new, its head, total, head count and offset as
--- read, the current bucket, the events counted now and the first bucket
--- counted. It reads the slots that advanced and used need: those leaving
--- the ring as the head moves, and the oldest still in it. The same as
--- advanced and used above, written out for the common case. Both
--- decision paths see a window through this function.
+-- window reads record key (header h, '' when none) at now: new?, head, total,
+-- head count and offset as read, current bucket, events counted now and first
+-- bucket counted. advanced and used inlined: it reads only the slots they need.
 local function window(key, h, period, g, n, unit)
   local fresh, vh, total, hc, ho, b, c, from
   do
@@ -61,13 +48,9 @@ local function window(key, h, period, g, n, unit)
     c, from = total, b - n
     if total > 0 then
       if b - vh > n then
-        -- Every bucket it had has slid out.
         total, c = 0, 0
       elseif total == hc and hc < MAXC then
-        -- Every event is in the head bucket (no count saturated, so every
-        -- other slot holds zero): nothing else can leave, and the head
-        -- bucket's count and offset are in the header. No slot to read: a
-        -- key's first burst in a period, say, lands here.
+        -- All events in the head bucket (none saturated): no slot to read.
         if b - n == vh and (b - n) * g + ho * unit + period <= now then c, from = 0, b - n + 1 end
       else
         local lo, hi = b - n, b - n
@@ -87,8 +70,6 @@ local function window(key, h, period, g, n, unit)
           end
         end
         c = total
-        -- The oldest bucket leaves as soon as its last event is a full
-        -- period old.
         local j0 = b - n
         if total > 0 and j0 <= vh then
           local c0, l0 = hc, ho
@@ -107,12 +88,8 @@ local function view(i, key, h, period, g, n, unit)
   WKEY[i], WH[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, h, fresh, vh, total, hc, ho, b, c, from, 0
 end
 
--- write counts count events at time at in the current bucket b of
--- window record key (new or not, with header h, and head vh, total, head
--- count hc and offset ho as read from it): one header write (and the
--- slots the head leaves behind when it moves, with a TTL refresh), or the
--- whole record when it is new. It returns the record's total, head
--- count and head offset after. Both decision paths write through it.
+-- write counts count events at time at in current bucket b of record key and
+-- returns total, hc, ho after; the record outlives its events (expiry).
 local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
   local off
   do
@@ -120,10 +97,8 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
       if fresh then
         -- Written whole below.
       elseif b - vh <= 8 and b - vh <= n and vh % (n + 1) + b - vh <= n + 1 then
-        -- The common move, a few buckets with no wrap: the old head's slot
-        -- and zeros over the skipped ones, in one write (move, in short).
-        -- The old head's count and offset are the header's own bytes (as
-        -- read: hc and ho have not changed), cut rather than packed.
+        -- A short move with no wrap, in one write: the old head's slot, cut
+        -- from h (hc, ho unchanged), and zeros over the skipped ones.
         local x = sub(h, 14, 19)
         if b - vh > 1 then x = x .. zeros((b - vh - 1) * SLOT) end
         call('SETRANGE', key, OFF[1 + HDR + (vh % (n + 1)) * SLOT], x)
@@ -132,7 +107,7 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
       end
       hc, ho = 0, 0
     end
-    -- The offset of at in its bucket, in units, rounded up.
+    -- at's offset in units, rounded up: an event is never recorded early.
     local d = at - b * g
     off = 0
     if d > 0 then off = (d + unit - 1 - (d + unit - 1) % unit) / unit end
@@ -160,21 +135,17 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
   return total + count, hc + count, off
 end
 
--- record counts k events at time t in the current bucket of window i
--- (write). The record then has this head; a rejection scans it below.
+-- record counts k events at time t in window i's current bucket (write).
 local function record(i, k, t, g, n, unit, ttl)
   local b = WB[i]
   WTOT[i], WHC[i], WHO[i] = write(WKEY[i], WH[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], b, k, t, g, n, unit, ttl)
   WFRESH[i], WVH[i] = false, b
 end
 
--- blockWrite counts a block of k admissions ending at t in coarse record
--- y (window working values), in the bucket of its end, e: at most one
--- past the current one (the grant's end is capped so), which the record
--- holds as it holds n + 1 buckets for a period of n - 1 (blockRing). At
--- or past the head, the head moves there first (the record viewed at e's
--- start, its count as read now kept) and the block is written there;
--- before it (a block ending later moved it on), into e's slot.
+-- blockWrite counts a block of k ending at t in coarse record y, in its end's
+-- bucket e: at most one past the current (blockRing sizes the record for it).
+-- At or past the head, the head moves to e first (keeping the count read now);
+-- before it, into e's slot, keeping that bucket's latest event.
 local function blockWrite(y, k, t, period, g, n, unit, ttl)
   local e = floor((t - 1) / g)
   if e >= WB[y] then
@@ -203,8 +174,7 @@ local function blockWrite(y, k, t, period, g, n, unit, ttl)
   WTOT[y] = total
 end
 
--- resetAt is when the head bucket b of a window stops counting, its last
--- event at offset off: untl, for the bucket that holds the newest event.
+-- resetAt is untl for head bucket b, its last event at offset off.
 local function resetAt(b, off, period, g, n, unit)
   local reset
   reset = b * g + off * unit + period
@@ -213,24 +183,21 @@ local function resetAt(b, off, period, g, n, unit)
   return reset
 end
 
--- standing returns window i's used, remaining and reset after the
--- decision, and (for a refused request whose window is full) how long
--- until the window admits one more.
+-- standing returns window i's used, remaining and reset after the decision,
+-- and for a refused request, how long until the window admits one more.
 local function standing(i, limit, period, g, n, unit, counted, refused)
   local u, reset_, wait = WUSED[i], now, 0
   if counted > 0 then
     u = u + counted
     reset_ = resetAt(WB[i], WHO[i], period, g, n, unit)
   elseif u > 0 then
-    -- A rejection or a peek scans the window: read it whole.
     local s = call('GET', WKEY[i])
     local vh, hc, ho, from, b = WVH[i], WHC[i], WHO[i], WFROM[i], WB[i]
     reset_ = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, 0, now)
     local cap, cend = WCAP[i], WCEND[i]
     if refused and cap and cap < limit and u >= cap then
-      -- Held to a lease's cap: admitted again once enough has slid out
-      -- to fit under it, or once it ends and the window fits its own
-      -- limit, whichever comes first.
+      -- Held to a lease's cap: admitted once enough slides out to fit under
+      -- it, or once the cap ends and the window fits its own limit, if sooner.
       local t = now
       if u >= limit then t = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, u - limit + 1, now) end
       if cend > t then t = cend end
@@ -246,11 +213,8 @@ local function standing(i, limit, period, g, n, unit, counted, refused)
   return u, rem, reset_, wait
 end
 
--- newest returns when the newest bucket of ring w (working values) that
--- counts stops counting, counted events having just been written at its
--- head (record); now when none counts. The head as read is the newest
--- bucket with events, and counts while the ring counts any: only a head
--- emptied by a give-back needs the ring read.
+-- newest: when ring w's newest counting bucket stops (now if none). The head
+-- counts while any bucket does: only one a give-back emptied needs a read.
 local function newest(w, period, g, n, unit, counted)
   if counted > 0 or WHC[w] > 0 and WUSED[w] > 0 then return resetAt(WVH[w], WHO[w], period, g, n, unit) end
   if WUSED[w] <= 0 then return now end
@@ -258,11 +222,8 @@ local function newest(w, period, g, n, unit, counted)
   return scan(s, WR, n, g, unit, period, WVH[w], WHC[w], WHO[w], WFROM[w], WB[w], 0, now)
 end
 
--- scan2 is scan over a window's two records, its own ring (working
--- values a, read whole as sa) and its coarse one (y, sy): when enough
--- events have stopped counting to drop excess, the buckets of both taken
--- in the order they stop counting (each ring's in bucket order: bucket j
--- stops within [(j+n)g, (j+n+1)g]). now when they never do.
+-- scan2 is scan over a window's ring (a, read as sa) and coarse record (y, sy),
+-- their buckets in the order they stop counting; now if excess never goes.
 local function scan2(sa, a, g, n, unit, sy, y, cg, cn, cunit, period, excess)
   local ja, jy, acc = WFROM[a], WFROM[y], 0
   local ca, ta, cy, ty = 0, 0, 0, 0
@@ -290,14 +251,10 @@ local function scan2(sa, a, g, n, unit, sy, y, cg, cn, cunit, period, excess)
   end
 end
 
--- pairStanding is standing for window i, which also counts its coarse
--- record's blocks (window y, coarse geometry cg, cn, cunit): used is the
--- sum of both, reset the later of their newest buckets' ends, and a
--- refused request's wait the earliest time the sum fits under the limit
--- and every cap (of either record) still in force then: for each span
--- between cap ends, the time enough has slid out of both (scan2) to fit
--- that span's lowest limit, no earlier than the span's start. counted
--- and ccounted are the events this decision wrote in each.
+-- pairStanding is standing for window i counting its coarse record y (cg, cn,
+-- cunit) too: used is the sum, reset the later end, and a refused wait the
+-- earliest time the sum fits the limit and every cap still in force then (per
+-- span between cap ends, scan2). counted, ccounted: this decision's writes.
 local function pairStanding(i, y, limit, period, g, n, unit, cg, cn, cunit, counted, ccounted, refused)
   local u = WUSED[i] + WUSED[y] + counted + ccounted
   local reset_, wait = now, 0
