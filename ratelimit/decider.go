@@ -6,32 +6,24 @@ import (
 )
 
 // A decider decides a batch of requests against the shared records: the
-// one seam between the limiter's policy and where its counts live. Its
-// promise, which the property tests (invariant_test.go) check through
-// this interface on each implementation: the requests of a batch are
-// decided in order, each seeing the ones before it (up to scriptBatch of
-// them at one reading of the decider's clock), and for every window of a
-// request's plan
+// one seam between policy and where counts live. Its promise, checked on
+// each implementation by invariant_test.go: a batch's requests are decided
+// in order, each seeing those before it (up to scriptBatch at one reading
+// of the decider's clock), and for every window of a request's plan
 //
 //   - no interval of the window's period admits more than its limit,
 //     leases counted whole when granted;
 //   - a refusal's Retry-After is the earliest time the request would be
 //     admitted, were nothing else to arrive;
-//   - bans begin at the ban rule's threshold of strikes and last as it
-//     says.
+//   - bans begin at the rule's threshold of strikes and last as it says.
 //
-// Two implement it: redisDecider (redisdecider.go), the decision code in
-// Redis, shared by every replica; and localDecider (below), the same
-// algorithm in process (state.go), for a limiter without Redis, the
-// simulator, and the tests.
+// redisDecider decides in Redis for every replica; localDecider runs the
+// same algorithm (state.go) in process, without Redis and in tests.
 type decider interface {
-	// decide decides reqs into out (len(reqs)), in order. An error means
-	// some request went undecided: out holds the verdicts that were made.
+	// decide decides reqs into out in order; on an error, out holds those made.
 	decide(ctx context.Context, reqs []request, out []verdict) error
 }
 
-// request is one request for a decider: its key, its plan, and what it
-// asks beyond deciding one request (input).
 type request struct {
 	key string
 	pl  *plan
@@ -56,7 +48,7 @@ func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict) 
 	return nil
 }
 
-// one decides a batch of one request, with nothing to allocate for it.
+// one decides a single request without allocating a batch.
 func (d *localDecider) one(q request) verdict {
 	return d.store.decide(q.key, q.pl, d.now().UnixMicro(), q.in)
 }

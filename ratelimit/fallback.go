@@ -6,34 +6,24 @@ import (
 	"sync/atomic"
 )
 
-// fallback decides for a key without Redis (fail-open): for a request
-// whose own round trip failed, and for every request while the breaker is
-// open. It keeps the bound stated in the README ("Failure modes"):
-//
-// Local state for a key starts from the last shared verdict this replica
-// received for it, not from zero. For each window that verdict's
-// remaining R is split over the N live replicas: this replica admits at
-// most ⌊R/N⌋ more until the window's period has passed since that
-// verdict (what was counted then has slid out by then). After that, and
-// for a key it has not decided within the window, each replica admits at
-// most max(1, ⌊L/N⌋) per window. A ban known from the last verdict holds
-// until its end, and strikes are counted locally as usual. Every local
-// admission is remembered and added to the shared windows by the key's
-// next round trip (input.add), so the windows that follow a failure know
-// about them. An admission reports Remaining counted down from the last
-// shared verdict, not from this replica's share of it (countDown).
+// fallback decides without Redis (fail-open) for a request whose round trip
+// failed and for all while the breaker is open, within the README's bound
+// ("Failure modes"): with R left in a window at the last shared verdict this
+// replica got and N live replicas, it admits at most ⌊R/N⌋ more until the
+// period has passed since (that count has slid out by then); after that, and
+// for keys without such a verdict, max(1, ⌊L/N⌋) per window. A known ban
+// holds; strikes count locally. Local admissions reach the shared windows
+// with the key's next round trip (input.add); an admission's Remaining
+// counts down from the last shared verdict (countDown).
 type fallback struct {
 	seed        maphash.Seed
 	shards      [memShards]fallbackShard
 	maxPerShard int
 	live        func() int64 // live replica count
 
-	// pendingKeys counts the kept entries with pending admissions. It is
-	// raised before an entry's pending count leaves zero and lowered after
-	// it returns to zero (or the entry is dropped), both under the entry's
-	// shard lock, so it is never lower than the number of such entries:
-	// read as zero, there is nothing to add, and takePending, on every
-	// round trip, skips its lock and lookup. Outside an outage it is zero.
+	// pendingKeys counts entries with pending admissions, raised before one's
+	// pending leaves zero, lowered after it returns (or the entry goes), under
+	// the shard lock: never low, so at zero takePending skips lock and lookup.
 	pendingKeys atomic.Int64
 }
 
@@ -74,10 +64,8 @@ func (f *fallback) shard(key string) *fallbackShard {
 	return &f.shards[maphash.String(f.seed, key)%memShards]
 }
 
-// remember records the shared verdict v for key under pl, whose round
-// trip began at start (local µs).
-// v's remaining counts must be Redis's own (a lease counted whole), as the
-// script returned them.
+// remember records Redis's verdict v from a round trip begun at start
+// (local µs). v's remaining must be Redis's own (leases counted whole).
 func (f *fallback) remember(key string, pl *plan, start int64, v *verdict) {
 	sh := f.shard(key)
 	sh.mu.Lock()
@@ -103,12 +91,8 @@ func (f *fallback) remember(key string, pl *plan, start int64, v *verdict) {
 	e.expires = max(e.expires, start+longest, e.banUntil)
 }
 
-// takePending returns, per window of pl, the admissions this replica made
-// without Redis that the window still counts at now (local µs), to add to
-// the shared windows with the key's next round trip, and how many local
-// admissions that covers (for restorePending). A window is not sent what
-// has slid out of it: after a long outage a minute window gets the last
-// minute's admissions, a day window all of them.
+// takePending returns, per window, the local admissions counted at now (local
+// µs) for the next round trip, and how many that covers (restorePending).
 func (f *fallback) takePending(key string, pl *plan, now int64) ([]int64, int64) {
 	if f.pendingKeys.Load() == 0 {
 		return nil, 0
@@ -159,8 +143,7 @@ func (f *fallback) restorePending(key string, n int64) {
 	}
 }
 
-// decide evaluates one request for key under pl at now (local µs) from
-// local state, counting extra earlier rejections as strikes.
+// decide evaluates one request for key under pl at now (local µs).
 func (f *fallback) decide(key string, pl *plan, now int64, in input) verdict {
 	n := max(f.live(), 1)
 	lp := pl.localFor(n)
@@ -194,10 +177,8 @@ func (f *fallback) decide(key string, pl *plan, now int64, in input) verdict {
 	return v
 }
 
-// seedState returns the local state that continues from the last shared
-// verdict: in each window still within its period of that verdict, the
-// part of the local limit that ⌊R/N⌋ leaves is taken at the verdict's time
-// (and so slides out a period after it); the known ban holds.
+// seedState continues from the last shared verdict: in each window within its
+// period, what ⌊R/N⌋ leaves of the local limit is taken at the verdict's time.
 func (e *fallbackEntry) seedState(pl, lp *plan, now, n int64) (*keyState, []taken) {
 	st := &keyState{}
 	var tk []taken
@@ -224,18 +205,10 @@ func (e *fallbackEntry) seedState(pl, lp *plan, now, n int64) (*keyState, []take
 	return st, tk
 }
 
-// countDown states the Remaining of an admission v, decided at now, as
-// the window's rather than this replica's share: in each window still
-// within its period of the last shared verdict, what that verdict left,
-// R, less what this replica has admitted alone and not yet added to the
-// shared windows (pending: each came after that verdict's round trip
-// began, which took those before it). So an answer made without Redis
-// counts down from the key's last shared count, as a lease's answers do
-// (lease.go): short of the window's true figure by what the replicas held
-// unspent when that verdict was made, over by what was admitted elsewhere
-// since, and never above L. A window the verdict no longer
-// covers, or never did, keeps the local figure: this replica knows
-// nothing shared of it. So do refusals: the window that refuses reads 0.
+// countDown sets an admission's Remaining, in each window still within its
+// period of the last shared verdict, to R less pending (all admitted after),
+// as a lease counts down: short by what replicas held unspent then, over by
+// what others admitted since, never above L. Others keep the local figure.
 func (e *fallbackEntry) countDown(pl *plan, now int64, v *verdict) {
 	if e.at == 0 || e.pl != pl {
 		return
@@ -248,7 +221,6 @@ func (e *fallbackEntry) countDown(pl *plan, now int64, v *verdict) {
 	}
 }
 
-// sweep drops what no longer matters.
 func (f *fallback) sweep(now int64) {
 	for i := range f.shards {
 		sh := &f.shards[i]
@@ -272,7 +244,7 @@ func (f *fallback) forget(key string) {
 	sh.mu.Unlock()
 }
 
-// drop deletes key's entry e from sh, whose lock the caller holds.
+// drop deletes key's entry e; the caller holds sh's lock.
 func (f *fallback) drop(sh *fallbackShard, key string, e *fallbackEntry) {
 	delete(sh.keys, key)
 	if e.pending > 0 {
@@ -280,7 +252,6 @@ func (f *fallback) drop(sh *fallbackShard, key string, e *fallbackEntry) {
 	}
 }
 
-// unban drops the ban the replica knew of for key.
 func (f *fallback) unban(key string) {
 	sh := f.shard(key)
 	sh.mu.Lock()

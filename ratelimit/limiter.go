@@ -1,5 +1,11 @@
 package ratelimit
 
+// Allow's order: plan cache -> rejection cache -> grants (a lease or block
+// held here) -> batcher -> decider; without Redis, the local decider. In
+// decide the breaker and fallback wrap the decider: an open breaker or spent
+// budget goes to the fallback (ErrUnavailable when fail-closed); a failed
+// round trip is sent once more (sendAgain), then falls back.
+
 import (
 	"context"
 	"errors"
@@ -12,9 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Limiter decides whether requests for a key are within its Policy. With a
-// Redis client every replica shares the counts; without one the limiter
-// keeps them in this process.
+// Limiter decides whether requests for a key are within its Policy, with
+// counts shared through Redis or, without a client, kept in this process.
 type Limiter struct {
 	rdb   redis.UniversalClient
 	opts  Options
@@ -40,10 +45,8 @@ type Limiter struct {
 	closed atomic.Bool
 }
 
-// New returns a Limiter sharing state through client, or a purely local
-// one when client is nil. It does not wait for Redis: the script is loaded
-// in the background, and an unreachable Redis is handled like any outage,
-// by the failure mode, until it answers.
+// New returns a Limiter sharing state through client, or a local one when
+// client is nil. It does not wait for Redis: an unreachable one is an outage.
 func New(client redis.UniversalClient, opts Options) (*Limiter, error) {
 	return newLimiter(client, opts, hooks{})
 }
@@ -79,8 +82,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 		}
 		return l, nil
 	}
-	// Everything the background goroutines read is built before the first
-	// of them starts.
+	// Build all that background goroutines read before starting the first.
 	if opts.CacheSize > 0 {
 		l.cache = newRejectCache(opts.CacheSize)
 	}
@@ -105,9 +107,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 		tripAfter: opts.TripAfter,
 		kick:      make(chan struct{}, 1),
 	}
-	// The breaker hears from the pipelines, which time a round trip from
-	// when it is sent: a decision that waited in the queue is not a Redis
-	// failure.
+	// Round trips are timed from the send: time queued is no Redis failure.
 	l.batch = newBatcher(newRedisDecider(client, opts.Prefix, opts.Logger), opts.Timeout, opts.PipelineHold, func(d time.Duration, err error) {
 		met.observeRedis(d, err)
 		if err != nil {
@@ -135,9 +135,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 	}
 	l.goBackground(ctx, l.subscribeLoop)
 
-	// Preload the decision code without holding up the caller: an
-	// unreachable Redis at start is an outage like any other. (A server
-	// without Functions is found out by the first batch.)
+	// A server without Functions is found out by the first batch.
 	l.goBackground(ctx, func(ctx context.Context) {
 		lctx, cancel := context.WithTimeout(ctx, max(opts.Timeout, time.Second))
 		defer cancel()
@@ -157,16 +155,13 @@ func (l *Limiter) goBackground(ctx context.Context, f func(context.Context)) {
 	}()
 }
 
-// Close stops the limiter's background work. It does not close the
-// client, and it does not wait for a round trip stuck on an unresponsive
-// Redis longer than a second: closing the client ends those.
+// Close stops the background work, waiting at most a second: closing the
+// client, which Close leaves open, ends round trips stuck on Redis.
 func (l *Limiter) Close() error {
 	if l.closed.CompareAndSwap(false, true) {
 		l.cancel()
 		waitBounded(&l.wg, time.Second)
-		// A replica going away lets its leases and blocks go and
-		// gives back what they leave unspent, within a second; what it
-		// cannot give back stays counted in Redis until it slides out.
+		// What cannot be given back stays counted until it slides out.
 		if l.lease != nil {
 			if unspent := l.lease.release(); unspent > 0 {
 				l.back.flush(min(max(l.opts.Timeout, 100*time.Millisecond), time.Second))
@@ -192,13 +187,9 @@ func waitBounded(wg *sync.WaitGroup, d time.Duration) {
 }
 
 // Allow decides one request for key under p and records it when admitted.
-// It returns an error only for an invalid policy, ErrUnavailable in
-// fail-closed mode when Redis cannot answer within the timeout, or ctx's
-// error when ctx ends while the decision waits for Redis (nothing is
-// decided for the request then; a call already sent still counts in
-// Redis, as any admission whose answer was lost). Under a
-// shadow policy the decision is made and recorded the same way and marked
-// Shadow: the caller serves the request whatever its outcome.
+// It fails only for an invalid policy, ErrUnavailable (fail-closed, Redis
+// not answering in time), or ctx's error if ctx ends while the decision
+// waits (a call already sent still counts). Shadow decisions count alike.
 func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, error) {
 	var d Decision
 	err := l.allow(ctx, key, &p, &d)
@@ -206,10 +197,8 @@ func (l *Limiter) Allow(ctx context.Context, key string, p Policy) (Decision, er
 	return d, err
 }
 
-// allow decides into d. Each step of a request is a function of its own,
-// and each fills the caller's d rather than returning a Decision to copy:
-// a request its lease serves (most of a busy key's) then runs within the
-// stack the handler chain has without a limiter (see planCache.get).
+// allow and its steps fill the caller's d, not return a Decision: a request
+// its lease serves then fits the stack it has with no limiter (planCache.get).
 func (l *Limiter) allow(ctx context.Context, key string, p *Policy, d *Decision) error {
 	pl, err := l.plans.get(p, &l.opts, l.met)
 	if err != nil {
@@ -224,27 +213,18 @@ func (l *Limiter) allow(ctx context.Context, key string, p *Policy, d *Decision)
 	return l.allowShared(ctx, key, pl, start, d)
 }
 
-// allowLocal decides key in this process alone, through the local
-// decider: a limiter without Redis.
 func (l *Limiter) allowLocal(key string, pl *plan, d *Decision) {
 	v := l.local.one(request{key: key, pl: pl, in: input{lease: noLease}})
 	l.finish(pl, &v, false, d)
 }
 
-// allowShared answers from what this replica holds for key (the rejection
-// cache, a lease) or else makes a round trip.
-//
-// No request waits for Redis longer than Options.Timeout in all, whether
-// for a lease another request is fetching or for its own round trip,
-// but for one more Timeout when that round trip fails (sendAgain). A
-// request finding a lease round trip for its key in flight waits for it
-// once (its lease is likely to cover this request too, and if it finds
-// the key limited, the rejection cache answers), then looks again from
-// the top with what is left of its Timeout.
+// allowShared answers from what this replica holds for key or makes a round
+// trip, waiting for Redis at most Timeout in all (plus one if the trip fails:
+// sendAgain). Finding its key's lease round trip in flight, it waits once
+// (that lease likely covers it, or the cache answers), then looks again.
 func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start time.Time, d *Decision) error {
 	first := true
-	// entered is when the request's wait began; zero while it has not
-	// waited: it then has the whole Timeout, with no clock read for it.
+	// entered is when the wait began; zero (no clock read) until then.
 	var entered time.Time
 	for {
 		var extra int64
@@ -256,9 +236,8 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 			}
 			extra = pending
 		}
-		// Rejections answered locally must reach Redis as strikes: a
-		// request carrying them makes the round trip. Candidate windows
-		// evaluate every request: no leases for their keys.
+		// No lease while local rejections (extra) must reach Redis as strikes,
+		// nor for candidate windows, which must see every request.
 		ask := noLease
 		var names []string
 		if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
@@ -288,8 +267,6 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 	}
 }
 
-// awaitLease waits, at most Timeout, for the lease round trip in flight
-// that closes wait.
 func (l *Limiter) awaitLease(ctx context.Context, wait <-chan struct{}) {
 	t := time.NewTimer(l.opts.Timeout)
 	defer t.Stop()
@@ -300,11 +277,8 @@ func (l *Limiter) awaitLease(ctx context.Context, wait <-chan struct{}) {
 	}
 }
 
-// roundTrip decides key in Redis within budget, asking for a lease as ask
-// says, and keeps the lease granted. Its steps fill the caller's d and
-// its own verdict by pointer, as allow's do: a request that makes a round
-// trip then waits for Redis within the stack a keep-alive connection
-// settles at (TestRoundTripRequestFitsTheConnectionStack in httpapi).
+// roundTrip decides key in Redis, asking a lease as ask says, and keeps it.
+// v goes by pointer for stack (TestRoundTripRequestFitsTheConnectionStack).
 func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision) error {
 	var v verdict
 	err := l.decide(ctx, key, pl, start, extra, ask, budget, names, d, &v, nil)
@@ -314,35 +288,25 @@ func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start tim
 	return err
 }
 
-// decide asks Redis, or the fallback when it cannot answer, and fills d
-// and, when Redis answered, v. names are the key's record names under pl
-// when the caller has them (the lease table keeps them), nil otherwise.
-//
-// With blk, the round trip also asks for a block for the key's next
-// requests (blocks.go), and the lease table keeps what Redis granted.
+// decide asks Redis, or the fallback when it cannot answer, and fills d (and
+// v when Redis answered). With blk it also asks a block (blocks.go).
 func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision, v *verdict, blk *blockAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
 	}
 	if cerr := ctx.Err(); cerr != nil && extra == 0 {
-		// A caller already gone is not sent: nothing counts for it. (One
-		// carrying strikes is: those must reach Redis.)
+		// A caller already gone is not sent, unless it carries strikes.
 		*d = Decision{}
 		return cerr
 	}
-	// Admissions this replica made without Redis travel with the key's
-	// next round trip.
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
 	cp := l.callPlan(pl)
 	if cp.coarse == nil {
-		// Blocks went out of force since the caller looked: a block
-		// needs the coarse records.
+		// Blocks went out of force since the caller looked.
 		blk = nil
 	}
-	// (Names taken before blocks came into force or went out of it, a
-	// heartbeat in between, are another plan's: a plan with coarse
-	// records has more.)
+	// Names from before blocks came or went are another plan's; keyCount tells.
 	if names == nil || len(names) != cp.keyCount() {
 		names = stateKeys(l.opts.Prefix, key, cp)
 	}
@@ -361,8 +325,6 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		l.fb.restorePending(key, pending)
 		return l.failedTrip(ctx, key, pl, start, extra, d)
 	}
-	// A lease or a block is counted whole, but the rest of it is this
-	// process's to grant.
 	l.answered(key, pl, start, v, max(v.granted-1, 0), d)
 	if blk != nil {
 		l.lease.blocked(key, pl, start, v, d)
@@ -373,16 +335,11 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	return nil
 }
 
-// sendAgain reports whether a decision whose round trip failed with err
-// is sent once more, with a Timeout of its own: a Redis blip (a pause, a
-// slow round trip on a busy machine, a connection reset) then costs the
-// request latency, at most a second Timeout, rather than a decision
-// without Redis, which loosens the window by what replicas admit alone.
-// If the first call reached Redis after all, the request counts twice in
-// its windows, which only makes them stricter. Not sent again: a caller
-// already gone, a replica whose breaker has tripped (Redis is down, not
-// blipping), a decision that could not even be queued (sending more
-// would only deepen the backlog), and a reply Redis did give.
+// sendAgain reports whether a failed round trip is sent once more, with its
+// own Timeout: a blip then costs latency, not a looser decision without
+// Redis. If the first call did reach Redis, the request counts twice: only
+// stricter. Not sent again: a caller gone, an open breaker (Redis is down),
+// a decision never queued (it would deepen the backlog), a Redis reply.
 func (l *Limiter) sendAgain(ctx context.Context, err error) bool {
 	if l.hooks.sendOnce || ctx.Err() != nil || l.breaker.isOpen() || errors.Is(err, errOverloaded) {
 		return false
@@ -391,12 +348,8 @@ func (l *Limiter) sendAgain(ctx context.Context, err error) bool {
 	return !errors.As(err, &rerr)
 }
 
-// announceBan tells every replica that key was banned, so that each lets
-// go of the key's block (blocks.go) and its next request learns of the
-// ban from Redis: a block is spent without a round trip for up to
-// blockLife, where a lease ends within leaseLife. Best effort, off the
-// request's path: a replica that misses it learns of the ban when its
-// block ends.
+// announceBan tells every replica key was banned, so each drops its block
+// (spent without round trips for blockLife). Best effort: blocks end anyway.
 func (l *Limiter) announceBan(key string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(l.ctx, max(l.opts.Timeout, 100*time.Millisecond))
@@ -405,42 +358,31 @@ func (l *Limiter) announceBan(key string) {
 	}()
 }
 
-// callPlan returns the plan a round trip for a request under pl is sent
-// under (replicas.callPlan).
 func (l *Limiter) callPlan(pl *plan) *plan { return l.replicas.callPlan(pl, l.hooks.blocks) }
 
-// blocksOn reports whether blocks are in force on this replica (blocks.go,
-// finalize.go): slow keys then take blocks.
+// blocksOn reports whether blocks are in force here: slow keys take them.
 func (l *Limiter) blocksOn() bool { return l.hooks.blocks || l.replicas.grantsBlocks() }
 
-// readsCoarse reports whether this replica's round trips read coarse
-// records: blocks are in force, or may be spent elsewhere still.
+// readsCoarse reports whether blocks are in force or may be spent elsewhere.
 func (l *Limiter) readsCoarse() bool { return l.hooks.blocks || l.replicas.readsCoarse() }
 
-// failedTrip answers a request whose round trip failed or went unanswered
-// in time.
 func (l *Limiter) failedTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, d *Decision) error {
 	if l.cache != nil {
 		l.cache.abandon(key)
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		// The caller gave up (a client that went away): nobody reads
-		// a decision, and one made without Redis would count the
-		// request here as well as in Redis (which its call may still
-		// reach) and tell the metrics that Redis failed.
+		// A local decision would count the request twice (its call may
+		// still reach Redis) and blame Redis in the metrics.
 		*d = Decision{}
 		return cerr
 	}
-	// This request alone is decided without Redis; whether Redis is
-	// down is the breaker's to judge, from the pipelines.
+	// Whether Redis is down is the breaker's to judge, from the pipelines.
 	return l.degraded(key, pl, start, extra, d)
 }
 
-// answered turns v, Redis's verdict for key from a round trip that began
-// at start, into d. The fallback remembers Redis's own counts; then the
-// admissions that round trip counted and this process holds to grant (a
-// lease's or a block's rest) are added back to the Remaining of every
-// window, so that it reads as if each request had gone to Redis alone.
+// answered turns Redis's verdict v into d. The fallback keeps Redis's own
+// counts; held (a lease's or block's rest, counted but granted here) is
+// added back to each Remaining, as if each request went to Redis alone.
 func (l *Limiter) answered(key string, pl *plan, start time.Time, v *verdict, held int64, d *Decision) {
 	l.fb.remember(key, pl, start.UnixMicro(), v)
 	if l.lease != nil {
@@ -467,7 +409,6 @@ func (l *Limiter) degraded(key string, pl *plan, start time.Time, extra int64, d
 	return nil
 }
 
-// finish turns a verdict into the Decision d (decisionOf) and counts it.
 func (l *Limiter) finish(pl *plan, v *verdict, degraded bool, d *Decision) {
 	decisionOf(pl, v, d)
 	d.Degraded = degraded
@@ -486,9 +427,7 @@ func (l *Limiter) finish(pl *plan, v *verdict, degraded bool, d *Decision) {
 	}
 }
 
-// decisionOf states verdict v in terms of pl's windows in d (also for a
-// verdict of the fallback plan, whose windows are the same with smaller
-// limits).
+// decisionOf states v in pl's windows (a fallback plan's too: same windows).
 func decisionOf(pl *plan, v *verdict, d *Decision) {
 	*d = Decision{
 		Outcome:    v.outcome,
@@ -513,9 +452,8 @@ func decisionOf(pl *plan, v *verdict, d *Decision) {
 	}
 }
 
-// subscribeLoop drops cached bans that another process lifted, the
-// leases and blocks of keys it reset, and the blocks of keys it
-// banned (announceBan).
+// subscribeLoop drops cached bans another process lifted, the leases and
+// blocks of keys it reset, and the blocks of keys it banned (announceBan).
 func (l *Limiter) subscribeLoop(ctx context.Context) {
 	if l.cache == nil && l.lease == nil {
 		return
@@ -533,8 +471,7 @@ func (l *Limiter) subscribeLoop(ctx context.Context) {
 				return
 			}
 			if m.Channel == banned {
-				// The key's counts stand: what its lease or block leaves
-				// unspent is given back.
+				// The key's counts stand: its unspent grants go back.
 				if l.lease != nil {
 					l.lease.letGo(m.Payload)
 				}
@@ -544,8 +481,7 @@ func (l *Limiter) subscribeLoop(ctx context.Context) {
 				l.cache.forget(m.Payload)
 			}
 			l.fb.unban(m.Payload)
-			// After a Reset the key's counts are gone: a lease or a
-			// block held here would admit uncounted until it ends.
+			// After a Reset a grant held here would admit uncounted.
 			if l.lease != nil {
 				l.lease.forget(m.Payload)
 			}
@@ -553,7 +489,6 @@ func (l *Limiter) subscribeLoop(ctx context.Context) {
 	}
 }
 
-// sweepLoop drops state of idle keys held in memory.
 func (l *Limiter) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -567,8 +502,7 @@ func (l *Limiter) sweepLoop(ctx context.Context) {
 	}
 }
 
-// sweep drops the state of keys idle at now and reports how full the
-// lease table is.
+// sweep drops idle keys' state and reports how full the lease table is.
 func (l *Limiter) sweep(now time.Time) {
 	l.local.store.sweep(now.UnixMicro())
 	if l.fb != nil {

@@ -5,12 +5,10 @@ import (
 	"sync"
 )
 
-// memShards spreads keys over independently locked maps so that
-// concurrent requests for different keys rarely contend.
+// memShards spreads keys over separately locked maps, so keys rarely contend.
 const memShards = 32
 
-// memStore keeps key states in this process: the whole store when there
-// is no Redis (the fallback when Redis is unreachable is fallback.go's).
+// memStore keeps key states in process: the store when there is no Redis.
 type memStore struct {
 	seed   maphash.Seed
 	shards [memShards]memShard
@@ -48,7 +46,6 @@ func (m *memStore) decide(key string, pl *plan, now int64, in input) verdict {
 	return st.decide(pl, now, in)
 }
 
-// unban lifts key's ban and forgets its strikes and offences.
 func (m *memStore) unban(key string) {
 	sh := m.shard(key)
 	sh.mu.Lock()
@@ -58,7 +55,6 @@ func (m *memStore) unban(key string) {
 	}
 }
 
-// forget drops everything held for key.
 func (m *memStore) forget(key string) {
 	sh := m.shard(key)
 	sh.mu.Lock()
@@ -66,7 +62,6 @@ func (m *memStore) forget(key string) {
 	delete(sh.keys, key)
 }
 
-// sweep drops the state of keys idle long enough for it to mean nothing.
 func (m *memStore) sweep(now int64) {
 	for i := range m.shards {
 		sh := &m.shards[i]

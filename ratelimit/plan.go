@@ -8,12 +8,9 @@ import (
 	"time"
 )
 
-// ring describes one sliding window as a ring of buckets: a window of
-// period W is split into buckets of gran µs, and an interval of length W
-// touches at most n+1 consecutive buckets, which the ring holds. The
-// geometry depends only on the period and the bucket count, never on the
-// limit: the record a ring is stored in (format.go) is the same whatever
-// the limit, so a limit can change without touching the counts.
+// ring is a window as n+1 buckets of gran µs, all an interval of length
+// period touches. Its geometry, and so its record (format.go), never depends
+// on the limit: a limit can change without touching the counts.
 type ring struct {
 	limit  int64 // events admitted in any interval of length period
 	period int64 // µs
@@ -24,75 +21,58 @@ type ring struct {
 	name   string
 }
 
-// newRing derives a ring's geometry from its period and bucket count; the
-// script reads the same numbers from its arguments.
+// newRing derives a ring's geometry; the script gets it as arguments.
 func newRing(limit int64, period time.Duration, buckets int) ring {
 	p := period.Microseconds()
 	g := max(p/int64(buckets), 1)
 	n := (p + g - 1) / g
 	r := ring{limit: limit, period: p, gran: g, n: n, unit: (g + maxOffset - 1) / maxOffset}
-	// The record is needed until its newest bucket has slid out: at most
-	// a period and a bucket after it began. The script sets its expiry
-	// to this TTL after the end of the head's epoch (lua/ring.lua, expiry),
-	// so one bucket more covers an event recorded at a lease's end.
+	// A record is needed until its newest bucket slides out, a period and a
+	// bucket after it began. The script counts the TTL from the end of the
+	// head's epoch (lua/ring.lua), so one more bucket covers a lease's end.
 	r.ttlMS = (p+2*g+999)/1000 + 1
-	// The name identifies the geometry; it is part of the Redis key of a
-	// window's record, so two geometries never share a record.
+	// The name is in the record's key: two geometries never share a record.
 	r.name = strconv.FormatInt(p, 10) + ":" + strconv.FormatInt(g, 10)
 	return r
 }
 
-// plan is a Policy compiled for evaluation: ring geometry, the static
-// script arguments and the policy's metric handles. Plans are cached by
-// policy.
+// plan is a Policy compiled: ring geometry, script arguments and metrics.
 type plan struct {
 	name    string
 	given   Policy // as the caller passed it
 	policy  Policy // windows sorted by period
 	windows []ring
-	// candidates are the policy's candidate windows (Policy.Candidate),
-	// stored as {KEY}:c:NAME and never refusing.
+	// candidates (Policy.Candidate) never refuse; stored as {KEY}:c:NAME.
 	candidates []ring
-	// ban is the policy's ban rule (Policy.Ban) and cban its candidate
-	// windows' (Policy.CandidateBan, stored as {KEY}:cban).
+	// ban is Policy.Ban's rule, cban Policy.CandidateBan's ({KEY}:cban).
 	ban, cban banRule
-	// packed, mult and cmult are the plan's script arguments (script.go):
-	// its numbers, 8 bytes each, and its ban rules' multipliers.
+	// packed, mult and cmult are the script arguments (script.go).
 	packed, mult, cmult string
-	// argv is the three as a call's arguments, boxed once.
+	// argv is the three boxed once.
 	argv [3]any
 
 	buckets, strikeBuckets int
 
-	// local is the plan one replica enforces alone while the shared store
-	// is unreachable, for the live replica count it was made for
-	// (fallback.go).
+	// local is the fallback plan for a live replica count (fallback.go).
 	local atomic.Pointer[localPlan]
-	// seed is where windows take their past from after a period change,
-	// for the registry view it was made for (registry.go).
+	// seed is where windows take their past after a period edit (registry.go).
 	seed atomic.Pointer[seedCache]
 	// used is when a decision was last made under the plan (Unix s).
 	used atomic.Int64
 
-	// nShort is how many of the plan's windows are short, the first ones:
-	// those whose buckets last less than blockLife, which a block counts
-	// in their coarse records (blocks.go). 0 on a plan that takes no
-	// blocks: one of long windows alone, or with candidates.
+	// nShort counts the short windows, the first ones: buckets shorter than
+	// blockLife, so a block counts in their coarse records (blocks.go). 0 on
+	// a plan taking no blocks (long windows only, or candidates).
 	nShort int
 	// allShort: every window is short (and no candidates).
 	allShort bool
 
-	// coarse are the coarse records of the plan's short windows, in their
-	// order (blockRing), on the plan that counts blocks (blk): stored as
-	// {KEY}:b:NAME after the plan's other records, and nil on every other
-	// plan. blk is the plan with them, for a plan with short windows (and
-	// no candidate windows): the same windows, names and counters, with
-	// the coarse records read and written beside the short windows' own
-	// (blocks.go).
+	// coarse are the short windows' coarse records ({KEY}:b:NAME, after the
+	// other records), only on blk: the plan with the same windows, names and
+	// counters that also reads and writes them (blocks.go).
 	coarse []ring
 	blk    *plan
-	// backRings are, on blk, the records a block is counted in: the
-	// coarse ones, then the long windows' (giveBack).
+	// backRings are, on blk, the records a block counts in (giveBack).
 	backRings []ring
 
 	counters
@@ -111,8 +91,7 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	pl.ban = newBanRule(p.Ban, strikeBuckets)
 	pl.cban = newBanRule(p.CandidateBan, strikeBuckets)
 
-	// Static script arguments; see script.go for their order. The numbers
-	// travel packed, 8 bytes each.
+	// Script arguments in script.go's order, numbers packed 8 bytes each.
 	nums := []int64{int64(len(pl.windows))}
 	for _, r := range pl.windows {
 		nums = append(nums, r.limit, r.period, r.gran, r.n, r.unit, r.ttlMS)
@@ -130,13 +109,10 @@ func compile(p Policy, buckets, strikeBuckets int) *plan {
 	return pl
 }
 
-// shortWindows returns how many of pl's windows are short (nShort).
 func (pl *plan) shortWindows() int { return pl.nShort }
 
-// split sets pl's short windows and the plan with their coarse records
-// (blk), when it has short windows and no candidates: the windows whose
-// buckets are shorter than blockLife, the first ones. Their coarse
-// records are read whenever they may count blocks, the plan's own or
+// split sets nShort and blk when pl has short windows and no candidates.
+// Coarse records are read whenever they may count blocks, this plan's or
 // another plan's of the same periods the key is also decided under.
 func (pl *plan) split() {
 	s := 0
@@ -150,8 +126,7 @@ func (pl *plan) split() {
 	pl.blk = pl.withBlocks(s)
 }
 
-// banRule is a BanPolicy compiled: its strike window as a ring whose
-// limit is the threshold, and its lengths in µs.
+// banRule is a BanPolicy compiled: strikes as a ring limited at the threshold.
 type banRule struct {
 	on      bool
 	strikes ring
@@ -175,9 +150,7 @@ func newBanRule(b BanPolicy, strikeBuckets int) banRule {
 	}
 }
 
-// appendNums appends the rule's script numbers: its threshold (0: no
-// bans) and, with bans, the strike window's period, bucket width, n,
-// offset unit and TTL, the offence memory, the ban's base and max.
+// appendNums appends the rule's script numbers; threshold 0 means no bans.
 func (b *banRule) appendNums(nums []int64) []int64 {
 	if !b.on {
 		return append(nums, 0)
@@ -186,16 +159,14 @@ func (b *banRule) appendNums(nums []int64) []int64 {
 	return append(nums, s.limit, s.period, s.gran, s.n, s.unit, s.ttlMS, b.memory, b.base, b.max)
 }
 
-// touch notes a decision under pl at now.
 func (pl *plan) touch(now time.Time) {
 	if s := now.Unix(); pl.used.Load() != s {
 		pl.used.Store(s)
 	}
 }
 
-// length returns the length (µs) of the ban for the n-th offence,
-// computed exactly as the script does: Base*Multiplier^(n-1), capped at
-// Max (when set) and at maxBanMicro.
+// length returns the n-th offence's ban (µs) exactly as the script does:
+// Base*Multiplier^(n-1), capped at Max (when set) and maxBanMicro.
 func (b *banRule) length(n int64) int64 {
 	d := float64(b.base)
 	limit := float64(maxBanMicro)
@@ -211,7 +182,7 @@ func (b *banRule) length(n int64) int64 {
 	return max(int64(math.Floor(d)), 1)
 }
 
-// keyCount is the number of records stateKeys names for a key under pl.
+// keyCount is how many records stateKeys names for a key under pl.
 func (pl *plan) keyCount() int {
 	n := 1 + len(pl.windows) + len(pl.candidates) + len(pl.coarse)
 	if pl.cban.on {
@@ -220,7 +191,6 @@ func (pl *plan) keyCount() int {
 	return n
 }
 
-// packNums packs non-negative integers as 8-byte big-endian ones.
 func packNums(nums []int64) string {
 	b := make([]byte, 0, 8*len(nums))
 	for _, v := range nums {
@@ -236,7 +206,6 @@ const (
 	// DefaultStrikeBuckets is the number of buckets of the strike window.
 	DefaultStrikeBuckets = 20
 	// CandidateBuckets is the number of buckets of a candidate window:
-	// coarser than an enforced one (a candidate never refuses, and its
-	// record stays small), and as strict.
+	// coarser (it never refuses, and its record stays small), as strict.
 	CandidateBuckets = 20
 )

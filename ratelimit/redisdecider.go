@@ -12,26 +12,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The decider on Redis. Its promise is the decision code's (script.go):
-// every request of a batch is decided atomically on the server, in order,
-// at one reading of the server's clock, against the records format.go
-// describes. This file does the rest and nothing more: it packs requests
-// into script calls (one Redis Cluster slot and at most scriptBatch
-// decisions a call), sends them in one pipeline, gives Redis the decision
-// code when it lacks it, and decodes the replies. The batcher (batch.go)
-// gathers concurrent requests into its pipelines; the limiter packs and
-// decodes them on the requests' own goroutines (pack, decodeInto).
+// redisDecider is the decider on Redis; the script (script.go) keeps the
+// promise, deciding a batch atomically at one reading of Redis's clock. This
+// file only packs requests into calls (one Cluster slot, at most scriptBatch
+// each), pipelines them, loads the code when Redis lacks it, and decodes
+// replies; the limiter packs and decodes on the requests' own goroutines.
 type redisDecider struct {
 	rdb    redis.UniversalClient
 	prefix string
 	sc     script
 	log    *slog.Logger
-	// noFunctions is set once Redis is found without Functions (before
-	// Redis 7, or an ACL that refuses FCALL or FUNCTION LOAD): the calls
-	// then go as scripts (EVALSHA).
+	// noFunctions is set once Redis is found without Functions: EVALSHA then.
 	noFunctions atomic.Bool
-	// finalized is the script's finalize argument (finalize.go); nil:
-	// never finalized.
+	// finalized gives the script's finalize argument; nil: never finalized.
 	finalized func() any
 }
 
@@ -39,9 +32,7 @@ func newRedisDecider(rdb redis.UniversalClient, prefix string, log *slog.Logger)
 	return &redisDecider{rdb: rdb, prefix: prefix, sc: decisionScript(), log: log}
 }
 
-// pack returns the decision the script makes for key under pl asked in:
-// its records (names, when the caller has them: stateKeys under pl; the
-// records of the periods in.seed names follow) and its numbers.
+// pack packs key's decision; names are stateKeys under pl, or nil.
 func (r *redisDecider) pack(key string, pl *plan, in input, names []string) decision {
 	if names == nil {
 		names = stateKeys(r.prefix, key, pl)
@@ -49,7 +40,7 @@ func (r *redisDecider) pack(key string, pl *plan, in input, names []string) deci
 	return decision{keys: seedKeys(r.prefix, key, in.seed, names), pl: pl, nums: scriptNums(pl, in)}
 }
 
-// fin is the finalize argument of the calls about to be sent.
+// fin is the finalize argument for the calls about to be sent.
 func (r *redisDecider) fin() any {
 	if r.finalized == nil {
 		return notFinalized
@@ -57,10 +48,7 @@ func (r *redisDecider) fin() any {
 	return r.finalized()
 }
 
-// call returns the script call that decides ds, decisions of one slot
-// (at most scriptBatch), with the finalize argument fin. Its reply is
-// read as an array of strings, one a decision: a reply read as any would
-// box each string (an allocation a decision).
+// call reads its reply as strings: as any, each would be boxed.
 func (r *redisDecider) call(ctx context.Context, ds []decision, fin any) *redis.StringSliceCmd {
 	command, name := "fcall", r.sc.fn
 	if r.noFunctions.Load() {
@@ -69,12 +57,7 @@ func (r *redisDecider) call(ctx context.Context, ds []decision, fin any) *redis.
 	return redis.NewStringSliceCmd(ctx, batchCall(command, name, ds, fin)...)
 }
 
-// send sends cmds (call) in one pipeline and returns the first error.
-// The code runs as a Function (FCALL) unless Redis has none; a server
-// that has not loaded the Function (a new or restarted server, FUNCTION
-// FLUSH) is given it and asked again, and so is one that does not know
-// the script (NOSCRIPT after SCRIPT FLUSH, a restart or a failover), with
-// EVAL (retry).
+// send sends cmds in one pipeline, giving Redis the code if it lacks it.
 func (r *redisDecider) send(ctx context.Context, cmds []*redis.StringSliceCmd) error {
 	pipe := r.rdb.Pipeline()
 	for _, c := range cmds {
@@ -86,10 +69,8 @@ func (r *redisDecider) send(ctx context.Context, cmds []*redis.StringSliceCmd) e
 	return nil
 }
 
-// decide decides reqs in order into out (decider): in calls of at most
-// scriptBatch decisions, each of one Redis Cluster slot, sent in one
-// pipeline. A
-// decision that failed fails the batch; the others' verdicts stand.
+// decide decides reqs in order into out. A failed decision fails the
+// batch; the others' verdicts stand.
 func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
 	ds := make([]decision, len(reqs))
 	for i, q := range reqs {
@@ -123,12 +104,10 @@ func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict
 	return err
 }
 
-// callSpan is the decisions from .. to-1 of a batch: one script call's.
+// callSpan is one script call's decisions, from .. to-1 of a batch.
 type callSpan struct{ from, to int }
 
-// scriptCalls splits n decisions, in their order, into script calls:
-// runs of one Redis Cluster slot (slot(i) is decision i's), at most
-// scriptBatch long.
+// scriptCalls splits n decisions into calls: runs of one slot, ≤ scriptBatch.
 func scriptCalls(n int, slot func(i int) int) []callSpan {
 	var calls []callSpan
 	for from := 0; from < n; {
@@ -142,8 +121,6 @@ func scriptCalls(n int, slot func(i int) int) []callSpan {
 	return calls
 }
 
-// replies returns the replies of call c, the call of s's decisions: one
-// string a decision.
 func (s callSpan) replies(c *redis.StringSliceCmd) ([]string, error) {
 	rs, err := c.Val(), c.Err()
 	if err == nil && len(rs) != s.to-s.from {
@@ -152,9 +129,8 @@ func (s callSpan) replies(c *redis.StringSliceCmd) ([]string, error) {
 	return rs, err
 }
 
-// retry sends again the calls of a pipeline (batchCall) that Redis
-// refused for want of the decision code, once it has it, and returns the
-// pipeline's error after: the first call's error, if any.
+// retry resends the calls Redis refused for want of the decision code,
+// once it has it, and returns the first error left.
 func (r *redisDecider) retry(ctx context.Context, cmds []*redis.StringSliceCmd) error {
 	var missing, unsupported, noscript bool
 	for _, c := range cmds {
@@ -177,16 +153,12 @@ func (r *redisDecider) retry(ctx context.Context, cmds []*redis.StringSliceCmd) 
 		r.log.Info("ratelimit: Redis runs no Functions here; deciding with scripts (EVALSHA)", "reason", firstError(cmds))
 	}
 	if noscript || unsupported {
-		// EVAL below carries the source anyway, so a failed load costs
-		// nothing; a successful one spares the next pipelines another
-		// NOSCRIPT.
+		// EVAL carries the source anyway; a load spares later NOSCRIPTs.
 		_ = r.rdb.ScriptLoad(ctx, r.sc.src).Err()
 	}
 	if !missing && !unsupported && !noscript {
 		return firstError(cmds)
 	}
-	// The same call under another command and name: its key count, keys
-	// and arguments as they were.
 	again := func(command, name string, c *redis.StringSliceCmd) *redis.StringSliceCmd {
 		return redis.NewStringSliceCmd(ctx, append([]any{command, name}, c.Args()[2:]...)...)
 	}
@@ -208,8 +180,7 @@ func (r *redisDecider) retry(ctx context.Context, cmds []*redis.StringSliceCmd) 
 	return firstError(cmds)
 }
 
-// loadFunction loads the decision code's library (on every master of a
-// cluster); one that another replica loaded first is no error.
+// loadFunction loads the library on every master; already loaded is fine.
 func (r *redisDecider) loadFunction(ctx context.Context) error {
 	load := func(ctx context.Context, c redis.Cmdable) error {
 		err := c.FunctionLoad(ctx, r.sc.library).Err()
@@ -224,7 +195,6 @@ func (r *redisDecider) loadFunction(ctx context.Context) error {
 	return load(ctx, r.rdb)
 }
 
-// firstError returns the first error of cmds.
 func firstError(cmds []*redis.StringSliceCmd) error {
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
@@ -234,15 +204,12 @@ func firstError(cmds []*redis.StringSliceCmd) error {
 	return nil
 }
 
-// isFunctionMissing reports whether err says the server has not loaded
-// the Function (a new or restarted server, FUNCTION FLUSH).
+// isFunctionMissing reports a Function not loaded (a restart, FUNCTION FLUSH).
 func isFunctionMissing(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "Function not found")
 }
 
-// isFunctionUnsupported reports whether err says the server cannot run
-// Functions for this client: a server before Redis 7, or an ACL that
-// refuses FCALL or FUNCTION LOAD.
+// isFunctionUnsupported reports Redis before 7 or an ACL refusing Functions.
 func isFunctionUnsupported(err error) bool {
 	if err == nil {
 		return false
@@ -259,12 +226,9 @@ const (
 	modeBlock int64 = 2
 )
 
-// scriptNums returns one decision's numbers for the script (script.go,
-// ARGV[1]), packed: mode, extra strikes, the lease asked, then, unless
-// all are zero and there is no seeding, the admissions to add per window,
-// then the seeding numbers. The most common request (to decide, with no
-// strikes, no lease, nothing to add or seed) has none: the script reads
-// those defaults, and decodes five numbers fewer.
+// scriptNums packs one decision's numbers (script.go, ARGV[1]): mode, extra
+// strikes, lease asked, per-window adds (if any, or seeding), seeding numbers.
+// A plain decision sends none: the script reads the defaults.
 func scriptNums(pl *plan, in input) []byte {
 	mode := modeDecide
 	if in.peek {
@@ -280,8 +244,7 @@ func scriptNums(pl *plan, in input) []byte {
 	b := make([]byte, 0, 8*(10+len(pl.windows)+len(seed)))
 	ask := [5]int64{mode, in.extra, in.lease.want, in.lease.need, in.lease.life}
 	if mode == modeBlock {
-		// Asked for a block: at most max, for blockLife; the
-		// block's own numbers follow.
+		// A block: at most max, for blockLife; its own numbers follow.
 		ask = [5]int64{mode, in.extra, in.block.max, 1, blockLife.Microseconds()}
 	}
 	for _, v := range ask {
@@ -305,32 +268,23 @@ func scriptNums(pl *plan, in input) []byte {
 	return b
 }
 
-// decision is one decision for the script: its key's records (stateKeys,
-// seedKeys) under pl, and what it is asked (scriptNums).
 type decision struct {
 	keys []string
 	pl   *plan
 	nums []byte
 }
 
-// scriptBatch caps the decisions one script call makes, so that a call
-// holds Redis for well under a millisecond; a larger pipeline flush sends
-// several calls.
+// scriptBatch caps a call's decisions so it holds Redis well under a ms.
 const scriptBatch = 64
 
-// batchCall returns the whole command of one script call that decides
-// ds in order (script.go): command and name (FCALL and the function, or
-// EVALSHA and the script's SHA1), the key count, every decision's keys,
-// one after the other, then the arguments (appendBatchArgs, with the
-// finalize argument fin). Each key
-// goes as a pointer into its decision's own keys, which go-redis writes as
-// the string it points to: no key is copied or boxed on its way.
+// batchCall returns one script call deciding ds in order (script.go). Keys go
+// as pointers, which go-redis writes as strings: none is copied or boxed.
 func batchCall(command, name string, ds []decision, fin any) []any {
 	nkeys := 0
 	for i := range ds {
 		nkeys += len(ds[i].keys)
 	}
-	// (Room for the arguments of one plan, as a batch mostly has.)
+	// Room for one plan's arguments, as a batch mostly has.
 	cmd := make([]any, 0, 3+nkeys+5)
 	cmd = append(cmd, command, name, nkeys)
 	for i := range ds {
@@ -341,11 +295,9 @@ func batchCall(command, name string, ds []decision, fin any) []any {
 	return appendBatchArgs(cmd, ds, fin)
 }
 
-// appendBatchArgs appends to args the ARGV of the script call that
-// decides ds: the decisions' numbers, each behind its key count, plan
-// index and number count; the finalize argument fin (finalize.go: when
-// the records were finalized, in µs, or "0"); and each distinct plan's
-// numbers and ban multipliers, once.
+// appendBatchArgs appends the ARGV deciding ds: the decisions' numbers,
+// each behind its key count, plan index and number count; fin (when the
+// records were finalized, µs, or "0"); each distinct plan's arguments, once.
 func appendBatchArgs(args []any, ds []decision, fin any) []any {
 	nbytes := 0
 	for i := range ds {
@@ -372,8 +324,7 @@ func appendBatchArgs(args []any, ds []decision, fin any) []any {
 	return args
 }
 
-// replyFields is the number of 8-byte integers in the script's reply for
-// a decision under pl (script.go): only what the plan has.
+// replyFields is the 8-byte integers in a full reply under pl (script.go).
 func (pl *plan) replyFields() int {
 	n := 5 + 2*(len(pl.windows)+len(pl.candidates))
 	if pl.ban.on {
@@ -388,11 +339,9 @@ func (pl *plan) replyFields() int {
 	return n
 }
 
-// shortReply reports whether a reply of n bytes for a decision under pl
-// is in one of the script's short forms (script.go), and whether it holds
-// the ban rule's fields (the short form) or not (the bare form). Every
-// form has a length of its own: the whole reply has at least four fields
-// more than the short, which has three more than the bare.
+// shortReply reports whether an n-byte reply under pl is short, with the
+// ban fields, or bare (script.go). Lengths never collide: a full reply has
+// at least four fields more than a short, which has three more than bare.
 func (pl *plan) shortReply(n int) (short, banFields bool) {
 	if len(pl.candidates) > 0 {
 		return false, false
@@ -407,10 +356,7 @@ func (pl *plan) shortReply(n int) (short, banFields bool) {
 	return false, false
 }
 
-// decodeInto turns the script's reply s for a decision under pl (8-byte
-// big-endian integers, see script.go) into the caller's verdict out (left
-// as it was on an error). A window's remaining is what its limit leaves
-// of used.
+// decodeInto decodes reply s under pl into out, unchanged on an error.
 func decodeInto(pl *plan, s string, out *verdict) error {
 	if strings.HasPrefix(s, "E") {
 		return fmt.Errorf("ratelimit: script: %s", s[1:])
@@ -482,8 +428,7 @@ func decodeInto(pl *plan, s string, out *verdict) error {
 	return nil
 }
 
-// isNoScript reports whether err says the server does not know the script
-// (after SCRIPT FLUSH, a restart or a failover).
+// isNoScript reports a lost script (SCRIPT FLUSH, a restart, a failover).
 func isNoScript(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || strings.Contains(err.Error(), "NOSCRIPT"))
 }

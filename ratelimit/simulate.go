@@ -6,40 +6,27 @@ import (
 	"time"
 )
 
-// Simulator decides requests with the limiter's own algorithm, in this
-// process, at times the caller gives: for each request, exactly what the
-// shared store (the decision script) would decide for it, on the same ring
-// geometry, with the same strikes and bans. None of a Limiter's machinery
-// stands between: no leases, no rejection cache, no fallback, no metrics.
-// It answers "what would these limits have done to this traffic", e.g. to
-// replay an access log against proposed plans.
+// Simulator decides requests in process, at times the caller gives, exactly
+// as the decision script would, without leases, caches or fallback: "what
+// would these limits have done to this traffic" (e.g. a replayed log).
 //
-// Keys never share state: replay each key's requests in time order (a time
-// before the key's previous request is taken as that request's, so a key's
-// clock never runs back). A key whose policy changes from one request to
-// the next keeps its counts as in a Limiter without Redis: windows of the
-// same period share their records, and a new period starts from the key's
-// record of another (as the script does from the periods the replicas
-// list). A Simulator is not safe for concurrent use;
-// disjoint sets of keys can be replayed in parallel on Simulators of their
-// own.
+// Keys never share state. Replay each key's requests in time order (an
+// earlier time counts as the previous one's); a key whose policy changes
+// keeps its counts as in a Limiter without Redis. A Simulator is not safe
+// for concurrent use; replay disjoint keys on Simulators of their own.
 type Simulator struct {
 	buckets, strikeBuckets int
 	seed                   maphash.Seed
 	plans                  map[uint64][]*plan
 	keys                   map[string]*simKey
-	// spare holds the records of forgotten keys, by ring name, to be
-	// cleared and used again: a replay of many keys then allocates
-	// records for the busiest moment's keys only.
+	// spare recycles forgotten keys' records by ring name, to allocate less.
 	spare map[string][]*ringState
-	// The key of the last decision: a replay decides a key's requests
-	// one after the other.
+	// The last decision's key: a replay decides a key's requests in a row.
 	lastName string
 	lastKey  *simKey
 }
 
-// simKey is one key's state and the plan of its last decision, reused
-// while the key's policy stays the same.
+// simKey is one key's state and its last decision's plan.
 type simKey struct {
 	st   keyState
 	pl   *plan
@@ -55,9 +42,7 @@ type SimDecision struct {
 	BannedUntil time.Time
 }
 
-// NewSimulator returns a Simulator with the geometry of a Limiter made
-// with opts: Buckets and StrikeBuckets (default 200 and 20), which every
-// replica of a fleet shares. The other options have no meaning here.
+// NewSimulator returns a Simulator with opts' Buckets and StrikeBuckets.
 func NewSimulator(opts Options) *Simulator {
 	if opts.Buckets <= 0 {
 		opts.Buckets = DefaultBuckets
@@ -74,13 +59,9 @@ func NewSimulator(opts Options) *Simulator {
 	}
 }
 
-// Decide decides one request for key under p at time at and records it,
-// as the shared store would have. Decision.Time is at (or the key's
-// previous request's time, if later), Decision.Shadow is p.Shadow: under a
-// shadow policy the outcome is what enforcement would have decided, and
-// refusals are not counted, exactly as the limiter does. It returns an
-// error only for an invalid policy or a time before the Unix epoch (the
-// shared store's clock never reads one).
+// Decide decides and records one request for key under p at time at (or the
+// key's previous time, if later); shadow refusals go uncounted, as in the
+// limiter. It fails only for an invalid policy or a time before the epoch.
 func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, error) {
 	if at.UnixMicro() < 0 {
 		return SimDecision{}, fmt.Errorf("ratelimit: simulated time %s is before the Unix epoch", at.UTC().Format(time.RFC3339Nano))
@@ -113,8 +94,7 @@ func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, err
 	return d, nil
 }
 
-// Forget drops everything held for key, as if it had never sent a
-// request: a replay that is done with a key frees its state.
+// Forget drops everything held for key, as if it had sent no request.
 func (s *Simulator) Forget(key string) {
 	k := s.keys[key]
 	if k == nil {
@@ -135,9 +115,7 @@ func (s *Simulator) Forget(key string) {
 	}
 }
 
-// reuse gives st, the state of a key before its first decision, spare
-// records for pl's rings, empty: exactly what the decision would
-// otherwise make (newRingState).
+// reuse gives st, before its first decision, emptied spare records for pl.
 func (s *Simulator) reuse(st *keyState, pl *plan) {
 	take := func(r *ring) *ringState {
 		free := s.spare[r.name]

@@ -1,11 +1,8 @@
 package ratelimit
 
-// This file holds the decision algorithm as plain Go, on the same records
-// as the Lua script (script.go, format.go) but in memory. It is what the
-// limiter runs without a shared store, and the fallback runs it while the
-// store cannot be reached. Times are integers in µs.
+// The decision algorithm in memory, on the script's records (format.go), for
+// a limiter without Redis and the fallback. Times are µs.
 
-// ringState is the in-memory form of one ring.
 type ringState struct {
 	geo   ring    // the geometry it was made for
 	head  int64   // newest bucket the ring covers
@@ -18,12 +15,10 @@ func newRingState(r *ring) *ringState {
 	return &ringState{geo: *r, count: make([]int64, r.n+1), off: make([]int64, r.n+1)}
 }
 
-// bucket returns the bucket index for now, never before the ring's head,
-// so a clock stepping back cannot reopen old buckets.
+// bucket is now's, never before the head: a clock stepping back reopens none.
 func (s *ringState) bucket(r *ring, now int64) int64 { return max(now/r.gran, s.head) }
 
-// advance moves the head to bucket b, dropping buckets that no interval of
-// length period ending in b can reach.
+// advance moves the head to b, dropping what no interval ending in b reaches.
 func (s *ringState) advance(r *ring, b int64) {
 	if b <= s.head {
 		return
@@ -50,17 +45,15 @@ func (s *ringState) last(r *ring, j int64) int64 {
 	return j*r.gran + s.off[r.slot(j)]*r.unit
 }
 
-// until returns when bucket j stops counting: when the head has moved
-// n+1 buckets past it, or earlier, once it is the oldest bucket and its
-// last event is a full period old.
+// until returns when bucket j stops counting: n+1 buckets later, or once it
+// is the oldest and its last event a full period old.
 func until(r *ring, j, last int64) int64 {
 	return min(max(last+r.period, (j+r.n)*r.gran), (j+r.n+1)*r.gran)
 }
 
-// used returns how many events count at now (head at b) and the first
-// bucket that still counts. Every event later than now-period is in a
-// bucket from b-n on, and the oldest of them is left out only once its
-// last event is a full period old: used never undercounts an interval.
+// used returns the events counting at now (head b) and the first bucket
+// that counts. The oldest bucket is left out only once its last event is a
+// full period old: used never undercounts an interval.
 func (s *ringState) used(r *ring, now, b int64) (int64, int64) {
 	j0 := b - r.n
 	if c0 := s.count[r.slot(j0)]; c0 > 0 && s.last(r, j0)+r.period <= now {
@@ -69,8 +62,7 @@ func (s *ringState) used(r *ring, now, b int64) (int64, int64) {
 	return s.total, j0
 }
 
-// retry returns when enough buckets, oldest first, have stopped counting
-// to drop excess events.
+// retry returns when enough buckets have stopped counting to drop excess.
 func (s *ringState) retry(r *ring, from, b, excess int64) int64 {
 	var acc int64
 	for j := from; j <= b; j++ {
@@ -97,10 +89,9 @@ func (s *ringState) reset(r *ring, from, b, used, now int64) int64 {
 	return now
 }
 
-// add records k events at time at in bucket b (the head). The bucket's
-// last-event time only grows: a lease records its end, which later
-// admissions in the same bucket must not move back. Counts saturate at
-// maxCount as the stored ones do; only strikes can get there.
+// add records k events at time at in head bucket b. A bucket's last-event
+// time only grows: later admissions must not move back a lease's end.
+// Counts saturate at maxCount as stored ones do (only strikes get there).
 func (s *ringState) add(r *ring, b, at, k int64) {
 	i := r.slot(b)
 	off := ceilDiv(max(at-b*r.gran, 0), r.unit)
@@ -114,10 +105,8 @@ func (s *ringState) add(r *ring, b, at, k int64) {
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// slot returns the slot of bucket j in the ring, as the script's
-// j % (n + 1): within a period of the Unix epoch the oldest buckets an
-// interval can touch are before zero, and Go's remainder takes the sign
-// of j.
+// slot is the script's j % (n + 1), never negative: near the Unix epoch an
+// interval touches buckets before zero, and Go's % takes j's sign.
 func (r *ring) slot(j int64) int64 {
 	i := j % (r.n + 1)
 	if i < 0 {
@@ -126,16 +115,11 @@ func (r *ring) slot(j int64) int64 {
 	return i
 }
 
-// seedFrom fills s, a new and empty ring for window r whose head is to be
-// b, from src, the key's ring of another period: each bucket of src whose
-// last event still counts in r's window at now is carried over, whole, at
-// that last event's time. This is what keeps a key's counts when a plan
-// changes a window's period (the new period's record starts from the old
-// one's). Events only ever move later in time (to their bucket's last
-// event, or into the oldest bucket r keeps), so the new window never
-// counts fewer of them than src recorded within r's period; what src had
-// already dropped (older than its own period) is not known to it. The
-// script does the same (seed in lua/ring.lua).
+// seedFrom fills s, a new ring for r with head b, from src, the key's ring of
+// another period, so a period edit keeps counts. Each src bucket counting at
+// now moves whole to its last event's time (or r's oldest bucket): events
+// only move later, so r never counts fewer than src held within r's period.
+// As seed in lua/ring.lua.
 func (s *ringState) seedFrom(r *ring, b int64, src *ringState, now int64) {
 	s.head = b
 	sr := &src.geo
@@ -162,9 +146,8 @@ func (s *ringState) seedFrom(r *ring, b int64, src *ringState, now int64) {
 	}
 }
 
-// seedSource returns, of rings, the one that best stands for window r's
-// past: the shortest period that covers r's (whose buckets are finest),
-// else the longest shorter one; nil when there is none.
+// seedSource returns the ring that best stands for r's past: the shortest
+// period covering r's (finest buckets), else the longest shorter; or nil.
 func seedSource(r *ring, rings map[string]*ringState) *ringState {
 	var best *ringState
 	for name, s := range rings {
@@ -178,8 +161,6 @@ func seedSource(r *ring, rings map[string]*ringState) *ringState {
 	return best
 }
 
-// betterSource reports whether a ring of period p stands better than one
-// of period q for window r's past (seedSource).
 func betterSource(r *ring, p, q int64) bool {
 	switch pc, qc := p >= r.period, q >= r.period; {
 	case pc != qc:
@@ -191,8 +172,7 @@ func betterSource(r *ring, p, q int64) bool {
 	}
 }
 
-// banState is a key's ban record: the ban, the offence history and the
-// strike ring of the geometry named strikeRing.
+// banState is a key's ban record: ban, offences and strikes (strikeRing's).
 type banState struct {
 	until      int64
 	offences   int64
@@ -201,12 +181,9 @@ type banState struct {
 	strikes    *ringState
 }
 
-// strike counts k strikes at now under rule r, when record: when they
-// cross its threshold the key is banned (for longer with each offence
-// still remembered), and the strikes start over. It returns whether a
-// ban began, how many of the k counted before it began (the one that
-// began it included), the strikes counted now and the offences
-// remembered. The script does the same (strike in lua/ban.lua).
+// strike counts k strikes at now if record; crossing r's threshold bans the
+// key (longer per remembered offence) and restarts strikes. struck is how
+// many of k counted, up to the ban. As strike in lua/ban.lua.
 func (bs *banState) strike(r *banRule, now, k int64, record bool, expires *int64) (newBan bool, struck, strikes, offences int64) {
 	offences = bs.offences
 	if offences > 0 && bs.offenceAt+r.memory <= now {
@@ -241,8 +218,7 @@ func (bs *banState) strike(r *banRule, now, k int64, record bool, expires *int64
 	return newBan, struck, strikes, offences
 }
 
-// keyState is everything stored for one key: a record per window geometry
-// and the ban record.
+// keyState is all that is stored for one key.
 type keyState struct {
 	windows    map[string]*ringState
 	candidates map[string]*ringState // candidate windows, by ring name
@@ -251,7 +227,6 @@ type keyState struct {
 	expires    int64    // when all of the state is worthless (µs)
 }
 
-// winVerdict is one window's standing after a decision.
 type winVerdict struct {
 	used, remaining, reset int64
 }
@@ -268,11 +243,8 @@ type verdict struct {
 	granted  int64 // admissions counted: 0 when not admitted, more than 1 for a lease
 	leaseEnd int64 // µs; when granted > 1, the leased admissions may be spent until then
 	win      []winVerdict
-	// Candidate windows: what they (and the candidate ban policy) would
-	// have decided for this request; how many requests they admitted,
-	// would have limited and would have refused as banned (this one and
-	// the extra ones before it); whether a candidate ban began, the
-	// candidate strikes, ban end and offences; each window's standing.
+	// Candidate windows: outcome; requests admitted, would-be limited and
+	// banned (this one and the extras before it); their ban; standings.
 	cOutcome                       Outcome
 	cAdm, cLim, cBan               int64
 	cNewBan                        bool
@@ -280,19 +252,16 @@ type verdict struct {
 	cwin                           []winVerdict
 }
 
-// leaseAsk asks a decision to count want admissions at once (a lease)
-// when every window has at least need of them remaining, to be spent
-// within life µs and before the current bucket of any window ends. A
-// want of 1 or less asks for the request alone.
+// leaseAsk asks to count want admissions at once (a lease) if every window
+// has need left, to be spent within life µs and before any window's current
+// bucket ends. want <= 1 asks for the request alone.
 type leaseAsk struct {
 	want, need, life int64
 }
 
-// noLease asks for one admission.
 var noLease = leaseAsk{want: 1, need: 1, life: 1}
 
-// ringFor returns the key's record for window r, new and empty if it has
-// none (kept only when keep), and whether it is new.
+// ringFor returns the key's record for r, new (kept only when keep) if none.
 func (st *keyState) ringFor(r *ring, keep bool) (*ringState, bool) {
 	if s := st.windows[r.name]; s != nil {
 		return s, false
@@ -314,16 +283,13 @@ type input struct {
 	add   []int64  // per window: admissions made locally while Redis was unreachable, recorded as made now
 	lease leaseAsk // admissions to count at once
 	seed  *seeding // where a window the key has no record of takes its past from (script only)
-	// block asks an admission to count a block too (script only;
-	// blocks.go).
+	// block asks to count a block too (script only; blocks.go).
 	block *blockAsk
 }
 
-// decide evaluates one request for the key whose state is st, at now. An
-// admission counts in.lease.want admissions when the lease is granted.
-// Admissions made elsewhere (in.add, per window) are recorded first,
-// whatever the outcome: at most a window's limit in each window, since no
-// interval of its length held more.
+// decide evaluates one request at now. Admissions made elsewhere (in.add)
+// are recorded first, whatever the outcome, at most a window's limit each:
+// no interval of its length held more.
 func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 	peek, extra, ask := in.peek, in.extra, in.lease
 	v := verdict{now: now, win: make([]winVerdict, len(pl.windows))}
@@ -341,8 +307,6 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 		rings[i] = s
 		b := s.bucket(r, now)
 		if fresh {
-			// A period this key has no record of: start from the record
-			// of another period, if the key has one (a plan edit).
 			if src := seedSource(r, st.windows); src != nil {
 				s.seedFrom(r, b, src, now)
 			}
@@ -382,8 +346,6 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 	st.decideCandidates(pl, now, in, &v)
 
 	if pl.ban.on {
-		// This rejection and those answered locally since the last round
-		// trip (extra) are strikes, unless the key is banned.
 		k := extra
 		if !admit && !banned {
 			k++
@@ -407,8 +369,7 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 		}
 		w.remaining = max(r.limit-w.used, 0)
 		w.reset = s.reset(r, froms[i], buckets[i], w.used, now)
-		// A refused request (banned or limited) waits for every full
-		// window as well as for the ban: Retry-After is the true wait.
+		// A refusal waits for every full window and the ban: the true wait.
 		if !admit && w.used >= r.limit {
 			if t := s.retry(r, froms[i], buckets[i], w.used-r.limit+1) - now; t > v.retry {
 				v.retry = t
@@ -426,10 +387,8 @@ func (st *keyState) decide(pl *plan, now int64, in input) verdict {
 	return v
 }
 
-// decideCandidates evaluates pl's candidate windows for one request and
-// the extra ones answered locally before it, as the script does: each
-// request they would admit they count, as if enforced alone; they never
-// refuse one.
+// decideCandidates evaluates pl's candidate windows as the script does: they
+// count what they would admit, as if enforced alone, and never refuse.
 func (st *keyState) decideCandidates(pl *plan, now int64, in input, v *verdict) {
 	if len(pl.candidates) == 0 {
 		return
@@ -461,10 +420,9 @@ func (st *keyState) decideCandidates(pl *plan, now int64, in input, v *verdict) 
 		}
 	}
 	room = max(room, 0)
-	// This request and the extras before it reach the candidate in turn:
-	// a key it bans it refuses; of the others it admits as many as fit,
-	// and limits the rest, each a strike of its ban policy; a strike that
-	// begins a ban is refused as banned, as are those after it.
+	// This request and the extras, in turn: a banned key's are refused; else
+	// those that fit are admitted, the rest limited, each a strike; from the
+	// strike that begins a ban on, they are refused as banned.
 	cb := &st.cban
 	if !in.peek {
 		k := 1 + in.extra
