@@ -43,12 +43,16 @@ func newLocalDecider(now func() time.Time) *localDecider {
 func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict) error {
 	now := d.now().UnixMicro()
 	for i, q := range reqs {
-		out[i] = d.store.decide(q.key, q.pl, now, q.in)
+		out[i] = d.at(q, now)
 	}
 	return nil
 }
 
 // one decides a single request without allocating a batch.
-func (d *localDecider) one(q request) verdict {
-	return d.store.decide(q.key, q.pl, d.now().UnixMicro(), q.in)
+func (d *localDecider) one(q request) verdict { return d.at(q, d.now().UnixMicro()) }
+
+// at decides q at now (µs) rather than the decider's clock: the Simulator
+// replays a log's times.
+func (d *localDecider) at(q request, now int64) verdict {
+	return d.store.decide(q.key, q.pl, now, q.in)
 }

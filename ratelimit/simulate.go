@@ -6,9 +6,10 @@ import (
 	"time"
 )
 
-// Simulator decides requests in process, at times the caller gives, exactly
-// as the decision script would, without leases, caches or fallback: "what
-// would these limits have done to this traffic" (e.g. a replayed log).
+// Simulator decides requests through the in-process decider, at times the
+// caller gives, exactly as the decision script would, without leases, caches
+// or fallback: "what would these limits have done to this traffic" (e.g. a
+// replayed log).
 //
 // Keys never share state. Replay each key's requests in time order (an
 // earlier time counts as the previous one's); a key whose policy changes
@@ -18,17 +19,16 @@ type Simulator struct {
 	buckets, strikeBuckets int
 	seed                   maphash.Seed
 	plans                  map[uint64][]*plan
+	dec                    *localDecider
 	keys                   map[string]*simKey
-	// spare recycles forgotten keys' records by ring name, to allocate less.
-	spare map[string][]*ringState
 	// The last decision's key: a replay decides a key's requests in a row.
 	lastName string
 	lastKey  *simKey
 }
 
-// simKey is one key's state and its last decision's plan.
+// simKey is one key's last decision's plan and time; its counts are the
+// local decider's.
 type simKey struct {
-	st   keyState
 	pl   *plan
 	last int64 // µs, the key's latest decision
 }
@@ -54,8 +54,8 @@ func NewSimulator(opts Options) *Simulator {
 		buckets: opts.Buckets, strikeBuckets: opts.StrikeBuckets,
 		seed:  maphash.MakeSeed(),
 		plans: make(map[uint64][]*plan),
+		dec:   &localDecider{store: newMemStore()},
 		keys:  make(map[string]*simKey),
-		spare: make(map[string][]*ringState),
 	}
 }
 
@@ -79,13 +79,10 @@ func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, err
 		if err != nil {
 			return SimDecision{}, err
 		}
-		if k.pl == nil {
-			s.reuse(&k.st, pl)
-		}
 		k.pl = pl
 	}
 	k.last = max(k.last, at.UnixMicro())
-	v := k.st.decide(k.pl, k.last, input{lease: noLease})
+	v := s.dec.at(request{key: key, pl: k.pl, in: input{lease: noLease}}, k.last)
 	d := SimDecision{NewBan: v.newBan}
 	decisionOf(k.pl, &v, &d.Decision)
 	if v.banUntil > 0 {
@@ -96,60 +93,9 @@ func (s *Simulator) Decide(key string, p Policy, at time.Time) (SimDecision, err
 
 // Forget drops everything held for key, as if it had sent no request.
 func (s *Simulator) Forget(key string) {
-	k := s.keys[key]
-	if k == nil {
-		return
-	}
 	delete(s.keys, key)
-	if s.lastKey == k {
-		s.lastName, s.lastKey = "", nil
-	}
-	for name, r := range k.st.windows {
-		s.spare[name] = append(s.spare[name], r)
-	}
-	for name, r := range k.st.candidates {
-		s.spare[name] = append(s.spare[name], r)
-	}
-	if r := k.st.ban.strikes; r != nil {
-		s.spare[k.st.ban.strikeRing] = append(s.spare[k.st.ban.strikeRing], r)
-	}
-}
-
-// reuse gives st, before its first decision, emptied spare records for pl.
-func (s *Simulator) reuse(st *keyState, pl *plan) {
-	take := func(r *ring) *ringState {
-		free := s.spare[r.name]
-		if len(free) == 0 {
-			return nil
-		}
-		rs := free[len(free)-1]
-		s.spare[r.name] = free[:len(free)-1]
-		clear(rs.count)
-		clear(rs.off)
-		*rs = ringState{geo: *r, count: rs.count, off: rs.off}
-		return rs
-	}
-	for i := range pl.windows {
-		if rs := take(&pl.windows[i]); rs != nil {
-			if st.windows == nil {
-				st.windows = make(map[string]*ringState, len(pl.windows))
-			}
-			st.windows[pl.windows[i].name] = rs
-		}
-	}
-	for i := range pl.candidates {
-		if rs := take(&pl.candidates[i]); rs != nil {
-			if st.candidates == nil {
-				st.candidates = make(map[string]*ringState, len(pl.candidates))
-			}
-			st.candidates[pl.candidates[i].name] = rs
-		}
-	}
-	if pl.ban.on {
-		if rs := take(&pl.ban.strikes); rs != nil {
-			st.ban.strikeRing, st.ban.strikes = pl.ban.strikes.name, rs
-		}
-	}
+	s.dec.store.forget(key)
+	s.lastName, s.lastKey = "", nil
 }
 
 // plan returns p compiled, once per distinct policy.
