@@ -24,9 +24,7 @@ type Usage struct {
 	Windows []WindowUsage
 	// Candidate is the standing of the policy's candidate windows.
 	Candidate []WindowUsage
-	// CandidateStrikes, CandidateBannedUntil and CandidateOffences are the
-	// candidate ban policy's (Policy.CandidateBan), as Strikes,
-	// BannedUntil and Offences are the enforced one's.
+	// Strikes, BannedUntil and Offences of Policy.CandidateBan.
 	CandidateStrikes     int64
 	CandidateBannedUntil time.Time
 	CandidateOffences    int64
@@ -36,8 +34,7 @@ type Usage struct {
 	BannedUntil time.Time
 	// Offences is the number of bans remembered for escalation.
 	Offences int64
-	// Degraded is true when Redis could not be reached and the figures are
-	// this process's own.
+	// Degraded: Redis was unreachable; the figures are this process's own.
 	Degraded bool
 }
 
@@ -58,8 +55,7 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 		if !l.breaker.isOpen() {
 			var reply string
 			sd := l.reg.seeding(pl)
-			// The coarse records too, where the plan has them, whether or
-			// not blocks are in force here: another replica's may be.
+			// Coarse records too: another replica's blocks may be in force.
 			cp := pl
 			if pl.blk != nil {
 				cp = pl.blk
@@ -94,10 +90,9 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 	return u, nil
 }
 
-// Unban lifts key's ban and forgets its strikes and past offences, and
-// those its candidate ban policy counted (Policy.CandidateBan). Every
-// replica drops its cached ban at once through pub/sub (and within
-// Options.BanRevalidate if the announcement is lost).
+// Unban lifts key's ban and forgets its strikes and offences, the candidate ban
+// policy's too. Every replica drops its cached ban at once through pub/sub
+// (within banRevalidate if the announcement is lost).
 func (l *Limiter) Unban(ctx context.Context, key string) error {
 	l.local.store.unban(key)
 	if l.rdb == nil {
@@ -118,19 +113,10 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 	return nil
 }
 
-// Reset forgets everything stored for key under p: the counts of p's
-// windows, its strikes, ban and offence history, as if it had never sent
-// a request. (Counts of windows that p does not have, kept from an
-// earlier plan, expire with their period.) Every
-// replica drops what it cached for the key through the same announcement
-// as Unban, and drops any lease or block it holds for the key without
-// giving back what it leaves unspent (the records it was counted in are
-// gone): until the announcement reaches a replica (or, if it is missed,
-// until they end: at most 1 s for a lease, 10 s for a block) those are
-// spent uncounted. Nothing granted before the
-// Reset is given back to the records made after it: the Reset marks the
-// key with the server's time, and a give-back of an earlier grant takes
-// nothing (giveback.go).
+// Reset forgets key's counts, strikes, ban and offences under p (older periods'
+// records expire). Replicas drop their cache, leases and blocks for key on
+// Unban's announcement, giving nothing back; until it arrives (if missed, until
+// they end: 1 s for a lease, 10 s for a block) those are spent uncounted.
 func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	pl, err := l.plans.get(&p, &l.opts, l.met)
 	if err != nil {
@@ -145,13 +131,12 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 		l.cache.forget(key)
 	}
 	if l.lease != nil {
-		// This replica's own, at once; the others' by the announcement.
 		l.lease.forget(key)
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	// The records of periods the plan had lately go too: a later decision
-	// would otherwise take its past from them.
+	// Periods the plan had lately go too: a later decision would seed from
+	// them.
 	if err := resetRecords(ctx, l.rdb, l.opts.Prefix, key, pl, l.reg.seeding(pl)); err != nil {
 		return fmt.Errorf("ratelimit: reset %q: %w", key, err)
 	}
@@ -161,18 +146,14 @@ func (l *Limiter) Reset(ctx context.Context, key string, p Policy) error {
 	return nil
 }
 
-// resetRecords deletes key's records under pl (and the records of the
-// periods sd seeds from) and marks the key reset at the server's time, so
-// that nothing granted before (a lease or a block of a replica the
-// Reset's announcement missed) is given back to the records made after
-// (giveback.go). The mark lasts as long as the longest of those records
-// would have: after that no bucket from before the Reset lies in any of
-// their windows, and a give-back takes only from buckets a window holds
-// at the server's time. A mark already there is overwritten by the later
-// time and keeps the longer of the two lives.
+// resetRecords deletes key's records under pl and those sd seeds from, and
+// marks the key reset at the server's time: a give-back of a grant from before
+// takes nothing (giveback.go). The mark lives as long as the longest record
+// would have: by then no bucket from before the Reset lies in any window, and a
+// give-back takes only from buckets a window holds. A later Reset takes the
+// later time and the longer life.
 func resetRecords(ctx context.Context, rdb redis.Cmdable, prefix, key string, pl *plan, sd *seeding) error {
-	// The coarse records too, where the plan has them, whether or not
-	// blocks are in force here: another replica's may be.
+	// The coarse records too: another replica's blocks may be in force.
 	if pl.blk != nil {
 		pl = pl.blk
 	}
@@ -186,9 +167,8 @@ func resetRecords(ctx context.Context, rdb redis.Cmdable, prefix, key string, pl
 	return resetScript.Run(ctx, rdb, keys, max(ttl, 1000)).Err()
 }
 
-// resetScript (lua/reset.lua) deletes KEYS[2..] and sets the reset mark
-// KEYS[1] to the server's time in µs, to live ARGV[1] ms or what it had
-// left if more.
+// resetScript (lua/reset.lua) deletes KEYS[2..] and sets the reset mark KEYS[1]
+// to the server's time (µs), to live ARGV[1] ms or longer if it had more left.
 var resetScript = redis.NewScript(resetLua)
 
 //go:embed lua/reset.lua

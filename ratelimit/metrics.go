@@ -259,21 +259,18 @@ type counters struct {
 	nearLimit prometheus.Counter
 	// leased counts admissions granted from a lease.
 	leased prometheus.Counter
-	// unspent counts admissions of leases (0) and blocks (1) let go
-	// without granting.
+	// unspent counts leases' (0) and blocks' (1) admissions let go unspent.
 	unspent [2]prometheus.Counter
-	// givenBack counts admissions of leases (0) and blocks (1)
-	// given back, taken off their windows' counts (giveback.go).
+	// givenBack counts those given back off their windows (giveback.go).
 	givenBack [2]prometheus.Counter
 	// local counts decisions made without Redis, by outcome.
 	localOutcome [3]prometheus.Counter
 }
 
-// forPlan resolves the counters of plan name; a shadow plan's decisions
-// and bans are counted apart, so that enforcement's figures stay true.
-// Every series of a plan exists, at zero, from its first decision: a plan
-// switched between modes continues its series, and dashboards and alerts
-// find them before the first outage.
+// forPlan resolves plan name's counters; a shadow plan's decisions and bans
+// count apart, so enforcement's figures stay true. Every series exists, at
+// zero, from a plan's first decision: dashboards and alerts find it before the
+// first outage, and a plan switched between modes keeps its series.
 func (m *metrics) forPlan(name string, shadow bool) counters {
 	var c counters
 	for o := Allowed; o <= Banned; o++ {
@@ -302,12 +299,9 @@ func (m *metrics) forPlan(name string, shadow bool) counters {
 	return c
 }
 
-// countNearLimit counts d if it admitted a request and left some window
-// with less than a tenth of its limit remaining: remaining*10 < limit, a
-// tenth without rounding (limit/10 in integers would round it down), which
-// cannot overflow for limits up to MaxLimit. Such a key is about to be
-// refused, a sign that its plan may be too tight for it. An admission
-// counts once, however many windows it leaves near their limits.
+// countNearLimit counts d once if it admitted a request and left some window
+// under a tenth of its limit, a sign the plan may be too tight. Comparing
+// remaining*10 with limit neither rounds nor overflows up to MaxLimit.
 func (c *counters) countNearLimit(d *Decision) {
 	if d.Outcome != Allowed || c.nearLimit == nil {
 		return

@@ -39,70 +39,53 @@ func ParseFailureMode(s string) (FailureMode, error) {
 	return FailOpen, fmt.Errorf("ratelimit: failure mode %q: want open or closed", s)
 }
 
-// Options tune a Limiter. The zero value is usable: every field has a
-// default.
+// Options tune a Limiter. The zero value is usable: all fields default.
 type Options struct {
 	// Prefix starts every Redis key and channel name (default "petstore:rl:").
 	Prefix string
-	// Timeout bounds each wait on Redis (default 50ms). A decision whose
-	// round trip fails before the breaker trips is sent once more
-	// (sendAgain), so a request waits at most two Timeouts for Redis.
+	// Timeout bounds each wait on Redis (default 50ms); a request waits at most
+	// two, as a failed round trip is sent once more (sendAgain).
 	Timeout time.Duration
 	// FailureMode applies when Redis fails or times out (default FailOpen).
 	FailureMode FailureMode
-	// Replicas is the number of replicas assumed until the first heartbeat
-	// through Redis counts the live ones (default 1). Without Redis, each
-	// replica enforces its share of every limit: see fallback.go.
+	// Replicas is the count assumed until heartbeats count the live replicas
+	// (default 1); without Redis each enforces its share of a limit.
 	Replicas int
 	// Registerer receives the metrics; nil exports none.
 	Registerer prometheus.Registerer
-	// Logger receives one line per change of Redis reachability, and one at
-	// Close when leases or blocks are let go (default: discard).
+	// Logger gets a line per change of Redis reachability (default: discard).
 	Logger *slog.Logger
 
-	// Buckets is the number of buckets a window is split into (default 200):
-	// requests slide out of a window of period W in steps of W/Buckets.
+	// Buckets splits a window of period W in steps of W/Buckets (default 200).
 	Buckets int
-	// StrikeBuckets is the number of buckets of a ban's strike window (default 20).
+	// StrikeBuckets splits a ban's strike window (default 20).
 	StrikeBuckets int
 	// Pipelines is the number of pipelines in flight at once (default 4).
 	Pipelines int
-	// PipelineHold is how long a decision may wait for the pipelines in
-	// flight to be answered before another one carries it (default
-	// 200µs; negative: none, every free pipeline sends at once). Near
-	// Redis the calls are answered within it, and decisions gather into
-	// fewer, larger calls; far from Redis, calls start this far apart.
+	// PipelineHold is how long a decision may wait for the pipelines in flight
+	// before another carries it (default 200µs; negative: none): near Redis,
+	// calls gather more decisions; far from it, calls start this far apart.
 	PipelineHold time.Duration
 	// ProbeInterval is how often an unreachable Redis is retried (default 100ms).
 	ProbeInterval time.Duration
-	// TripAfter is how long round trips must keep failing, with no success
-	// in between (and at least 3 of them), before the replica stops asking
-	// Redis (default 1s). Until then only the requests whose own round trip
-	// failed are decided without it.
+	// TripAfter is how long round trips must keep failing (at least 3, no
+	// success between) before the replica stops asking Redis (default 1s).
 	TripAfter time.Duration
-	// CacheSize caps the keys remembered as limited or banned (default
-	// 65536); negative disables the cache.
+	// CacheSize caps keys cached as limited or banned (default 65536; <0: off).
 	CacheSize int
-	// MaxLease caps the admissions a replica counts for a busy key in one
-	// round trip and then grants in process (a lease, default 64), and
-	// those of a slow key's block (blocks.go); 1 (or less) disables both:
-	// one round trip per request.
+	// MaxLease caps a busy key's lease and a slow key's block: admissions
+	// counted in one round trip, spent in process (default 64; 1 or less:
+	// none).
 	MaxLease int
-	// FinalizeAfter is how long this replica's heartbeats must count no
-	// live replica of an older release, and no operator's hold, before it
-	// finalizes the records by itself (finalize.go; default 1m, by Redis
-	// time; negative: never, only 'petstore limits finalize').
+	// FinalizeAfter is how long heartbeats must see no older replica and no
+	// hold before this one finalizes (default 1m; negative: never).
 	FinalizeAfter time.Duration
-	// Admin marks a Limiter that administers limits rather than deciding
-	// requests (the limits commands: Usage, Reset, Unban, Finalize): it
-	// sends no heartbeats, so it never counts among the live replicas,
-	// whose count sizes every replica's leases, blocks and share of
-	// a limit without Redis, and marks no periods in the registry.
+	// Admin marks a Limiter for the limits commands: no heartbeats, so it is
+	// not a live replica, and no periods marked in the registry.
 	Admin bool
 }
 
-// hooks are what tests change of a Limiter's or a Throttle's
-// surroundings; New and NewThrottle set none.
+// hooks are what tests change of a Limiter or Throttle; constructors set none.
 type hooks struct {
 	// clock replaces time.Now.
 	clock func() time.Time
@@ -110,13 +93,11 @@ type hooks struct {
 	noHeartbeat bool
 	// blocks puts blocks in force (blocks.go) without finalizing.
 	blocks bool
-	// inStep does no work in the background on real time (tests that
-	// replay a seed): no sweep loop (the test sweeps), and a give-back is
-	// sent on the goroutine that lets its block go, before it goes on, so
-	// that it reaches Redis in the same place among decisions every run.
+	// inStep does nothing in the background on real time (seed replays): the
+	// test sweeps, and a give-back is sent on the goroutine letting its block
+	// go, before it goes on, to reach Redis at the same place every run.
 	inStep bool
-	// sendOnce sends no decision again (sendAgain): tests of the batcher
-	// that count its calls and waits.
+	// sendOnce disables sendAgain: batcher tests count its calls and waits.
 	sendOnce bool
 }
 

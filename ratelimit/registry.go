@@ -13,64 +13,44 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A changed period keeps a key's counts. Each window's record is named by
-// its period, so a plan edit that changes a period (1m to 2m, a new 1h
-// window beside a day) gives the window a new record; without more, that
-// record would start empty, and a key would get a fresh quota. Instead,
-// the first decision that finds a key without a record for one of its
-// windows, while the plan's periods are changing, starts the record from
-// the key's record of another period (seed in lua/ring.lua): the shortest
-// period that covers the new one, else the longest shorter one, among the
-// plan's other windows and the periods the plan had lately.
-//
-// Which periods a plan had lately is fleet knowledge: a replica started
-// after the edit never saw the old plan. So every replica marks, each
-// registryEvery, the periods of the policies it decided under lately in
-// one Redis hash (field NAME/PERIOD, value "first:last", Redis times in
-// ms), and reads back all of them. A period stays listed while a record of
-// it may exist: its period after it was last marked. Only a window whose
-// period the fleet first used less than a period (and registryGrace) ago
-// takes its past from other records: once a window has existed for a
-// whole period, every admission it has to count was counted in it. A plan
-// whose name has no other period listed, or whose periods are all older
-// than that, passes nothing: the common case costs nothing.
-//
-// While an edit spreads, replicas on the old plan and on the new one
-// disagree on a period, and each would count its admissions only in its
-// own plan's records. So a period the registry lists as in use (some
-// replica decided under a policy with it within registryRecent) that a
-// plan lacks is enforced beside the plan's own windows, at the largest
-// limit marked for it, wherever the key has a record of it (a transition
-// window): every admission fits, and counts in, every window of both
-// plans whose record the key has, in both directions, so the key is held
-// to the stricter of the two plans until the old one is out of use
-// everywhere (a few seconds after the edit reached the last replica).
+// The period registry keeps a key's counts through a plan edit that changes a
+// period. Records are named by period, so a new period's record would start
+// empty: a fresh quota. Instead a young window without a record is seeded from
+// another period's, and a period still in use elsewhere is enforced beside the
+// new plan's until the edit has spread.
+
+// Every replica marks, each registryEvery, the periods it decided under in one
+// hash (NAME/PERIOD: "first:last:limit", Redis ms), listed while a record of
+// them may exist: a replica started after an edit never saw the old plan.
+// Seeding (seed in lua/ring.lua) takes the shortest period covering the window,
+// else the longest shorter one, among the plan's other windows and the listed
+// periods. Only a window first marked less than a period and registryGrace ago
+// is seeded: an older one has counted all it must. A transition window, a
+// listed period the plan lacks marked within registryRecent, is enforced at its
+// largest marked limit where the key has its record: every admission fits and
+// counts in both plans' windows, holding the key to the stricter plan while
+// replicas disagree.
 
 const (
 	registryEvery = time.Second
-	// registryRecent is how long a policy counts as in use after its last
-	// decision here: a replica stops marking an edited plan's old periods
-	// this long after the edit reached it, and the others stop enforcing
-	// them beside the new plan's a refresh later.
+	// registryRecent is how long after its last decision here a policy's
+	// periods count as in use, enforced beside an edited plan's.
 	registryRecent = 3 * time.Second
-	// registryGrace is how long beyond its period a new window still
-	// takes its past from other records: the time an edit takes to reach
-	// every replica, and the replicas' markings to be read.
+	// registryGrace is how long past its period a new window may be seeded:
+	// time for an edit to reach every replica and their marks to be read.
 	registryGrace = time.Minute
 )
 
-// registryScript (lua/registry.lua) marks each field ARGV[i] (NAME/PERIOD)
-// with the server's time and the limit ARGV[i+1] in the hash KEYS[1],
-// drops the fields whose records are gone, and returns the server's time
-// (ms), then per field its name, first and last marking (ms) and the
-// largest limit marked for it lately.
+// registryScript (lua/registry.lua) marks each field ARGV[i] (NAME/PERIOD) in
+// the hash KEYS[1] with the server's time and limit ARGV[i+1], drops fields
+// whose records are gone, and returns the server's time (ms), then per field
+// its name, first and last marking (ms) and largest recent limit.
 var registryScript = redis.NewScript(registryLua)
 
 //go:embed lua/registry.lua
 var registryLua string
 
-// registry is this replica's view of the periods each policy name had
-// lately across the fleet.
+// registry is this replica's view of the periods each policy name had lately.
 type registry struct {
 	rdb  redis.UniversalClient
 	key  string
@@ -83,8 +63,7 @@ type registryView struct {
 	periods map[string][]regAt // by policy name
 }
 
-// regAt is one period (µs) of a policy name, when it was first and last
-// marked (ms), and the largest limit marked for it lately.
+// regAt is a name's period (µs): first and last marked (ms), largest limit.
 type regAt struct {
 	period, first, last, limit int64
 }
@@ -128,8 +107,7 @@ func (g *registry) refresh(ctx context.Context, plans []*plan) error {
 	return nil
 }
 
-// run refreshes the registry every registryEvery with the plans decided
-// under lately.
+// run refreshes the registry every registryEvery with the plans decided lately.
 func (g *registry) run(ctx context.Context, timeout time.Duration, recent func() []*plan) {
 	t := time.NewTicker(registryEvery)
 	defer t.Stop()
@@ -145,8 +123,7 @@ func (g *registry) run(ctx context.Context, timeout time.Duration, recent func()
 	}
 }
 
-// seeding returns where pl's windows may take their past from, or nil
-// when the fleet has listed no other period for pl's name lately.
+// seeding returns what pl's windows take from other periods (nil: none listed).
 func (g *registry) seeding(pl *plan) *seeding {
 	if g == nil {
 		return nil
@@ -163,9 +140,7 @@ func (g *registry) seeding(pl *plan) *seeding {
 	listed := v.periods[pl.name]
 	for _, e := range listed {
 		if !slices.ContainsFunc(pl.windows, func(r ring) bool { return r.period == e.period }) {
-			// A period some replica decides under now (it marked it within
-			// registryRecent and a refresh) is enforced beside the plan's
-			// own while the edit spreads.
+			// Marked within registryRecent and a refresh: a transition window.
 			o := other{period: e.period}
 			if e.last+(registryRecent+registryEvery).Milliseconds() > v.at && e.limit > 0 {
 				o.limit = e.limit
@@ -191,25 +166,18 @@ type seedCache struct {
 	s    *seeding
 }
 
-// seeding is what a plan takes from the fleet's other periods for its
-// name (others): where each young window may take its past from when the
-// key has no record of it (the plan's other windows and others, in the
-// order seedSource prefers them, at most maxSeedTries each), and the
-// others some replica decides under now, enforced beside the plan's own
-// windows while a plan edit spreads, where the key has a record of them
-// (transition windows). The script's extra arguments (nums) and the
-// records of the other periods (extra, after the plan's own in KEYS),
-// then the coarse records of those short enough to have had blocks
-// (coarse, blocks.go): a window's count is both records', so both are
-// read where one is.
+// seeding is what a plan takes from its name's other periods: each young
+// window's sources (in seedSource's order, at most maxSeedTries) and the
+// transition windows. nums are the script's extra numbers, extra the other
+// periods' records, then coarse their coarse records where short: a window
+// counts both.
 type seeding struct {
 	extra  []ring
 	coarse []ring
 	nums   []int64
 }
 
-// rings returns the records sd seeds from (none for nil), the coarse ones
-// last.
+// rings returns the records sd seeds from (none for nil), coarse ones last.
 func (sd *seeding) rings() []ring {
 	if sd == nil {
 		return nil
@@ -217,9 +185,7 @@ func (sd *seeding) rings() []ring {
 	return append(slices.Clip(sd.extra), sd.coarse...)
 }
 
-// other is a period the fleet listed for a plan's name that the plan does
-// not have, with the limit to enforce it at while the edit spreads (0:
-// not in use any more).
+// other is a listed period the plan lacks, and its limit while in use (0: not).
 type other struct {
 	period, limit int64
 }
@@ -235,8 +201,8 @@ func newSeeding(pl *plan, others []other, young []int64) *seeding {
 	type source struct {
 		keyIndex int64 // 1-based, in the script's KEYS
 		r        ring
-		// The period's coarse record as the script reads it: KEYS index
-		// (0: none; the script finds the plan's own windows'), g, n, unit.
+		// The period's coarse record as the script reads it: KEYS index (0:
+		// none; the script finds the plan's own windows'), g, n, unit.
 		coarse [4]int64
 	}
 	var srcs []source
@@ -248,8 +214,7 @@ func newSeeding(pl *plan, others []other, young []int64) *seeding {
 		s.extra = append(s.extra, r)
 		srcs = append(srcs, source{keyIndex: int64(pl.keyCount() + 1 + i), r: r})
 	}
-	// A short window (one a block could be of: plan.split) of another
-	// plan may have a coarse record: read beside its own.
+	// Another plan's short window (plan.split) may have a coarse record too.
 	for i := range others {
 		src := &srcs[len(pl.windows)+i]
 		if src.r.gran >= blockLife.Microseconds() {
@@ -304,9 +269,6 @@ func newSeeding(pl *plan, others []other, young []int64) *seeding {
 	}
 	return s
 }
-
-// seedKeys's records follow the plan's own in KEYS (stateKeys), after the
-// candidate windows'.
 
 // numbers returns the script's extra per-call numbers for sd (none for nil).
 func (sd *seeding) numbers() []int64 {

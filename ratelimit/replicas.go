@@ -14,15 +14,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// replicas counts the live replicas, so that the fallback divides limits
-// by the fleet as it is now, not as it was configured: each replica
-// announces itself in a sorted set scored by Redis time every
-// heartbeatEvery, drops members silent for heartbeatTTL, and reads the
-// count in the same script. Options.Replicas is the count until the
-// census is complete: for the first heartbeatTTL a replica counts at
-// least Options.Replicas (replicas starting together see only those that
-// beat before them), and after that the last count seen (kept while Redis
-// is unreachable).
+// The census. Every replica beats into PREFIX{replicas}, a sorted set scored by
+// Redis time, every heartbeatEvery, and members silent for heartbeatTTL are
+// dropped, so the live count, which sizes fallback shares, leases and blocks,
+// is the fleet as it is now. A replica withdraws as it stops.
+
+// replicas is the census and the finalize marks' view (finalize.go). For the
+// first heartbeatTTL it counts at least Options.Replicas (replicas starting
+// together see only those that beat first), then the last count seen.
 type replicas struct {
 	rdb     redis.UniversalClient
 	key     string
@@ -32,30 +31,21 @@ type replicas struct {
 	count   atomic.Int64
 	met     *metrics
 	log     *slog.Logger
-	// final is the census of this release's replicas and mark the
-	// finalize mark (finalize.go); fin is this replica's view of it,
-	// clear the Redis time (µs) of its first heartbeat since which it
-	// counted no older replica (0: it counts one, or has not beaten yet),
-	// and warnedOlder whether its warning about older replicas was logged.
+	// Records level: census, mark, this replica's view, and clear (Redis µs),
+	// the first heartbeat counting no older replica (0: none yet).
 	final, mark string
 	fin         atomic.Pointer[finState]
 	clear       atomic.Int64
 	warnedOlder atomic.Bool
-	// final2 and mark2 are the census and mark of blocks (finalize.go),
-	// blk this replica's view of them.
+	// Blocks level: census, mark and this replica's view.
 	final2, mark2 string
 	blk           atomic.Pointer[blockView]
 	warnedBlocks  atomic.Bool
-	// dataset names the record holding the token of Redis's dataset, and
-	// held what the last heartbeat found in force, to restore should
-	// that dataset be lost (finalize.go, heldMarks).
+	// The dataset token's key, and what to restore if it is lost (heldMarks).
 	dataset string
 	held    atomic.Pointer[heldMarks]
-	// hold names the operator's hold on finalizing (finalize.go), after
-	// how long a census with no older replica and no hold this replica
-	// finalizes by itself (0: never), and allClear the Redis time (µs) of
-	// its first heartbeat since which it has counted neither (0: it
-	// counts one, or has not beaten yet).
+	// The hold; finalizeAfter (0: never), and allClear: since when (Redis µs;
+	// 0: not) no older replica and no hold were counted.
 	hold          string
 	finalizeAfter time.Duration
 	allClear      atomic.Int64
@@ -66,24 +56,14 @@ const (
 	heartbeatTTL   = 3 * time.Second
 )
 
-// heartbeatScript (lua/heartbeat.lua) announces replica ARGV[1] in the
-// census KEYS[1] and in the censuses of the finalize levels this release
-// has, KEYS[2] (records) and KEYS[3] (blocks) (finalize.go), drops members
-// silent for ARGV[2] ms from all three, and returns the live count, how
-// many of them are of releases before each level (in the first census and
-// not in the level's), the marks KEYS[4] and KEYS[5] (empty when none),
-// the server's time (µs), the dataset's token KEYS[6], whether it restored
-// a mark, and the hold on finalizing KEYS[7] (empty when none). The
-// release before this one writes KEYS[1] and KEYS[2] alone, the one before
-// that KEYS[1].
-//
-// First it keeps the finalize marks through the loss of Redis's dataset
-// (finalize.go, heldMarks): KEYS[6] holds a token for the dataset,
-// written (ARGV[6], fresh) where there is none. Where the token is not
-// the one this replica last read (ARGV[5]; empty: it read none), the
-// dataset it last read is gone, and the marks it held in force then
-// (ARGV[3], ARGV[4]; empty: not in force) are set again where missing,
-// and so is the hold it last read (ARGV[7]).
+// heartbeatScript (lua/heartbeat.lua) announces replica ARGV[1] in the census
+// KEYS[1] and the level censuses KEYS[2] (records) and KEYS[3] (blocks), drops
+// members silent for ARGV[2] ms, and returns the live count, the older count
+// per level, the marks KEYS[4] and KEYS[5], the server's µs, the dataset token
+// KEYS[6], whether it restored a mark, and the hold KEYS[7]. First, if the
+// token is not ARGV[5], the one last read, it restores where missing the marks
+// ARGV[3], ARGV[4] and the hold ARGV[7]; ARGV[6] is a fresh token. The release
+// before this one writes only KEYS[1] and KEYS[2], the one before that KEYS[1].
 var heartbeatScript = redis.NewScript(heartbeatLua)
 
 //go:embed lua/heartbeat.lua
@@ -164,8 +144,7 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// run beats until ctx is done, then withdraws this replica so that the
-// others count it out at once.
+// run beats until ctx is done, then withdraws: others count it out at once.
 func (r *replicas) run(ctx context.Context, timeout time.Duration) {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
