@@ -1,5 +1,9 @@
 package ratelimit
 
+// Batcher: one script call decides many keys (up to scriptBatch decisions,
+// one Redis Cluster slot per call), and one key's decisions keep their
+// order, within a call and across the calls of a round trip.
+
 import (
 	"context"
 	"errors"
@@ -26,8 +30,7 @@ type call struct {
 	done  chan struct{}
 	// queued is when the decision joined the queue.
 	queued time.Time
-	// timer bounds the caller's wait; pooled with the call, so a
-	// decision allocates no timer.
+	// timer bounds the caller's wait; pooled, so as not to allocate.
 	timer *time.Timer
 }
 
@@ -37,12 +40,8 @@ var callPool = sync.Pool{New: func() any {
 	return &call{done: make(chan struct{}, 1), timer: t}
 }}
 
-// batcher sends concurrent decisions to Redis: each worker takes whatever
-// is queued when it is free (up to max) and sends it in one round trip, so
-// batches grow with load and add no delay when idle. Its promise: one
-// script call decides many keys (up to scriptBatch decisions, one Redis
-// Cluster slot per call), and decisions for one key keep their order, in
-// a call and across the calls of a round trip.
+// batcher: each free worker sends what is queued (up to maxBatch) in one
+// round trip, so batches grow with load and add no delay when idle.
 type batcher struct {
 	dec     *redisDecider
 	queue   chan *call
@@ -52,22 +51,16 @@ type batcher struct {
 	// waited hears how long each decision of a pipeline waited for it.
 	waited func(time.Duration)
 
-	// hold is how long the oldest queued decision may wait for the calls
-	// in flight to end before another pipeline carries it (0: none; see
-	// run). front is held by the one worker gathering the next batch;
-	// inflight counts the pipelines sent and not yet answered, and ended
-	// is closed (and replaced) whenever one is answered.
+	// hold: see run. ended is closed and replaced as pipelines are answered.
 	hold     time.Duration
 	front    sync.Mutex
 	inflight atomic.Int32
 	ended    atomic.Pointer[chan struct{}]
-	// full is signalled when a script call's worth of decisions is
-	// queued: a held batch then goes at once.
+	// full is signalled when a script call's worth is queued.
 	full chan struct{}
 }
 
-// maxBatch caps the decisions sent in one pipeline, and queueSize those
-// waiting for a pipeline.
+// maxBatch caps the decisions in one pipeline; queueSize, those waiting.
 const (
 	maxBatch  = 256
 	queueSize = 8192
@@ -84,8 +77,7 @@ func newBatcher(dec *redisDecider, timeout, hold time.Duration, observe func(tim
 	return b
 }
 
-// do makes decision d and waits at most wait for its reply: the script's
-// string for it.
+// do makes decision d and waits at most wait for the script's reply.
 func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (string, error) {
 	c := callPool.Get().(*call)
 	c.decision = d
@@ -123,19 +115,11 @@ func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (strin
 	}
 }
 
-// run is one worker; it returns when ctx is done.
-//
-// With a hold, one worker at a time (the one holding front) gathers the
-// next batch, and while other pipelines are in flight it sends it only
-// once they have all been answered, once its oldest decision has waited
-// hold, or once a whole script call's worth of decisions is queued (a
-// busy Redis then always has the next call waiting). Near Redis a call
-// is answered within the hold: the decisions that arrive meanwhile go
-// together in the next call, one call in flight and the next one
-// filling, instead of being split over every free pipeline (more calls,
-// and Redis paying each call's fixed cost more often). Far from Redis the
-// calls start a hold apart, up to the number of pipelines in flight, and
-// a decision waits at most hold more.
+// run is one worker, until ctx is done. With a hold, the worker holding
+// front sends the next batch, while others are in flight, only once they
+// are all answered, its oldest decision has waited hold, or a script call's
+// worth is queued: near Redis, decisions share one call rather than each
+// pay a call's fixed cost; far from it, they wait hold more.
 func (b *batcher) run(ctx context.Context) {
 	batch := make([]*call, 0, maxBatch)
 	var timer *time.Timer
@@ -181,9 +165,7 @@ func (b *batcher) run(ctx context.Context) {
 	}
 }
 
-// waitInflight returns when no pipeline is in flight, when a script
-// call's worth of decisions is queued (the one already taken included),
-// at deadline, or when ctx is done, whichever comes first.
+// waitInflight waits as run says, until deadline at most.
 func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *time.Timer) {
 	for {
 		ended := b.ended.Load()
@@ -209,14 +191,12 @@ func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *t
 	}
 }
 
-// exec sends batch as one pipeline of calls of the decision code
-// (redisDecider.call, send) and answers every call.
+// exec sends batch as one pipeline of script calls and answers every call.
 func (b *batcher) exec(ctx context.Context, batch []*call) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	if b.cluster {
-		// One slot per call. The sort is stable, so one key's decisions
-		// (one slot) keep their order.
+		// One slot per call; stable, so one key's decisions keep their order.
 		slices.SortStableFunc(batch, func(x, y *call) int { return x.slot - y.slot })
 	}
 	groups := scriptCalls(len(batch), func(i int) int { return batch[i].slot })
@@ -248,9 +228,8 @@ func (b *batcher) exec(ctx context.Context, batch []*call) {
 	}
 }
 
-// keySlot returns the Redis Cluster slot of key: CRC16 (XMODEM) of its
-// hash tag (what lies between its first '{' and the first '}' after it,
-// when not empty), or of the whole key, modulo 16384.
+// keySlot returns key's Redis Cluster slot: CRC16 of its hash tag (between
+// its first '{' and the next '}', if not empty) or the whole key, mod 16384.
 func keySlot(key string) int {
 	for i := 0; i < len(key); i++ {
 		if key[i] == '{' {
@@ -272,8 +251,7 @@ func keySlot(key string) int {
 	return int(crc) % 16384
 }
 
-// crc16Table is CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), the
-// hash Redis Cluster assigns slots with.
+// crc16Table is CRC16-XMODEM (polynomial 0x1021), Redis Cluster's slot hash.
 var crc16Table = func() (t [256]uint16) {
 	for i := range t {
 		c := uint16(i) << 8

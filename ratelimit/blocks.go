@@ -1,95 +1,47 @@
 package ratelimit
 
+// Blocks: a block spends only admissions Redis already counted in every
+// window of its plan, only under that plan, and only until its end, on this
+// process's monotonic clock from the round trip's start (so latency and skew
+// only shorten it). What it leaves unspent is given back (giveback.go).
+
 import (
 	"context"
 	"encoding/binary"
 	"time"
 )
 
-// Blocks: admissions of every window of a plan counted in Redis ahead of
-// a key's requests and spent in process, for a key too slow to lease (a
-// few requests a second: fewer than two expected within the current
-// bucket of its shortest window), which would otherwise make a round trip
-// for every request. A round trip for such a key asks, should it admit
-// the request, for a block of k more admissions (blockAsk; k worked out
-// by the script from the counts that decision reads), and the key's next
-// requests are spent from it, as a lease's are (lease.go).
+// A block is a lease for a key too slow for one (under two requests expected
+// in its shortest window's bucket), asked on a round trip that admits a
+// request; a ban issued elsewhere makes holders let go (announceBan). As a
+// short window's buckets are too brief to spend one in, each has a coarse
+// record (blockRing) with buckets of about blockLife, counting a block whole
+// in the bucket of its end, at most the next; a long window counts it in its
+// current bucket. Every read sums both records (script.go, pairStanding), so
+// a lease's argument holds: a record counts a block from its grant (the head
+// moves to its bucket) until that bucket's last event is a period old, and a
+// block is granted only while every window has leaseMargin·k·Replicas left,
+// and caps each record it counts in.
 //
-// A block counted in a short window's own ring, whose buckets last a
-// fraction of a second, could be spent only until its bucket ends, and no
-// ring of today's can hold a count longer than a period after its bucket
-// ends. So each short window of a plan that counts blocks has a second
-// record, its coarse record: a ring of the same period whose buckets last
-// blockLife (blockRing), where a block is counted whole in the bucket of
-// its end (at most the one after the current: the record's head may run
-// a bucket ahead of the clock), its end that bucket's last event. A long
-// window (buckets of blockLife or more) counts it in its own ring, in the
-// current bucket, its end that bucket's last event. The window counts the
-// sum of both records, everywhere a decision reads it: its admissions,
-// caps, Remaining, Reset and Retry-After (script.go, pairStanding). The
-// argument that keeps a lease strict then holds for every window:
+// The cost: decisions under such a plan read coarse records too, and a block
+// counts until a period after its coarse bucket, so Retry-After, exact for
+// these counts, can be a coarse bucket later than per-admission counts would
+// give (two where that bucket does not divide the period).
 //
-//   - each record is an upper bound of the events it was given in any
-//     interval of the period that holds them: a block counts from its
-//     grant (a reader at any time before its bucket begins sees the head
-//     there, and counts it) until its bucket's last event, its end at the
-//     latest, is a period old, and its spends lie between the two; so the
-//     sum bounds the window's admissions in it;
-//   - a block is granted only while every window, both records summed,
-//     has leaseMargin·k·Replicas remaining, caps every record it counts
-//     in while it runs (the lease cap), and is spent only under the plan
-//     it was taken for, within its end on this process's monotonic clock
-//     (converted from the round trip's start, so that latency and clock
-//     skew can only shorten it);
-//   - a request spent from it is decided in process, as a lease's is: no
-//     round trip.
-//
-// What it costs: every decision of a key under such a plan reads the
-// coarse records too (by fast where the plan's one short window has one,
-// else by decide), and a block's
-// admissions, spent early or not at all, count until the end of the
-// coarse bucket of the block's end and a period after, rounded up to
-// whole coarse buckets, where a lease's count until their own fine
-// bucket's end (Retry-After is exact for the counts either way; against a
-// window that counted each admission at its own time it is a coarse
-// bucket late at most where the coarse bucket divides the period, as
-// blockLife divides a minute, and up to one more where it does not: a
-// 32 s period has buckets of 10,666,666 µs, and the period spans one more
-// of them than three, so a bucket counts 42.7 s past its end). What a
-// block leaves unspent is given back when the replica lets it go
-// (giveback.go). A ban issued elsewhere is announced to a block's holder
-// (announceBan), which lets the block go.
-//
-// A plan of short windows alone (a minute, say) takes blocks too
-// (plan.allShort). A replica of the release before, which granted none
-// for such a plan, read its coarse records all the same whenever blocks
-// were in force, so the two share a fleet without a finalize level of
-// their own.
-//
-// Blocks need every replica deciding a key to read the coarse records: a
-// replica that does not would admit into a window without them. So does
-// every plan with a short window, since another plan of the key, or its
-// own before an edit, may have blocks counted in the records of its
-// periods. So they come into force with finalizing's second level
-// (finalize.go), once no replica of an older release runs; the blocks
-// hook (hooks, limiter.go) forces them in tests and benchmarks. Until
-// then, a key too slow to lease makes a round trip for every request.
-//
-// (Replicas of the release before also took reservations on unfinalized
-// fleets: blocks of the long windows alone, spent beside a round trip for
-// the short ones. Their script grants those; this release asks none.)
+// Compatibility: under any plan with a short window, a replica that did not
+// read coarse records would admit past them (another plan of the key, or its
+// own before an edit, may have counted blocks). So blocks come into force
+// only at finalizing's second level (finalize.go). Plans of short windows
+// alone need no level of their own: the release before read their coarse
+// records whenever blocks were in force. The script still grants that
+// release's reservations (blocks of long windows); this release asks none.
 
-// blockLife is a block's longest life, and the bucket width of the coarse
-// records: a window whose buckets last less is short.
+// blockLife is a block's longest life and the coarse records' bucket width:
+// a window whose buckets last less is short.
 const blockLife = 10 * time.Second
 
-// blockRing returns the coarse record of short window w: the same period
-// and limit, in buckets of blockLife (one, when the period is shorter),
-// and one bucket more than the period spans: a block is counted in the
-// bucket of its end (blockWrite in lua/window.lua), at most the one after the
-// current, and the record still holds every bucket whose blocks count
-// while that one is its head. (So a bucket's blocks count until its end
-// plus the period: at most a bucket after their own end's.)
+// blockRing returns short window w's coarse record: buckets of blockLife
+// (one if shorter), plus one for a head a bucket ahead (blockWrite).
 func blockRing(w ring) ring {
 	r := newRing(w.limit, time.Duration(w.period)*time.Microsecond, int(max(w.period/blockLife.Microseconds(), 1)))
 	r.n++
@@ -98,11 +50,8 @@ func blockRing(w ring) ring {
 	return r
 }
 
-// withBlocks returns pl with the coarse records of its first s windows,
-// its short ones (plan.blk): pl compiled again, its script numbers
-// followed by the coarse records' (lua/run.lua, planAt) and its record
-// names by theirs (stateKeys). It serves a call's keys and numbers only:
-// its counters are none.
+// withBlocks returns pl compiled again with coarse records for its s short
+// windows, for a call's keys and numbers only: it has no counters.
 func (pl *plan) withBlocks(s int) *plan {
 	b := compile(pl.policy, pl.buckets, pl.strikeBuckets)
 	b.coarse = make([]ring, s)
@@ -118,12 +67,8 @@ func (pl *plan) withBlocks(s int) *plan {
 	return b
 }
 
-// blocked keeps what Redis's verdict v granted a round trip for key under
-// pl that asked for a block and started at sent: the
-// admissions it counted beyond the request's own become the key's lease,
-// a block (counted in every window), spent as a lease is until its end,
-// and d's windows (the grant's held admissions added back, answered) are
-// what it reports from.
+// blocked makes what v granted beyond the request's own the key's lease,
+// marked as a block; d's windows are what it reports from.
 func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d *Decision) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -136,11 +81,8 @@ func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d
 	e.block = true
 }
 
-// blockTrip decides a request of a key too slow to lease under a plan
-// with short windows, blocks in force: by a round trip asking for a block
-// for the key's next requests when its last round trip showed the demand
-// and none is being asked already. (A function of its own, so that
-// allowShared's frame stays as small for every other request.)
+// blockTrip decides a slow key's request, asking for a block when its last
+// round trip showed demand (apart, so that allowShared's frame stays small).
 func (l *Limiter) blockTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, names []string, d *Decision) error {
 	var v verdict
 	var ask *blockAsk
@@ -155,21 +97,16 @@ func (l *Limiter) blockTrip(ctx context.Context, key string, pl *plan, start tim
 		}
 	}
 	err := l.decide(ctx, key, pl, start, 0, noLease, budget, names, d, &v, ask)
-	// The table is written only when this changes it: most cold keys show
-	// no demand, decision after decision.
+	// Only a change is written: most cold keys keep showing no demand.
 	if demand := err == nil && l.lease.demands(pl, d, start, born); demand != warm || asking {
 		l.lease.noteDemand(key, demand, asking)
 	}
 	return err
 }
 
-// askBlock marks a block round trip in flight for key under pl at now and
-// returns the largest block to ask (this replica's own demand, ownShare,
-// at most MaxLease), or 0 when it asks none: the key's last decision
-// showed no demand for one (noteDemand), one is in flight, the key has no
-// entry (the table is full), or its own demand here is below the least
-// granted. warm is what that last decision showed, born when the entry
-// was made (zero without one).
+// askBlock marks a block ask in flight for key and returns the largest block
+// to ask (ownShare, at most MaxLease), or 0: no demand shown (warm), an ask
+// in flight, no entry, or a share below minBlock.
 func (t *leaseTable) askBlock(key string, pl *plan, now time.Time, rtt int64) (most int64, warm bool, born time.Time) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -188,20 +125,10 @@ func (t *leaseTable) askBlock(key string, pl *plan, now time.Time, rtt int64) (m
 	return most, true, e.born
 }
 
-// ownShare returns what this replica can expect to spend of a block
-// for the key over rest µs, on the evidence of its own requests for it
-// since the start of the previous block period (of the current one
-// while there is none): their count at their average rate over rest, m,
-// less √(m·(1 + rest/span)), a standard deviation of the count to come
-// and of its estimate, as both are under random arrivals (a Poisson
-// count's variance is its mean; the estimate's, scaled, is m·rest/span;
-// belowDemand). Sized at m, a block would be left partly unspent
-// about half the time; a deviation below, seldom. The span is a blockLife at
-// least, so that a new entry's first few requests do not read as a high
-// rate. So a block leaves unspent, should the key stop, at most what
-// the key itself sent this replica over the block's life at its
-// recent rate; and what the replicas hold together stays within the
-// key's demand, however a balancer spreads it.
+// ownShare returns what this replica can expect to spend of a block over
+// rest µs, from its own requests over a blockLife at least (so that a new
+// entry's first few do not read as a high rate), less a standard deviation:
+// should the key stop, a block leaves at most what it sent here in its life.
 func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 	if rest <= 0 {
 		return 0
@@ -214,55 +141,35 @@ func (e *leaseEntry) ownShare(now time.Time, rest int64) int64 {
 	return belowDemand(float64(e.own+e.ownPrev), float64(rest)/float64(span), 1)
 }
 
-// blockRest returns the time, µs, a block asked at us (µs) could be
-// spent: until the end of every long window of pl's current bucket and of
-// every coarse record's next one, at most blockLife, less two round trips
-// of rtt µs (the script works the same out on the server's clock).
+// blockRest returns how long (µs) a block asked at us could be spent: to the
+// end of every long window's bucket and every coarse record's next one, at
+// most blockLife, less two round trips (as the script does, by its clock).
 func blockRest(pl *plan, us, rtt int64) int64 {
 	rest := blockLife.Microseconds()
 	for i := pl.shortWindows(); i < len(pl.windows); i++ {
 		g := pl.windows[i].gran
 		rest = min(rest, (us/g+1)*g-us)
 	}
-	// A block may end in the coarse bucket after the current one
-	// (blockWrite in lua/window.lua).
 	for _, r := range pl.blk.coarse {
 		rest = min(rest, (us/r.gran+2)*r.gran-us)
 	}
 	return rest - 2*rtt
 }
 
-// minBlock is the smallest block granted: the work a block adds to the
-// round trip it rides on (its windows' caps, the whole reply) is repaid by
-// two requests spent in process, not by one.
+// minBlock is the smallest block granted: the work a block adds to its
+// round trip is repaid by two requests spent in process, not by one.
 const minBlock = 2
 
-// blockAsk asks a round trip under a plan to count, should it admit the
-// request, a block for this replica (the script's mode 2). The script
-// works out the block's size from the counts that decision reads, so
-// that it stands on the key's traffic up to that instant: the requests
-// the plan's last short window counts with this one (all replicas' over
-// a minute, for the common plan), at their rate over its period, or over
-// the time since the oldest it counts for a key it has held for less
-// (demandSpan in lua/reserve.lua), scaled to the time the block could be
-// spent (blockRest; the script works it out on the server's clock); at
-// most max, this replica's own share of that demand (ownShare), and at
-// most what leaves every window leaseMargin·k·replicas remaining; none
-// below minBlock. So what a block can leave unspent, should the key stop,
-// is at most what the key itself sent this replica over the block's life
-// at its recent rate, and what the replicas hold together stays within
-// the key's demand: a quarter of it each on four replicas a balancer
-// spreads the key over, all of it on the one replica a balancer by key
-// sends it to. A burst does not take a block far beyond it, as an
-// estimate from the last few hundred milliseconds would, nor does a size
-// carried over from an earlier decision.
+// blockAsk asks a round trip that admits its request to count a block for
+// this replica too (mode 2), sized by the script from the counts it reads,
+// not a burst: all replicas' rate in the plan's last short window over
+// blockRest, none below minBlock, at most max (ownShare), so that replicas'
+// blocks stay within the key's demand however a balancer spreads it.
 type blockAsk struct {
 	max, replicas, rtt int64
 }
 
-// nums appends the ask's numbers for a decision under pl past the five
-// every ask has (script.go): the replicas, the margin, the least granted,
-// the round trips' allowance (µs) and how many of pl's windows are short.
+// nums appends the ask's numbers past the five every ask has (script.go).
 func (a *blockAsk) nums(pl *plan, b []byte) []byte {
 	for _, v := range [5]int64{a.replicas, leaseMargin, minBlock, 2 * a.rtt, int64(pl.shortWindows())} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
@@ -270,22 +177,10 @@ func (a *blockAsk) nums(pl *plan, b []byte) []byte {
 	return b
 }
 
-// worthAsking reports whether a block is worth asking for a key whose
-// round trip under pl, at now, was decided as d: the script's rule
-// (reserveSize in lua/reserve.lua) applied to d's counts, the requests its
-// last short window counts over its period or, for a key this replica
-// began to track at born, less than a period before now, over the time
-// since plus a block's life (the script's span for a key its window has
-// held for less, demandSpan, where d tells no age: a key older in Redis
-// than here reads as faster than it is, and askBlock's own share, the
-// ask's bound, holds it to what this replica has seen), and what its
-// windows have left, as if all the key's requests came to this replica.
-// It only saves asking for keys that would be granted nothing (the ask
-// makes the script read and work out more: about 12,000 instructions,
-// BENCHMARKS.md), and keeps such keys in the lease table (warm) while
-// this replica's own share of their demand, which bounds the ask
-// (askBlock), builds up; the script sizes a block from the counts it
-// reads itself.
+// worthAsking reports whether the script's rule (reserveSize in
+// lua/reserve.lua) would grant a block on d's counts, as if all the key's
+// requests came here, over its period or, if less, the time since born plus
+// a blockLife (an older key reads as faster; ownShare bounds the ask).
 func worthAsking(pl *plan, d *Decision, now, born time.Time, maxLease, replicas, rtt int64) bool {
 	ns := pl.shortWindows()
 	rest := blockRest(pl, now.UnixMicro(), rtt)
@@ -304,15 +199,13 @@ func worthAsking(pl *plan, d *Decision, now, born time.Time, maxLease, replicas,
 	return k >= minBlock
 }
 
-// demands reports whether key's round trip under pl at now, decided as d,
-// shows a block worth asking for its next one (worthAsking; born when
-// this replica began to track the key, zero if unknown).
+// demands reports whether d shows a block worth asking next (worthAsking).
 func (t *leaseTable) demands(pl *plan, d *Decision, now, born time.Time) bool {
 	return d.Outcome == Allowed && !d.Degraded && worthAsking(pl, d, now, born, t.maxLease, max(t.replicas(), 1), t.rtt.Load())
 }
 
-// noteDemand ends key's round trip, which asked for a block if asked,
-// recording whether it showed the demand (warm).
+// noteDemand records whether key's round trip showed demand (warm) and
+// ends its ask if it made one.
 func (t *leaseTable) noteDemand(key string, warm, asked bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()

@@ -1,5 +1,10 @@
 package ratelimit
 
+// Breaker: it trips only on persistent failure, minFailures consecutive
+// failed round trips spanning tripAfter or more, never on one blip. Callers
+// report only Redis's failures, not the replica's own (a decision not queued,
+// or queued past its deadline), so that a busy machine is no outage.
+
 import (
 	"context"
 	"log/slog"
@@ -8,20 +13,10 @@ import (
 	"time"
 )
 
-// breaker decides when a replica stops asking Redis and answers from
-// local state instead (fail-open) or refuses at once (fail-closed).
-//
-// Invariant: it trips only on a persistent failure: at least minFailures
-// consecutive failed round trips spanning at least tripAfter, with no
-// success in between. One slow or failed round trip (a blip) never trips
-// it; the request whose own round trip failed is decided by the fallback
-// alone. Failures that are the replica's own, a decision that could not
-// be queued or that waited in the queue past its deadline (CPU
-// contention), are not reported to it, so a busy machine does not read
-// as a Redis outage. While it is open a probe retries Redis every
-// interval, and its first success closes it. Each transition logs one
-// line; trips are counted, and the time spent open is exported when the
-// breaker owns the fallback gauge.
+// breaker decides when a replica stops asking Redis and answers locally
+// (fail-open) or refuses (fail-closed); a request whose own round trip
+// failed is decided by the fallback alone. While open, a probe retries
+// Redis every interval; its first success closes it.
 type breaker struct {
 	what      string // what is degraded, for the log lines
 	mode      FailureMode
@@ -61,8 +56,7 @@ func (b *breaker) succeeded() {
 	b.mu.Unlock()
 }
 
-// failed records a round trip that Redis did not answer in time (or
-// answered with an error), and trips the breaker if failures persist.
+// failed records a round trip that Redis failed or did not answer in time.
 func (b *breaker) failed(err error) {
 	now := b.now()
 	b.mu.Lock()

@@ -1,5 +1,10 @@
 package ratelimit
 
+// Rejection cache: a key Redis found limited or banned is answered here only
+// under the plan that decided it and until the verdict could first change:
+// its RetryAfter, and for a ban at most banRevalidate, in case an Unban
+// announcement was missed.
+
 import (
 	"hash/maphash"
 	"sync"
@@ -7,20 +12,11 @@ import (
 	"time"
 )
 
-// rejectCache remembers keys that Redis said are limited or banned, so that
-// a flood from one key is answered here until the verdict can change,
-// without a round trip per request.
-//
-// A limited key cannot be admitted before its RetryAfter: every replica
-// sees the same counts, and counts only fall with time. A banned key stays
-// banned until the ban ends unless it is lifted, which Unban announces
-// over pub/sub; banned entries are also re-checked every banRevalidate,
-// in case an announcement was missed.
-//
-// Rejections answered here are strikes toward a ban. They are kept as
-// pending and sent with the next round trip for the key, which happens
-// when the strikes known could cross the ban threshold, every flushEvery
-// rejections, or every flushInterval.
+// rejectCache spares a flood from a rejected key a round trip per request.
+// A limited key cannot be admitted before its RetryAfter: every replica sees
+// the same counts, which only fall with time. Its rejections are strikes,
+// sent when they could cross the ban threshold, or every flushEvery or
+// flushInterval.
 type rejectCache struct {
 	seed          maphash.Seed
 	shards        [memShards]cacheShard
@@ -35,11 +31,8 @@ const banRevalidate = 2 * time.Second
 type cacheShard struct {
 	mu   sync.Mutex
 	keys map[string]*cacheEntry
-	// n is len(keys), stored under mu after every change and read without
-	// it: a key in a shard with no entries, as every key is while none is
-	// limited, is answered without taking the lock. (An entry stored
-	// concurrently with that read is no more missed than one stored just
-	// after the lock was released.)
+	// n is len(keys), read without mu so that an empty shard takes no lock;
+	// a concurrent store is missed no more than one just after unlocking.
 	n atomic.Int32
 }
 
@@ -74,9 +67,8 @@ func (c *rejectCache) shard(key string) *cacheShard {
 	return &c.shards[maphash.String(c.seed, key)%memShards]
 }
 
-// answer puts a cached decision for key in d (hit), or returns the number
-// of rejections answered locally that the caller's round trip must carry
-// as strikes.
+// answer puts a cached decision for key in d (hit), or returns the
+// rejections answered here that the caller's round trip must carry.
 func (c *rejectCache) answer(key string, pl *plan, now time.Time, d *Decision) (pending int64, hit bool) {
 	sh := c.shard(key)
 	if sh.n.Load() == 0 {
@@ -114,8 +106,7 @@ func (c *rejectCache) answer(key string, pl *plan, now time.Time, d *Decision) (
 	return 0, true
 }
 
-// store records the outcome of a round trip for key that started at start:
-// rejections are cached, anything else clears the key.
+// store caches a rejection from a round trip begun at start, or clears key.
 func (c *rejectCache) store(key string, pl *plan, d *Decision, strikes int64, start time.Time) {
 	sh := c.shard(key)
 	sh.mu.Lock()
@@ -140,8 +131,7 @@ func (c *rejectCache) store(key string, pl *plan, d *Decision, strikes int64, st
 	if e.pl != pl {
 		pending = 0
 	}
-	// Measured from the round trip's start, which precedes the server's
-	// clock reading, so the entry never outlives the real rejection.
+	// From the round trip's start, before Redis read its clock: never too late.
 	end := start.Add(d.RetryAfter)
 	until := end
 	if d.Outcome == Banned {
@@ -160,7 +150,6 @@ func (c *rejectCache) abandon(key string) {
 	}
 }
 
-// forget drops key.
 func (c *rejectCache) forget(key string) {
 	sh := c.shard(key)
 	sh.mu.Lock()
@@ -169,7 +158,6 @@ func (c *rejectCache) forget(key string) {
 	sh.mu.Unlock()
 }
 
-// sweep drops entries that have expired.
 func (c *rejectCache) sweep(now time.Time) {
 	for i := range c.shards {
 		sh := &c.shards[i]

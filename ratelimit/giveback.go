@@ -1,5 +1,10 @@
 package ratelimit
 
+// Giving back: an unspent admission is taken back at most once, only from
+// the bucket that counted it, only while its window still holds that
+// bucket, and never more than the bucket counts; so a record always counts
+// at least what was admitted in each of its buckets.
+
 import (
 	"context"
 	_ "embed"
@@ -15,61 +20,30 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Giving back: what a lease or a block leaves unspent was counted in
-// Redis with what was admitted, in the bucket that was current when it was
-// granted, and would count there until the bucket slides out: against the
-// key's limits in every interval that holds it (the day's window too), so
-// that a key sending close to its limit could be refused for admissions
-// nobody made. A replica that lets a lease or a block go with
-// admissions left (its end passed, its plan changed, the key's entry was
-// swept, the replica closes) therefore sends them back: a script takes
-// them off that bucket's count and off the window's total, in every window
-// the block was counted in, where the bucket is still stored.
+// Unspent admissions would count against the key's limits (its day's too)
+// until they slid out, refusing a key near its limit for admissions nobody
+// made. They are given back once they cannot be spent: they leave the lease
+// table (drop, under the shard's lock) before being queued, once. Left
+// alone: a bucket slid out of the window (it counts against nothing, and may
+// predate a Reset whose mark expired), a saturated count or total (its true
+// value is unknown), and a bucket's last event (later only keeps it longer).
 //
-// The windows stay strict: a record only ever counts at least what was
-// admitted in each of its buckets, because
+// A Reset deletes the key's records, and an older grant given back would
+// come off counts made since. So replicas that reset or hear of it forget
+// the key's grants, and since that can be missed, the Reset marks the key
+// with the server's time (resetRecords): older grants are not taken back.
 //
-//   - an admission is given back only once the replica can no longer spend
-//     it: it leaves the lease table (drop, under the
-//     shard's lock) before it is queued, and it is queued once, and sent
-//     again only when the server answered NOSCRIPT (ran nothing): never
-//     after a network error or a timeout, when the server may have run it
-//     (onceCmd);
-//   - it is taken off the bucket it was counted in (the grant's server
-//     time over the window's bucket width: the script counted it in
-//     floor(now/g)), and only while the record stores that bucket (the head
-//     or one of the n before it) and the window still holds it at the
-//     server's time; a bucket that slid out is left alone;
-//   - no more is taken off a bucket than it counts, and nothing off a
-//     saturated count or total (their true values are unknown);
-//   - the bucket's last event, where the block's end was recorded, is left
-//     as it is: an event later than the true last only keeps the bucket in
-//     the window longer.
-//
-// A Reset deletes a key's records: a block granted before it was counted
-// in records that no longer exist, and giving it back would take it off
-// counts made since. So the replica that resets, and every replica the
-// announcement reaches, drops the key's blocks without giving them back
-// (forget); and since an announcement can be missed, the Reset also marks
-// the key with the server's time (resetRecords), and the script takes
-// nothing back for a block granted at or before it.
-//
-// Giving back is best effort: a give-back that finds its queue full, Redis
-// unreachable or the circuit open is dropped, and its admissions count
-// until they slide out, as they did before. The windows it did reach are
-// strict either way.
+// Best effort: a give-back that finds the queue full, Redis unreachable or
+// the circuit open is dropped; its admissions count until they slide out.
 
-// giveBackQueue is how many give-backs wait to be sent before more are
-// dropped; giveBackBatch, how many go in one pipeline.
+// giveBackQueue bounds the give-backs waiting; giveBackBatch, a pipeline's.
 const (
 	giveBackQueue = 4096
 	giveBackBatch = 64
 )
 
-// giveBack is a block's unspent admissions, n, to take off the bucket at
-// of each of windows (the records under prefix for key: the first coarse
-// of them coarse records, blocks.go, where a block is counted in the
-// bucket of its end instead).
+// giveBack is a lease's or block's unspent admissions, n, to take off each
+// of windows (the first coarse of them coarse records, counted at end).
 type giveBack struct {
 	key     string
 	windows []ring
@@ -99,7 +73,6 @@ func newGiveBacks(rdb redis.UniversalClient, prefix string, log *slog.Logger, op
 	return &giveBacks{rdb: rdb, prefix: prefix, log: log, open: open, queue: make(chan giveBack, giveBackQueue), bySlot: cluster}
 }
 
-// add queues g, or drops it when the queue is full.
 func (q *giveBacks) add(g giveBack) {
 	select {
 	case q.queue <- g:
@@ -107,7 +80,6 @@ func (q *giveBacks) add(g giveBack) {
 	}
 }
 
-// run sends what is queued as it comes, until ctx ends.
 func (q *giveBacks) run(ctx context.Context, timeout time.Duration) {
 	for {
 		select {
@@ -136,9 +108,8 @@ func (q *giveBacks) flush(timeout time.Duration) {
 	}
 }
 
-// sendBatch sends first and whatever else is queued, up to giveBackBatch,
-// in one pipeline: one call of giveBackScript for them all, or under Redis
-// Cluster one per hash slot, since a script touches one slot.
+// sendBatch sends first and what else is queued, up to giveBackBatch, in
+// one pipeline: one script call, or under Redis Cluster one per slot.
 func (q *giveBacks) sendBatch(ctx context.Context, timeout time.Duration, first giveBack) {
 	batch := []giveBack{first}
 fill:
@@ -162,7 +133,6 @@ fill:
 		groups = slotGroups(batch)
 	}
 	cmds := make([]*redis.Cmd, len(groups))
-	// exec sends the calls of groups at idx in one pipeline.
 	exec := func(idx []int) {
 		pipe := q.rdb.Pipeline()
 		for _, i := range idx {
@@ -176,9 +146,7 @@ fill:
 		all[i] = i
 	}
 	exec(all)
-	// Only the calls the server did not run are sent again, once the
-	// script is loaded (on every shard of a cluster): another would be
-	// given back twice.
+	// Resend only the calls the server did not run (onceCmd).
 	var missing []int
 	for i, c := range cmds {
 		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
@@ -230,8 +198,7 @@ func slotGroups(batch []giveBack) [][]giveBack {
 	return groups
 }
 
-// giveBackReplies returns what a call of giveBackScript for n give-backs
-// took off, per give-back: the most it took off any of its windows.
+// giveBackReplies returns the most a call took off any window, per give-back.
 func giveBackReplies(c *redis.Cmd, n int) ([]int64, error) {
 	taken, err := c.Int64Slice()
 	if err == nil && len(taken) != n {
@@ -240,17 +207,14 @@ func giveBackReplies(c *redis.Cmd, n int) ([]int64, error) {
 	return taken, err
 }
 
-// onceCmd is a command go-redis does not send again after a network error
-// or a timeout (Cmder's NoRetry): the server may have run it before its
-// reply was lost, and a give-back run twice would take its admissions off
-// twice. (NOSCRIPT, which the server answers without running anything, is
-// retried by sendBatch itself.)
+// onceCmd is a command go-redis does not retry after a network error or a
+// timeout (NoRetry): the server may have run it, and a give-back run twice
+// takes its admissions off twice. sendBatch resends NOSCRIPT calls itself.
 type onceCmd struct{ *redis.Cmd }
 
 func (onceCmd) NoRetry() bool { return true }
 
-// giveBackCall returns gs, give-backs of keys of one slot, as one EVALSHA
-// of giveBackScript, unsent.
+// giveBackCall returns gs, of one slot, as one unsent EVALSHA.
 func giveBackCall(ctx context.Context, prefix string, gs []giveBack) *redis.Cmd {
 	keys, args := giveBackCommand(prefix, gs)
 	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
@@ -259,17 +223,15 @@ func giveBackCall(ctx context.Context, prefix string, gs []giveBack) *redis.Cmd 
 		cmdArgs = append(cmdArgs, k)
 	}
 	cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
-	// Where the keys begin, for a cluster's routing by slot (as go-redis's
-	// own EvalSha marks it).
+	// Where the keys begin, for routing by slot (as go-redis's EvalSha).
 	cmd.SetFirstKeyPos(3)
 	return cmd
 }
 
-// giveBackCommand returns the script keys and arguments of gs: per
-// give-back, the key's reset mark and its windows' records, and one
-// argument of big-endian 8-byte numbers: its admissions, the grant's
-// server time and the number of its windows, then per window the bucket
-// they were counted in, the ring's n and its bucket width.
+// giveBackCommand returns gs's script keys and arguments. Per give-back: the
+// key's reset mark and window records, and one argument of big-endian 8-byte
+// numbers: its admissions, the grant's server time, its window count, then
+// per window the bucket that counted them, the ring's n and bucket width.
 func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 	var nk int
 	for i := range gs {
@@ -302,19 +264,8 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 	return keys, args
 }
 
-// giveBackScript (lua/giveback.lua) takes unspent admissions back off
-// window records (format.go), its numbers read and written by the
-// decision code's own codec (lua/codec.lua). KEYS and ARGV: per give-back
-// (giveBackCommand), its key's reset mark and window records; and one
-// argument of 8-byte numbers: its admissions, the grant's server time,
-// the number of its windows, then per window the bucket they were counted
-// in, the ring's n and its bucket width. Only a bucket the window still
-// holds at the server's time is taken from (one the record stores but
-// time has slid out of the window counts against nothing, and may lie
-// before a Reset whose mark has expired). A give-back granted at or
-// before the key's last reset (its mark) takes nothing: the records it
-// was counted in are gone. It returns, per give-back, the most taken off
-// any of its windows.
+// giveBackScript (lua/giveback.lua, with the decision code's lua/codec.lua)
+// takes giveBackCommand's give-backs off window records (format.go).
 var giveBackScript = redis.NewScript(codecLua + giveBackLua)
 
 //go:embed lua/giveback.lua

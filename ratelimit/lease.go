@@ -1,5 +1,11 @@
 package ratelimit
 
+// Leases: a lease spends only admissions Redis already counted in every
+// window, only under its plan and until its end (its buckets' end, at most
+// leaseLife) by this process's monotonic clock from the round trip's start,
+// which latency and skew only bring forward. What it leaves unspent is given
+// back (giveback.go).
+
 import (
 	"hash/maphash"
 	"math"
@@ -8,29 +14,10 @@ import (
 	"time"
 )
 
-// Leasing: while every window of a key has plenty of quota left, a replica
-// asks the script for a block of k admissions (a lease) instead of one,
-// and answers the key's next k-1 requests in process. The script counts
-// all k at once, in the current bucket of every window, so the windows
-// stay strict across replicas; the price is that admissions leased but
-// never spent count until they slide out. Hence:
-//
-//   - a lease is spent only until the end of the current bucket of every
-//     window (and at most leaseLife), converted to this process's
-//     monotonic clock from the round trip's start, so that latency and
-//     clock skew can only shorten it;
-//   - k is this replica's expected demand for the key within that time,
-//     less two round trips (the lease arrives one round trip late, and
-//     its end is brought forward by the latency), from its rate over the
-//     last rateSpan or two, less half a standard deviation, at most
-//     MaxLease, so that little of a lease is left when it ends; no lease
-//     is asked when that time is too short;
-//   - the script grants k only while every window has at least
-//     leaseMargin·k·Replicas remaining, and one admission otherwise: near
-//     its limit a key is decided exactly, one request per round trip;
-//   - what a lease leaves unspent is given back when the replica lets it
-//     go (giveback.go): it no longer counts against the key, near its
-//     limit or in its day.
+// A lease is k admissions asked at once, to answer the key's next k-1
+// requests in process. The script counts them in every window's current
+// bucket, only while each has leaseMargin·k·Replicas remaining: near its
+// limit a key is decided exactly, a round trip per request.
 const (
 	leaseMargin = 4
 	leaseLife   = time.Second
@@ -47,17 +34,13 @@ type leaseTable struct {
 	maxLease    int64
 	replicas    func() int64 // live replica count
 	rtt         atomic.Int64 // moving average of decision round trips, µs
-	// back, when set, is given what leases and blocks leave unspent
-	// (giveback.go).
+	// back, when set, is given what leases and blocks leave unspent.
 	back func(giveBack)
-	// prefix is the limiter's key prefix, for the record names each
-	// entry keeps (names); fleet and forceCoarse tell the plan a round
-	// trip is sent under, whose records they are (replicas.callPlan).
+	// prefix, fleet and forceCoarse name a round trip's records (callPlan).
 	prefix      string
 	fleet       *replicas
 	forceCoarse bool
-	// untracked counts the requests of keys the table had no room for
-	// (their shard full), until the sweep hands them to the metrics.
+	// untracked counts requests of keys the table had no room for.
 	untracked atomic.Int64
 }
 
@@ -67,25 +50,18 @@ type leaseShard struct {
 }
 
 type leaseEntry struct {
-	// Demand: requests seen in the current rate period (from curStart)
-	// and in the one before.
+	// Requests in this rate period (from curStart) and the one before.
 	cur, prev int64
 	curStart  time.Time
 
-	// This replica's own requests for the key in the current block
-	// period (from ownStart; blockLife or more) and in the one before it
-	// (from ownPrevStart, zero while there is none): what a block's size
-	// stands on (ownShare).
+	// Requests per block period, this one and the one before (ownShare).
 	own, ownPrev           int64
 	ownStart, ownPrevStart time.Time
-	// born is when this replica began to track the key (the entry's
-	// making): the key's windows have held it no longer as far as this
-	// replica knows (worthAsking).
+	// born is when the entry was made (worthAsking).
 	born time.Time
 
 	// The lease: left admissions to spend before deadline (local clock),
-	// granted under pl by a round trip that started at sent and ran at
-	// redisNow (µs, server clock).
+	// granted under pl by a round trip sent at sent, run at redisNow (µs).
 	pl       *plan
 	left     int64
 	spent    int64
@@ -94,24 +70,18 @@ type leaseEntry struct {
 	redisNow int64
 	windows  []WindowState // as reported for the first admission of the lease
 	binding  int
-	// block: the lease is a block (blocks.go), counted in the short
-	// windows' coarse records (in the bucket of its end, redisEnd: µs,
-	// server clock) and the long windows, for up to blockLife.
+	// block: the lease is a block, ending at redisEnd (µs, server clock).
 	block    bool
 	redisEnd int64
 
-	// refill is open while a round trip asking for a lease is in flight;
-	// closed when it ends.
+	// refill is open while a lease round trip is in flight.
 	refill chan struct{}
 
-	// warm: the key's last decision under its plan here showed a demand a
-	// block would serve (worthAsking); asking: a block round trip is in
-	// flight.
+	// warm: last decision showed block demand; asking: block ask in flight.
 	warm, asking bool
 
-	// names are the key's record names under namesPl (stateKeys), made
-	// once rather than for every round trip; never changed in place, so
-	// a round trip may hold them after the shard's lock is released.
+	// names are the key's record names under namesPl, made once; never
+	// changed in place, so a round trip may hold them past the lock.
 	names   []string
 	namesPl *plan
 }
@@ -133,14 +103,10 @@ func (t *leaseTable) shard(key string) *leaseShard {
 	return &t.shards[maphash.String(t.seed, key)%memShards]
 }
 
-// take answers one request for key under pl from its lease (served, the
-// decision in d). When it cannot, it returns what to ask the script for
-// and the key's record names under the plan its round trip is sent
-// under (nil when the table has no room for the key); wait, when not nil, is a lease round trip for the key
-// already in flight, which the caller may wait for and then call take
-// again with first false. first also counts the request toward the key's
-// demand. A caller given an ask with want > 1 must call done when its
-// round trip ends.
+// take answers one request for key from its lease (served), or returns what
+// to ask the script for, the key's record names (nil without room) and wait,
+// a lease round trip in flight, after which to call take again with first
+// false. A caller given an ask with want > 1 must call done when it ends.
 func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}, names []string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -180,8 +146,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil, names
 }
 
-// namesOf returns the key's record names under pl (stateKeys), made
-// when the entry has none for pl. The caller holds the shard's lock.
+// namesOf returns the key's record names under pl; the caller holds the lock.
 func (e *leaseEntry) namesOf(prefix, key string, pl *plan) []string {
 	if e.namesPl != pl {
 		ns := stateKeys(prefix, key, pl)
@@ -190,9 +155,7 @@ func (e *leaseEntry) namesOf(prefix, key string, pl *plan) []string {
 	return e.names
 }
 
-// done ends a lease round trip for key that started at sent. With ok, v
-// is its verdict and d the decision made from it; a grant of more than one
-// admission becomes the key's lease.
+// done ends key's lease round trip; with ok, a grant over one is its lease.
 func (t *leaseTable) done(key string, pl *plan, sent time.Time, v *verdict, d *Decision, ok bool) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -211,16 +174,14 @@ func (t *leaseTable) done(key string, pl *plan, sent time.Time, v *verdict, d *D
 	t.hold(key, e, pl, sent, v, d)
 }
 
-// hold makes what a round trip for key under pl that started at sent
-// granted beyond its request's own (v's, decided as d) the key's lease,
-// letting the one it held go. The caller holds the shard's lock.
+// hold makes what v granted beyond the request's own the key's lease,
+// letting the old one go. The caller holds the shard's lock.
 func (t *leaseTable) hold(key string, e *leaseEntry, pl *plan, sent time.Time, v *verdict, d *Decision) {
 	t.dropLease(key, e)
 	e.pl, e.left, e.spent = pl, v.granted-1, 1
 	e.sent, e.redisNow, e.redisEnd = sent, v.now, v.leaseEnd
-	// The server's remaining lease time, counted from before the round
-	// trip began, less a microsecond for the resolution of the server's
-	// clock: never later than the lease's end on the server's clock.
+	// Counted from before the round trip began, less 1 µs for the server
+	// clock's resolution: never later than the lease's end by that clock.
 	e.deadline = sent.Add(time.Duration(v.leaseEnd-v.now-1) * time.Microsecond)
 	e.windows = append(e.windows[:0], d.Windows...)
 	e.binding = d.Binding
@@ -255,11 +216,9 @@ func (e *leaseEntry) note(now time.Time) {
 	e.own++
 }
 
-// size returns the lease to ask for: the requests expected within the
-// time a lease taken now could be spent, at the rate of the requests seen
-// before this one over the current rate period and the one before, less
-// half a standard deviation (leaseDeviations), at most maxLease. A key
-// seen once in a while never leases.
+// size returns the lease to ask for (1: none): the requests expected at the
+// recent rate while a lease taken now could be spent, less two round trips
+// (it arrives late and ends early), less leaseDeviations, at most maxLease.
 func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
 	if maxLease <= 1 {
 		return 1
@@ -278,27 +237,15 @@ func (e *leaseEntry) size(pl *plan, now time.Time, maxLease, rtt int64) int64 {
 	return min(belowDemand(float64(e.prev+e.cur-1), float64(rest)/float64(span.Microseconds()), leaseDeviations), maxLease)
 }
 
-// leaseDeviations is how far below its expected demand a lease is sized,
-// in standard deviations (belowDemand). At 0, leases were left partly
-// unspent about half the time (11% of leased admissions under random
-// arrivals); at half a deviation, 6%, for about 4 in 100 requests more
-// decided by a round trip (TestLeaseWasteUnderRandomArrivals). A whole
-// one, as blocks take, would cost twice that: a lease's rate is
-// measured over a few hundred milliseconds, so its estimate is as noisy
-// as the demand itself. The key's slower rates (own, ownPrev), steadier,
-// were tried in its place: a key resuming after a pause of a few
-// seconds then leased little until they caught up (a benchmark's keys
-// sending in rounds leased 0.62-0.81 of their requests, against 0.87).
+// leaseDeviations is how many standard deviations below demand a lease is
+// sized, trading unspent admissions against round trips: not a block's whole
+// one, as a lease's rate over a few hundred milliseconds is as noisy as the
+// demand; nor from the steadier own rate, which lags after a pause.
 const leaseDeviations = 0.5
 
-// belowDemand returns a block's size for n requests counted over a span,
-// to be spent over scale times that span: m = n·scale, the requests
-// expected, less d standard deviations of the count to come and of its
-// estimate together, √(m·(1 + scale)), as both are under random arrivals
-// (a Poisson count's variance is its mean; the estimate's, scaled, is
-// m·scale), and never below 0. Sized at m, a block is left partly unspent
-// about half the time, and what it leaves counts in the key's windows for
-// nothing.
+// belowDemand sizes a block for n requests counted over a span, spent over
+// scale spans: m = n·scale less d deviations of the count and its estimate,
+// √(m·(1+scale)) under random arrivals (at m, half are left partly unspent).
 func belowDemand(n, scale, d float64) int64 {
 	m := n * scale
 	if m <= 0 {
@@ -307,8 +254,7 @@ func belowDemand(n, scale, d float64) int64 {
 	return int64(max(m-d*math.Sqrt(m*(1+scale)), 0))
 }
 
-// serve puts in d the decision for one admission from the lease (or
-// block).
+// serve puts in d the decision for one admission from the lease.
 func (e *leaseEntry) serve(now time.Time, d *Decision) {
 	*d = Decision{
 		Outcome: Allowed,
@@ -324,8 +270,7 @@ func (e *leaseEntry) serve(now time.Time, d *Decision) {
 	e.spent++
 }
 
-// drop forgets the key's lease, counting what it left unspent (its
-// admissions stay counted in Redis), and returns that.
+// drop forgets the lease, returning its unspent rest, still counted in Redis.
 func (e *leaseEntry) drop() (unspent int64) {
 	if e.left > 0 && e.pl != nil {
 		unspent = e.left
@@ -335,8 +280,7 @@ func (e *leaseEntry) drop() (unspent int64) {
 	return unspent
 }
 
-// kind is the metrics' index of what the key's lease is: 0 a lease, 1 a
-// block.
+// kind is the metrics' index of the lease: 0 a lease, 1 a block.
 func (e *leaseEntry) kind() int {
 	if e.block {
 		return 1
@@ -344,9 +288,7 @@ func (e *leaseEntry) kind() int {
 	return 0
 }
 
-// dropLease is e.drop, giving back what the lease leaves unspent: a
-// lease's in every window's record, a block's in the short windows'
-// coarse records and the long windows' (blockRings).
+// dropLease is e.drop, giving back the unspent rest where it was counted.
 func (t *leaseTable) dropLease(key string, e *leaseEntry) int64 {
 	pl, at, kind, end := e.pl, e.redisNow, e.kind(), e.redisEnd
 	n := e.drop()
@@ -360,7 +302,6 @@ func (t *leaseTable) dropLease(key string, e *leaseEntry) int64 {
 	return n
 }
 
-// letGo drops key's lease (or block), giving back what it leaves unspent.
 func (t *leaseTable) letGo(key string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -370,8 +311,8 @@ func (t *leaseTable) letGo(key string) {
 	sh.mu.Unlock()
 }
 
-// forget drops key's lease or block, without giving back what it leaves
-// unspent: after a Reset its records are new (giveback.go).
+// forget drops key's lease or block without giving it back: after a Reset
+// its records are new (giveback.go).
 func (t *leaseTable) forget(key string) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -381,8 +322,7 @@ func (t *leaseTable) forget(key string) {
 	sh.mu.Unlock()
 }
 
-// release drops every lease and block the table holds, counting what they
-// leave unspent (drop), and returns how many admissions that was.
+// release drops every lease and block, giving back what they leave unspent.
 func (t *leaseTable) release() (unspent int64) {
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -395,14 +335,10 @@ func (t *leaseTable) release() (unspent int64) {
 	return unspent
 }
 
-// sweep drops keys without a usable lease or a round trip in flight that
-// have been idle for two rate periods, except a key whose last decision
-// showed the demand for a block (warm), idle for less than blockLife: a
-// key sending a few requests a second to a fleet reaches each replica a
-// second or more apart, and would otherwise lose what its last round trip
-// showed before its next request, and never take a block. Such keys are
-// kept only while their shard is at most half full, so that they never
-// crowd out the keys that lease.
+// sweep drops keys idle for two rate periods, without a usable lease or a
+// round trip in flight. A warm key, which may reach each replica a second
+// or more apart, is kept up to blockLife so that it can take a block, but
+// only in a shard at most half full, so as not to crowd out keys that lease.
 func (t *leaseTable) sweep(now time.Time) (kept int) {
 	for i := range t.shards {
 		sh := &t.shards[i]

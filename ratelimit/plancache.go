@@ -1,5 +1,10 @@
 package ratelimit
 
+// Plan cache: a compiled plan is reused only for a policy equal, field by
+// field, to the one it was compiled from (samePolicy); a hash only finds
+// candidates, so a collision costs a comparison, never a wrong plan. Every
+// plan get returns is in plans, so that recent sees every plan in use.
+
 import (
 	"hash/maphash"
 	"math"
@@ -10,16 +15,9 @@ import (
 	"time"
 )
 
-// planCache maps policies to compiled plans without hashing them with
-// SHA-256 on every request: a cheap hash finds candidates, which are then
-// compared field by field. Its promise: every plan get returns is in plans,
-// so recent sees every plan in use.
-//
-// A request finds its plan first in front, a direct-mapped table read
-// with one atomic load. The map behind it takes a read lock, and every
-// reader of a RWMutex writes its count: on a busy replica that one cache
-// line passes between every core for every request. front is only ever
-// written under mu (a read lock is enough to fill a slot, since only a
+// planCache maps policies to compiled plans. front, read with one atomic
+// load, spares requests the map's RWMutex, whose readers all write one cache
+// line. front is written only under mu (a read lock fills a slot; only a
 // writer clears), so it never holds a plan the map has dropped.
 type planCache struct {
 	seed  maphash.Seed
@@ -29,8 +27,7 @@ type planCache struct {
 	n     int
 }
 
-// planFront is the number of slots in planCache.front: far more than the
-// plans a deployment defines; keys with limits of their own share slots.
+// planFront is front's size, far above a deployment's plans (others share).
 const planFront = 256
 
 // fallbackSize bounds the keys whose last shared verdict the fallback keeps.
@@ -43,11 +40,9 @@ func newPlanCache() planCache {
 	return planCache{seed: maphash.MakeSeed(), front: new([planFront]atomic.Pointer[plan]), plans: make(map[uint64][]*plan)}
 }
 
-// get returns p's plan, compiling it on first use. Its frame stays small
-// (the policy and options by pointer, compiling in add): every request
-// calls it at the depth of the handler chain plus the limiter, and a frame
-// that pushes a request past its goroutine's stack costs a stack copy
-// each time the collector has shrunk that stack back.
+// get returns p's plan, compiling it in add so that get's frame stays
+// small: every request calls it deep in the handler chain, and overflowing
+// the goroutine's stack costs a copy whenever the collector has shrunk it.
 func (c *planCache) get(p *Policy, o *Options, met *metrics) (*plan, error) {
 	h := hashPolicy(c.seed, p)
 	slot := &c.front[h%planFront]
@@ -66,7 +61,6 @@ func (c *planCache) get(p *Policy, o *Options, met *metrics) (*plan, error) {
 	return c.add(h, p, o, met)
 }
 
-// add compiles p and caches its plan under hash h.
 func (c *planCache) add(h uint64, p *Policy, o *Options, met *metrics) (*plan, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -113,12 +107,8 @@ func (c *planCache) recent(now time.Time) []*plan {
 	return out
 }
 
-// hashPolicy finds a policy's candidates in a plan cache. It runs on every
-// decision, so it folds the policy's numbers in with one multiplication
-// each rather than streaming them through maphash.Hash (a call and a
-// buffer copy per number, most of the cost of a busy key's cache lookup);
-// samePolicy stays the judge of equality, so a collision costs a
-// comparison, never a wrong plan.
+// hashPolicy runs on every decision, so it folds in each number with one
+// multiplication, not maphash.Hash's call and copy per number.
 func hashPolicy(seed maphash.Seed, p *Policy) uint64 {
 	h := maphash.String(seed, p.Name)
 	for _, w := range p.Windows {

@@ -1,5 +1,9 @@
 package ratelimit
 
+// Policies: a policy is compiled only after Validate accepts it: a window at
+// least, limits from 1 to MaxLimit, periods from MinPeriod to MaxPeriod, no
+// period twice in Windows or in Candidate, and sound ban settings.
+
 import (
 	"errors"
 	"fmt"
@@ -16,11 +20,9 @@ type Window struct {
 
 func (w Window) String() string { return fmt.Sprintf("%d/%s", w.Limit, FormatPeriod(w.Period)) }
 
-// BanPolicy describes temporary bans for keys that keep sending requests while
-// limited. The zero value disables bans.
+// BanPolicy bans keys that keep sending while limited; its zero value, none.
 type BanPolicy struct {
-	// Threshold: a key with more than Threshold rejected requests within
-	// StrikeWindow is banned. Zero disables bans.
+	// Threshold: more rejections within StrikeWindow ban a key (0: no bans).
 	Threshold int64
 	// StrikeWindow is the period in which rejected requests are counted.
 	StrikeWindow time.Duration
@@ -28,7 +30,7 @@ type BanPolicy struct {
 	Base time.Duration
 	// Multiplier grows each further ban (Base*Multiplier^(offence-1)).
 	Multiplier float64
-	// Max caps a ban's length.
+	// Max caps a ban's length (0: no cap).
 	Max time.Duration
 	// Memory is how long past offences count towards escalation.
 	Memory time.Duration
@@ -37,8 +39,7 @@ type BanPolicy struct {
 // Enabled reports whether the policy bans at all.
 func (b BanPolicy) Enabled() bool { return b.Threshold > 0 && b.Base > 0 }
 
-// Duration returns the length of the ban for the n-th offence (n >= 1):
-// Base*Multiplier^(n-1), capped at Max. A zero Max means no cap.
+// Duration returns the n-th ban's length, Base*Multiplier^(n-1), capped.
 func (b BanPolicy) Duration(n int64) time.Duration {
 	d := float64(b.Base)
 	m := b.Multiplier
@@ -67,28 +68,15 @@ type Policy struct {
 	Name    string
 	Windows []Window
 	Ban     BanPolicy
-	// Candidate windows are evaluated beside Windows on every request that
-	// reaches the limiter and never refuse one: each counts the requests it
-	// would admit, as if it were enforced alone, so that a proposed limit
-	// is measured on live traffic before it is enforced (Decision.Candidate,
-	// Usage.Candidate, candidate_decisions_total). Their records are their
-	// own, coarser (CandidateBuckets per period) and kept only while they
-	// are used. Keys with candidates get no leases: every request of theirs
-	// is evaluated.
+	// Candidate windows measure proposed limits on live traffic and never
+	// refuse. Their records are their own (CandidateBuckets per period).
+	// Keys with candidates get no leases: each request must be evaluated.
 	Candidate []Window
-	// CandidateBan is the ban policy the candidate windows would enforce:
-	// the requests they would limit are its strikes, and a key it would
-	// ban, it would refuse (Banned) until the ban ends, as Ban does for
-	// the enforced windows. It bans nothing: what it would have done goes
-	// to Decision.CandidateOutcome, Usage.CandidateBan and the candidate
-	// metrics. Its record is the key's own; it needs Candidate windows.
+	// CandidateBan is the ban policy the candidate windows would enforce; it
+	// bans nothing, keeps a record of its own, and needs Candidate windows.
 	CandidateBan BanPolicy
-	// Shadow evaluates and records every decision (windows, strikes,
-	// bans) as usual but enforces none: Decision.Shadow is set, the
-	// outcome says what enforcement would have done, and callers serve
-	// the request whatever it is. Refusals are not counted in the windows,
-	// exactly as if they had been enforced. Metrics go to
-	// shadow_decisions_total and shadow_bans_total.
+	// Shadow records every decision but enforces none. Refusals are not
+	// counted in the windows, as if they had been enforced.
 	Shadow bool
 }
 
@@ -135,8 +123,7 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// validate reports ban settings the limiter cannot enforce; what names
-// them in the error.
+// validate reports ban settings the limiter cannot enforce; what names them.
 func (b BanPolicy) validate(what string) error {
 	if b.Threshold < 0 || b.Base < 0 || b.Max < 0 || b.StrikeWindow < 0 || b.Memory < 0 {
 		return fmt.Errorf("ratelimit: %s settings must not be negative", what)
@@ -155,7 +142,6 @@ func (b BanPolicy) validate(what string) error {
 	return nil
 }
 
-// checkPeriod reports a period outside [MinPeriod, MaxPeriod].
 func checkPeriod(d time.Duration) error {
 	if d < MinPeriod || d > MaxPeriod {
 		return fmt.Errorf("period must be from %s to %s", FormatPeriod(MinPeriod), FormatPeriod(MaxPeriod))
@@ -163,15 +149,13 @@ func checkPeriod(d time.Duration) error {
 	return nil
 }
 
-// clone returns a deep copy of p.
 func (p Policy) clone() Policy {
 	p.Windows = append([]Window(nil), p.Windows...)
 	p.Candidate = append([]Window(nil), p.Candidate...)
 	return p
 }
 
-// Sorted returns a copy of p with windows (and candidate windows) ordered
-// by ascending period.
+// Sorted returns a copy of p with its windows ordered by ascending period.
 func (p Policy) Sorted() Policy {
 	sorted := func(in []Window) []Window {
 		ws := append([]Window(nil), in...)
@@ -185,15 +169,13 @@ func (p Policy) Sorted() Policy {
 	return p
 }
 
-// FormatPeriod prints a period compactly and exactly, in the largest unit
-// that divides it: 1m, 24h, 1500ms, 1500us. (Exactly: plans, keys and
-// overrides are written with it and read back.)
+// FormatPeriod prints a period exactly, in the largest unit that divides it
+// (1m, 1500ms): plans, keys and overrides are written with it and read back.
 func FormatPeriod(d time.Duration) string {
 	return string(AppendPeriod(make([]byte, 0, 8), d))
 }
 
-// AppendPeriod appends FormatPeriod(d) to b. Whole hours stay hours, so
-// "24h" reads as in the plans file.
+// AppendPeriod appends FormatPeriod(d) to b; hours stay hours ("24h").
 func AppendPeriod(b []byte, d time.Duration) []byte {
 	unit, name := time.Nanosecond, "ns"
 	switch {
@@ -238,8 +220,7 @@ type WindowState struct {
 	Window
 	// Remaining is how many more requests the window admits now.
 	Remaining int64
-	// Reset is when the requests the window currently counts have all slid
-	// out of it, so that Remaining is back to Limit.
+	// Reset is when Remaining is back to Limit.
 	Reset time.Time
 }
 
@@ -248,35 +229,24 @@ type Decision struct {
 	Outcome Outcome
 	// Windows holds every window of the policy, ordered by period.
 	Windows []WindowState
-	// Binding is the index in Windows of the window that binds first:
-	// the one with the fewest requests remaining (the longer on a tie).
+	// Binding indexes the window with the fewest remaining (longer on a tie).
 	Binding int
-	// RetryAfter is, when the request was not allowed, the time until a
-	// request would be admitted (or the ban's remaining time).
+	// RetryAfter is, for a refused request, when one would be admitted.
 	RetryAfter time.Duration
-	// Candidate holds the policy's candidate windows (Policy.Candidate) as
-	// this request left them, and CandidateOutcome what they (with the
-	// candidate ban policy) would have decided for it; empty and Allowed
-	// without any.
+	// Candidate holds the candidate windows as this request left them, and
+	// CandidateOutcome what they would have decided (Allowed without any).
 	Candidate        []WindowState
 	CandidateOutcome Outcome
-	// Shadow is true when the policy is in shadow mode: Outcome is what
-	// enforcement would have decided, and the caller must not enforce it.
+	// Shadow: Outcome is what enforcement would decide; do not enforce it.
 	Shadow bool
-	// Degraded is true when the shared store could not be reached and the
-	// decision was made by this process alone.
+	// Degraded: Redis could not be reached; this process decided alone.
 	Degraded bool
-	// Cached is true when the decision came from the local cache of keys
-	// known to be limited or banned, without a round trip.
+	// Cached: the rejection cache answered, without a round trip.
 	Cached bool
-	// Leased is true when the request was admitted from admissions this
-	// process had reserved for the key in advance (a lease), without a
-	// round trip.
+	// Leased: admitted from a lease, without a round trip.
 	Leased bool
-	// Time is when the decision was made, by the clock that made it: the
-	// Redis server's for shared decisions, this process's otherwise. For a
-	// leased admission it is the server time of the lease's round trip plus
-	// the local time elapsed since that round trip began.
+	// Time is when the decision was made, by the clock that made it (for a
+	// lease, its round trip's server time plus the local time since).
 	Time time.Time
 }
 
@@ -291,6 +261,5 @@ func (d Decision) Bound() WindowState {
 	return d.Windows[d.Binding]
 }
 
-// ErrUnavailable is returned in fail-closed mode when the shared store
-// cannot be reached in time.
+// ErrUnavailable is returned, failing closed, when Redis cannot answer in time.
 var ErrUnavailable = errors.New("ratelimit: shared store unavailable")

@@ -1,5 +1,10 @@
 package ratelimit
 
+// Throttle: GCRA per key, shared through Redis by redis_rate. While Redis is
+// unreachable, each replica allows in process its 1/Replicas share of the
+// rate and burst, rounded up (fail-open), or refuses (fail-closed); without
+// a client, the whole limit is enforced in process.
+
 import (
 	"context"
 	"fmt"
@@ -10,8 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ThrottleLimit is a GCRA limit: Rate requests per Period on average, with
-// bursts of up to Burst requests.
+// ThrottleLimit is a GCRA limit: Rate per Period on average, bursts of Burst.
 type ThrottleLimit struct {
 	Rate   int
 	Burst  int
@@ -26,9 +30,7 @@ func (t ThrottleLimit) validate() error {
 }
 
 // Throttle limits requests per client address (failed authentications and
-// other unauthenticated requests), or per any other key when named, with
-// GCRA, shared through Redis by redis_rate, or in this process without a
-// client. It follows the same failure mode as the Limiter.
+// other unauthenticated requests), or per any key when named.
 type Throttle struct {
 	name    string // names its Redis keys and its metrics' plan label
 	rl      *redis_rate.Limiter
@@ -50,12 +52,9 @@ func NewThrottle(client redis.UniversalClient, limit ThrottleLimit, opts Options
 	return newThrottle(client, "ip", "address throttling", limit, opts, hooks{})
 }
 
-// NewNamedThrottle is NewThrottle for a throttle of its own, such as one
-// per API key for an operation that is cheap to ask and costs Redis work
-// to answer. Its state is kept under Options.Prefix+name+":{KEY}" and its
-// decisions are counted under plan name, so it shares neither budget nor
-// figures with another throttle. name is a lowercase identifier (a-z, 0-9,
-// '_' or '-'); NewThrottle's is "ip".
+// NewNamedThrottle is NewThrottle with a budget of its own, its state under
+// Options.Prefix+name+":{KEY}" and its decisions under plan name. name is a
+// lowercase identifier (a-z, 0-9, '_' or '-'); NewThrottle's is "ip".
 func NewNamedThrottle(client redis.UniversalClient, name string, limit ThrottleLimit, opts Options) (*Throttle, error) {
 	if !throttleName(name) {
 		return nil, fmt.Errorf("ratelimit: throttle name %q: want a lowercase identifier (a-z, 0-9, '_' or '-')", name)
@@ -136,9 +135,8 @@ func (t *Throttle) Close() error {
 	return nil
 }
 
-// Allow decides one request from key (a client address). The Decision has
-// one window: Limit is the burst, Period the limit's period. When ctx
-// ends before Redis answers it returns ctx's error and decides nothing.
+// Allow decides one request from key; its Decision has one window, with the
+// burst as Limit. It returns ctx's error, deciding nothing, if ctx ends first.
 func (t *Throttle) Allow(ctx context.Context, key string) (Decision, error) {
 	now := t.now()
 	if t.rl == nil {
@@ -163,10 +161,8 @@ func (t *Throttle) Allow(ctx context.Context, key string) (Decision, error) {
 	return t.finish(t.local.allow(key, t.llimit, now), t.llimit, now, true), nil
 }
 
-// Throttled reports, without counting anything, whether a request from
-// key would be refused now: no budget is left. It lets a caller turn away
-// a throttled client before work that the throttle exists to protect
-// (a key database lookup) without charging clients that are not.
+// Throttled reports, without counting, whether a request from key would be
+// refused now, to turn a client away before the work the throttle protects.
 func (t *Throttle) Throttled(ctx context.Context, key string) (bool, error) {
 	now := t.now()
 	if t.rl == nil || t.breaker.isOpen() {
@@ -189,13 +185,12 @@ func (t *Throttle) Throttled(ctx context.Context, key string) (bool, error) {
 	return res.Remaining < 1, nil
 }
 
-// remote asks Redis, waiting at most Options.Timeout whatever the
-// client's own timeouts.
 func (t *Throttle) remote(ctx context.Context, key string) (*redis_rate.Result, error) {
 	return t.remoteN(ctx, key, 1)
 }
 
-// remoteN asks Redis for n requests (0: how many are left).
+// remoteN asks Redis for n requests (0: how many are left), waiting at most
+// Options.Timeout whatever the client's own timeouts.
 func (t *Throttle) remoteN(ctx context.Context, key string, n int) (*redis_rate.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
@@ -220,8 +215,7 @@ func (t *Throttle) remoteN(ctx context.Context, key string, n int) (*redis_rate.
 	}
 }
 
-// throttleName reports whether name is fit for a Redis key and a metric
-// label: a non-empty lowercase identifier.
+// throttleName reports whether name is fit for a Redis key and a label.
 func throttleName(name string) bool {
 	if name == "" || len(name) > 63 {
 		return false
@@ -279,7 +273,6 @@ func (g *gcraStore) allow(key string, lim ThrottleLimit, now time.Time) *redis_r
 	return &redis_rate.Result{Allowed: 1, Remaining: remaining, RetryAfter: -1, ResetAfter: newTat.Sub(now)}
 }
 
-// throttled reports whether a request from key would be refused at now.
 func (g *gcraStore) throttled(key string, lim ThrottleLimit, now time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
