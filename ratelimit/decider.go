@@ -19,15 +19,25 @@ import (
 //
 // redisDecider decides in Redis for every replica; localDecider runs the
 // same algorithm (state.go) in process, without Redis and in tests.
+//
+// The limiter's batcher (batch.go) sends every round trip through decide.
 type decider interface {
-	// decide decides reqs into out in order; on an error, out holds those made.
-	decide(ctx context.Context, reqs []request, out []verdict) error
+	// decide decides reqs into out in order. errs[i] is request i's own
+	// error, nil when out[i] was decided; the error returned is the
+	// decider's (Redis failed or timed out), which the breaker hears.
+	decide(ctx context.Context, reqs []request, out []verdict, errs []error) error
 }
 
+// request is one decision asked of a decider: key under pl, asking in.
 type request struct {
 	key string
 	pl  *plan
 	in  input
+	// cp is the plan whose records the call reads, pl with coarse records
+	// when blocks are in force (replicas.callPlan); nil: pl. names are
+	// key's record names under it when the caller keeps them (lease.go).
+	cp    *plan
+	names []string
 }
 
 // localDecider decides in this process (state.go), at now's reading.
@@ -40,10 +50,10 @@ func newLocalDecider(now func() time.Time) *localDecider {
 	return &localDecider{store: newMemStore(), now: now}
 }
 
-func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict) error {
+func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict, errs []error) error {
 	now := d.now().UnixMicro()
 	for i, q := range reqs {
-		out[i] = d.at(q, now)
+		out[i], errs[i] = d.at(q, now), nil
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -409,7 +410,12 @@ func (d *invariantDriver) decide(reqs []request) []verdict {
 			dec = r
 		}
 	}
-	if err := dec.decide(context.Background(), reqs, out); err != nil {
+	errs := make([]error, len(reqs))
+	err := dec.decide(context.Background(), reqs, out, errs)
+	if err == nil {
+		err = errors.Join(errs...)
+	}
+	if err != nil {
 		d.t.Fatalf("%s: decide: %v", d.describe(), err)
 	}
 	return out
