@@ -283,8 +283,8 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	state := func(grant, read bool, what string) {
 		t.Helper()
 		gauge := testenv.MetricValue(t, l.met.blocksInForce)
-		if l.blocksOn() != grant || l.readsCoarse() != read || (gauge == 1) != grant {
-			t.Fatalf("%s: blocks in force %v (gauge %v), coarse records read %v; want %v, %v", what, l.blocksOn(), gauge, l.readsCoarse(), grant, read)
+		if l.blocksOn() != grant || (l.hooks.blocks || l.replicas.readsCoarse()) != read || (gauge == 1) != grant {
+			t.Fatalf("%s: blocks in force %v (gauge %v), coarse records read %v; want %v, %v", what, l.blocksOn(), gauge, (l.hooks.blocks || l.replicas.readsCoarse()), grant, read)
 		}
 	}
 	join := func(census, member string) {

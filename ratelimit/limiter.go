@@ -358,9 +358,6 @@ func (l *Limiter) callPlan(pl *plan) *plan { return l.replicas.callPlan(pl, l.ho
 // blocksOn reports whether blocks are in force here: slow keys take them.
 func (l *Limiter) blocksOn() bool { return l.hooks.blocks || l.replicas.grantsBlocks() }
 
-// readsCoarse reports whether blocks are in force or may be spent elsewhere.
-func (l *Limiter) readsCoarse() bool { return l.hooks.blocks || l.replicas.readsCoarse() }
-
 func (l *Limiter) failedTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, d *Decision) error {
 	if l.cache != nil {
 		l.cache.abandon(key)
