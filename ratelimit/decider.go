@@ -1,9 +1,6 @@
 package ratelimit
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 // A decider decides a batch of requests against the shared records: the
 // one seam between policy and where counts live. Its promise, checked on
@@ -38,31 +35,4 @@ type request struct {
 	// key's record names under it when the caller keeps them (lease.go).
 	cp    *plan
 	names []string
-}
-
-// localDecider decides in this process (state.go), at now's reading.
-type localDecider struct {
-	store *memStore
-	now   func() time.Time
-}
-
-func newLocalDecider(now func() time.Time) *localDecider {
-	return &localDecider{store: newMemStore(), now: now}
-}
-
-func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict, errs []error) error {
-	now := d.now().UnixMicro()
-	for i, q := range reqs {
-		out[i], errs[i] = d.at(q, now), nil
-	}
-	return nil
-}
-
-// one decides a single request without allocating a batch.
-func (d *localDecider) one(q request) verdict { return d.at(q, d.now().UnixMicro()) }
-
-// at decides q at now (µs) rather than the decider's clock: the Simulator
-// replays a log's times.
-func (d *localDecider) at(q request, now int64) verdict {
-	return d.store.decide(q.key, q.pl, now, q.in)
 }

@@ -1,9 +1,39 @@
 package ratelimit
 
 import (
+	"context"
 	"hash/maphash"
 	"sync"
+	"time"
 )
+
+// localDecider is the decider in this process: the algorithm of state.go
+// over keys held here, at now's reading (no-Redis mode, Simulator, tests).
+type localDecider struct {
+	store *memStore
+	now   func() time.Time
+}
+
+func newLocalDecider(now func() time.Time) *localDecider {
+	return &localDecider{store: newMemStore(), now: now}
+}
+
+func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict, errs []error) error {
+	now := d.now().UnixMicro()
+	for i, q := range reqs {
+		out[i], errs[i] = d.at(q, now), nil
+	}
+	return nil
+}
+
+// one decides a single request without allocating a batch.
+func (d *localDecider) one(q request) verdict { return d.at(q, d.now().UnixMicro()) }
+
+// at decides q at now (µs) rather than the decider's clock: the Simulator
+// replays a log's times.
+func (d *localDecider) at(q request, now int64) verdict {
+	return d.store.decide(q.key, q.pl, now, q.in)
+}
 
 // memShards spreads keys over separately locked maps, so keys rarely contend.
 const memShards = 32
