@@ -53,14 +53,18 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 	default:
 		err := ErrUnavailable
 		if !l.breaker.isOpen() {
+			var reply string
 			sd := l.reg.seeding(pl)
 			// Coarse records too: another replica's blocks may be in force.
 			cp := pl
 			if pl.blk != nil {
 				cp = pl.blk
 			}
-			q := request{key: key, pl: pl, cp: cp, in: input{peek: true, lease: noLease, seed: sd}}
-			err = l.batch.do(ctx, q, l.opts.Timeout, &v)
+			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, cp))
+			d := decision{keys: keys, pl: cp, nums: scriptNums(pl, input{peek: true, lease: noLease, seed: sd})}
+			if reply, err = l.batch.do(ctx, d, l.opts.Timeout); err == nil {
+				err = decodeInto(pl, reply, &v)
+			}
 		}
 		if err != nil {
 			if l.opts.FailureMode == FailClosed {

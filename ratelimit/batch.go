@@ -7,9 +7,12 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // errTimeout is a round trip that did not complete within Options.Timeout.
@@ -20,10 +23,11 @@ var errOverloaded = errors.New("ratelimit: too many decisions waiting for redis"
 
 // call is one decision waiting for its pipeline.
 type call struct {
-	req  request
-	v    verdict
-	err  error
-	done chan struct{}
+	decision
+	slot  int // the key's Redis Cluster slot (0 outside a cluster)
+	reply string
+	err   error
+	done  chan struct{}
 	// queued is when the decision joined the queue.
 	queued time.Time
 	// timer bounds the caller's wait; pooled, so as not to allocate.
@@ -39,9 +43,10 @@ var callPool = sync.Pool{New: func() any {
 // batcher: each free worker sends what is queued (up to maxBatch) in one
 // round trip, so batches grow with load and add no delay when idle.
 type batcher struct {
-	dec     decider
+	dec     *redisDecider
 	queue   chan *call
 	timeout time.Duration
+	cluster bool
 	observe func(time.Duration, error)
 	// waited hears how long each decision of a pipeline waited for it.
 	waited func(time.Duration)
@@ -61,27 +66,31 @@ const (
 	queueSize = 8192
 )
 
-func newBatcher(dec decider, timeout, hold time.Duration, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
+func newBatcher(dec *redisDecider, timeout, hold time.Duration, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
+	_, cluster := dec.rdb.(*redis.ClusterClient)
 	if hold < 0 {
 		hold = 0
 	}
-	b := &batcher{dec: dec, queue: make(chan *call, queueSize), timeout: timeout, hold: hold, full: make(chan struct{}, 1), observe: observe, waited: waited}
+	b := &batcher{dec: dec, queue: make(chan *call, queueSize), timeout: timeout, hold: hold, full: make(chan struct{}, 1), cluster: cluster, observe: observe, waited: waited}
 	ch := make(chan struct{})
 	b.ended.Store(&ch)
 	return b
 }
 
-// do decides q into v, waiting at most wait for the decider.
-func (b *batcher) do(ctx context.Context, q request, wait time.Duration, v *verdict) error {
+// do makes decision d and waits at most wait for the script's reply.
+func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (string, error) {
 	c := callPool.Get().(*call)
-	c.req = q
+	c.decision = d
+	if b.cluster {
+		c.slot = keySlot(d.keys[0])
+	}
 	c.queued = time.Now()
 	select {
 	case b.queue <- c:
 	default:
-		c.req = request{}
+		c.decision = decision{}
 		callPool.Put(c)
-		return errOverloaded
+		return "", errOverloaded
 	}
 	if b.hold > 0 && len(b.queue) >= scriptBatch-1 {
 		select {
@@ -93,19 +102,16 @@ func (b *batcher) do(ctx context.Context, q request, wait time.Duration, v *verd
 	select {
 	case <-c.done:
 		c.timer.Stop()
-		err := c.err
-		if err == nil {
-			*v = c.v
-		}
+		reply, err := c.reply, c.err
 		*c = call{done: c.done, timer: c.timer}
 		callPool.Put(c)
-		return err
+		return reply, err
 	case <-c.timer.C:
 		// The worker still owns c and will signal it later; c is not reused.
-		return errTimeout
+		return "", errTimeout
 	case <-ctx.Done():
 		c.timer.Stop()
-		return ctx.Err()
+		return "", ctx.Err()
 	}
 }
 
@@ -185,22 +191,40 @@ func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *t
 	}
 }
 
-// exec decides batch in one round trip and answers every call.
+// exec sends batch as one pipeline of script calls and answers every call.
 func (b *batcher) exec(ctx context.Context, batch []*call) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	start := time.Now()
-	reqs := make([]request, len(batch))
-	for i, c := range batch {
-		b.waited(start.Sub(c.queued))
-		reqs[i] = c.req
+	if b.cluster {
+		// One slot per call; stable, so one key's decisions keep their order.
+		slices.SortStableFunc(batch, func(x, y *call) int { return x.slot - y.slot })
 	}
-	out, errs := make([]verdict, len(batch)), make([]error, len(batch))
-	err := b.dec.decide(ctx, reqs, out, errs)
+	groups := scriptCalls(len(batch), func(i int) int { return batch[i].slot })
+	start := time.Now()
+	for _, c := range batch {
+		b.waited(start.Sub(c.queued))
+	}
+	cmds := make([]*redis.StringSliceCmd, len(groups))
+	ds := make([]decision, 0, len(batch))
+	fin := b.dec.fin()
+	for i, g := range groups {
+		ds = ds[:0]
+		for _, c := range batch[g.from:g.to] {
+			ds = append(ds, c.decision)
+		}
+		cmds[i] = b.dec.call(ctx, ds, fin)
+	}
+	err := b.dec.send(ctx, cmds)
 	b.observe(time.Since(start), err)
-	for i, c := range batch {
-		c.v, c.err = out[i], errs[i]
-		c.done <- struct{}{}
+	for i, g := range groups {
+		rs, err := g.replies(cmds[i])
+		for j, c := range batch[g.from:g.to] {
+			if err == nil {
+				c.reply = rs[j]
+			}
+			c.err = err
+			c.done <- struct{}{}
+		}
 	}
 }
 

@@ -75,7 +75,7 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 					in  input
 				}
 				var as []asked
-				var ds []request
+				var ds []decision
 				for range 1 + rng.IntN(150) {
 					// Each key keeps its plan: the reference would start a
 					// key's new periods from its others (seeding, which
@@ -91,15 +91,14 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 						in.peek = true
 					}
 					as = append(as, asked{key, pl, in})
-					ds = append(ds, request{key: key, pl: pl, in: in})
+					ds = append(ds, decision{keys: stateKeys(prefix, key, pl), pl: pl, nums: scriptNums(pl, in)})
 				}
 				before := cmds.scripts.Load()
-				rd := &redisDecider{rdb: rdb, prefix: prefix, sc: decisionScript(), log: discardLogger}
-				rd.noFunctions.Store(backend == "miniredis")
-				b := &batcher{dec: rd, timeout: 5 * time.Second, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
+				b := &batcher{dec: &redisDecider{rdb: rdb, sc: decisionScript(), log: discardLogger}, timeout: 5 * time.Second, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
+				b.dec.noFunctions.Store(backend == "miniredis")
 				calls := make([]*call, len(ds))
 				for i := range ds {
-					calls[i] = &call{req: ds[i], done: make(chan struct{}, 1)}
+					calls[i] = &call{decision: ds[i], done: make(chan struct{}, 1)}
 				}
 				b.exec(context.Background(), calls)
 				if got, want := cmds.scripts.Load()-before, int64((len(ds)+scriptBatch-1)/scriptBatch); got != want {
@@ -111,7 +110,10 @@ func TestBatchDecidesManyKeysInOneCall(t *testing.T) {
 					if c.err != nil {
 						t.Fatalf("round %d decision %d: %v", round, i, c.err)
 					}
-					got := c.v
+					got, err := decode(as[i].pl, c.reply)
+					if err != nil {
+						t.Fatal(err)
+					}
 					if i%scriptBatch == 0 {
 						at = got.now
 					}
@@ -298,8 +300,8 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 	before := calls("evalsha") + calls("eval")
 	decide(l2, "b", 99)
 	decide(l2, "b", 98)
-	if !l2.remote.noFunctions.Load() || calls("evalsha")+calls("eval") < before+2 || strings.Count(logs2.String(), "no Functions") != 1 {
-		t.Fatalf("without Functions: noFunctions %v, scripts %d, logs:\n%s", l2.remote.noFunctions.Load(), calls("evalsha")+calls("eval")-before, logs2)
+	if !l2.batch.dec.noFunctions.Load() || calls("evalsha")+calls("eval") < before+2 || strings.Count(logs2.String(), "no Functions") != 1 {
+		t.Fatalf("without Functions: noFunctions %v, scripts %d, logs:\n%s", l2.batch.dec.noFunctions.Load(), calls("evalsha")+calls("eval")-before, logs2)
 	}
 
 	// miniredis has no Functions at all.
@@ -309,7 +311,7 @@ func TestFunctionsLoadedAndFallback(t *testing.T) {
 			t.Fatalf("on miniredis: %+v", d)
 		}
 	}
-	if !f.l.remote.noFunctions.Load() {
+	if !f.l.batch.dec.noFunctions.Load() {
 		t.Fatal("miniredis: Functions still on")
 	}
 }
@@ -473,18 +475,18 @@ func TestBatchAnswersEveryDecisionOfAMalformedReply(t *testing.T) {
 			t.Parallel()
 			_, rdb := newMini(t, time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC))
 			sum := sha1.Sum([]byte(c.src))
-			rd := &redisDecider{rdb: rdb, prefix: "p:", sc: script{src: c.src, sha: hex.EncodeToString(sum[:])}, log: discardLogger}
-			rd.noFunctions.Store(true)
-			b := &batcher{dec: rd, timeout: 5 * time.Second, observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
+			b := &batcher{dec: &redisDecider{rdb: rdb, sc: script{src: c.src, sha: hex.EncodeToString(sum[:])}, log: discardLogger}, timeout: 5 * time.Second,
+				observe: func(time.Duration, error) {}, waited: func(time.Duration) {}}
+			b.dec.noFunctions.Store(true)
 			calls := make([]*call, 2)
 			for i := range calls {
-				calls[i] = &call{req: request{key: fmt.Sprint("k", i), pl: pl, in: input{lease: noLease}}, done: make(chan struct{}, 1)}
+				calls[i] = &call{decision: decision{keys: stateKeys("p:", fmt.Sprint("k", i), pl), pl: pl}, done: make(chan struct{}, 1)}
 			}
 			b.exec(context.Background(), calls)
 			for i, cl := range calls {
 				<-cl.done
 				if cl.err == nil || !strings.Contains(cl.err.Error(), c.want) {
-					t.Fatalf("decision %d: verdict %+v, error %v; want an error saying %q", i, cl.v, cl.err, c.want)
+					t.Fatalf("decision %d: reply %q, error %v; want an error saying %q", i, cl.reply, cl.err, c.want)
 				}
 			}
 		})

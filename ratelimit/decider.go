@@ -16,13 +16,9 @@ import "context"
 //
 // redisDecider decides in Redis for every replica; localDecider runs the
 // same algorithm (state.go) in process, without Redis and in tests.
-//
-// The limiter's batcher (batch.go) sends every round trip through decide.
 type decider interface {
-	// decide decides reqs into out in order. errs[i] is request i's own
-	// error, nil when out[i] was decided; the error returned is the
-	// decider's (Redis failed or timed out), which the breaker hears.
-	decide(ctx context.Context, reqs []request, out []verdict, errs []error) error
+	// decide decides reqs into out in order; on an error, out holds those made.
+	decide(ctx context.Context, reqs []request, out []verdict) error
 }
 
 // request is one decision asked of a decider: key under pl, asking in.
@@ -30,9 +26,4 @@ type request struct {
 	key string
 	pl  *plan
 	in  input
-	// cp is the plan whose records the call reads, pl with coarse records
-	// when blocks are in force (replicas.callPlan); nil: pl. names are
-	// key's record names under it when the caller keeps them (lease.go).
-	cp    *plan
-	names []string
 }

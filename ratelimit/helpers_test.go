@@ -301,17 +301,19 @@ func olderBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, 
 // be finalized do (olderBatch), on the records r names.
 type olderDecider struct{ r *redisDecider }
 
-func (o olderDecider) decide(ctx context.Context, reqs []request, out []verdict, errs []error) error {
+func (o olderDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
 	ds := make([]decision, len(reqs))
-	for i := range reqs {
-		ds[i] = o.r.pack(&reqs[i])
+	for i, q := range reqs {
+		ds[i] = o.r.pack(q.key, q.pl, q.in, nil)
 	}
 	replies, err := olderBatch(ctx, o.r.rdb, ds)
 	if err != nil {
 		return err
 	}
 	for i := range ds {
-		out[i], errs[i] = decode(reqs[i].pl, replies[i])
+		if out[i], err = decode(ds[i].pl, replies[i]); err != nil {
+			return err
+		}
 	}
 	return nil
 }

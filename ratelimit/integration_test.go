@@ -370,7 +370,7 @@ func TestIntegrationCluster(t *testing.T) {
 			t.Errorf("node %d: libraries %v %v, want the decision library", i, libs, err)
 		}
 	}
-	if l.remote.noFunctions.Load() {
+	if l.batch.dec.noFunctions.Load() {
 		t.Error("Functions turned off on a Redis 7 cluster")
 	}
 	// Give-backs across the masters, in one batch, two a key: a call a

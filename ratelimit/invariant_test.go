@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -410,12 +409,7 @@ func (d *invariantDriver) decide(reqs []request) []verdict {
 			dec = r
 		}
 	}
-	errs := make([]error, len(reqs))
-	err := dec.decide(context.Background(), reqs, out, errs)
-	if err == nil {
-		err = errors.Join(errs...)
-	}
-	if err != nil {
+	if err := dec.decide(context.Background(), reqs, out); err != nil {
 		d.t.Fatalf("%s: decide: %v", d.describe(), err)
 	}
 	return out

@@ -21,20 +21,19 @@ import (
 // Limiter decides whether requests for a key are within its Policy, with
 // counts shared through Redis or, without a client, kept in this process.
 type Limiter struct {
-	rdb    redis.UniversalClient
-	opts   Options
-	hooks  hooks
-	log    *slog.Logger
-	met    *metrics
-	plans  planCache
-	local  *localDecider // the decider without Redis
-	fb     *fallback     // decisions without Redis when it has one
-	cache  *rejectCache
-	lease  *leaseTable // nil when leasing is off
-	back   *giveBacks  // what leases leave unspent, sent back; nil when leasing is off
-	batch  *batcher
-	remote *redisDecider // the batcher's decider; nil without Redis
-	now    func() time.Time
+	rdb   redis.UniversalClient
+	opts  Options
+	hooks hooks
+	log   *slog.Logger
+	met   *metrics
+	plans planCache
+	local *localDecider // the decider without Redis
+	fb    *fallback     // decisions without Redis when it has one
+	cache *rejectCache
+	lease *leaseTable // nil when leasing is off
+	back  *giveBacks  // what leases leave unspent, sent back; nil when leasing is off
+	batch *batcher
+	now   func() time.Time
 
 	breaker  *breaker
 	replicas *replicas
@@ -109,9 +108,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 		kick:      make(chan struct{}, 1),
 	}
 	// Round trips are timed from the send: time queued is no Redis failure.
-	l.remote = newRedisDecider(client, opts.Prefix, opts.Logger)
-	l.remote.finalized = l.replicas.finalized
-	l.batch = newBatcher(l.remote, opts.Timeout, opts.PipelineHold, func(d time.Duration, err error) {
+	l.batch = newBatcher(newRedisDecider(client, opts.Prefix, opts.Logger), opts.Timeout, opts.PipelineHold, func(d time.Duration, err error) {
 		met.observeRedis(d, err)
 		if err != nil {
 			l.breaker.failed(err)
@@ -119,6 +116,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 			l.breaker.succeeded()
 		}
 	}, func(d time.Duration) { met.queueWait.Observe(d.Seconds()) })
+	l.batch.dec.finalized = l.replicas.finalized
 	for range opts.Pipelines {
 		l.goBackground(ctx, l.batch.run)
 	}
@@ -144,7 +142,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 		if err := client.ScriptLoad(lctx, decideLua).Err(); err != nil && ctx.Err() == nil {
 			l.log.Warn("ratelimit: cannot load the decision script yet", "err", err)
 		}
-		_ = l.remote.loadFunction(lctx)
+		_ = l.batch.dec.loadFunction(lctx)
 	})
 	return l, nil
 }
@@ -308,12 +306,19 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		// Blocks went out of force since the caller looked.
 		blk = nil
 	}
-	q := request{key: key, pl: pl, cp: cp, names: names,
-		in: input{extra: extra, add: add, lease: ask, seed: sd, block: blk}}
-	err := l.batch.do(ctx, q, budget, v)
+	// Names from before blocks came or went are another plan's; keyCount tells.
+	if names == nil || len(names) != cp.keyCount() {
+		names = stateKeys(l.opts.Prefix, key, cp)
+	}
+	dec := decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: cp,
+		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, block: blk})}
+	reply, err := l.batch.do(ctx, dec, budget)
 	if err != nil && l.sendAgain(ctx, err) {
 		l.met.sentAgain.Inc()
-		err = l.batch.do(ctx, q, l.opts.Timeout, v)
+		reply, err = l.batch.do(ctx, dec, l.opts.Timeout)
+	}
+	if err == nil {
+		err = decodeInto(pl, reply, v)
 	}
 	if err != nil {
 		*v = verdict{}

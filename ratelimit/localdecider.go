@@ -18,10 +18,10 @@ func newLocalDecider(now func() time.Time) *localDecider {
 	return &localDecider{store: newMemStore(), now: now}
 }
 
-func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict, errs []error) error {
+func (d *localDecider) decide(_ context.Context, reqs []request, out []verdict) error {
 	now := d.now().UnixMicro()
 	for i, q := range reqs {
-		out[i], errs[i] = d.at(q, now), nil
+		out[i] = d.at(q, now)
 	}
 	return nil
 }

@@ -16,7 +16,7 @@ import (
 // promise, deciding a batch atomically at one reading of Redis's clock. This
 // file only packs requests into calls (one Cluster slot, at most scriptBatch
 // each), pipelines them, loads the code when Redis lacks it, and decodes
-// replies.
+// replies; the limiter packs and decodes on the requests' own goroutines.
 type redisDecider struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -32,18 +32,12 @@ func newRedisDecider(rdb redis.UniversalClient, prefix string, log *slog.Logger)
 	return &redisDecider{rdb: rdb, prefix: prefix, sc: decisionScript(), log: log}
 }
 
-// pack packs q's call: its records under q.cp (names kept by the caller
-// when they are still that plan's), its numbers under q.pl.
-func (r *redisDecider) pack(q *request) decision {
-	cp := q.cp
-	if cp == nil {
-		cp = q.pl
+// pack packs key's decision; names are stateKeys under pl, or nil.
+func (r *redisDecider) pack(key string, pl *plan, in input, names []string) decision {
+	if names == nil {
+		names = stateKeys(r.prefix, key, pl)
 	}
-	names := q.names
-	if len(names) != cp.keyCount() {
-		names = stateKeys(r.prefix, q.key, cp)
-	}
-	return decision{keys: seedKeys(r.prefix, q.key, q.in.seed, names), pl: cp, nums: scriptNums(q.pl, q.in)}
+	return decision{keys: seedKeys(r.prefix, key, in.seed, names), pl: pl, nums: scriptNums(pl, in)}
 }
 
 // fin is the finalize argument for the calls about to be sent.
@@ -75,31 +69,21 @@ func (r *redisDecider) send(ctx context.Context, cmds []*redis.StringSliceCmd) e
 	return nil
 }
 
-// decide sends reqs as one pipeline of script calls, each of one Redis
-// Cluster slot (a stable sort by slot keeps one key's decisions in order)
-// and at most scriptBatch decisions, and decodes each reply under its
-// request's plan.
-func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict, errs []error) error {
+// decide decides reqs in order into out. A failed decision fails the
+// batch; the others' verdicts stand.
+func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
 	ds := make([]decision, len(reqs))
-	order := make([]int, len(reqs))
-	for i := range reqs {
-		ds[i], order[i] = r.pack(&reqs[i]), i
+	for i, q := range reqs {
+		ds[i] = r.pack(q.key, q.pl, q.in, nil)
 	}
-	slot := func(i int) int { return 0 }
-	if _, cluster := r.rdb.(*redis.ClusterClient); cluster {
-		slots := make([]int, len(ds))
-		for i := range ds {
-			slots[i] = keySlot(ds[i].keys[0])
-		}
-		slices.SortStableFunc(order, func(x, y int) int { return slots[x] - slots[y] })
-		sorted := make([]decision, len(ds))
-		for j, i := range order {
-			sorted[j] = ds[i]
-		}
-		ds, slot = sorted, func(j int) int { return slots[order[j]] }
-	}
-	calls := scriptCalls(len(ds), slot)
 	fin := r.fin()
+	_, cluster := r.rdb.(*redis.ClusterClient)
+	calls := scriptCalls(len(ds), func(i int) int {
+		if !cluster {
+			return 0
+		}
+		return keySlot(ds[i].keys[0])
+	})
 	cmds := make([]*redis.StringSliceCmd, len(calls))
 	for k, c := range calls {
 		cmds[k] = r.call(ctx, ds[c.from:c.to], fin)
@@ -107,11 +91,13 @@ func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict
 	err := r.send(ctx, cmds)
 	for k, c := range calls {
 		rs, cerr := c.replies(cmds[k])
-		for j := c.from; j < c.to; j++ {
-			i := order[j]
-			out[i], errs[i] = verdict{}, cerr
-			if cerr == nil {
-				errs[i] = decodeInto(reqs[i].pl, rs[j-c.from], &out[i])
+		if cerr != nil {
+			err = cerr
+			continue
+		}
+		for j, s := range rs {
+			if derr := decodeInto(ds[c.from+j].pl, s, &out[c.from+j]); derr != nil && err == nil {
+				err = derr
 			}
 		}
 	}
@@ -370,21 +356,14 @@ func (pl *plan) shortReply(n int) (short, banFields bool) {
 	return false, false
 }
 
-// replyError is a reply Redis gave that decides nothing: a redis.Error, so
-// that it is not sent again (sendAgain).
-type replyError string
-
-func (e replyError) Error() string { return string(e) }
-func (replyError) RedisError()     {}
-
 // decodeInto decodes reply s under pl into out, unchanged on an error.
 func decodeInto(pl *plan, s string, out *verdict) error {
 	if strings.HasPrefix(s, "E") {
-		return replyError("ratelimit: script: " + s[1:])
+		return fmt.Errorf("ratelimit: script: %s", s[1:])
 	}
 	short, banFields := pl.shortReply(len(s))
 	if !short && len(s) != 8*pl.replyFields() {
-		return replyError(fmt.Sprintf("ratelimit: unexpected script reply (%d bytes)", len(s)))
+		return fmt.Errorf("ratelimit: unexpected script reply (%d bytes)", len(s))
 	}
 	at := 0
 	next := func() int64 {
