@@ -56,10 +56,7 @@ func (l *Limiter) Usage(ctx context.Context, key string, p Policy) (Usage, error
 			var reply string
 			sd := l.reg.seeding(pl)
 			// Coarse records too: another replica's blocks may be in force.
-			cp := pl
-			if pl.blk != nil {
-				cp = pl.blk
-			}
+			cp := l.replicas.callPlan(pl, true)
 			keys := seedKeys(l.opts.Prefix, key, sd, stateKeys(l.opts.Prefix, key, cp))
 			d := decision{keys: keys, pl: cp, nums: scriptNums(pl, input{peek: true, lease: noLease, seed: sd})}
 			if reply, err = l.batch.do(ctx, d, l.opts.Timeout); err == nil {
