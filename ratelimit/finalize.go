@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,6 +44,16 @@ const (
 	blocksMarkSuffix   = "{replicas}:finalized2"
 )
 
+// Compact level (format.go): an older release cannot read a compact window
+// record. Replicas also beat in :final3; new window records are written
+// compact while this mark is in force (with the records level's), and read in
+// either form always. Unfinalize writes them back as full rings (expandAll)
+// once no replica writes them, so that an older release can read every one.
+const (
+	compactCensusSuffix = "{replicas}:final3"
+	compactMarkSuffix   = "{replicas}:finalized3"
+)
+
 // The marks and the hold outlive a lost dataset (Redis restarted empty,
 // flushed, failed over): finalizing is the operator's word that no older
 // release runs, and a lost dataset does not start one. A heartbeat that finds a
@@ -59,7 +70,7 @@ const holdSuffix = "{replicas}:hold"
 
 // heldMarks is what the last heartbeat found: marks in force, token and hold.
 type heldMarks struct {
-	mark, mark2, dataset, hold string
+	mark, mark2, mark3, dataset, hold string
 }
 
 // finalizeDue reports whether to finalize by itself at Redis time now (µs): no
@@ -193,7 +204,7 @@ func (r *replicas) finalized() any {
 // after its last beat), so epochs begun before it keep per-move expiries. What
 // older replicas write before being counted may let a window overshoot, for up
 // to a period.
-func (r *replicas) observeFinal(mark, older, now int64, at time.Time) {
+func (r *replicas) observeFinal(mark, older, now int64, at time.Time, compact bool) {
 	r.met.olderReplicas.Set(float64(older))
 	r.met.finalizeMark.Set(boolGauge(mark > 0))
 	if older > 0 {
@@ -202,12 +213,18 @@ func (r *replicas) observeFinal(mark, older, now int64, at time.Time) {
 		r.clear.Store(now)
 	}
 	if mark > 0 && older == 0 {
-		fin := max(mark, r.clear.Load())
-		r.fin.Store(&finState{arg: strconv.FormatInt(fin, 10), until: at.Add(heartbeatTTL).UnixNano()})
+		arg := strconv.FormatInt(max(mark, r.clear.Load()), 10)
+		if compact {
+			// The script reads a trailing "c" as the compact level (run.lua).
+			arg += "c"
+		}
+		r.fin.Store(&finState{arg: arg, until: at.Add(heartbeatTTL).UnixNano()})
+		r.met.compactRecords.Set(boolGauge(compact))
 		r.met.finalized.Set(1)
 	} else {
 		r.fin.Store(nil)
 		r.met.finalized.Set(0)
+		r.met.compactRecords.Set(0)
 	}
 	if mark > 0 && older > 0 && r.warnedOlder.CompareAndSwap(false, true) && r.log != nil {
 		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: expiries are set on every head move again; run 'petstore limits finalize --undo' before rolling back",
@@ -231,6 +248,7 @@ func (r *replicas) forget() {
 	r.clear.Store(0)
 	r.allClear.Store(0)
 	r.met.finalized.Set(0)
+	r.met.compactRecords.Set(0)
 	// Blocks granted meanwhile may still be spent elsewhere.
 	if old := r.blk.Load(); old != nil {
 		r.blk.Store(&blockView{readUntil: old.readUntil})
@@ -240,10 +258,10 @@ func (r *replicas) forget() {
 
 // finalizeScript (lua/finalize.lua) drops census members silent for ARGV[1] ms
 // and, if no older replica (in KEYS[1], not KEYS[2]) is live, sets the marks
-// KEYS[3] (records) and KEYS[4] (blocks) where unset to the server's µs.
-// ARGV[2] "auto" is refused while the hold KEYS[5] is set; an operator's run
-// lifts it. Reply: records mark (0: refused), older count, both set already,
-// blocks mark, refused by the hold.
+// KEYS[3] (records), KEYS[4] (blocks) and KEYS[6] (compact) where unset to
+// the server's µs. ARGV[2] "auto" is refused while the hold KEYS[5] is set; an
+// operator's run lifts it. Reply: records mark (0: refused), older count, all
+// set already, blocks mark, refused by the hold, compact mark.
 var finalizeScript = redis.NewScript(finalizeLua)
 
 //go:embed lua/finalize.lua
@@ -255,8 +273,8 @@ func runFinalize(ctx context.Context, r *replicas, auto bool) ([]int64, error) {
 	if auto {
 		mode = "auto"
 	}
-	res, err := finalizeScript.Run(ctx, r.rdb, []string{r.key, r.final2, r.mark, r.mark2, r.hold}, heartbeatTTL.Milliseconds(), mode).Int64Slice()
-	if err == nil && len(res) != 5 {
+	res, err := finalizeScript.Run(ctx, r.rdb, []string{r.key, r.final3, r.mark, r.mark2, r.hold, r.mark3}, heartbeatTTL.Milliseconds(), mode).Int64Slice()
+	if err == nil && len(res) != 6 {
 		err = fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
 	}
 	return res, err
@@ -299,12 +317,13 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 		return errNoRedis
 	}
 	r := l.replicas
-	keys := []string{r.mark, r.mark2}
+	keys := []string{r.mark, r.mark2, r.mark3}
 	tctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	pipe := l.rdb.TxPipeline()
 	pipe.SetNX(tctx, r.hold, holdValue(), 0)
 	mark := pipe.Get(tctx, r.mark)
 	mark2 := pipe.Get(tctx, r.mark2)
+	mark3 := pipe.Get(tctx, r.mark3)
 	del := pipe.Del(tctx, keys...)
 	_, _ = pipe.Exec(tctx)
 	cancel()
@@ -318,7 +337,10 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 	}
 	tctx, cancel = context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	return unmarkScript.Run(tctx, l.rdb, keys, mark.Val(), mark2.Val()).Err()
+	if err := unmarkScript.Run(tctx, l.rdb, keys, mark.Val(), mark2.Val(), mark3.Val()).Err(); err != nil {
+		return err
+	}
+	return l.expandAll(ctx)
 }
 
 // Hold holds finalizing back (hold true) until an operator finalizes or lifts
@@ -350,8 +372,9 @@ const Unfinalizing = 2*heartbeatTTL + blockLife
 
 // FinalizeStatus is what the census and the mark say now.
 type FinalizeStatus struct {
-	// Finalized, Blocks and Held are when the marks and the hold were set.
-	Finalized, Blocks, Held time.Time
+	// Finalized, Blocks, Compact and Held are when the marks and the hold
+	// were set.
+	Finalized, Blocks, Compact, Held time.Time
 	// Replicas counts the live replicas, Older those of an older release.
 	Replicas, Older int64
 }
@@ -372,9 +395,10 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	pipe := l.rdb.Pipeline()
 	r := l.replicas
 	all := pipe.ZCount(ctx, r.key, from, "+inf")
-	final := pipe.ZCount(ctx, r.final2, from, "+inf")
+	final := pipe.ZCount(ctx, r.final3, from, "+inf")
 	mark := pipe.Get(ctx, r.mark)
 	mark2 := pipe.Get(ctx, r.mark2)
+	mark3 := pipe.Get(ctx, r.mark3)
 	hold := pipe.Get(ctx, r.hold)
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return st, err
@@ -387,8 +411,72 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	if us, err := strconv.ParseInt(mark2.Val(), 10, 64); err == nil && us > 0 {
 		st.Blocks = time.UnixMicro(us)
 	}
+	if us, err := strconv.ParseInt(mark3.Val(), 10, 64); err == nil && us > 0 {
+		st.Compact = time.UnixMicro(us)
+	}
 	if us, err := strconv.ParseInt(hold.Val(), 10, 64); err == nil && us > 0 {
 		st.Held = time.UnixMicro(us)
 	}
 	return st, nil
+}
+
+// expandScript (lua/expand.lua, after the decision code's codec.lua and
+// ring.lua) writes a compact window record back as a full ring.
+var expandScript = redis.NewScript(codecLua + ringLua + expandLua)
+
+//go:embed lua/expand.lua
+var expandLua string
+
+// expandAll writes every compact window record under the prefix back as a
+// full ring, on every primary, so that an older release can read them all.
+// Unfinalize calls it once no replica writes them; it is safe beside
+// decisions (a record is rewritten whole, in one script).
+func (l *Limiter) expandAll(ctx context.Context) error {
+	match := globEscape(l.opts.Prefix) + "{*}:w:*"
+	each := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, match, 1000).Iterator()
+		var batch []string
+		flush := func() error {
+			pipe := c.Pipeline()
+			for _, k := range batch {
+				expandScript.Run(ctx, pipe, []string{k})
+			}
+			_, err := pipe.Exec(ctx)
+			batch = batch[:0]
+			return err
+		}
+		for iter.Next(ctx) {
+			if batch = append(batch, iter.Val()); len(batch) == 500 {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		return flush()
+	}
+	if err := expandScript.Load(ctx, l.rdb).Err(); err != nil {
+		return err
+	}
+	switch c := l.rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, each)
+	case *redis.Client:
+		return each(ctx, c)
+	}
+	return fmt.Errorf("ratelimit: cannot scan a %T for compact records", l.rdb)
+}
+
+// globEscape escapes SCAN MATCH's special characters in s.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

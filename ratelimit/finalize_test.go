@@ -77,7 +77,8 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	inForce(false, "finalized, before a heartbeat read it")
 	beat()
 	inForce(true, "finalized, read by a heartbeat")
-	if got, want := l.replicas.finalized(), strconv.FormatInt(at.UnixMicro(), 10); got != want {
+	// (Compact records too: no replica lacks the compact level.)
+	if got, want := l.replicas.finalized(), strconv.FormatInt(at.UnixMicro(), 10)+"c"; got != want {
 		t.Fatalf("the script's argument %v, want %v", got, want)
 	}
 	if st, err := l.Finalization(ctx); err != nil || !st.Finalized.Equal(at) || st.Older != 0 {
@@ -107,7 +108,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	// Epochs that began before this heartbeat, the first to count no
 	// older replica, may hold the older replica's writes: the script is
 	// passed its time, not the mark's.
-	if got, want := l.replicas.finalized(), strconv.FormatInt(f.clk.Now().UnixMicro(), 10); got != want {
+	if got, want := l.replicas.finalized(), strconv.FormatInt(f.clk.Now().UnixMicro(), 10)+"c"; got != want {
 		t.Fatalf("after the older replica left, the script's argument %v, want %v (the heartbeat's time)", got, want)
 	}
 
@@ -504,5 +505,113 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	}
 	if got := marks(); got != [2]string{} {
 		t.Fatalf("Unfinalize left the restored marks %q", got)
+	}
+}
+
+// TestCompactRecordsComeWithTheirLevel: beside a replica of the release
+// before (which finalized records and blocks but cannot read a compact
+// record), records are finalized but written as full rings, and finalizing
+// is refused; once it is gone, finalizing sets the compact mark and new
+// window records are compact. A rollback begun without undoing it writes
+// full rings again at the next heartbeat; Unfinalize writes every compact
+// record back as a full ring, keeping its counts and expiry.
+func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	l, ctx := f.l, context.Background()
+	beat := heartbeat(t, l)
+	compact := func(want bool, what string) {
+		t.Helper()
+		arg, _ := l.replicas.finalized().(string)
+		got := strings.HasSuffix(arg, "c")
+		if gauge := testenv.MetricValue(t, l.met.compactRecords); got != want || (gauge == 1) != want {
+			t.Fatalf("%s: compact records %v (argument %q, gauge %v), want %v", what, got, arg, gauge, want)
+		}
+	}
+	previous := func() {
+		t.Helper()
+		for _, census := range []string{"{replicas}", "{replicas}:final", "{replicas}:final2"} {
+			if err := f.rdb.ZAdd(ctx, l.opts.Prefix+census, redis.Z{Score: float64(f.clk.Now().UnixMilli()), Member: "previous"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// records reads the first byte and length of each of key's window records.
+	records := func(key string) map[string]string {
+		t.Helper()
+		out := map[string]string{}
+		for _, k := range f.rdb.Keys(ctx, l.opts.Prefix+"{"+key+"}:w:*").Val() {
+			out[k] = f.rdb.Get(ctx, k).Val()
+		}
+		if len(out) != 2 {
+			t.Fatalf("%s has %d window records, want 2", key, len(out))
+		}
+		return out
+	}
+	previous()
+	for _, mark := range []string{"{replicas}:finalized", "{replicas}:finalized2"} {
+		if err := f.rdb.Set(ctx, l.opts.Prefix+mark, f.clk.Now().Add(-time.Minute).UnixMicro(), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	beat()
+	if l.replicas.finalized() == notFinalized {
+		t.Fatal("records not finalized beside a replica that finalized them")
+	}
+	compact(false, "beside the release before")
+	var refused *OlderReplicasError
+	if _, _, err := l.Finalize(ctx); !errors.As(err, &refused) || refused.Count != 1 {
+		t.Fatalf("finalize beside the release before: %v", err)
+	}
+	f.allow(t, "full", coldPlan)
+	for k, rec := range records("full") {
+		if rec[0] != formatVersion {
+			t.Fatalf("%s written beside the release before has version %d", k, rec[0])
+		}
+	}
+
+	f.clk.Add(heartbeatTTL + time.Millisecond)
+	if _, already, err := l.Finalize(ctx); err != nil || already {
+		t.Fatalf("finalize once the release before is gone: already %v, %v", already, err)
+	}
+	if st, err := l.Finalization(ctx); err != nil || !st.Compact.Equal(f.clk.Now()) {
+		t.Fatalf("status %+v %v, want compact since %v", st, err, f.clk.Now())
+	}
+	beat()
+	compact(true, "finalized")
+	for range 3 {
+		f.allow(t, "small", coldPlan)
+		f.clk.Add(time.Second)
+	}
+	before := records("small")
+	ttls := map[string]time.Duration{}
+	for k, rec := range before {
+		if rec[0] != compactVersion || len(rec) > 1+ringHeader+2*compactEntryBytes {
+			t.Fatalf("%s of a key that sent 3 requests: version %d, %d bytes", k, rec[0], len(rec))
+		}
+		ttls[k] = f.rdb.PTTL(ctx, k).Val()
+	}
+
+	previous()
+	beat()
+	compact(false, "a rollback begun without undoing it")
+	f.clk.Add(heartbeatTTL + time.Millisecond)
+	beat()
+	compact(true, "the release before gone again")
+
+	if err := l.Unfinalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for k, rec := range records("small") {
+		vh, total, hc, ho := readRing(t, rec, windowRingAt)
+		if rec[0] != formatVersion || int64(len(rec)) != 1+ringSize(int64(len(rec)-1-ringHeader)/slotBytes-1) {
+			t.Fatalf("%s after Unfinalize: version %d, %d bytes", k, rec[0], len(rec))
+		}
+		if bh, btotal, bhc, bho := readRing(t, before[k], windowRingAt); vh != bh || total != btotal || hc != bhc || ho != bho || total != 3 {
+			t.Fatalf("%s after Unfinalize: head %d, total %d, head count %d, offset %d; before %d %d %d %d", k, vh, total, hc, ho, bh, btotal, bhc, bho)
+		}
+		if ttl := f.rdb.PTTL(ctx, k).Val(); ttl <= 0 || ttl > ttls[k] {
+			t.Fatalf("%s after Unfinalize expires in %v, before in %v", k, ttl, ttls[k])
+		}
 	}
 }

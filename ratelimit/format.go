@@ -83,6 +83,12 @@ const (
 
 	windowRingAt = 2 // 1-based position of the ring in a window record
 
+	// A compact window record: its version, an entry's size (bucket 8, count
+	// 4, offset 2) and the most entries before it becomes a full ring.
+	compactVersion    = 2
+	compactEntryBytes = 8 + countBytes + offsetBytes
+	compactMaxEntries = 24
+
 	banFixed  = 1 + 8 + 4 + 8 + 8 + 8 // version .. strike bucket width
 	banRingAt = banFixed + 1          // 1-based position of the strike ring
 

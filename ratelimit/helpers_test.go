@@ -267,8 +267,17 @@ func evalBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, e
 // evalBatchAt is evalBatch on a replica that finalized records at fin
 // (µs; 0: not finalized).
 func evalBatchAt(ctx context.Context, rdb redis.Scripter, ds []decision, fin int64) ([]any, error) {
+	return evalBatchArg(ctx, rdb, ds, strconv.FormatInt(fin, 10))
+}
+
+// evalBatchArg is evalBatch with arg as the finalize argument (ARGV[2]).
+func evalBatchArg(ctx context.Context, rdb redis.Scripter, ds []decision, arg string) ([]any, error) {
 	sc := decisionScript()
-	keys, args := batchCommandAt(ds, fin)
+	var keys []string
+	for i := range ds {
+		keys = append(keys, ds[i].keys...)
+	}
+	args := appendBatchArgs(nil, ds, arg)
 	reply, err := rdb.EvalSha(ctx, sc.sha, keys, args...).Result()
 	if isNoScript(err) {
 		reply, err = rdb.Eval(ctx, sc.src, keys, args...).Result()

@@ -256,16 +256,20 @@ type invariantDriver struct {
 	// and older whether replicas of the release before finalizing
 	// decide too, until then (finalize.go): a rolling upgrade, then the
 	// operator's step. Of the decisions after finAt, some are made by
-	// replicas that have not yet read the mark. calls counts the calls
-	// made finalized, not yet knowing it, and by the older release.
+	// replicas that have not yet read the mark. compact: of those made
+	// finalized, three in four write compact records (the compact level),
+	// in cases that never roll back (Unfinalize converts them back first:
+	// TestUnfinalizeExpandsCompactRecords). calls counts the calls made
+	// finalized, not yet knowing it, by the older release, and compact.
 	finAt      int64
+	compact    bool
 	finalizeAt int
 	older      bool
 	rollback   [2]int
 	rolledBack bool
 	clearAt    int64
 	tight      int
-	calls      [3]int
+	calls      [4]int
 }
 
 // finalizeCase draws how the case's replicas write records, over its
@@ -292,6 +296,7 @@ func (d *invariantDriver) finalizeCase(steps int) {
 		}
 	}
 	d.older = d.finAt == 0 && d.rng.IntN(2) == 0
+	d.compact = d.rollback[0] < 0 && d.rng.IntN(3) > 0
 }
 
 // stepTo is called before each step: the operator finalizes at step
@@ -390,13 +395,18 @@ func (d *invariantDriver) decide(reqs []request) []verdict {
 		} else if d.rng.IntN(4) == 0 {
 			fin = 0
 		}
+		arg := strconv.FormatInt(fin, 10)
 		if fin > 0 {
 			d.calls[0]++
+			if d.compact && d.rng.IntN(4) > 0 {
+				d.calls[3]++
+				arg += "c"
+			}
 		} else if fin == 0 {
 			d.calls[1]++
 		}
 		r := &redisDecider{rdb: d.rdb, prefix: d.prefix, sc: decisionScript(), log: discardLogger,
-			finalized: func() any { return strconv.FormatInt(fin, 10) }}
+			finalized: func() any { return arg }}
 		switch {
 		case fin < 0:
 			dec = olderDecider{r}
@@ -657,9 +667,15 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 		if len(h) < 9 {
 			continue // never written (refused since created, or not yet), or expired
 		}
-		// The ring, then (once a lease was granted on it) the lease cap.
-		if want := 1 + ringSize(r.n); h[0] != formatVersion || (lens[j].Val() != want && lens[j].Val() != want+leaseCapBytes) {
-			t.Fatalf("%s\nrecord %s has version %d and %d bytes, not %d and %d or %d", d.describe(), d.keys[i][1+j], h[0], lens[j].Val(), formatVersion, want, want+leaseCapBytes)
+		// The ring, then (once a lease was granted on it) the lease cap;
+		// or, a window record, compact: the ring's header and its entries.
+		size := lens[j].Val()
+		if j < len(pl.windows) && h[0] == compactVersion {
+			if e := size - 1 - ringHeader; e < 0 || e%compactEntryBytes != 0 || e/compactEntryBytes > compactMaxEntries {
+				t.Fatalf("%s\ncompact record %s has %d bytes: not a header and at most %d entries", d.describe(), d.keys[i][1+j], size, compactMaxEntries)
+			}
+		} else if want := 1 + ringSize(r.n); h[0] != formatVersion || (size != want && size != want+leaseCapBytes) {
+			t.Fatalf("%s\nrecord %s has version %d and %d bytes, not %d and %d or %d", d.describe(), d.keys[i][1+j], h[0], size, formatVersion, want, want+leaseCapBytes)
 		}
 		head := int64(binary.BigEndian.Uint64([]byte(h[1:])))
 		exp := exps[j].Val()
@@ -792,8 +808,8 @@ func TestInvariantWindowsAndRetryAfterMiniredis(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Logf("%s; calls %d finalized, %d not, %d by the release before", s, s.calls[0], s.calls[1], s.calls[2])
-	if !s.reachedAll(true) || s.calls[0] == 0 || s.calls[1] == 0 || s.calls[2] == 0 {
+	t.Logf("%s; calls %d finalized (%d compact), %d not, %d by the release before", s, s.calls[0], s.calls[3], s.calls[1], s.calls[2])
+	if !s.reachedAll(true) || s.calls[0] == 0 || s.calls[1] == 0 || s.calls[2] == 0 || s.calls[3] == 0 {
 		t.Fatalf("the generated traffic did not reach every outcome: %s, calls %v", s, s.calls)
 	}
 }
@@ -813,7 +829,8 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 	lib := loadPathLibrary(t, rdb)
 	var (
 		mu           sync.Mutex
-		total, calls [3]int
+		total        [3]int
+		calls        [4]int
 		honoured     int
 	)
 	for c := range cases {
@@ -849,15 +866,17 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 			defer mu.Unlock()
 			for i := range total {
 				total[i] += d.stats[i]
+			}
+			for i := range calls {
 				calls[i] += d.calls[i]
 			}
 		})
 	}
 	t.Cleanup(func() {
 		fast, general := lib.paths(t)
-		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After; %d by the fast path, %d by decide; calls %d finalized, %d not, %d by the release before",
-			total[0], total[1], total[2], honoured, fast, general, calls[0], calls[1], calls[2])
-		if fast == 0 || general == 0 || calls[0] == 0 || calls[1] == 0 || calls[2] == 0 {
+		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After; %d by the fast path, %d by decide; calls %d finalized (%d compact), %d not, %d by the release before",
+			total[0], total[1], total[2], honoured, fast, general, calls[0], calls[3], calls[1], calls[2])
+		if fast == 0 || general == 0 || calls[0] == 0 || calls[1] == 0 || calls[2] == 0 || calls[3] == 0 {
 			t.Errorf("the generated traffic left a path unchecked: fast %d, decide %d, calls %v", fast, general, calls)
 		}
 	})
@@ -887,7 +906,8 @@ func TestInvariantWindowsAndRetryAfterLocal(t *testing.T) {
 
 // invariantTally sums what a test's generated cases reached.
 type invariantTally struct {
-	total, calls           [3]int
+	total                  [3]int
+	calls                  [4]int
 	leases, honoured, bans int
 }
 
@@ -925,6 +945,8 @@ func playInvariantCases(t *testing.T, rng *rand.Rand, rdb *redis.Client, m *mini
 		}
 		for i := range s.total {
 			s.total[i] += d.stats[i]
+		}
+		for i := range s.calls {
 			s.calls[i] += d.calls[i]
 		}
 		s.leases, s.honoured, s.bans = s.leases+d.leases, s.honoured+d.honoured, s.bans+d.bans

@@ -34,6 +34,7 @@ type metrics struct {
 	finalizeHold    prometheus.Gauge
 	finalized       prometheus.Gauge
 	blocksInForce   prometheus.Gauge
+	compactRecords  prometheus.Gauge
 	trackedKeys     prometheus.Gauge
 	untracked       prometheus.Counter
 }
@@ -83,6 +84,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of a quarter of its period, not on every head move."),
 		blocksInForce: gauge("blocks_in_force",
 			"1 while this replica takes blocks of every window for slow keys and spends them in process ('petstore limits finalize' with no replica of an older release live)."),
+		compactRecords: gauge("records_compact",
+			"1 while this replica writes new window records compact, growing with their keys' activity ('petstore limits finalize' with no replica of an older release live)."),
 		trackedKeys: gauge("tracked_keys",
 			"Keys this replica tracks for leases and blocks after its last sweep (at most 65536)."),
 		untracked: counter("untracked_total",

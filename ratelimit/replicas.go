@@ -41,6 +41,8 @@ type replicas struct {
 	final2, mark2 string
 	blk           atomic.Pointer[blockView]
 	warnedBlocks  atomic.Bool
+	// Compact level: census and mark (its view is part of fin's).
+	final3, mark3 string
 	// The dataset token's key, and what to restore if it is lost (heldMarks).
 	dataset string
 	held    atomic.Pointer[heldMarks]
@@ -57,13 +59,15 @@ const (
 )
 
 // heartbeatScript (lua/heartbeat.lua) announces replica ARGV[1] in the census
-// KEYS[1] and the level censuses KEYS[2] (records) and KEYS[3] (blocks), drops
-// members silent for ARGV[2] ms, and returns the live count, the older count
-// per level, the marks KEYS[4] and KEYS[5], the server's µs, the dataset token
-// KEYS[6], whether it restored a mark, and the hold KEYS[7]. First, if the
-// token is not ARGV[5], the one last read, it restores where missing the marks
-// ARGV[3], ARGV[4] and the hold ARGV[7]; ARGV[6] is a fresh token. The release
-// before this one writes only KEYS[1] and KEYS[2], the one before that KEYS[1].
+// KEYS[1] and the level censuses KEYS[2] (records), KEYS[3] (blocks) and
+// KEYS[8] (compact), drops members silent for ARGV[2] ms, and returns the live
+// count, the older count of the first two levels, the marks KEYS[4] and
+// KEYS[5], the server's µs, the dataset token KEYS[6], whether it restored a
+// mark, the hold KEYS[7], then the compact level's older count and mark
+// KEYS[9]. First, if the token is not ARGV[5], the one last read, it restores
+// where missing the marks ARGV[3], ARGV[4], ARGV[8] and the hold ARGV[7];
+// ARGV[6] is a fresh token. The release before this one writes KEYS[1] to
+// KEYS[3], the one before that KEYS[1] and KEYS[2].
 var heartbeatScript = redis.NewScript(heartbeatLua)
 
 //go:embed lua/heartbeat.lua
@@ -80,6 +84,7 @@ func newReplicas(rdb redis.UniversalClient, prefix string, initial int, finalize
 	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: newToken(), met: met, log: log,
 		final: prefix + finalCensusSuffix, mark: prefix + finalMarkSuffix,
 		final2: prefix + blocksCensusSuffix, mark2: prefix + blocksMarkSuffix, dataset: prefix + datasetSuffix,
+		final3: prefix + compactCensusSuffix, mark3: prefix + compactMarkSuffix,
 		hold: prefix + holdSuffix, finalizeAfter: max(finalizeAfter, 0),
 		initial: int64(max(initial, 1)), started: time.Now()}
 	r.set(r.initial)
@@ -101,9 +106,9 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	if h == nil {
 		h = &heldMarks{}
 	}
-	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2, r.dataset, r.hold},
-		r.id, heartbeatTTL.Milliseconds(), h.mark, h.mark2, h.dataset, newToken(), h.hold).Slice()
-	if err == nil && len(res) != 9 {
+	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2, r.dataset, r.hold, r.final3, r.mark3},
+		r.id, heartbeatTTL.Milliseconds(), h.mark, h.mark2, h.dataset, newToken(), h.hold, h.mark3).Slice()
+	if err == nil && len(res) != 11 {
 		err = fmt.Errorf("ratelimit: unexpected heartbeat reply %v", res)
 	}
 	if err != nil {
@@ -130,11 +135,15 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 			"finalized", markText, "blocks", mark2Text)
 	}
 	hold, _ := res[8].(string)
-	r.observeFinal(mark, older, now, at)
+	older3, _ := res[9].(int64)
+	mark3Text, _ := res[10].(string)
+	mark3, _ := strconv.ParseInt(mark3Text, 10, 64)
+	r.observeFinal(mark, older, now, at, mark3 > 0 && older3 == 0)
 	r.observeBlocks(mark2, older2, at)
-	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2), dataset: dataset, hold: hold})
+	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2),
+		mark3: inForce(mark3Text, mark3, older3), dataset: dataset, hold: hold})
 	r.met.finalizeHold.Set(boolGauge(hold != ""))
-	if r.finalizeDue(older+older2, hold != "", mark > 0 && mark2 > 0, now) {
+	if r.finalizeDue(older+older2+older3, hold != "", mark > 0 && mark2 > 0 && mark3 > 0, now) {
 		r.finalizeNow(ctx)
 	}
 	if time.Since(r.started) < heartbeatTTL {
@@ -157,6 +166,7 @@ func (r *replicas) run(ctx context.Context, timeout time.Duration) {
 			pipe.ZRem(wctx, r.key, r.id)
 			pipe.ZRem(wctx, r.final, r.id)
 			pipe.ZRem(wctx, r.final2, r.id)
+			pipe.ZRem(wctx, r.final3, r.id)
 			_, _ = pipe.Exec(wctx)
 			cancel()
 			return

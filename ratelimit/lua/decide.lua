@@ -72,6 +72,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       for _, si in ipairs(TRY[i]) do
         local src = SRC[si]
         local ss, cs2 = call('GET', KEYS[base + src[1]]), false
+        ss = full(ss, src[4])
         if not (ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT) then ss = false end
         if src[6] > 0 then
           cs2 = call('GET', KEYS[base + src[6]])

@@ -8,16 +8,16 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
 local older = redis.call('ZCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
-if older > 0 then return {0, older, 0, 0, 0} end
+if older > 0 then return {0, older, 0, 0, 0, 0} end
 if ARGV[2] == 'auto' then
-  if redis.call('EXISTS', KEYS[5]) == 1 then return {0, 0, 0, 0, 1} end
+  if redis.call('EXISTS', KEYS[5]) == 1 then return {0, 0, 0, 0, 1, 0} end
 else
   redis.call('DEL', KEYS[5])
 end
 -- The marks hold the server's time in µs, in decimal.
 local us = t[1] .. string.format('%06d', tonumber(t[2]))
 local marks, already = {}, 1
-for i = 3, 4 do
+for _, i in ipairs({3, 4, 6}) do
   local was = redis.call('GET', KEYS[i])
   if not was then
     redis.call('SET', KEYS[i], us)
@@ -25,4 +25,4 @@ for i = 3, 4 do
   end
   marks[i] = tonumber(was)
 end
-return {marks[3], 0, already, marks[4], 0}
+return {marks[3], 0, already, marks[4], 0, marks[6]}

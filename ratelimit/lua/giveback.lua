@@ -4,8 +4,9 @@ local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor
 local unpack_, pack_ = codec()
 -- A window record, as in ring.lua (format.go): version 1, head 8, total 4,
 -- head count 4, head offset 2, then per older bucket b a count 4 and offset
--- 2 at slot b mod (n+1). Counts saturate at MAXC.
-local VERSION, HDR, SLOT, MAXC = 1, 18, 6, 4294967295
+-- 2 at slot b mod (n+1); compact (version 2), the same header, then entries
+-- of bucket 8, count 4, offset 2. Counts saturate at MAXC.
+local VERSION, COMPACT, HDR, SLOT, ENTRY, MAXC = 1, 2, 18, 6, 14, 4294967295
 local HDRS, OFS = tostring(HDR), {}
 local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end
 local t = redis.call('TIME')
@@ -24,7 +25,8 @@ for gi = 1, #ARGV do
     local lo = (now - now % g) / g - n
     -- A bucket the window no longer holds is left alone.
     local h = live and b >= lo and redis.call('GETRANGE', key, '0', HDRS) or ''
-    if #h == 1 + HDR and byte(h, 1) == VERSION then
+    local form = #h == 1 + HDR and byte(h, 1)
+    if form == VERSION or form == COMPACT then
       local vh, total, hc = unpack_('>I8I4I4', h, 2)
       -- A saturated total or count is left alone: its true value is unknown.
       -- (Total and head count start at byte 9, from 0.)
@@ -37,8 +39,16 @@ for gi = 1, #ARGV do
           end
         elseif b < vh and b >= vh - n then
           local pos = 1 + HDR + SLOT * (b % (n + 1))
-          local s = redis.call('GETRANGE', key, ofs(pos), ofs(pos + 3))
           local c = 0
+          if form == COMPACT then
+            -- Bucket b's entry, if it has one: its count follows the bucket.
+            local r, all = nil, redis.call('GET', key)
+            for p = 2 + HDR, #all - ENTRY + 1, ENTRY do
+              if unpack_('>I8', all, p) == b then r = p end
+            end
+            pos = r and r + 7
+          end
+          local s = pos and redis.call('GETRANGE', key, ofs(pos), ofs(pos + 3)) or ''
           if #s == 4 then c = unpack_('>I4', s, 1) end
           local d = math.min(k, c)
           if d > 0 and c < MAXC then

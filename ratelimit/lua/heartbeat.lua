@@ -16,9 +16,10 @@ if ARGV[5] ~= '' and ARGV[5] ~= ds then
   for i = 3, 4 do
     if ARGV[i] ~= '' and redis.call('SET', KEYS[i + 1], ARGV[i], 'NX') then restored = 1 end
   end
+  if ARGV[8] ~= '' and redis.call('SET', KEYS[9], ARGV[8], 'NX') then restored = 1 end
   if ARGV[7] ~= '' then redis.call('SET', KEYS[7], ARGV[7], 'NX') end
 end
-for i = 1, 3 do
+for _, i in ipairs({1, 2, 3, 8}) do
   redis.call('ZADD', KEYS[i], now, ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - ttl)
   redis.call('PEXPIRE', KEYS[i], 2 * ttl)
@@ -28,4 +29,7 @@ local older = n - redis.call('ZCARD', KEYS[2])
 if older < 0 then older = 0 end
 local older2 = n - redis.call('ZCARD', KEYS[3])
 if older2 < 0 then older2 = 0 end
-return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2])), ds, restored, redis.call('GET', KEYS[7]) or ''}
+local older3 = n - redis.call('ZCARD', KEYS[8])
+if older3 < 0 then older3 = 0 end
+return {n, older, older2, redis.call('GET', KEYS[4]) or '', redis.call('GET', KEYS[5]) or '', t[1] .. string.format('%06d', tonumber(t[2])), ds, restored, redis.call('GET', KEYS[7]) or '',
+  older3, redis.call('GET', KEYS[9]) or ''}

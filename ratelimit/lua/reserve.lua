@@ -26,7 +26,7 @@ local function demandSpan(key, sp, g, n, vh, total, hc, from, life)
   if total > 0 and from <= vh then
     local j = vh
     if total ~= hc and from < vh then
-      local s = call('GETRANGE', key, OFF[1 + HDR], OFF[HDR + (n + 1) * SLOT])
+      local s = sub(full(call('GET', key), n), WR, HDR + (n + 1) * SLOT + 1)
       local i0, i1 = from % (n + 1), (vh - 1) % (n + 1)
       local x
       if i0 <= i1 then x = firstIn(s, i0, i1) else x = firstIn(s, i0, n) or firstIn(s, 0, i1) end

@@ -1,17 +1,18 @@
 -- Decision code, first file (script.go): shared locals, record layout, rings.
 
 -- Bound by init on the first call: a Function's code loads without libraries.
-local byte, char, sub, rep, floor, ceil, format
+local byte, char, sub, rep, floor, ceil, format, find
 local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
 -- FIN: when this release's records were finalized (µs; 0: not in force).
-local FIN
+-- CMPT: new window records are written compact (format.go's compact level).
+local FIN, CMPT
 local NOWMS
 -- OFF[v]: offset v as a string, formatted once (a Function keeps them).
 local OFF
 local function init()
-  byte, char, sub, rep, format = string.byte, string.char, string.sub, string.rep, string.format
+  byte, char, sub, rep, format, find = string.byte, string.char, string.sub, string.rep, string.format, string.find
   floor, ceil = math.floor, math.ceil
   unpack, pcall, type, tostring, tonumber = _G.unpack, _G.pcall, _G.type, _G.tostring, _G.tonumber
   call = redis.call
@@ -92,6 +93,56 @@ local function blank(n)
     BLANK[n], nblank = z, nblank + 1
   end
   return z
+end
+
+-- A compact window record (format.go): version 2, the ring's header, then one
+-- entry per bucket before the head holding events, oldest first: bucket 8,
+-- count 4, last-event offset 2. Past MAXENT entries, or the full ring's size,
+-- it becomes a full ring.
+local COMPACT, ENTRY, ENTFMT, MAXENT = 2, 14, '>I8I4I2', 24
+
+-- full returns record s as a full ring (version 1; a compact one's entries at
+-- their slots, no cap), or s itself if it is one (or none).
+local function full(s, n)
+  if not s or byte(s, 1) ~= COMPACT then return s end
+  local E = {}
+  for p = WR, #s - ENTRY + 1, ENTRY do
+    E[#E + 1] = {unpack_('>I8', s, p) % (n + 1), sub(s, p + 8, p + ENTRY - 1)}
+  end
+  table.sort(E, function(x, y) return x[1] < y[1] end)
+  local t, at = {char(VERSION), sub(s, 2, WR - 1)}, 0
+  for _, e in ipairs(E) do
+    if e[1] > at then t[#t + 1] = zeros((e[1] - at) * SLOT) end
+    t[#t + 1] = e[2]
+    at = e[1] + 1
+  end
+  if at <= n then t[#t + 1] = zeros((n + 1 - at) * SLOT) end
+  return table.concat(t)
+end
+
+-- moveCompact rewrites compact record key (header h, read as s if it was) for
+-- its head's move from vh (hc, ho) to b: the old head joins the entries and
+-- those before b - n leave; past MAXENT it is written as a full ring. total is
+-- the events counted after the move. Its expiry is kept; the header follows.
+-- (A ring of few buckets is never compact past its full size.)
+local function moveCompact(key, h, s, n, vh, total, hc, ho, b)
+  local E, m = {}, 0
+  if total > hc or total >= MAXC then
+    s = s or call('GET', key)
+    for p = WR, #s - ENTRY + 1, ENTRY do
+      if unpack_('>I8', s, p) >= b - n then
+        m = m + 1
+        E[m] = sub(s, p, p + ENTRY - 1)
+      end
+    end
+  end
+  if hc > 0 and vh >= b - n then
+    m = m + 1
+    E[m] = pack_(ENTFMT, vh, hc, ho)
+  end
+  local rec = sub(h, 1, WR - 1) .. table.concat(E)
+  if m > MAXENT or m * ENTRY > (n + 1) * SLOT then rec = full(rec, n) end
+  call('SET', key, rec, 'KEEPTTL')
 end
 
 -- counts sums slots i0 .. i1 (i0 <= i1) of the ring at R, skipping zero runs.

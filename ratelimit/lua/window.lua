@@ -3,6 +3,8 @@
 -- Working values by window index (window's results, and WADD: admissions
 -- added), reused so that a decision allocates almost nothing.
 local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- CS[key]: compact record key as window read it in this call, until written.
+local CS = {}
 
 -- The lease cap (format.go), after a window record's ring: the lowest limit a
 -- lease on the window may still be spent under (4 bytes) and until when (8,
@@ -31,6 +33,11 @@ local function writeCap(key, n, l, lend, cap, cend)
       if cap < cp then cp = cap end
       if cend > ce then ce = cend end
     end
+    -- A cap lies after a full ring: a compact record becomes one first.
+    if call('GETRANGE', key, '0', '0') == char(COMPACT) then
+      call('SET', key, full(call('GET', key), n), 'KEEPTTL')
+      CS[key] = nil
+    end
     call('SETRANGE', key, OFF[capAt(n)], pack_(CAPFMT, cp, ce))
   end
 end
@@ -52,6 +59,18 @@ local function window(key, h, period, g, n, unit)
       elseif total == hc and hc < MAXC then
         -- All events in the head bucket (none saturated): no slot to read.
         if b - n == vh and (b - n) * g + ho * unit + period <= now then c, from = 0, b - n + 1 end
+      elseif byte(h, 1) == COMPACT then
+        -- Compact: the entries before b - n leave; the oldest counted may too.
+        local s, j0, c0, l0 = call('GET', key), b - n, 0, 0
+        CS[key] = s
+        if j0 == vh then c0, l0 = hc, ho end
+        for p = WR, #s - ENTRY + 1, ENTRY do
+          local j, cj, oj = unpack_(ENTFMT, s, p)
+          if j < j0 then total = total - cj elseif j == j0 then c0, l0 = cj, oj end
+        end
+        if total < 0 then total = 0 end
+        c = total
+        if total > 0 and c0 > 0 and j0 * g + l0 * unit + period <= now then c, from = total - c0, j0 + 1 end
       else
         local lo, hi = b - n, b - n
         if b > vh then lo = vh - n end
@@ -96,6 +115,8 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
     if b > vh then
       if fresh then
         -- Written whole below.
+      elseif byte(h, 1) == COMPACT then
+        moveCompact(key, h, CS[key], n, vh, total, hc, ho, b)
       elseif b - vh <= 8 and b - vh <= n and vh % (n + 1) + b - vh <= n + 1 then
         -- A short move with no wrap, in one write: the old head's slot, cut
         -- from h (hc, ho unchanged), and zeros over the skipped ones.
@@ -113,7 +134,10 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
     if d > 0 then off = (d + unit - 1 - (d + unit - 1) % unit) / unit end
     if hc > 0 and ho > off then off = ho end
     local hdr = pack_(RINGFMT, b, total + count, hc + count, off)
-    if fresh then
+    CS[key] = nil
+    if fresh and CMPT and find(key, '}:w:%d+:%d+$') then
+      call('SET', key, char(COMPACT) .. hdr, 'PX', itoa(expiry(b, g, n, ttl) - NOWMS))
+    elseif fresh then
       call('SET', key, blank(n), 'PX', itoa(expiry(b, g, n, ttl) - NOWMS))
       call('SETRANGE', key, '1', hdr)
     else
@@ -191,7 +215,7 @@ local function standing(i, limit, period, g, n, unit, counted, refused)
     u = u + counted
     reset_ = resetAt(WB[i], WHO[i], period, g, n, unit)
   elseif u > 0 then
-    local s = call('GET', WKEY[i])
+    local s = full(call('GET', WKEY[i]), n)
     local vh, hc, ho, from, b = WVH[i], WHC[i], WHO[i], WFROM[i], WB[i]
     reset_ = scan(s, WR, n, g, unit, period, vh, hc, ho, from, b, 0, now)
     local cap, cend = WCAP[i], WCEND[i]
@@ -218,7 +242,7 @@ end
 local function newest(w, period, g, n, unit, counted)
   if counted > 0 or WHC[w] > 0 and WUSED[w] > 0 then return resetAt(WVH[w], WHO[w], period, g, n, unit) end
   if WUSED[w] <= 0 then return now end
-  local s = call('GET', WKEY[w])
+  local s = full(call('GET', WKEY[w]), n)
   return scan(s, WR, n, g, unit, period, WVH[w], WHC[w], WHO[w], WFROM[w], WB[w], 0, now)
 end
 
@@ -284,7 +308,7 @@ local function pairStanding(i, y, limit, period, g, n, unit, cg, cn, cunit, coun
       if r < 2 and c2 and c2 < l then l = c2 end
       local t = start
       if u >= l then
-        if not sa then sa, sy = call('GET', WKEY[i]), call('GET', WKEY[y]) end
+        if not sa then sa, sy = full(call('GET', WKEY[i]), n), call('GET', WKEY[y]) end
         t = scan2(sa, i, g, n, unit, sy, y, cg, cn, cunit, period, u - l + 1)
         if t < start then t = start end
       end
