@@ -340,7 +340,7 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 	if err := unmarkScript.Run(tctx, l.rdb, keys, mark.Val(), mark2.Val(), mark3.Val()).Err(); err != nil {
 		return err
 	}
-	return l.expandAll(ctx)
+	return r.expandAll(ctx)
 }
 
 // Hold holds finalizing back (hold true) until an operator finalizes or lifts
@@ -427,12 +427,50 @@ var expandScript = redis.NewScript(codecLua + ringLua + expandLua)
 //go:embed lua/expand.lua
 var expandLua string
 
+// expandFor answers a rollback begun without Unfinalize: a replica of an
+// older release is live, which cannot read compact records. After
+// heartbeatTTL, by when every replica of this release has stopped writing
+// them, one replica of the fleet (expandLock) writes them all back as full
+// rings. Until then the older replica's decisions of keys with compact
+// records fail (and are made degraded). While the rollback lasts, the fleet
+// looks again each time the lock lapses.
+func (r *replicas) expandFor(ctx context.Context) {
+	if !r.expanding.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer r.expanding.Store(false)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(heartbeatTTL):
+		}
+		ctx, cancel := context.WithTimeout(ctx, expandLock)
+		defer cancel()
+		if ok, err := r.rdb.SetNX(ctx, r.prefix+expandLockSuffix, r.id, expandLock).Result(); err != nil || !ok {
+			return
+		}
+		err := r.expandAll(ctx)
+		if r.log != nil {
+			r.log.Warn("ratelimit: a replica of an older release is live while records are compact: wrote them back as full rings; run 'petstore limits finalize --undo' before rolling back",
+				"error", err)
+		}
+	}()
+}
+
+// expandLockSuffix names the lock one replica holds while expanding; it
+// lapses after expandLock, when another may start again.
+const (
+	expandLockSuffix = "{replicas}:expanding"
+	expandLock       = 10 * time.Minute
+)
+
 // expandAll writes every compact window record under the prefix back as a
 // full ring, on every primary, so that an older release can read them all.
 // Unfinalize calls it once no replica writes them; it is safe beside
 // decisions (a record is rewritten whole, in one script).
-func (l *Limiter) expandAll(ctx context.Context) error {
-	match := globEscape(l.opts.Prefix) + "{*}:w:*"
+func (r *replicas) expandAll(ctx context.Context) error {
+	match := globEscape(r.prefix) + "{*}:w:*"
 	each := func(ctx context.Context, c *redis.Client) error {
 		iter := c.Scan(ctx, 0, match, 1000).Iterator()
 		var batch []string
@@ -457,16 +495,16 @@ func (l *Limiter) expandAll(ctx context.Context) error {
 		}
 		return flush()
 	}
-	if err := expandScript.Load(ctx, l.rdb).Err(); err != nil {
+	if err := expandScript.Load(ctx, r.rdb).Err(); err != nil {
 		return err
 	}
-	switch c := l.rdb.(type) {
+	switch c := r.rdb.(type) {
 	case *redis.ClusterClient:
 		return c.ForEachMaster(ctx, each)
 	case *redis.Client:
 		return each(ctx, c)
 	}
-	return fmt.Errorf("ratelimit: cannot scan a %T for compact records", l.rdb)
+	return fmt.Errorf("ratelimit: cannot scan a %T for compact records", r.rdb)
 }
 
 // globEscape escapes SCAN MATCH's special characters in s.

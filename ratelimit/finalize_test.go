@@ -512,9 +512,9 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 // before (which finalized records and blocks but cannot read a compact
 // record), records are finalized but written as full rings, and finalizing
 // is refused; once it is gone, finalizing sets the compact mark and new
-// window records are compact. A rollback begun without undoing it writes
-// full rings again at the next heartbeat; Unfinalize writes every compact
-// record back as a full ring, keeping its counts and expiry.
+// window records are compact. Unfinalize writes every compact record back
+// as a full ring, keeping its counts and expiry; so does one replica after
+// a rollback begun without undoing it, once new records are full again.
 func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
@@ -592,26 +592,61 @@ func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
 		ttls[k] = f.rdb.PTTL(ctx, k).Val()
 	}
 
-	previous()
-	beat()
-	compact(false, "a rollback begun without undoing it")
-	f.clk.Add(heartbeatTTL + time.Millisecond)
-	beat()
-	compact(true, "the release before gone again")
-
+	// expanded fails unless key's window records are full rings again,
+	// with the counts, heads and expiries they had compact.
+	expanded := func(key string, before map[string]string, ttls map[string]time.Duration) {
+		t.Helper()
+		for k, rec := range records(key) {
+			vh, total, hc, ho := readRing(t, rec, windowRingAt)
+			if rec[0] != formatVersion || int64(len(rec)) != 1+ringSize(int64(len(rec)-1-ringHeader)/slotBytes-1) {
+				t.Fatalf("%s: version %d, %d bytes", k, rec[0], len(rec))
+			}
+			if bh, btotal, bhc, bho := readRing(t, before[k], windowRingAt); vh != bh || total != btotal || hc != bhc || ho != bho || total != 3 {
+				t.Fatalf("%s: head %d, total %d, head count %d, offset %d; compact %d %d %d %d", k, vh, total, hc, ho, bh, btotal, bhc, bho)
+			}
+			if ttl := f.rdb.PTTL(ctx, k).Val(); ttl <= 0 || ttl > ttls[k] {
+				t.Fatalf("%s expires in %v, compact in %v", k, ttl, ttls[k])
+			}
+		}
+	}
 	if err := l.Unfinalize(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for k, rec := range records("small") {
-		vh, total, hc, ho := readRing(t, rec, windowRingAt)
-		if rec[0] != formatVersion || int64(len(rec)) != 1+ringSize(int64(len(rec)-1-ringHeader)/slotBytes-1) {
-			t.Fatalf("%s after Unfinalize: version %d, %d bytes", k, rec[0], len(rec))
+	expanded("small", before, ttls)
+
+	// Finalized again, then a rollback begun without undoing it: compact
+	// records stop at the next heartbeat, and within heartbeatTTL more one
+	// replica writes the compact ones back (expandFor).
+	if _, _, err := l.Finalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	beat()
+	compact(true, "finalized again")
+	for range 3 {
+		f.allow(t, "again", coldPlan)
+		f.clk.Add(time.Second)
+	}
+	before = records("again")
+	for k, rec := range before {
+		if rec[0] != compactVersion {
+			t.Fatalf("%s written finalized again has version %d", k, rec[0])
 		}
-		if bh, btotal, bhc, bho := readRing(t, before[k], windowRingAt); vh != bh || total != btotal || hc != bhc || ho != bho || total != 3 {
-			t.Fatalf("%s after Unfinalize: head %d, total %d, head count %d, offset %d; before %d %d %d %d", k, vh, total, hc, ho, bh, btotal, bhc, bho)
+		ttls[k] = f.rdb.PTTL(ctx, k).Val()
+	}
+	previous()
+	beat()
+	compact(false, "a rollback begun without undoing it")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		full := true
+		for _, rec := range records("again") {
+			full = full && rec[0] == formatVersion
 		}
-		if ttl := f.rdb.PTTL(ctx, k).Val(); ttl <= 0 || ttl > ttls[k] {
-			t.Fatalf("%s after Unfinalize expires in %v, before in %v", k, ttl, ttls[k])
+		if full {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("compact records not written back 10 s after an older replica appeared")
 		}
 	}
+	expanded("again", before, ttls)
 }

@@ -60,6 +60,23 @@ import (
 // Releases before it ignore it: their own admissions are not held to another
 // plan's lease.
 //
+// Compact window record, version 2, written only while the compact level is
+// in force (finalize.go): version, the ring's header (head, total, head count,
+// head offset, as above), then per bucket before the head that holds events,
+// oldest first, an entry:
+//
+//	field   bytes  meaning                            maximum
+//	bucket  8      its index (time/gran)              2^53
+//	count   4      its events                         maxCount
+//	offset  2      its last event, in units           maxOffset
+//
+// A head move rewrites it whole: the old head joins the entries, those before
+// head-n leave. Past compactMaxEntries entries, or the full ring's size, and
+// before a lease cap is written, it is rewritten as the full ring (version 1),
+// which it stays. Its expiry is a full record's. Every reader of this release
+// takes both forms; Unfinalize writes compact ones back as full rings, since
+// older releases read only version 1.
+//
 // Ban record: version (1), ban end µs (8), offences (4), last offence µs (8),
 // strike period µs (8), strike bucket width µs (8), strike ring. TTL: until the
 // ban, the offence memory and the strikes have expired.

@@ -828,10 +828,10 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 	// decisions each of its paths makes: both must be checked here.
 	lib := loadPathLibrary(t, rdb)
 	var (
-		mu           sync.Mutex
-		total        [3]int
-		calls        [4]int
-		honoured     int
+		mu       sync.Mutex
+		total    [3]int
+		calls    [4]int
+		honoured int
 	)
 	for c := range cases {
 		// Periods up to 50 ms half the time, so that real time moves them.

@@ -41,8 +41,12 @@ type replicas struct {
 	final2, mark2 string
 	blk           atomic.Pointer[blockView]
 	warnedBlocks  atomic.Bool
-	// Compact level: census and mark (its view is part of fin's).
+	// Compact level: census and mark (its view is part of fin's); the key
+	// prefix and expanding, set while this replica writes compact records
+	// back for an older release (expandFor).
 	final3, mark3 string
+	prefix        string
+	expanding     atomic.Bool
 	// The dataset token's key, and what to restore if it is lost (heldMarks).
 	dataset string
 	held    atomic.Pointer[heldMarks]
@@ -84,7 +88,7 @@ func newReplicas(rdb redis.UniversalClient, prefix string, initial int, finalize
 	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: newToken(), met: met, log: log,
 		final: prefix + finalCensusSuffix, mark: prefix + finalMarkSuffix,
 		final2: prefix + blocksCensusSuffix, mark2: prefix + blocksMarkSuffix, dataset: prefix + datasetSuffix,
-		final3: prefix + compactCensusSuffix, mark3: prefix + compactMarkSuffix,
+		final3: prefix + compactCensusSuffix, mark3: prefix + compactMarkSuffix, prefix: prefix,
 		hold: prefix + holdSuffix, finalizeAfter: max(finalizeAfter, 0),
 		initial: int64(max(initial, 1)), started: time.Now()}
 	r.set(r.initial)
@@ -100,6 +104,7 @@ func (r *replicas) set(n int64) {
 
 // beat announces this replica once and reads the live count.
 func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	h := r.held.Load()
@@ -140,6 +145,9 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	mark3, _ := strconv.ParseInt(mark3Text, 10, 64)
 	r.observeFinal(mark, older, now, at, mark3 > 0 && older3 == 0)
 	r.observeBlocks(mark2, older2, at)
+	if mark3 > 0 && older3 > 0 {
+		r.expandFor(parent)
+	}
 	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2),
 		mark3: inForce(mark3Text, mark3, older3), dataset: dataset, hold: hold})
 	r.met.finalizeHold.Set(boolGauge(hold != ""))

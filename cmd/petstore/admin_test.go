@@ -353,7 +353,7 @@ func TestLimitsFinalize(t *testing.T) {
 	}
 	finalized(true)
 	status := runOK(t, env, "limits", "finalize", "--status")
-	if !strings.HasPrefix(status, "finalized at ") || !strings.Contains(status, ", blocks since ") || !strings.Contains(status, ", 0 of an older release") {
+	if !strings.HasPrefix(status, "finalized at ") || !strings.Contains(status, ", blocks since ") || !strings.Contains(status, ", compact records since ") || !strings.Contains(status, ", 0 of an older release") {
 		t.Fatalf("status: %q", status)
 	}
 	// Finalizing again (a hook after every upgrade) keeps the mark.

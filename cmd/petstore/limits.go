@@ -205,14 +205,18 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		case st.Blocks.IsZero():
 			fmt.Fprintf(stdout, "records finalized at %s, blocks not yet; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
 		default:
-			fmt.Fprintf(stdout, "finalized at %s, blocks since %s; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Blocks.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
+			compact := "compact records not yet"
+			if !st.Compact.IsZero() {
+				compact = "compact records since " + st.Compact.UTC().Format(time.RFC3339Nano)
+			}
+			fmt.Fprintf(stdout, "finalized at %s, blocks since %s, %s; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Blocks.UTC().Format(time.RFC3339Nano), compact, st.Replicas, st.Older)
 		}
 		return nil
 	case undo:
 		if err := limiter.Unfinalize(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "finalize marks removed and finalizing held; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended: wait that long before starting an older release\n", ratelimit.Unfinalizing)
+		fmt.Fprintf(stdout, "finalize marks removed and finalizing held; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended, and compact records are full rings again: wait that long before starting an older release\n", ratelimit.Unfinalizing)
 		return nil
 	}
 	deadline := time.Now().Add(wait)
