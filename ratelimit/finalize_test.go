@@ -636,6 +636,9 @@ func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
 	previous()
 	beat()
 	compact(false, "a rollback begun without undoing it")
+	if got := testenv.MetricValue(t, l.met.olderReplicas); got != 1 {
+		t.Fatalf("older_replicas %v beside the release before, compact marked: want 1 (the alert's)", got)
+	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		full := true
 		for _, rec := range records("again") {

@@ -145,8 +145,13 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	mark3, _ := strconv.ParseInt(mark3Text, 10, 64)
 	r.observeFinal(mark, older, now, at, mark3 > 0 && older3 == 0)
 	r.observeBlocks(mark2, older2, at)
-	if mark3 > 0 && older3 > 0 {
-		r.expandFor(parent)
+	if mark3 > 0 {
+		// Marked, a replica that cannot read compact records is a rollback
+		// without undo too (older3 counts every older one).
+		r.met.olderReplicas.Set(float64(older3))
+		if older3 > 0 {
+			r.expandFor(parent)
+		}
 	}
 	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2),
 		mark3: inForce(mark3Text, mark3, older3), dataset: dataset, hold: hold})
