@@ -119,6 +119,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	register(reg, &err, &m.finalizeHold)
 	register(reg, &err, &m.finalized)
 	register(reg, &err, &m.blocksInForce)
+	register(reg, &err, &m.compactRecords)
 	register(reg, &err, &m.trackedKeys)
 	register(reg, &err, &m.untracked)
 	if err != nil {
