@@ -38,18 +38,18 @@ for gi = 1, #ARGV do
             if d > most then most = d end
           end
         elseif b < vh and b >= vh - n then
-          local pos = 1 + HDR + SLOT * (b % (n + 1))
-          local c = 0
+          local pos, c = 1 + HDR + SLOT * (b % (n + 1)), 0
           if form == COMPACT then
             -- Bucket b's entry, if it has one: its count follows the bucket.
-            local r, all = nil, redis.call('GET', key)
+            local all = redis.call('GET', key)
+            pos = nil
             for p = 2 + HDR, #all - ENTRY + 1, ENTRY do
-              if unpack_('>I8', all, p) == b then r = p end
+              if unpack_('>I8', all, p) == b then pos, c = p + 7, unpack_('>I4', all, p + 8) end
             end
-            pos = r and r + 7
+          else
+            local s = redis.call('GETRANGE', key, ofs(pos), ofs(pos + 3))
+            if #s == 4 then c = unpack_('>I4', s, 1) end
           end
-          local s = pos and redis.call('GETRANGE', key, ofs(pos), ofs(pos + 3)) or ''
-          if #s == 4 then c = unpack_('>I4', s, 1) end
           local d = math.min(k, c)
           if d > 0 and c < MAXC then
             redis.call('SETRANGE', key, ofs(pos), pack_('>I4', c - d))
