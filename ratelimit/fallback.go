@@ -79,6 +79,13 @@ func (f *fallback) remember(key string, pl *plan, start int64, v *verdict) {
 		sh.keys[key] = e
 	}
 	e.pl, e.at = pl, start
+	// Local decisions since the last shared verdict are superseded by this
+	// one (decide seeds afresh from it): their rings go now, not with the
+	// entry a day later, so an outage leaves no memory behind. Rings still
+	// holding admissions for the next round trip (takePending) stay.
+	if e.pending == 0 {
+		e.state, e.taken = nil, nil
+	}
 	e.remaining = e.remaining[:0]
 	for _, w := range v.win {
 		e.remaining = append(e.remaining, w.remaining)

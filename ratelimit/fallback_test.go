@@ -341,3 +341,76 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 		t.Fatal("no case held a block when Redis failed: the bound went unexercised with blocks")
 	}
 }
+
+// TestFallbackForgetsAnOutage: the rings a replica keeps for local
+// decisions while Redis is unreachable go with each key's next shared
+// verdict, so an outage leaves no memory behind for the day its longest
+// window lasts; a key admitted locally between taking its pending
+// admissions and that verdict keeps its rings, and the admission still
+// reaches the next round trip.
+func TestFallbackForgetsAnOutage(t *testing.T) {
+	t.Parallel()
+	f := newFallback(1<<16, func() int64 { return 2 })
+	pl := compile(Policy{Name: "free", Windows: []Window{{Limit: 60, Period: time.Minute}, {Limit: 1000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
+	rng := rand.New(rand.NewPCG(7, uint64(time.Now().UnixNano())))
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	shared := func(key string, at int64) {
+		v := verdict{outcome: Allowed, now: at, win: []winVerdict{{remaining: 50}, {remaining: 900}}}
+		f.remember(key, pl, at, &v)
+	}
+	withRings := func() (n int) {
+		for i := range f.shards {
+			for _, e := range f.shards[i].keys {
+				if e.state != nil {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	keys := make([]string, 500)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+		shared(keys[i], now)
+	}
+	// The outage: every key decided locally, some more than once.
+	admitted := map[string]int64{}
+	for _, k := range keys {
+		for range 1 + rng.IntN(3) {
+			now += 1000
+			if f.decide(k, pl, now, input{}).outcome == Allowed {
+				admitted[k]++
+			}
+		}
+	}
+	if got := withRings(); got != len(keys) {
+		t.Fatalf("%d of %d keys hold local rings during the outage", got, len(keys))
+	}
+	// Redis answers again: each key's next round trip takes its pending
+	// admissions; for some, a local admission lands before the verdict.
+	late := map[string]bool{}
+	for _, k := range keys {
+		now += 1000
+		add, n := f.takePending(k, pl, now)
+		if n != admitted[k] || (n > 0 && add[0] != n) {
+			t.Fatalf("%s: took %v covering %d, want %d admissions", k, add, n, admitted[k])
+		}
+		if rng.IntN(4) == 0 && f.decide(k, pl, now, input{}).outcome == Allowed {
+			late[k] = true
+		}
+		shared(k, now)
+	}
+	if got := withRings(); got != len(late) {
+		t.Fatalf("%d keys hold local rings after Redis answered, want %d (those admitted locally since their take)", got, len(late))
+	}
+	for k := range late {
+		now += 1000
+		if _, n := f.takePending(k, pl, now); n != 1 {
+			t.Fatalf("%s: its late local admission took %d, want 1", k, n)
+		}
+		shared(k, now)
+	}
+	if got := withRings(); got != 0 {
+		t.Fatalf("%d keys still hold local rings once every admission reached Redis", got)
+	}
+}
