@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,36 +12,69 @@ import (
 )
 
 // TestCompactRecordsDecideAsFullRings plays generated plans and traffic
-// (bursts, gaps of a bucket to a period, leases, strikes, admissions made
-// without Redis, peeks) on two keys at the same instants: one whose window
+// (bursts, gaps of a bucket to a period, leases, blocks, strikes,
+// admissions made without Redis, peeks, edits of the plan's limits) on two keys at the same instants: one whose window
 // records are written compact (format.go), one whose are full rings. Every
 // verdict must be the same, field by field: used, remaining, reset,
 // Retry-After, bans. A compact record holds at most compactMaxEntries
-// entries, all within its ring, and is never longer than the full ring.
+// entries, all within its ring, and is never longer than the full ring;
+// one grown full goes back to compact once its key quietens.
 func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 120)
 	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	var compact, grown, entries int
+	var compact, grown, shrunk, entries int
 	for c := range testenv.Cases(t, 8, *invariantCases) {
 		m, rdb := newMini(t, start)
 		now := start
 		p := genPolicies(rng, time.Hour)[0]
-		pl := compile(p, 2+rng.IntN(DefaultBuckets), DefaultStrikeBuckets)
-		keys := map[string][]string{"1": stateKeys("f:", "k", pl), "1c": stateKeys("c:", "k", pl)}
+		// The plan, and an edit of its limits (the same records: an edit
+		// keeps counts, and a lease or block's cap holds the lower limit).
+		buckets := 2 + rng.IntN(DefaultBuckets)
+		p2 := p
+		p2.Windows = slices.Clone(p.Windows)
+		for i := range p2.Windows {
+			p2.Windows[i].Limit = max(1, p2.Windows[i].Limit/(1+rng.Int64N(4)))
+		}
+		var pls, dps [2]*plan
+		for i, p := range []Policy{p, p2} {
+			pls[i] = compile(p, buckets, DefaultStrikeBuckets)
+			pls[i].split()
+			// With short and long windows, the plan's records include
+			// coarse ones, and blocks cap its long windows.
+			dps[i] = pls[i]
+			if pls[i].blk != nil {
+				dps[i] = pls[i].blk
+			}
+		}
+		keys := map[string][]string{"1": stateKeys("f:", "k", dps[0]), "1c": stateKeys("c:", "k", dps[0])}
+		if !slices.Equal(keys["1"], stateKeys("f:", "k", dps[1])) {
+			t.Fatalf("an edit of limits alone changed the key's records: %q, %q", keys["1"], stateKeys("f:", "k", dps[1]))
+		}
+		// When each window's record, if full, expires: one compact before
+		// then was rewritten from it, not written afresh.
+		fullUntil := make([]time.Time, len(p.Windows))
 		for step := range 300 {
 			switch r := rng.IntN(10); {
 			case r < 4:
 			case r < 8:
-				now = now.Add(time.Duration(rng.Int64N(3*pl.windows[0].gran+1)) * time.Microsecond)
+				now = now.Add(time.Duration(rng.Int64N(3*pls[0].windows[0].gran+1)) * time.Microsecond)
 			default:
-				now = now.Add(time.Duration(rng.Int64N(pl.windows[len(pl.windows)-1].period+1)) * time.Microsecond)
+				now = now.Add(time.Duration(rng.Int64N(pls[0].windows[len(pls[0].windows)-1].period+1)) * time.Microsecond)
 			}
 			m.SetTime(now)
+			e := 0
+			if rng.IntN(4) == 0 {
+				e = 1
+			}
+			pl, dp := pls[e], dps[e]
 			in := input{lease: noLease, peek: rng.IntN(20) == 0}
 			if rng.IntN(8) == 0 {
 				n := 1 + rng.Int64N(pl.windows[0].limit)
 				in.lease = leaseAsk{want: n, need: n, life: 1 + rng.Int64N(1_000_000)}
+			}
+			if dp != pl && in.lease == noLease && rng.IntN(6) == 0 {
+				in.block = &blockAsk{max: 2 + rng.Int64N(300), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(3000)}
 			}
 			if rng.IntN(30) == 0 {
 				in.extra = rng.Int64N(5)
@@ -49,9 +83,13 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 					in.add[i] = rng.Int64N(3)
 				}
 			}
+			nums := scriptNums(pl, in)
+			if in.block != nil {
+				shortenReservation(rng, nums)
+			}
 			var got [2]verdict
 			for j, arg := range []string{"1", "1c"} {
-				rs, err := evalBatchArg(context.Background(), rdb, []decision{{keys: keys[arg], pl: pl, nums: scriptNums(pl, in)}}, arg)
+				rs, err := evalBatchArg(context.Background(), rdb, []decision{{keys: keys[arg], pl: dp, nums: nums}}, arg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -76,16 +114,25 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 					}
 					compact++
 					entries = max(entries, e/compactEntryBytes)
+					if now.Before(fullUntil[i]) {
+						shrunk++
+					}
+					fullUntil[i] = time.Time{}
 				case rec[0] == formatVersion:
 					grown++
+					ttl, err := rdb.PTTL(context.Background(), keys["1c"][1+i]).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					fullUntil[i] = now.Add(ttl)
 				default:
 					t.Fatalf("%s: window %d's record has version %d", where, i, rec[0])
 				}
 			}
 		}
 	}
-	t.Logf("records seen compact %d times (at most %d entries), grown to a full ring %d times", compact, entries, grown)
-	if compact == 0 || grown == 0 || entries < 2 {
-		t.Fatalf("the traffic reached too little: compact %d, grown %d, most entries %d", compact, grown, entries)
+	t.Logf("records seen compact %d times (at most %d entries), full %d times, back to compact from full %d times", compact, entries, grown, shrunk)
+	if compact == 0 || grown == 0 || shrunk == 0 || entries < 2 {
+		t.Fatalf("the traffic reached too little: compact %d, full %d, shrunk %d, most entries %d", compact, grown, shrunk, entries)
 	}
 }

@@ -145,6 +145,41 @@ local function moveCompact(key, h, s, n, vh, total, hc, ho, b)
   call('SET', key, rec, 'KEEPTTL')
 end
 
+-- shrink returns full ring s (head vh, hc, ho) as the compact record of its
+-- head's move to b (the header follows), or nil when more than MAXENT buckets
+-- still hold events or it would be no smaller: a record grown full by a burst
+-- or a lease cap (writeCap) goes back to its size once its key quietens.
+local function shrink(s, n, vh, hc, ho, b)
+  local E, m = {}, 0
+  local j, last = b - n, vh - 1
+  if j < vh - n then j = vh - n end
+  while j <= last do
+    -- Eight slots at a time while they hold nothing (no wrap within them).
+    local i = j % (n + 1)
+    local k = last - j + 1
+    if k > 8 then k = 8 end
+    if i + k > n + 1 then k = n + 1 - i end
+    local p = WR + i * SLOT
+    if sub(s, p, p + k * SLOT - 1) ~= zeros(k * SLOT) then
+      for q = 0, k - 1 do
+        local c, o = unpack_('>I4I2', s, p + q * SLOT)
+        if c > 0 then
+          m = m + 1
+          if m > MAXENT then return nil end
+          E[m] = pack_(ENTFMT, j + q, c, o)
+        end
+      end
+    end
+    j = j + k
+  end
+  if hc > 0 and vh >= b - n then
+    m = m + 1
+    E[m] = pack_(ENTFMT, vh, hc, ho)
+  end
+  if m > MAXENT or m * ENTRY >= (n + 1) * SLOT then return nil end
+  return char(COMPACT) .. sub(s, 2, WR - 1) .. table.concat(E)
+end
+
 -- counts sums slots i0 .. i1 (i0 <= i1) of the ring at R, skipping zero runs.
 local RUN = 8 * SLOT
 local function counts(s, R, i0, i1)

@@ -107,6 +107,21 @@ local function view(i, key, h, period, g, n, unit)
   WKEY[i], WH[i], WFRESH[i], WVH[i], WTOT[i], WHC[i], WHO[i], WB[i], WUSED[i], WFROM[i], WADD[i] = key, h, fresh, vh, total, hc, ho, b, c, from, 0
 end
 
+-- shrinks writes full record key compact again for its head's move from vh
+-- to b (shrink), unless a lease cap after its ring still holds; a record
+-- holding total events has at most that many buckets with events.
+local function shrinks(key, n, vh, hc, ho, b)
+  local s = call('GET', key)
+  if #s >= capAt(n) + CAPLEN then
+    local _, ce = unpack_(CAPFMT, s, capAt(n) + 1)
+    if ce > now then return false end
+  end
+  local rec = shrink(s, n, vh, hc, ho, b)
+  if not rec then return false end
+  call('SET', key, rec, 'KEEPTTL')
+  return true
+end
+
 -- write counts count events at time at in current bucket b of record key and
 -- returns total, hc, ho after; the record outlives its events (expiry).
 local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
@@ -117,6 +132,8 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
         -- Written whole below.
       elseif byte(h, 1) == COMPACT then
         moveCompact(key, h, CS[key], n, vh, total, hc, ho, b)
+      elseif CMPT and total <= MAXENT and find(key, '}:w:%d+:%d+$') and shrinks(key, n, vh, hc, ho, b) then
+        -- Written compact again (shrinks).
       elseif b - vh <= 8 and b - vh <= n and vh % (n + 1) + b - vh <= n + 1 then
         -- A short move with no wrap, in one write: the old head's slot, cut
         -- from h (hc, ho unchanged), and zeros over the skipped ones.
