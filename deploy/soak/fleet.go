@@ -58,7 +58,9 @@ func newCluster(script, state, bin string, replicas, port int, redisURL string, 
 	env = append(env,
 		"REPLICAS="+strconv.Itoa(replicas), "PORT="+strconv.Itoa(port), "CLUSTER_DIR="+state,
 		"CLUSTER_REDIS_URL="+redisURL, "PETSTORE_BIN="+bin,
-		"BALANCE=roundrobin", "PROMETHEUS=0", "FINALIZE=1")
+		"BALANCE=roundrobin", "PROMETHEUS=0", "FINALIZE=1",
+		// The goroutine profile, on the ops port only (ownGoroutines).
+		"PETSTORE_PPROF=true")
 	return &cluster{
 		script: script, state: state, bin: bin, replicas: replicas, port: port, env: env, log: log,
 		client: &http.Client{Timeout: 2 * time.Second},

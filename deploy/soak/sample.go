@@ -39,7 +39,10 @@ import (
 // a leak. The raw counts are drawn, and goroutines and descriptors are
 // judged net of those: what is left (listeners, files, timers, the
 // limiter's workers; a socket the replica never closed) is the
-// replica's own.
+// replica's own. Goroutines are told apart in one goroutine profile, by
+// their stacks: a count of goroutines less one of connections taken a
+// moment apart moved by up to seven between samples, as HAProxy opened
+// and closed connections meanwhile.
 var replicaColumns = []struct {
 	name   string
 	metric string // the /metrics sample it comes from, if any
@@ -58,7 +61,7 @@ var replicaColumns = []struct {
 }
 
 const (
-	goroutinesOwn = "goroutines_own" // goroutines - conns - in_flight
+	goroutinesOwn = "goroutines_own" // goroutines serving no connection (ownGoroutines)
 	openFDsOwn    = "open_fds_own"   // open_fds - conns - redis_conns
 )
 
@@ -146,10 +149,10 @@ func readSeries(ctx context.Context, client *http.Client, replicas []replicaTarg
 		out[name("conns")] = conns
 		out[name("redis_conns")] = mean(func(c fdCensus) int { return c.redis })
 		out[name(openFDsOwn)] = mean(func(c fdCensus) int { return c.total - c.accepted - c.redis })
-		g, ok1 := m["go_goroutines"]
-		inFlight, ok2 := m["petstore_http_requests_in_flight"]
-		if ok1 && ok2 {
-			out[name(goroutinesOwn)] = g - conns - inFlight
+		if n, err := ownGoroutines(ctx, client, r.opsURL); err != nil {
+			errs = append(errs, fmt.Errorf("r%d: %w", i+1, err))
+		} else {
+			out[name(goroutinesOwn)] = float64(n)
 		}
 	}
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)
@@ -273,6 +276,71 @@ func scrape(ctx context.Context, client *http.Client, opsURL string) (map[string
 		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
 	return parseMetrics(resp.Body)
+}
+
+// ownGoroutines reads a replica's goroutines from its profile
+// (/debug/pprof/goroutine, the ops port's) and counts those that serve no
+// connection (connGoroutines).
+func ownGoroutines(ctx context.Context, client *http.Client, opsURL string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, opsURL+"/debug/pprof/goroutine?debug=1", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /debug/pprof/goroutine: %s (the replica runs without --pprof?)", resp.Status)
+	}
+	total, conn, err := connGoroutines(resp.Body)
+	return total - conn, err
+}
+
+// connFrames are the functions a goroutine that serves a connection runs
+// under: net/http's per connection (the handler of a request in flight
+// runs on it) and its read behind a request in flight.
+var connFrames = []string{"net/http.(*conn).serve", "net/http.(*connReader).backgroundRead"}
+
+// connGoroutines reads a goroutine profile in its text form (debug=1: a
+// count per distinct stack, then the stack's frames, one "#" line each)
+// and returns how many goroutines it holds, and how many of them run
+// under a connFrames function: one snapshot, so that no connection
+// opened or closed between two readings counts on one side only.
+func connGoroutines(r io.Reader) (total, conn int, err error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	n, counted, seen := 0, false, false
+	for sc.Scan() {
+		line := sc.Text()
+		if count, _, ok := strings.Cut(line, " @ "); ok {
+			if n, err = strconv.Atoi(count); err != nil {
+				return 0, 0, fmt.Errorf("goroutine profile: %q", line)
+			}
+			total += n
+			counted, seen = false, true
+			continue
+		}
+		f := strings.Fields(line)
+		if counted || len(f) < 3 || f[0] != "#" {
+			continue
+		}
+		for _, fn := range connFrames {
+			if strings.HasPrefix(f[2], fn+"+") {
+				conn += n
+				counted = true
+				break
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, 0, err
+	}
+	if !seen {
+		return 0, 0, errors.New("goroutine profile: no stacks")
+	}
+	return total, conn, nil
 }
 
 // parseMetrics reads Prometheus' text format, keeping the samples

@@ -206,3 +206,30 @@ func TestWriteSVG(t *testing.T) {
 		t.Error("no phase bands or frames")
 	}
 }
+
+// TestConnGoroutines counts a goroutine profile's goroutines, and those
+// serving a connection by any frame of their stacks, from one snapshot.
+func TestConnGoroutines(t *testing.T) {
+	profile := `goroutine profile: total 14
+6 @ 0x43e0ee 0x4363f7 0x6b3e44 0x473aa1
+#	0x6b3e43	net/http.(*conn).serve+0x5e3	/usr/local/go/src/net/http/server.go:2102
+#	0x473aa0	runtime.goexit+0x0		/usr/local/go/src/runtime/asm_amd64.s:1700
+
+3 @ 0x43e0ee 0x6a1b2c 0x473aa1
+#	0x6a1b2b	net/http.(*connReader).backgroundRead+0x3b	/usr/local/go/src/net/http/server.go:690
+
+4 @ 0x43e0ee 0x40a5d8 0x473aa1
+#	0x7c1a10	github.com/animal-store/petstore/ratelimit.(*batcher).run+0x50	/src/ratelimit/batch.go:120
+#	0x7c1b00	main.serve.func1+0x20	/src/cmd/petstore/serve.go:200
+
+1 @ 0x43e0ee 0x473aa1
+#	0x6b0000	net/http.(*Server).Serve+0x10	/usr/local/go/src/net/http/server.go:3300
+`
+	total, conn, err := connGoroutines(strings.NewReader(profile))
+	if err != nil || total != 14 || conn != 9 {
+		t.Fatalf("connGoroutines = %d, %d, %v; want 14, 9", total, conn, err)
+	}
+	if _, _, err := connGoroutines(strings.NewReader("404 page not found\n")); err == nil {
+		t.Fatal("a page that is no profile was read as one")
+	}
+}
