@@ -148,7 +148,7 @@ func fillMemory(b *testing.B, addr string, probe *redis.Client, p Policy, reques
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2 * compareCallers})
 	defer rdb.Close()
-	l, err := New(rdb, Options{Timeout: time.Second, CompactRecords: true})
+	l, err := New(rdb, Options{Timeout: time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

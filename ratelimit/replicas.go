@@ -47,7 +47,7 @@ type replicas struct {
 	final3, mark3 string
 	prefix        string
 	expanding     atomic.Bool
-	compact       bool // Options.CompactRecords
+	compact       bool // not Options.FullRecords
 	// The dataset token's key, and what to restore if it is lost (heldMarks).
 	dataset string
 	held    atomic.Pointer[heldMarks]
