@@ -109,6 +109,9 @@ const minSamples = 3
 type rule struct {
 	across, within bool
 	withinFrom     time.Duration
+	// floor is the least rise, in the series' units, that fails besides
+	// the percentage (minRise when less).
+	floor float64
 }
 
 // growth is one series' verdict.
@@ -213,7 +216,7 @@ func judgeGrowth(samples []sample, series []string, rules map[string]rule, maxPc
 		}
 		g := growth{series: name, rule: r, first: median(a), last: median(b), nFirst: len(a), nLast: len(b)}
 		g.pct = rise(g.first, g.last)
-		g.failed = r.across && exceeds(g.first, g.last, maxPct)
+		g.failed = r.across && exceeds(g.first, g.last, maxPct, r.floor)
 		if r.within {
 			for _, iv := range held {
 				if iv[len(iv)-1].at.Sub(iv[0].at) < r.withinFrom {
@@ -227,7 +230,7 @@ func judgeGrowth(samples []sample, series []string, rules map[string]rule, maxPc
 				first, last := median(a), median(b)
 				if pct := rise(first, last); g.withinIv == nil || pct > g.withinPct {
 					g.withinIv, g.withinFirst, g.withinLast, g.withinPct = iv, first, last, pct
-					g.withinFailed = exceeds(first, last, maxPct)
+					g.withinFailed = exceeds(first, last, maxPct, r.floor)
 				}
 			}
 		}
@@ -248,9 +251,9 @@ func rise(earlier, later float64) float64 {
 }
 
 // exceeds reports whether later is over the limit: more than maxPct
-// percent above earlier, and more than minRise.
-func exceeds(earlier, later, maxPct float64) bool {
-	return rise(earlier, later) > maxPct && later-earlier > minRise
+// percent above earlier, and more than minRise and floor.
+func exceeds(earlier, later, maxPct, floor float64) bool {
+	return rise(earlier, later) > maxPct && later-earlier > max(minRise, floor)
 }
 
 // values returns the readings of series name in iv (a replica being

@@ -219,7 +219,7 @@ func TestJudgedSeries(t *testing.T) {
 	all, rules := seriesNames(2)
 	for name, want := range map[string]rule{
 		"r1_rss_bytes":       {across: true},
-		"r2_heap_goal_bytes": {across: true, within: true},
+		"r2_heap_goal_bytes": {across: true, within: true, floor: heapGoalFloor},
 		"r1_goroutines_own":  {across: true, within: true},
 		"r2_open_fds_own":    {across: true, within: true},
 		redisMemory:          {across: true, within: true, withinFrom: redisSettles},
@@ -353,5 +353,27 @@ func TestJudgeGrowthCountsAnIntervalUntilTheRateWasNotHeld(t *testing.T) {
 	ss = run(map[int]bool{9: true, 18: true}, func(int) bool { return false })
 	if _, err := judgeGrowth(ss, x, both, 5); err == nil || !strings.Contains(err.Error(), "the rate was not held: 1 of 3 steady intervals") {
 		t.Errorf("error %v, want one saying the rate was not held", err)
+	}
+}
+
+// TestExceedsHoldsAFloor: a rise over the percentage fails only when it
+// also passes the series' floor (or minRise, when the floor is less).
+func TestExceedsHoldsAFloor(t *testing.T) {
+	t.Parallel()
+	const mib = 1 << 20
+	for _, c := range []struct {
+		earlier, later, floor float64
+		want                  bool
+	}{
+		{31.6 * mib, 33.2 * mib, heapGoalFloor, false}, // +5.1%, 1.6 MiB
+		{31.6 * mib, 33.7 * mib, heapGoalFloor, true},  // +6.6%, 2.1 MiB
+		{31.6 * mib, 33.2 * mib, 0, true},
+		{40 * mib, 41.9 * mib, heapGoalFloor, false}, // +4.8%: under the percentage
+		{24, 26, 0, false},                           // +8.3% but 2: minRise
+		{24, 27, 0, true},
+	} {
+		if got := exceeds(c.earlier, c.later, 5, c.floor); got != c.want {
+			t.Errorf("exceeds(%.0f, %.0f, 5%%, floor %.0f) = %v, want %v", c.earlier, c.later, c.floor, got, c.want)
+		}
 	}
 }
