@@ -94,6 +94,7 @@ func Default() Config {
 		TripAfter:        time.Second,
 		MaxLease:         64,
 		FinalizeAfter:    time.Minute,
+		FullRecords:      true,
 		Pipelines:        4,
 		PipelineHold:     200 * time.Microsecond,
 		AuthFailureLimit: ratelimit.Window{Limit: 30, Period: time.Minute},
