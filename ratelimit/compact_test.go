@@ -17,13 +17,14 @@ import (
 // records are written compact (format.go), one whose are full rings. Every
 // verdict must be the same, field by field: used, remaining, reset,
 // Retry-After, bans. A compact record holds at most compactMaxEntries
-// entries, all within its ring, and is never longer than the full ring;
-// one grown full goes back to compact once its key quietens.
+// entries, all within its ring, and a lease cap while one holds; it is never
+// longer than the full ring with its cap; one grown full goes back to compact
+// once its key quietens.
 func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 120)
 	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	var compact, grown, shrunk, entries int
+	var compact, capped, grown, shrunk, entries int
 	for c := range testenv.Cases(t, 8, *invariantCases) {
 		m, rdb := newMini(t, start)
 		now := start
@@ -108,12 +109,15 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 				}
 				switch {
 				case rec[0] == compactVersion:
-					e := len(rec) - 1 - ringHeader
-					if e%compactEntryBytes != 0 || e/compactEntryBytes > compactMaxEntries || int64(len(rec)) > 1+ringSize(w.n) {
+					e, hasCap, ok := compactShape(int64(len(rec)))
+					if !ok || int64(len(rec)) > 1+ringSize(w.n)+leaseCapBytes {
 						t.Fatalf("%s: window %d's compact record has %d bytes", where, i, len(rec))
 					}
+					if hasCap {
+						capped++
+					}
 					compact++
-					entries = max(entries, e/compactEntryBytes)
+					entries = max(entries, int(e))
 					if now.Before(fullUntil[i]) {
 						shrunk++
 					}
@@ -131,8 +135,18 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("records seen compact %d times (at most %d entries), full %d times, back to compact from full %d times", compact, entries, grown, shrunk)
-	if compact == 0 || grown == 0 || shrunk == 0 || entries < 2 {
-		t.Fatalf("the traffic reached too little: compact %d, full %d, shrunk %d, most entries %d", compact, grown, shrunk, entries)
+	t.Logf("records seen compact %d times (at most %d entries, %d with a cap), full %d times, back to compact from full %d times", compact, entries, capped, grown, shrunk)
+	if compact == 0 || capped == 0 || grown == 0 || shrunk == 0 || entries < 2 {
+		t.Fatalf("the traffic reached too little: compact %d, capped %d, full %d, shrunk %d, most entries %d", compact, capped, grown, shrunk, entries)
 	}
+}
+
+// compactShape reads a compact record's size: its entries and whether a lease
+// cap follows them; ok is false for a size that is neither.
+func compactShape(size int64) (entries int64, hasCap, ok bool) {
+	e := size - 1 - ringHeader
+	if e%compactEntryBytes == leaseCapBytes {
+		e, hasCap = e-leaseCapBytes, true
+	}
+	return e / compactEntryBytes, hasCap, e >= 0 && e%compactEntryBytes == 0 && e/compactEntryBytes <= compactMaxEntries
 }

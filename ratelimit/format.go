@@ -70,12 +70,18 @@ import (
 //	count   4      its events                         maxCount
 //	offset  2      its last event, in units           maxOffset
 //
+// then, while a lease is being spent, the lease cap (as above). Entries are 14
+// bytes and the cap 12, so the record's length tells whether it has one.
+//
 // A head move rewrites it whole: the old head joins the entries, those before
-// head-n leave. Past compactMaxEntries entries, or the full ring's size, and
-// before a lease cap is written, it is rewritten as the full ring (version 1),
-// which it stays. Its expiry is a full record's. Every reader of this release
-// takes both forms; Unfinalize writes compact ones back as full rings, since
-// older releases read only version 1.
+// head-n leave, and so does a cap that has ended. Past compactMaxEntries
+// entries, or the full ring's size, it is rewritten as the full ring (version
+// 1), cap after the ring, and goes back to compact at a head move that leaves
+// at most compactMaxEntries buckets holding events. Its expiry is a full
+// record's. Every reader of this release takes both forms; Unfinalize writes
+// compact ones back as full rings, since older releases read only version 1.
+// A release of the compact level from before caps in compact records reads
+// such a record and ignores its cap, as releases from before caps do.
 //
 // Ban record: version (1), ban end µs (8), offences (4), last offence µs (8),
 // strike period µs (8), strike bucket width µs (8), strike ring. TTL: until the

@@ -668,10 +668,11 @@ func (d *invariantDriver) checkRecordsOutlive(i int) {
 			continue // never written (refused since created, or not yet), or expired
 		}
 		// The ring, then (once a lease was granted on it) the lease cap;
-		// or, a window record, compact: the ring's header and its entries.
+		// or, a window record, compact: the ring's header, its entries and
+		// the cap while one holds.
 		size := lens[j].Val()
 		if j < len(pl.windows) && h[0] == compactVersion {
-			if e := size - 1 - ringHeader; e < 0 || e%compactEntryBytes != 0 || e/compactEntryBytes > compactMaxEntries {
+			if _, _, ok := compactShape(size); !ok {
 				t.Fatalf("%s\ncompact record %s has %d bytes: not a header and at most %d entries", d.describe(), d.keys[i][1+j], size, compactMaxEntries)
 			}
 		} else if want := 1 + ringSize(r.n); h[0] != formatVersion || (size != want && size != want+leaseCapBytes) {

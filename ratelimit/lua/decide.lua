@@ -108,7 +108,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     end
     -- A lease still being spent holds this decision to the lease's
     -- limit too (one under another plan, while replicas disagree).
-    WCAP[i], WCEND[i] = readCap(key, n, g, unit, WB[i], WVH[i], WHC[i], WHO[i])
+    WCAP[i], WCEND[i] = readCap(key, h, n, g, unit, WB[i], WVH[i], WHC[i], WHO[i])
     if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
     local c = WUSED[i]
     local x = CP and CP[i]
@@ -116,7 +116,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       local cr, y = CO[x], nw + x
       local ck = KEYS[base + pl.kco + x]
       view(y, ck, call('GETRANGE', ck, '0', '18'), period, cr.g, cr.n, cr.unit)
-      WCAP[y], WCEND[y] = readCap(ck, cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
+      WCAP[y], WCEND[y] = readCap(ck, WH[y], cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
       if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
       c = c + WUSED[y]
     end
@@ -139,7 +139,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
         local x = tb + ntx
         TX[ntx] = tr
         view(x, key, h, tr[3], tr[4], tr[5], tr[6])
-        WCAP[x], WCEND[x] = readCap(key, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
+        WCAP[x], WCEND[x] = readCap(key, h, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
         local limit = tr[2]
         if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
         local c = WUSED[x]
@@ -147,7 +147,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
           -- Its coarse record's blocks count too (working values -ntx).
           local ck = KEYS[base + tr[8]]
           view(-ntx, ck, call('GETRANGE', ck, '0', '18'), tr[3], tr[9], tr[10], tr[11])
-          WCAP[-ntx], WCEND[-ntx] = readCap(ck, tr[10], tr[9], tr[11], WB[-ntx], WVH[-ntx], WHC[-ntx], WHO[-ntx])
+          WCAP[-ntx], WCEND[-ntx] = readCap(ck, WH[-ntx], tr[10], tr[9], tr[11], WB[-ntx], WVH[-ntx], WHC[-ntx], WHO[-ntx])
           if WCAP[-ntx] and WCAP[-ntx] < limit then limit = WCAP[-ntx] end
           c = c + WUSED[-ntx]
         end

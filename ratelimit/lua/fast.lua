@@ -31,7 +31,7 @@ local function fast(base, pl, want, need, life, RSV)
   l1, period1, g1, n1, unit1, key1 = V[2], V[3], V[4], V[5], V[6], KEYS[base + 2]
   h1 = call('GETRANGE', key1, '0', '18')
   fresh1, vh1, total1, hc1, ho1, b1, c1, from1 = window(key1, h1, period1, g1, n1, unit1)
-  cap1, cend1 = readCap(key1, n1, g1, unit1, b1, vh1, hc1, ho1)
+  cap1, cend1 = readCap(key1, h1, n1, g1, unit1, b1, vh1, hc1, ho1)
   room, lend = fit(room, lend, l1, cap1, c1, b1, g1)
   if not room then return nil end
   local l2, period2, g2, n2, unit2, key2, h2, fresh2, vh2, total2, hc2, ho2, b2, c2, from2, cap2, cend2
@@ -39,7 +39,7 @@ local function fast(base, pl, want, need, life, RSV)
     l2, period2, g2, n2, unit2, key2 = V[8], V[9], V[10], V[11], V[12], KEYS[base + 3]
     h2 = call('GETRANGE', key2, '0', '18')
     fresh2, vh2, total2, hc2, ho2, b2, c2, from2 = window(key2, h2, period2, g2, n2, unit2)
-    cap2, cend2 = readCap(key2, n2, g2, unit2, b2, vh2, hc2, ho2)
+    cap2, cend2 = readCap(key2, h2, n2, g2, unit2, b2, vh2, hc2, ho2)
     room, lend = fit(room, lend, l2, cap2, c2, b2, g2)
     if not room then return nil end
   end
@@ -48,7 +48,7 @@ local function fast(base, pl, want, need, life, RSV)
     l3, period3, g3, n3, unit3, key3 = V[14], V[15], V[16], V[17], V[18], KEYS[base + 4]
     h3 = call('GETRANGE', key3, '0', '18')
     fresh3, vh3, total3, hc3, ho3, b3, c3, from3 = window(key3, h3, period3, g3, n3, unit3)
-    cap3, cend3 = readCap(key3, n3, g3, unit3, b3, vh3, hc3, ho3)
+    cap3, cend3 = readCap(key3, h3, n3, g3, unit3, b3, vh3, hc3, ho3)
     room, lend = fit(room, lend, l3, cap3, c3, b3, g3)
     if not room then return nil end
   end
@@ -59,7 +59,7 @@ local function fast(base, pl, want, need, life, RSV)
     cr, y = pl.CO[1], nw + 1
     local ck = KEYS[base + pl.kco + 1]
     view(y, ck, call('GETRANGE', ck, '0', '18'), period1, cr.g, cr.n, cr.unit)
-    WCAP[y], WCEND[y] = readCap(ck, cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
+    WCAP[y], WCEND[y] = readCap(ck, WH[y], cr.n, cr.g, cr.unit, WB[y], WVH[y], WHC[y], WHO[y])
     cy, m1 = WUSED[y], l1
     if cap1 and cap1 < m1 then m1 = cap1 end
     if WCAP[y] and WCAP[y] < m1 then m1 = WCAP[y] end

@@ -101,8 +101,24 @@ end
 -- it becomes a full ring.
 local COMPACT, ENTRY, ENTFMT, MAXENT = 2, 14, '>I8I4I2', 24
 
+-- The lease cap (window.lua): a limit 4 and an end 8 (µs). A full ring's
+-- follows its slots (capAt); a compact record's, while one holds, its entries,
+-- which are ENTRY bytes each: its length tells (capOf).
+local CAPFMT, CAPLEN = '>I4I8', 12
+local function capAt(n) return WR - 1 + (n + 1) * SLOT end
+local function capOf(s)
+  if (#s - WR + 1) % ENTRY == CAPLEN then return sub(s, -CAPLEN) end
+  return ''
+end
+
+-- holding returns cap c ('' if none) while it holds at now, else ''.
+local function holding(c)
+  if #c == CAPLEN and unpack_('>I8', c, 5) > now then return c end
+  return ''
+end
+
 -- full returns record s as a full ring (version 1; a compact one's entries at
--- their slots, no cap), or s itself if it is one (or none).
+-- their slots, its cap after them), or s itself if it is one (or none).
 local function full(s, n)
   if not s or byte(s, 1) ~= COMPACT then return s end
   local E = {}
@@ -117,18 +133,20 @@ local function full(s, n)
     at = e[1] + 1
   end
   if at <= n then t[#t + 1] = zeros((n + 1 - at) * SLOT) end
+  t[#t + 1] = capOf(s)
   return table.concat(t)
 end
 
 -- moveCompact rewrites compact record key (header h, read as s if it was) for
 -- its head's move from vh (hc, ho) to b: the old head joins the entries and
--- those before b - n leave; past MAXENT it is written as a full ring. total is
--- the events counted after the move. Its expiry is kept; the header follows.
--- (A ring of few buckets is never compact past its full size.)
+-- those before b - n leave, and so does a cap that has ended; past MAXENT it is
+-- written as a full ring. total is the events counted after the move. Its
+-- expiry is kept; the header follows. (A ring of few buckets is never compact
+-- past its full size.)
 local function moveCompact(key, h, s, n, vh, total, hc, ho, b)
   local E, m = {}, 0
+  s = s or call('GET', key)
   if total > hc or total >= MAXC then
-    s = s or call('GET', key)
     for p = WR, #s - ENTRY + 1, ENTRY do
       if unpack_('>I8', s, p) >= b - n then
         m = m + 1
@@ -140,15 +158,15 @@ local function moveCompact(key, h, s, n, vh, total, hc, ho, b)
     m = m + 1
     E[m] = pack_(ENTFMT, vh, hc, ho)
   end
-  local rec = sub(h, 1, WR - 1) .. table.concat(E)
+  local rec = sub(h, 1, WR - 1) .. table.concat(E) .. holding(capOf(s))
   if m > MAXENT or m * ENTRY > (n + 1) * SLOT then rec = full(rec, n) end
   call('SET', key, rec, 'KEEPTTL')
 end
 
 -- shrink returns full ring s (head vh, hc, ho) as the compact record of its
--- head's move to b (the header follows), or nil when more than MAXENT buckets
--- still hold events or it would be no smaller: a record grown full by a burst
--- or a lease cap (writeCap) goes back to its size once its key quietens.
+-- head's move to b (the header follows), with its cap while that holds, or nil
+-- when more than MAXENT buckets still hold events or it would be no smaller: a
+-- record grown full by a burst goes back to its size once its key quietens.
 local function shrink(s, n, vh, hc, ho, b)
   local E, m = {}, 0
   local j, last = b - n, vh - 1
@@ -177,7 +195,7 @@ local function shrink(s, n, vh, hc, ho, b)
     E[m] = pack_(ENTFMT, vh, hc, ho)
   end
   if m > MAXENT or m * ENTRY >= (n + 1) * SLOT then return nil end
-  return char(COMPACT) .. sub(s, 2, WR - 1) .. table.concat(E)
+  return char(COMPACT) .. sub(s, 2, WR - 1) .. table.concat(E) .. holding(sub(s, capAt(n) + 1, capAt(n) + CAPLEN))
 end
 
 -- counts sums slots i0 .. i1 (i0 <= i1) of the ring at R, skipping zero runs.

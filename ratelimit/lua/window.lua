@@ -6,19 +6,22 @@ local WKEY, WH, WFRESH, WVH, WTOT, WHC, WHO, WB, WUSED, WFROM, WADD = {}, {}, {}
 -- CS[key]: compact record key as window read it in this call, until written.
 local CS = {}
 
--- The lease cap (format.go), after a window record's ring: the lowest limit a
--- lease on the window may still be spent under (4 bytes) and until when (8,
--- µs). A lease ends at its bucket's last event, so readCap reads it only when
--- the head is the current bucket, holds two events or more and ends ahead.
--- writeCap keeps the lower limit until the later end. WCAP, WCEND: as read.
-local CAPFMT, CAPLEN = '>I4I8', 12
+-- The lease cap (format.go; ring.lua places it): the lowest limit a lease on
+-- the window may still be spent under and until when. A lease ends at its
+-- bucket's last event, so readCap reads it only when the head (header h) is
+-- the current bucket, holds two events or more and ends ahead. writeCap keeps
+-- the lower limit until the later end. WCAP, WCEND: as read.
 local WCAP, WCEND = {}, {}
-local function capAt(n) return WR - 1 + (n + 1) * SLOT end
-local function readCap(key, n, g, unit, b, vh, hc, ho)
+local function readCap(key, h, n, g, unit, b, vh, hc, ho)
   local cap, cend
   if b == vh and hc > 1 and vh * g + ho * unit > now then
-    local o = capAt(n)
-    local s = call('GETRANGE', key, OFF[o], OFF[o + CAPLEN - 1])
+    local s
+    if byte(h, 1) == COMPACT then
+      s = capOf(CS[key] or call('GET', key))
+    else
+      local o = capAt(n)
+      s = call('GETRANGE', key, OFF[o], OFF[o + CAPLEN - 1])
+    end
     if #s >= CAPLEN then
       local cp, ce = unpack_(CAPFMT, s, 1)
       if ce > now then cap, cend = cp, ce end
@@ -33,12 +36,15 @@ local function writeCap(key, n, l, lend, cap, cend)
       if cap < cp then cp = cap end
       if cend > ce then ce = cend end
     end
-    -- A cap lies after a full ring: a compact record becomes one first.
+    local c = pack_(CAPFMT, cp, ce)
     if call('GETRANGE', key, '0', '0') == char(COMPACT) then
-      call('SET', key, full(call('GET', key), n), 'KEEPTTL')
+      -- After a compact record's entries, in place of any cap before.
+      local s = call('GET', key)
+      call('SET', key, sub(s, 1, #s - #capOf(s)) .. c, 'KEEPTTL')
       CS[key] = nil
+    else
+      call('SETRANGE', key, OFF[capAt(n)], c)
     end
-    call('SETRANGE', key, OFF[capAt(n)], pack_(CAPFMT, cp, ce))
   end
 end
 
@@ -108,15 +114,10 @@ local function view(i, key, h, period, g, n, unit)
 end
 
 -- shrinks writes full record key compact again for its head's move from vh
--- to b (shrink), unless a lease cap after its ring still holds; a record
--- holding total events has at most that many buckets with events.
+-- to b (shrink); a record holding total events has at most that many buckets
+-- with events.
 local function shrinks(key, n, vh, hc, ho, b)
-  local s = call('GET', key)
-  if #s >= capAt(n) + CAPLEN then
-    local _, ce = unpack_(CAPFMT, s, capAt(n) + 1)
-    if ce > now then return false end
-  end
-  local rec = shrink(s, n, vh, hc, ho, b)
+  local rec = shrink(call('GET', key), n, vh, hc, ho, b)
   if not rec then return false end
   call('SET', key, rec, 'KEEPTTL')
   return true
