@@ -85,7 +85,7 @@ type Options struct {
 	// records did. Off, new window records are written compact
 	// (format.go) once the compact level is in force: a few hundred bytes
 	// a quiet key, a full ring while more than 24 buckets hold events,
-	// compact again when fewer do; about 1-3% more Redis CPU a cold
+	// compact again when fewer do; a few per cent more Redis CPU a cold
 	// decision. Every replica reads both forms either way.
 	FullRecords bool
 	// Admin marks a Limiter for the limits commands: no heartbeats, so it is
