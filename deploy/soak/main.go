@@ -17,7 +17,8 @@
 // then kills Redis and starts it empty. Every -sample-every it reads
 // each replica's resident memory, Go heap in use and heap goal and
 // goroutines (its /metrics), its descriptors and connections (/proc),
-// and Redis's used_memory and key count, into soak.csv; soak.svg draws
+// and Redis's used_memory, key count and full window records among 500
+// random keys (drawn only), into soak.csv; soak.svg draws
 // them and summary.txt holds the verdict, all in a directory of their
 // own under -dir.
 //

@@ -86,7 +86,19 @@ const (
 
 	redisMemory = "redis_used_memory_bytes"
 	redisKeys   = "redis_keys"
+	// redisFull is how many of 500 random keys are window records grown
+	// into full rings (ratelimit/format.go's version 1). With compact
+	// records, Redis's memory follows it: drawn, not judged.
+	redisFull = "redis_full_records_of_500"
 )
+
+// fullScript counts redisFull's sample in one call.
+const fullScript = `local f = 0
+for _ = 1, 500 do
+  local k = redis.call('RANDOMKEY')
+  if k and string.find(k, '}:w:', 1, true) and redis.call('GETRANGE', k, 0, 0) == '\1' then f = f + 1 end
+end
+return f`
 
 // seriesNames returns every series' name, in the CSV's order, and the
 // rules of those judged.
@@ -106,7 +118,7 @@ func seriesNames(replicas int) ([]string, map[string]rule) {
 		all = append(all, name)
 		rules[name] = rule{across: true, within: true, withinFrom: redisSettles}
 	}
-	return all, rules
+	return append(all, redisFull), rules
 }
 
 // replicaTarget is where the sampler reads one replica: its metrics, its
@@ -178,6 +190,11 @@ func readSeries(ctx context.Context, client *http.Client, replicas []replicaTarg
 		errs = append(errs, fmt.Errorf("redis: %w", err))
 	} else if v, err := strconv.ParseFloat(n, 64); err == nil {
 		out[redisKeys] = v
+	}
+	if n, err := redisDo(redisAddr, "EVAL", fullScript, "0"); err != nil {
+		errs = append(errs, fmt.Errorf("redis: %w", err))
+	} else if v, err := strconv.ParseFloat(n, 64); err == nil {
+		out[redisFull] = v
 	}
 	return out, errs
 }

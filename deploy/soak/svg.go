@@ -36,6 +36,7 @@ func charts(replicas int) []chart {
 	return append(out,
 		chart{title: "redis used_memory (MiB)", scale: 1 << 20, series: []string{redisMemory}},
 		chart{title: "redis keys", scale: 1, series: []string{redisKeys}},
+		chart{title: "full window records of 500 random keys", scale: 1, series: []string{redisFull}},
 		chart{title: "requests/s", scale: 1, series: []string{rpsSeries}},
 	)
 }
