@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/animal-store/petstore/ratelimit"
+	"github.com/redis/go-redis/v9"
 )
 
 func parse(t *testing.T, args []string, env map[string]string) (Config, *Set, error) {
@@ -190,6 +191,35 @@ func TestNewRedisClient(t *testing.T) {
 	}
 	if c, err := (Redis{}).NewRedisClient(); c != nil || err != nil {
 		t.Error("no redis configured must give nil, nil")
+	}
+}
+
+// TestPipelineBuffersAreSmall: single and sentinel clients, from
+// addresses or a URL, give their pipeline connections pipelineBuffer each
+// way (go-redis's default of 128 KiB made a replica's heap follow its pool),
+// and a URL's own sizes win.
+func TestPipelineBuffersAreSmall(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		r           Redis
+		read, write int
+	}{
+		{Redis{URL: "redis://127.0.0.1:6379/0", Mode: "single"}, pipelineBuffer, pipelineBuffer},
+		{Redis{URL: "redis://127.0.0.1:26379?master_name=m", Mode: "sentinel"}, pipelineBuffer, pipelineBuffer},
+		{Redis{Addrs: []string{"127.0.0.1:6379"}, Mode: "single"}, pipelineBuffer, pipelineBuffer},
+		{Redis{Addrs: []string{"a:1"}, Mode: "sentinel", MasterName: "m"}, pipelineBuffer, pipelineBuffer},
+		{Redis{URL: "redis://127.0.0.1:6379/0?pipeline_read_buffer_size=65536", Mode: "single"}, 65536, pipelineBuffer},
+	} {
+		c.r.Timeout = time.Millisecond
+		rdb, err := c.r.NewRedisClient()
+		if err != nil {
+			t.Fatalf("%+v: %v", c.r, err)
+		}
+		o := rdb.(*redis.Client).Options()
+		if o.PipelineReadBufferSize != c.read || o.PipelineWriteBufferSize != c.write {
+			t.Errorf("%+v: pipeline buffers %d/%d, want %d/%d", c.r, o.PipelineReadBufferSize, o.PipelineWriteBufferSize, c.read, c.write)
+		}
+		rdb.Close()
 	}
 }
 

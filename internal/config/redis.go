@@ -41,14 +41,41 @@ func (r Redis) NewRedisClient() (redis.UniversalClient, error) {
 	switch r.Mode {
 	case "sentinel":
 		opts.MasterName = r.MasterName
-		return redis.NewFailoverClient(opts.Failover()), nil
+		o := opts.Failover()
+		smallPipelineBuffers(&o.PipelineReadBufferSize, &o.PipelineWriteBufferSize)
+		return redis.NewFailoverClient(o), nil
 	case "cluster":
 		return redis.NewClusterClient(opts.Cluster()), nil
 	default:
 		if len(r.Addrs) != 1 {
 			return nil, fmt.Errorf("redis: single mode takes one address, got %d (set --redis-mode=cluster or sentinel)", len(r.Addrs))
 		}
-		return redis.NewClient(opts.Simple()), nil
+		o := opts.Simple()
+		smallPipelineBuffers(&o.PipelineReadBufferSize, &o.PipelineWriteBufferSize)
+		return redis.NewClient(o), nil
+	}
+}
+
+// pipelineBuffer is the size of each buffer, read and write, of a
+// connection in go-redis's pipeline pool. Its default, 128 KiB, suits
+// pipelines of large values; the limiter's carry a batch of short script
+// calls and short replies, which a plain connection's 32 KiB holds. At
+// 256 KiB a connection, a replica's heap followed how many pipeline
+// connections its pool had ever held at once (up to ten): after a Redis
+// restart, a burst of round trips dialled more, and the heap stepped up by
+// up to 2 MiB for the pool's idle lifetime of 30 minutes.
+const pipelineBuffer = 32 << 10
+
+// smallPipelineBuffers sets the pipeline pool's buffers to pipelineBuffer
+// unless they are set (a URL's pipeline_read_buffer_size, for one). A
+// cluster client has no pipeline pool unless these are set, so it is left
+// as it is.
+func smallPipelineBuffers(read, write *int) {
+	if *read == 0 {
+		*read = pipelineBuffer
+	}
+	if *write == 0 {
+		*write = pipelineBuffer
 	}
 }
 
@@ -72,6 +99,7 @@ func (r Redis) clientFromURL() (redis.UniversalClient, error) {
 		}
 		r.apply(&o.Username, &o.Password)
 		o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.ContextTimeoutEnabled = r.Timeout, r.Timeout, dialTimeout(r), true
+		smallPipelineBuffers(&o.PipelineReadBufferSize, &o.PipelineWriteBufferSize)
 		return redis.NewFailoverClient(o), nil
 	default:
 		o, err := redis.ParseURL(r.URL)
@@ -80,6 +108,7 @@ func (r Redis) clientFromURL() (redis.UniversalClient, error) {
 		}
 		r.apply(&o.Username, &o.Password)
 		o.ReadTimeout, o.WriteTimeout, o.DialTimeout, o.ContextTimeoutEnabled = r.Timeout, r.Timeout, dialTimeout(r), true
+		smallPipelineBuffers(&o.PipelineReadBufferSize, &o.PipelineWriteBufferSize)
 		return redis.NewClient(o), nil
 	}
 }
