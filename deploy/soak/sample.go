@@ -64,8 +64,11 @@ var replicaColumns = []struct {
 // about 31 MiB, fresh replicas at the same load in the first and the last
 // steady interval differed by 0.3 to 1.6 MiB in the five-minute form and
 // by 0.3 to 1.3 MiB in the hour's (1-5%, a step after the first fault,
-// level from there on), and single samples by up to 3 MiB. 5% of such a
-// heap is 1.55 MiB; a leak passes 2 MiB within the hour.
+// level from there on), and single samples by up to 3 MiB. The step was
+// mostly the Redis client's pool, which a restart's burst grows by a few
+// connections kept idle for 30 minutes; at 256 KiB of buffers each it was
+// up to 1.8 MiB, at 64 KiB (internal/config's pipelineBuffer) 0.4 MiB.
+// 5% of such a heap is 1.55 MiB; a leak passes 2 MiB within the hour.
 const heapGoalFloor = 2 << 20
 
 const (
