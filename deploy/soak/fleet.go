@@ -290,8 +290,8 @@ func mixCounts(n int) []int {
 // (no database: it only generates them), adds them to the fleet's
 // static keys file beside the script's own, and waits until every
 // replica accepts a key of every plan (they reload the file every 2 s).
-// It returns the keys shuffled, so that load over them in turn mixes the
-// plans, and how many each plan got.
+// It returns the keys shuffled, so that no plan's keys sit together in
+// the list, and how many each plan got.
 func (c *cluster) addKeys(ctx context.Context, n int) ([]string, map[string]int, error) {
 	path := filepath.Join(c.state, "keys.yaml")
 	file, err := os.ReadFile(path)

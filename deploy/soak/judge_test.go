@@ -218,7 +218,7 @@ func TestJudgedSeries(t *testing.T) {
 	t.Parallel()
 	all, rules := seriesNames(2)
 	for name, want := range map[string]rule{
-		"r1_rss_bytes":       {across: true},
+		"r1_rss_bytes":       {across: true, floor: rssFloor},
 		"r2_heap_goal_bytes": {across: true, within: true, floor: heapGoalFloor},
 		"r1_goroutines_own":  {across: true, within: true},
 		"r2_open_fds_own":    {across: true, within: true},
