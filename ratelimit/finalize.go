@@ -241,14 +241,17 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// forget drops the views after a failed heartbeat, which may hide older
-// replicas.
+// forget drops what a failed heartbeat may have hidden: the clear time, the
+// run towards finalizing by itself, and block grants. The records view holds
+// until it lapses, heartbeatTTL after the heartbeat that read it, as it would
+// had this heartbeat been slow rather than failed (the rule at the top of this
+// file). Dropped at once, a heartbeat that failed across a Redis restart had
+// every key this replica decided over the next second write its records as
+// full rings: a free key's day record stayed one (1,225 bytes, not 19) until
+// its next bucket, up to seven minutes on.
 func (r *replicas) forget() {
-	r.fin.Store(nil)
 	r.clear.Store(0)
 	r.allClear.Store(0)
-	r.met.finalized.Set(0)
-	r.met.compactRecords.Set(0)
 	// Blocks granted meanwhile may still be spent elsewhere.
 	if old := r.blk.Load(); old != nil {
 		r.blk.Store(&blockView{readUntil: old.readUntil})

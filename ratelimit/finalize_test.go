@@ -128,6 +128,17 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	}
 	beat()
 	inForce(true, "finalized again")
+	// A failed heartbeat (Redis restarting, say) leaves the view in force
+	// until it lapses, as a slow one would: compact records too.
+	f.mini.SetError("LOADING Redis is loading the dataset in memory")
+	if err := l.replicas.beat(ctx, time.Second); err == nil {
+		t.Fatal("a heartbeat succeeded on a failing Redis")
+	}
+	f.mini.SetError("")
+	inForce(true, "a heartbeat failed")
+	if arg, _ := l.replicas.finalized().(string); !strings.HasSuffix(arg, "c") {
+		t.Fatalf("after a failed heartbeat, the script's argument %q, want compact records kept", arg)
+	}
 	v := l.replicas.fin.Load()
 	l.replicas.fin.Store(&finState{arg: v.arg, until: time.Now().UnixNano()})
 	if l.replicas.finalized() != notFinalized {
