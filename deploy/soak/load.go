@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync"
@@ -69,8 +70,8 @@ func (t *tally) codes() map[int]int64 {
 
 // driver sends the soak's requests through HAProxy: GET
 // /v1/pets?limit=1, each on a key drawn at random, some keys more often
-// than others (keyPicker). Every one goes through
-// authentication, the limiter's round trip to Redis and the pet store.
+// than others (keyPicker). Every one goes through authentication, the
+// limiter's round trip to Redis and the pet store.
 // (GET /v1/rate_limit is left out: it answers 503 whenever its Redis
 // read takes longer than --redis-timeout, 50 ms, as it must, and a
 // shared 2-core machine has such pauses at any load; the soak would fail
@@ -229,15 +230,7 @@ func newKeyPicker(n int) keyPicker {
 
 // key returns the index of request n's key: the same for the same n.
 func (p keyPicker) key(n int) int {
-	u := float64(splitmix64(uint64(n))>>11) / (1 << 53)
+	u := float64(rand.NewPCG(uint64(n), 0).Uint64()>>11) / (1 << 53) // in [0, 1)
 	i, _ := slices.BinarySearch(p.cum, u*p.cum[len(p.cum)-1])
-	return min(i, len(p.cum)-1)
-}
-
-// splitmix64 scrambles x into 64 bits that look random.
-func splitmix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
-	x = (x ^ x>>27) * 0x94d049bb133111eb
-	return x ^ x>>31
+	return i
 }

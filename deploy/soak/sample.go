@@ -80,8 +80,9 @@ const heapGoalFloor = 2 << 20
 // only slowly, keeping about a tenth of the heap goal (3.5 MiB at 35 MiB)
 // besides. Across the run, at 3,700 to 4,800 requests/s, resident memory
 // rose 0.7 to 3.4 MiB (1% to 6.2%) in eight five-minute runs:
-// heapGoalFloor for the heap goal's step and 3 MiB for the pages kept. A replica's own leak shows sooner in its
-// heap goal, goroutines and descriptors, judged more finely.
+// heapGoalFloor for the heap goal's step and 3 MiB for the pages kept. A
+// replica's own leak shows sooner in its heap goal, goroutines and
+// descriptors, judged more finely.
 const rssFloor = heapGoalFloor + 3<<20
 
 const (
