@@ -639,8 +639,7 @@ func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAs
 
 // genReservationPlan draws a plan of one or two short windows (buckets
 // shorter than blockLife) and one or two long ones, with a ban rule
-// half the time: of up to three windows the fast path decides, of four
-// decide.
+// half the time.
 func genReservationPlan(rng *rand.Rand) (*plan, int) {
 	for {
 		ns, nl := 1+rng.IntN(2), 1+rng.IntN(2)

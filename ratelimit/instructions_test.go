@@ -64,15 +64,12 @@ import (
 //   - head-moved-blocks, head-moved-five-blocks-ride: head-moved and
 //     head-moved-five-ride with blocks in force (blocks.go): the minute
 //     window's coarse record read too, and in the second a block of every
-//     window granted; -decide: the same decisions
-//     by the code with its fast path off, as plans with coarse records
-//     were decided before the fast path took them.
+//     window granted.
 //   - head-moved-short-one, head-moved-short-two (and -blocks): plans
 //     of short windows alone, a minute, and ten seconds beside a minute,
 //     without and with blocks in force, where they read their windows'
 //     coarse records too (another plan of the key may count blocks
-//     there): the cost of that read, by fast for one window and by
-//     decide for two.
+//     there): the cost of that read.
 //   - reservation: the call that reserves 20 admissions of a key's day
 //     window (every few seconds: the passes here are 300 ms apart).
 //   - floor-7-commands: the head-moved decision's seven commands on the
@@ -99,11 +96,6 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	if err := cg.rdb.FunctionLoadReplace(ctx, floorLibrary).Err(); err != nil {
 		b.Fatal(err)
 	}
-	const generalLib = "petstore_ratelimit_general"
-	if err := cg.rdb.FunctionLoadReplace(ctx, "#!lua name="+generalLib+"\n"+generalOnlyCore(b)+
-		"\nredis.register_function('"+generalLib+"_decide', function(keys, args) return run(keys, args) end)\n").Err(); err != nil {
-		b.Fatal(err)
-	}
 	business := compile(benchPlans[2], DefaultBuckets, DefaultStrikeBuckets)
 	banPlan := compile(withBan(benchPlans[2]), DefaultBuckets, DefaultStrikeBuckets)
 	second := compile(Policy{Name: "second", Windows: []Window{{Limit: 1000, Period: time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
@@ -115,7 +107,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	five := compile(Policy{Name: "five", Windows: []Window{{Limit: 1000, Period: 5 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	// Plans of short windows alone (no long window, so no block of their
 	// own), which with blocks in force read their windows' coarse records
-	// too (plan.split): one window (served by fast) and two (by decide).
+	// too (plan.split): one window and two.
 	minute := compile(Policy{Name: "minute", Windows: []Window{{Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
 	tenMinute := compile(Policy{Name: "ten-minute", Windows: []Window{{Limit: 100, Period: 10 * time.Second}, {Limit: 1000, Period: time.Minute}}}, DefaultBuckets, DefaultStrikeBuckets)
 	business.split()
@@ -151,9 +143,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-blocks", business, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-blocks-decide", business, 8, 2, generalLib + "_decide", 300 * time.Millisecond, 0},
 		{"head-moved-five-blocks-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-five-blocks-ride-decide", five, 8, 2, generalLib + "_decide", 300 * time.Millisecond, 0},
 		{"head-moved-short-one", minute, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-short-one-blocks", minute, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-short-two", tenMinute, 8, 2, "", 300 * time.Millisecond, 0},

@@ -232,7 +232,6 @@ type invariantDriver struct {
 	rdb      *redis.Client        // nil: no Redis, local decides
 	mini     *miniredis.Miniredis // nil: real Redis, real time, or none
 	local    *localDecider        // with no Redis, the decider, on the test's clock
-	lib      *pathLibrary         // on real Redis, the Function that decides
 	prefix   string
 	keys     [][]string
 	plans    []*plan
@@ -410,8 +409,6 @@ func (d *invariantDriver) decide(reqs []request) []verdict {
 		switch {
 		case fin < 0:
 			dec = olderDecider{r}
-		case d.lib != nil:
-			r.sc = d.lib.script()
 		case d.mini != nil:
 			r.noFunctions.Store(true)
 		}
@@ -825,9 +822,6 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 2)
 	cases := max(*invariantCases/4, 6)
-	// The decision code as a library of its own, which counts the
-	// decisions each of its paths makes: both must be checked here.
-	lib := loadPathLibrary(t, rdb)
 	var (
 		mu       sync.Mutex
 		total    [3]int
@@ -846,7 +840,6 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 3))
 			d := newInvariantDriver(t, rng, rdb, nil, policies)
-			d.lib = lib
 			d.finalizeCase(120)
 			plan := 0
 			for i := range 120 {
@@ -874,11 +867,10 @@ func TestInvariantWindowsAndRetryAfterRedis(t *testing.T) {
 		})
 	}
 	t.Cleanup(func() {
-		fast, general := lib.paths(t)
-		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After; %d by the fast path, %d by decide; calls %d finalized (%d compact), %d not, %d by the release before",
-			total[0], total[1], total[2], honoured, fast, general, calls[0], calls[3], calls[1], calls[2])
-		if fast == 0 || general == 0 || calls[0] == 0 || calls[1] == 0 || calls[2] == 0 || calls[3] == 0 {
-			t.Errorf("the generated traffic left a path unchecked: fast %d, decide %d, calls %v", fast, general, calls)
+		t.Logf("decisions: %d allowed, %d limited, %d banned; %d retries after sleeping Retry-After; calls %d finalized (%d compact), %d not, %d by the release before",
+			total[0], total[1], total[2], honoured, calls[0], calls[3], calls[1], calls[2])
+		if calls[0] == 0 || calls[1] == 0 || calls[2] == 0 || calls[3] == 0 {
+			t.Errorf("the generated traffic left a path unchecked: calls %v", calls)
 		}
 	})
 }

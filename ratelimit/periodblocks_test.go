@@ -660,10 +660,9 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	for pn2 == 0 || pn2 == p {
 		pn2 = []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second, 2 * time.Minute}[rng.IntN(4)]
 	}
-	// With reserve, a third of the time a second short window of plenty,
-	// so that the plans go through decide (fast serves one coarse
-	// record), and a third of the time a second long window of plenty,
-	// an hour, so that the day is the fast path's window 3; and, with a
+	// With reserve, a third of the time a second short window of plenty
+	// (two coarse records), and a third of the time a second long window
+	// of plenty, an hour, so that the day is window 3; and, with a
 	// lease, half the time the third plan's day window below its short
 	// window's limit: its cap, written in the day's record too, is then
 	// the one that binds, below the other plan's day limit.

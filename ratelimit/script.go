@@ -11,11 +11,10 @@ import (
 // at one reading of the server's clock, as keyState.decide (state.go) does, on
 // format.go's records; a batch's decisions for one key see each other's writes.
 //
-// decide (lua/decide.lua) serves every request; fast (lua/fast.lua) the common
-// one through the same window functions (each rule is written once), handing it
-// to decide before any write where decide would refuse. Both touch only the
-// bytes they need (GETRANGE, SETRANGE): Redis's Lua hashes every string it
-// makes. No key is ever left without a TTL.
+// decide (lua/decide.lua) serves every request, each window's rules written
+// once (lua/window.lua). It touches only the bytes it needs (GETRANGE,
+// SETRANGE): Redis's Lua hashes every string it makes. No key is ever left
+// without a TTL.
 //
 // KEYS, per decision: the ban record, the window records in plan order, the
 // candidate window records, the candidate ban record (if any), the coarse
@@ -59,7 +58,7 @@ var decideCore = joinDecisionCode()
 
 // joinDecisionCode joins the decision code's files in their order.
 func joinDecisionCode() string {
-	return codecLua + ringLua + windowLua + banLua + reserveLua + decideFnLua + fastLua + runLua
+	return codecLua + ringLua + windowLua + banLua + reserveLua + decideFnLua + runLua
 }
 
 // The decision code's files, in order: each uses those before it. codec.lua
@@ -77,8 +76,6 @@ var (
 	reserveLua string
 	//go:embed lua/decide.lua
 	decideFnLua string
-	//go:embed lua/fast.lua
-	fastLua string
 	//go:embed lua/run.lua
 	runLua string
 )

@@ -1,8 +1,5 @@
 -- Decision code, last file (script.go): plans, the batch, and run, the entry.
 
--- PATHS: decisions answered since load, and those decide made (for tests).
-local PATHS = {0, 0}
-
 -- Plans, decoded once per call or, with a Function, once for all (DECODED, at
 -- most 256). PLANS maps a call's plan indexes to them.
 local DECODED, ndecoded = {}, 0
@@ -46,7 +43,7 @@ local function planAt(PLANS, p)
     -- offences (not in the bare form), then per window used and reset.
     pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
       bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
-      mults = mult, cmults = cmult, fast = not cban and nc == 0 and nw <= 3 and (nco == 0 or nco == 1 and CO[1].i == 1),
+      mults = mult, cmults = cmult,
       nco = nco, CO = CO, CP = CP, kco = 1 + nw + nc + (cban and 1 or 0)}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
     DECODED[s], ndecoded = pl, ndecoded + 1
@@ -61,9 +58,9 @@ local ADD = {}
 -- A block's numbers, one table reused: a table per decision is garbage.
 local RSVS = {}
 
--- batch makes the call's decisions from POS on, in order, each by fast where
--- it may, else by decide. POS and BASE move past a decision before it is
--- made, so that after one fails (run catches it) the batch goes on.
+-- batch makes the call's decisions from POS on, in order. POS and BASE move
+-- past a decision before it is made, so that after one fails (run catches it)
+-- the batch goes on.
 local function batch()
   local calls, out = CALLS, OUT
   while POS <= #calls do
@@ -71,13 +68,11 @@ local function batch()
     local base = BASE
     POS, BASE = pos, base + nk
     local pl = planAt(PLANS, p)
-    local mode, extra, want, need, life, r = 0, 0, 1, 1, 1
+    local mode, extra, want, need, life = 0, 0, 1, 1, 1
     -- fixed: how many of the numbers are the ask (the rest: adds, seeding).
     local fixed, RSV = 5
-    if na == 0 then
-      -- A plain request: to decide, with no strikes and no lease.
-      if pl.fast then r = fast(base, pl, 1, 1, 1) end
-    else
+    if na > 0 then
+      -- (None: a plain request, to decide, with no strikes and no lease.)
       mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
       if mode == 2 then
         -- Decide and count a block (reserveSize): its numbers follow; want and
@@ -90,29 +85,20 @@ local function batch()
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
-      -- (Decide refuses a block of other short windows than the coarse
-      -- records', and grants one of a plan with no long window.)
-      if pl.fast and mode ~= 1 and na == fixed and (extra == 0 or not pl.ban) and (not RSV or (pl.nco == 0 or RSV[5] == pl.nco) and RSV[5] < pl.V[1]) then
-        r = fast(base, pl, want, need, life, RSV)
-      end
     end
-    if not r then
-      PATHS[2] = PATHS[2] + 1
-      local nw = pl.V[1]
-      -- Admissions to add come only when there are any (or seeding follows).
-      if na > fixed then
-        for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
-      else
-        for i = 1, nw do ADD[i] = 0 end
-      end
-      local SEED
-      if na > fixed + nw then
-        SEED = {unpack_('>' .. rep('I8', na - fixed - nw), calls, pos)}
-        SEED[na - fixed - nw + 1] = nil
-      end
-      r = decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
+    local nw = pl.V[1]
+    -- Admissions to add come only when there are any (or seeding follows).
+    if na > fixed then
+      for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
+    else
+      for i = 1, nw do ADD[i] = 0 end
     end
-    out[#out + 1] = r
+    local SEED
+    if na > fixed + nw then
+      SEED = {unpack_('>' .. rep('I8', na - fixed - nw), calls, pos)}
+      SEED[na - fixed - nw + 1] = nil
+    end
+    out[#out + 1] = decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   end
 end
 
@@ -141,6 +127,5 @@ local function run(keys, args)
     if type(err) == 'table' and err.err then err = err.err end
     OUT[#OUT + 1] = 'E' .. tostring(err)
   end
-  PATHS[1] = PATHS[1] + #OUT
   return OUT
 end
