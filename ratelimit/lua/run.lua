@@ -71,8 +71,8 @@ local function batch()
     local mode, extra, want, need, life = 0, 0, 1, 1, 1
     -- fixed: how many of the numbers are the ask (the rest: adds, seeding).
     local fixed, RSV = 5
+    -- A plain request (to decide, with no strikes and no lease) sends none.
     if na > 0 then
-      -- (None: a plain request, to decide, with no strikes and no lease.)
       mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
       if mode == 2 then
         -- Decide and count a block (reserveSize): its numbers follow; want and
