@@ -5,20 +5,20 @@ local RES = {}
 -- decide makes one decision (records from KEYS[base + 1]) under plan pl, with
 -- the asked numbers, ADD, SEED and RSV (nil: none), and returns its reply.
 local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
-  local V = pl.V
-  local nw = V[1]
+  local W, nw = pl.W, pl.nw
   -- Blocks (nco > 0): window i's coarse record (x = CP[i], CO[x].i = i) is
   -- working window nw + x, record KEYS[base + pl.kco + x]; the records of other
   -- periods (seeding) follow. Transition windows start after tb.
   local nco, CO, CP = pl.nco, pl.CO, pl.CP
   local tb = nw + nco
 
-  -- SEED, after a plan changed its periods: the sources a window with no
-  -- record may take its past from (count; each: KEYS index, period, g, n,
-  -- unit, coarse record's KEYS index (0: none), g, n, unit), per window the
-  -- sources to try (count, indexes), then the transition windows (count;
-  -- each: KEYS index, limit, period, g, n, unit, ttl, coarse record as a
-  -- source's). Indexes past the plan's windows skip coarse records (at).
+  -- SEED, after a plan changed its periods (seeding.nums): the sources a
+  -- window with no record may take its past from (count; each: KEYS index,
+  -- period, g, n, unit, coarse record's KEYS index (0: none), g, n, unit),
+  -- per window the sources to try (count, indexes), then the transition
+  -- windows (count; each: KEYS index, limit, period, g, n, unit, ttl, coarse
+  -- record as a source's), read into SRC, TRY and TRANS by name. Indexes past
+  -- the plan's windows skip coarse records (at).
   local SRC, TRY, TRANS
   if SEED then
     SRC, TRY, TRANS = {}, {}, {}
@@ -33,7 +33,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       local k, ck, cg, cn, cu = SEED[q], SEED[q + 5], SEED[q + 6], SEED[q + 7], SEED[q + 8]
       local x = k <= 1 + nw and CP and CP[k - 1]
       if x then ck, cg, cn, cu = pl.kco + x, CO[x].g, CO[x].n, CO[x].unit elseif ck > 0 then ck = at(ck) end
-      SRC[s] = {at(k), SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], ck, cg, cn, cu}
+      SRC[s] = {k = at(k), period = SEED[q + 1], g = SEED[q + 2], n = SEED[q + 3], unit = SEED[q + 4],
+        ck = ck, cg = cg, cn = cn, cu = cu}
     end
     o = o + 1 + 9 * ns
     for i = 1, nw do
@@ -46,7 +47,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       local q = o + 1 + 11 * (j - 1)
       local ck = SEED[q + 7]
       if ck > 0 then ck = at(ck) end
-      TRANS[j] = {at(SEED[q]), SEED[q + 1], SEED[q + 2], SEED[q + 3], SEED[q + 4], SEED[q + 5], SEED[q + 6], ck, SEED[q + 8], SEED[q + 9], SEED[q + 10]}
+      TRANS[j] = {k = at(SEED[q]), limit = SEED[q + 1], period = SEED[q + 2], g = SEED[q + 3], n = SEED[q + 4],
+        unit = SEED[q + 5], ttl = SEED[q + 6], ck = ck, cg = SEED[q + 8], cn = SEED[q + 9], cu = SEED[q + 10]}
     end
   end
   local peek = mode == 1
@@ -62,8 +64,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   local room, lend = -1, now + life
 
   for i = 1, nw do
-    local o = 2 + 6 * (i - 1)
-    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local w = W[i]
+    local limit, period, g, n, unit = w.limit, w.period, w.g, w.n, w.unit
     local key = KEYS[base + 1 + i]
     local h = call('GETRANGE', key, '0', '18')
     if #h < 1 + HDR and TRY and TRY[i] then
@@ -71,12 +73,12 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       -- another period the key has, or its coarse record (blocks count there).
       for _, si in ipairs(TRY[i]) do
         local src = SRC[si]
-        local ss, cs2 = call('GET', KEYS[base + src[1]]), false
-        ss = full(ss, src[4])
-        if not (ss and #ss >= 1 + HDR + (src[4] + 1) * SLOT) then ss = false end
-        if src[6] > 0 then
-          cs2 = call('GET', KEYS[base + src[6]])
-          if not (cs2 and #cs2 >= 1 + HDR + (src[8] + 1) * SLOT) then cs2 = false end
+        local ss, cs2 = call('GET', KEYS[base + src.k]), false
+        ss = full(ss, src.n)
+        if not (ss and #ss >= 1 + HDR + (src.n + 1) * SLOT) then ss = false end
+        if src.ck > 0 then
+          cs2 = call('GET', KEYS[base + src.ck])
+          if not (cs2 and #cs2 >= 1 + HDR + (src.cn + 1) * SLOT) then cs2 = false end
         end
         if ss or cs2 then
           -- The window's coarse record, if any, takes what is still being
@@ -90,7 +92,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
               C = {key = ck, g = cr.g, n = cr.n, unit = cr.unit, ttl = cr.ttl, cur = cur}
             end
           end
-          if seed(key, ss, src[3], src[4], src[5], cs2, src[7], src[8], src[9], period, g, n, unit, pl.TTL[i], floor(now / g), now, C) then
+          if seed(key, ss, src.g, src.n, src.unit, cs2, src.cg, src.cn, src.cu, period, g, n, unit, w.ttl, floor(now / g), now, C) then
             h = call('GETRANGE', key, '0', '18')
           end
           break
@@ -132,28 +134,28 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     TX = {}
     for j = 1, #TRANS do
       local tr = TRANS[j]
-      local key = KEYS[base + tr[1]]
+      local key = KEYS[base + tr.k]
       local h = call('GETRANGE', key, '0', '18')
       if #h >= 1 + HDR then
         ntx = ntx + 1
         local x = tb + ntx
         TX[ntx] = tr
-        view(x, key, h, tr[3], tr[4], tr[5], tr[6])
-        WCAP[x], WCEND[x] = readCap(key, h, tr[5], tr[4], tr[6], WB[x], WVH[x], WHC[x], WHO[x])
-        local limit = tr[2]
+        view(x, key, h, tr.period, tr.g, tr.n, tr.unit)
+        WCAP[x], WCEND[x] = readCap(key, h, tr.n, tr.g, tr.unit, WB[x], WVH[x], WHC[x], WHO[x])
+        local limit = tr.limit
         if WCAP[x] and WCAP[x] < limit then limit = WCAP[x] end
         local c = WUSED[x]
-        if tr[8] > 0 then
+        if tr.ck > 0 then
           -- Its coarse record's blocks count too (working values -ntx).
-          local ck = KEYS[base + tr[8]]
-          view(-ntx, ck, call('GETRANGE', ck, '0', '18'), tr[3], tr[9], tr[10], tr[11])
-          WCAP[-ntx], WCEND[-ntx] = readCap(ck, WH[-ntx], tr[10], tr[9], tr[11], WB[-ntx], WVH[-ntx], WHC[-ntx], WHO[-ntx])
+          local ck = KEYS[base + tr.ck]
+          view(-ntx, ck, call('GETRANGE', ck, '0', '18'), tr.period, tr.cg, tr.cn, tr.cu)
+          WCAP[-ntx], WCEND[-ntx] = readCap(ck, WH[-ntx], tr.cn, tr.cg, tr.cu, WB[-ntx], WVH[-ntx], WHC[-ntx], WHO[-ntx])
           if WCAP[-ntx] and WCAP[-ntx] < limit then limit = WCAP[-ntx] end
           c = c + WUSED[-ntx]
         end
         if c >= limit then admit = false end
         if room < 0 or limit - c < room then room = limit - c end
-        if (WB[x] + 1) * tr[4] < lend then lend = (WB[x] + 1) * tr[4] end
+        if (WB[x] + 1) * tr.g < lend then lend = (WB[x] + 1) * tr.g end
       end
     end
   end
@@ -164,25 +166,24 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   local admitted = admit and not peek
 
   -- A block riding on this admission (RSV, reserveSize): rk more admissions
-  -- of the long windows (after the first RSV[5]) at the block's end rend.
+  -- of the long windows (after the first RSV.ns) at the block's end rend.
   -- Where the short windows have coarse records (nco > 0), rk counts there too.
   local rk, rend, ns = 0, 0, 0
-  if RSV and admitted and ntx == 0 and (nco == 0 or nco == RSV[5]) then
-    ns, rend = RSV[5], now + RSV[7]
+  if RSV and admitted and ntx == 0 and (nco == 0 or nco == RSV.ns) then
+    ns, rend = RSV.ns, now + RSV.life
     local lroom = 2 ^ 53
     for i = ns + 1, nw do
-      local o = 2 + 6 * (i - 1)
-      local limit = V[o]
+      local limit = W[i].limit
       if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
       if limit - WUSED[i] - 1 < lroom then lroom = limit - WUSED[i] - 1 end
-      if (WB[i] + 1) * V[o + 2] < rend then rend = (WB[i] + 1) * V[o + 2] end
+      if (WB[i] + 1) * W[i].g < rend then rend = (WB[i] + 1) * W[i].g end
     end
     local sc = WUSED[ns] + 1
     if nco > 0 then
       for i = 1, ns do
         local x = CP[i]
         local y, g = nw + x, CO[x].g
-        local limit = V[2 + 6 * (i - 1)]
+        local limit = W[i].limit
         if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
         if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
         local r = limit - WUSED[i] - WUSED[y] - 1
@@ -193,8 +194,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       end
       sc = sc + WUSED[nw + CP[ns]]
     end
-    local o = 2 + 6 * (ns - 1)
-    rk = reserveSize(sc, V[o + 1], lroom, rend - now, RSV, WKEY[ns], V[o + 2], V[o + 3], WVH[ns], WTOT[ns], WHC[ns], WFROM[ns])
+    local w = W[ns]
+    rk = reserveSize(sc, w.period, lroom, rend - now, RSV, WKEY[ns], w.g, w.n, WVH[ns], WTOT[ns], WHC[ns], WFROM[ns])
     if rk == 0 then rend = 0 end
   end
 
@@ -203,33 +204,33 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     if admitted then k, t = k + granted, at end
     if rk > 0 and i > ns then k, t = k + rk, rend end
     if k > 0 then
-      local o = 2 + 6 * (i - 1)
-      record(i, k, t, V[o + 2], V[o + 3], V[o + 4], pl.TTL[i])
+      local w = W[i]
+      record(i, k, t, w.g, w.n, w.unit, w.ttl)
     end
   end
   if rk > 0 and nco > 0 then
     for x = 1, nco do
       local cr = CO[x]
-      blockWrite(nw + x, rk, rend, V[2 + 6 * (cr.i - 1) + 1], cr.g, cr.n, cr.unit, cr.ttl)
+      blockWrite(nw + x, rk, rend, W[cr.i].period, cr.g, cr.n, cr.unit, cr.ttl)
     end
   end
   if admitted then
     for j = 1, ntx do
       local tr = TX[j]
-      record(tb + j, granted, at, tr[4], tr[5], tr[6], tr[7])
+      record(tb + j, granted, at, tr.g, tr.n, tr.unit, tr.ttl)
     end
   end
   -- A lease caps every window it counts in until it ends.
   if admitted and granted > 1 then
-    for i = 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], lend, WCAP[i], WCEND[i]) end
-    for j = 1, ntx do writeCap(WKEY[tb + j], TX[j][5], TX[j][2], lend, WCAP[tb + j], WCEND[tb + j]) end
+    for i = 1, nw do writeCap(WKEY[i], W[i].n, W[i].limit, lend, WCAP[i], WCEND[i]) end
+    for j = 1, ntx do writeCap(WKEY[tb + j], TX[j].n, TX[j].limit, lend, WCAP[tb + j], WCEND[tb + j]) end
   end
   -- A block caps every long window and coarse record until it ends.
   if rk > 0 then
-    for i = ns + 1, nw do writeCap(WKEY[i], V[2 + 6 * (i - 1) + 3], V[2 + 6 * (i - 1)], rend, WCAP[i], WCEND[i]) end
+    for i = ns + 1, nw do writeCap(WKEY[i], W[i].n, W[i].limit, rend, WCAP[i], WCEND[i]) end
     for x = 1, nco do
       local y = nw + x
-      writeCap(WKEY[y], CO[x].n, V[2 + 6 * (CO[x].i - 1)], rend, WCAP[y], WCEND[y])
+      writeCap(WKEY[y], CO[x].n, W[CO[x].i].limit, rend, WCAP[y], WCEND[y])
     end
   end
 
@@ -237,16 +238,14 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   -- request and the extra rejected locally, they count as many as fit and
   -- limit the rest, each a strike of their ban policy; the strike that
   -- begins a ban, those after it and all of a banned key count as banned.
-  local co = pl.co
-  local nc = V[co]
+  local CW, nc = pl.CW, pl.nc
   local cb = tb + ntx
   local croom = -1
   for i = 1, nc do
-    local o = co + 1 + 6 * (i - 1)
-    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local w = CW[i]
     local key = KEYS[base + 1 + nw + i]
-    view(cb + i, key, call('GETRANGE', key, '0', '18'), period, g, n, unit)
-    if croom < 0 or limit - WUSED[cb + i] < croom then croom = limit - WUSED[cb + i] end
+    view(cb + i, key, call('GETRANGE', key, '0', '18'), w.period, w.g, w.n, w.unit)
+    if croom < 0 or w.limit - WUSED[cb + i] < croom then croom = w.limit - WUSED[cb + i] end
   end
   local CR = pl.cban
   local cbkey, cbs, cbUntil, cbOff, cbAt, cbRing
@@ -268,8 +267,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       if croom <= extra then cOut = 1 end
       if cAdm > 0 then
         for i = 1, nc do
-          local o = co + 1 + 6 * (i - 1)
-          record(cb + i, cAdm, now, V[o + 2], V[o + 3], V[o + 4], pl.CTTL[i])
+          local w = CW[i]
+          record(cb + i, cAdm, now, w.g, w.n, w.unit, w.ttl)
         end
       end
     end
@@ -316,8 +315,8 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     end
   end
   for i = 1, nw do
-    local o = 2 + 6 * (i - 1)
-    local limit, period, g, n, unit = V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+    local w = W[i]
+    local limit, period, g, n, unit = w.limit, w.period, w.g, w.n, w.unit
     local counted = 0
     if admitted then counted = granted end
     if rk > 0 and i > ns then counted = counted + rk end
@@ -340,17 +339,17 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
     for j = 1, ntx do
       local tr = TX[j]
       local u, rem, reset_, wait
-      if tr[8] > 0 then
-        u, rem, reset_, wait = pairStanding(tb + j, -j, tr[2], tr[3], tr[4], tr[5], tr[6], tr[9], tr[10], tr[11], 0, 0, true)
+      if tr.ck > 0 then
+        u, rem, reset_, wait = pairStanding(tb + j, -j, tr.limit, tr.period, tr.g, tr.n, tr.unit, tr.cg, tr.cn, tr.cu, 0, 0, true)
       else
-        u, rem, reset_, wait = standing(tb + j, tr[2], tr[3], tr[4], tr[5], tr[6], 0, true)
+        u, rem, reset_, wait = standing(tb + j, tr.limit, tr.period, tr.g, tr.n, tr.unit, 0, true)
       end
       if wait > rt then rt = wait end
     end
   end
   for i = 1, nc do
-    local o = co + 1 + 6 * (i - 1)
-    local u, rem, reset_ = standing(cb + i, V[o], V[o + 1], V[o + 2], V[o + 3], V[o + 4], cAdm, false)
+    local w = CW[i]
+    local u, rem, reset_ = standing(cb + i, w.limit, w.period, w.g, w.n, w.unit, cAdm, false)
     RES[m + 1], RES[m + 2] = u, reset_
     m = m + 2
   end

@@ -41,19 +41,19 @@ end
 
 -- reserveSize returns a block's size beside a request admitted now (mode 2,
 -- blocks.go): sc, what the last short window counts with it, at its rate over
--- sp (or demandSpan) times rest less the round trips' allowance RSV[4]; at
--- most the replica's share RSV[6] and lroom (the least room a long window has
--- left) / (margin RSV[2] * replicas RSV[1]); 0 below RSV[3].
+-- sp (or demandSpan) times rest less the round trips' allowance; at most the
+-- replica's share (most) and lroom (the least room a long window has left) /
+-- (margin * replicas); 0 below the smallest block (least).
 local function reserveSize(sc, sp, lroom, rest, RSV, key, g, n, vh, total, hc, from)
-  local num = sc * (rest - RSV[4])
+  local num = sc * (rest - RSV.allow)
   if num <= 0 or lroom <= 0 then return 0 end
-  local most = RSV[6]
-  local m = floor(lroom / (RSV[2] * RSV[1]))
+  local most = RSV.most
+  local m = floor(lroom / (RSV.margin * RSV.replicas))
   if m < most then most = m end
-  if most < RSV[3] or most < 1 then return 0 end
+  if most < RSV.least or most < 1 then return 0 end
   local k = num / sp
-  if k < most and sp > RSV[7] then
-    sp = demandSpan(key, sp, g, n, vh, total, hc, from, RSV[7])
+  if k < most and sp > RSV.life then
+    sp = demandSpan(key, sp, g, n, vh, total, hc, from, RSV.life)
     k = num / sp
   end
   -- A product past 2^52 may be rounded up: one less keeps the floor from
@@ -61,6 +61,6 @@ local function reserveSize(sc, sp, lroom, rest, RSV, key, g, n, vh, total, hc, f
   if num > 2 ^ 52 then k = k - 1 end
   k = floor(k)
   if k > most then k = most end
-  if k < RSV[3] or k < 1 then return 0 end
+  if k < RSV.least or k < 1 then return 0 end
   return k
 end

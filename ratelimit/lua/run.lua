@@ -8,6 +8,16 @@ local function banRule(V, o, mult)
   return {thr = V[o], sp = V[o + 1], sg = V[o + 2], sn = V[o + 3], su = V[o + 4], sttl = V[o + 5],
     memory = V[o + 6], base = V[o + 7], max = V[o + 8], mult = mult}, o + 9
 end
+-- windowsAt reads count windows' numbers from V[o] on, each named as decide
+-- reads it: limit, period, bucket width g, n, offset unit and TTL (ms).
+local function windowsAt(V, o, count)
+  local W = {}
+  for i = 1, count do
+    local q = o + 6 * (i - 1)
+    W[i] = {limit = V[q], period = V[q + 1], g = V[q + 2], n = V[q + 3], unit = V[q + 4], ttl = V[q + 5]}
+  end
+  return W, o + 6 * count
+end
 local function planAt(PLANS, p)
   local pl = PLANS[p]
   if pl then return pl end
@@ -16,33 +26,35 @@ local function planAt(PLANS, p)
   if not pl or pl.mults ~= mult or pl.cmults ~= cmult then
     local V = {unpack_('>' .. rep('I8', #s / 8), s, 1)}
     local nw = V[1]
-    local ban, co = banRule(V, 2 + 6 * nw, tonumber(mult))
-    local nc = V[co]
-    local cban, xo = banRule(V, co + 1 + 6 * nc, tonumber(cmult))
+    local W, o = windowsAt(V, 2, nw)
+    local ban
+    ban, o = banRule(V, o, tonumber(mult))
+    local nc = V[o]
+    local CW
+    CW, o = windowsAt(V, o + 1, nc)
+    local cban
+    cban, o = banRule(V, o, tonumber(cmult))
     -- Blocks (Go's plan.blocks): the count of coarse records, then each as
     -- its window's index, period, bucket width, n, offset unit and TTL.
     local nco, CO, CP = 0, nil, nil
     -- (V's last value is unpack's next position, not the plan's.)
-    if xo <= #s / 8 then nco = V[xo] end
+    if o <= #s / 8 then nco = V[o] end
     if nco > 0 then
       CO, CP = {}, {}
       for x = 1, nco do
-        local q = xo + 1 + 6 * (x - 1)
+        local q = o + 1 + 6 * (x - 1)
         CO[x] = {i = V[q], g = V[q + 2], n = V[q + 3], unit = V[q + 4], ttl = V[q + 5]}
         CP[V[q]] = x
       end
     end
-    local ttl, cttl = {}, {}
-    for i = 1, nw do ttl[i] = V[2 + 6 * (i - 1) + 5] end
-    for i = 1, nc do cttl[i] = V[co + 1 + 6 * (i - 1) + 5] end
     local fields = 5 + 2 * (nw + nc)
     if ban then fields = fields + 4 end
     if nc > 0 then fields = fields + 4 end
     if cban then fields = fields + 4 end
     -- The short forms: now, with a ban rule the strikes, ban end and
     -- offences (not in the bare form), then per window used and reset.
-    pl = {V = V, co = co, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields), sfmt = '>' .. rep('i8', 4 + 2 * nw),
-      bfmt = '>' .. rep('i8', 1 + 2 * nw), TTL = ttl, CTTL = cttl,
+    pl = {nw = nw, W = W, nc = nc, CW = CW, ban = ban, cban = cban, rfmt = '>' .. rep('i8', fields),
+      sfmt = '>' .. rep('i8', 4 + 2 * nw), bfmt = '>' .. rep('i8', 1 + 2 * nw),
       mults = mult, cmults = cmult,
       nco = nco, CO = CO, CP = CP, kco = 1 + nw + nc + (cban and 1 or 0)}
     if ndecoded >= 256 then DECODED, ndecoded = {}, 0 end
@@ -55,7 +67,9 @@ end
 -- The call: decisions, next one's position and KEYS base, replies, plans met.
 local CALLS, POS, BASE, OUT, PLANS
 local ADD = {}
--- A block's numbers, one table reused: a table per decision is garbage.
+-- A block's numbers (blockAsk.nums), one table reused: a table per decision
+-- is garbage. replicas, margin, least (the smallest block), allow (the round
+-- trips' allowance, µs), ns (short windows); then the ask's most and life.
 local RSVS = {}
 
 -- batch makes the call's decisions from POS on, in order. POS and BASE move
@@ -78,15 +92,15 @@ local function batch()
         -- Decide and count a block (reserveSize): its numbers follow; want and
         -- life are the block's most and life, not a lease's.
         RSV = RSVS
-        RSV[1], RSV[2], RSV[3], RSV[4], RSV[5], pos = unpack_('>I8I8I8I8I8', calls, pos)
-        RSV[6], RSV[7] = want, life
+        RSV.replicas, RSV.margin, RSV.least, RSV.allow, RSV.ns, pos = unpack_('>I8I8I8I8I8', calls, pos)
+        RSV.most, RSV.life = want, life
         -- (Every window short: only where each has a coarse record.)
-        if RSV[5] < 1 or RSV[5] > pl.V[1] or RSV[5] == pl.V[1] and pl.nco ~= RSV[5] then RSV = nil end
+        if RSV.ns < 1 or RSV.ns > pl.nw or RSV.ns == pl.nw and pl.nco ~= RSV.ns then RSV = nil end
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
     end
-    local nw = pl.V[1]
+    local nw = pl.nw
     -- Admissions to add come only when there are any (or seeding follows).
     if na > fixed then
       for i = 1, nw do ADD[i], pos = unpack_('>I8', calls, pos) end
