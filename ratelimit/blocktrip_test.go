@@ -48,7 +48,7 @@ func blockUntil(l *Limiter, key string) time.Time {
 var coldPlan = Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
 
 // TestBlocksHoldEveryWindowThroughTheLimiter plays the reservation cases
-// with blocks in force (blocks.go): reserved admissions are then spent in
+// with blocks in force (lease.go): reserved admissions are then spent in
 // process, the short windows' too, and every window holds by each
 // admission's time, Remaining, Reset and the outlive probes included.
 func TestBlocksHoldEveryWindowThroughTheLimiter(t *testing.T) {
@@ -602,7 +602,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 // them short, the oldest bucket of the last short one's record that
 // holds a request beginning at oldest (µs; now when none does), worked
 // out exactly in integers (blockAsk, reserveSize and demandSpan in
-// script.go), with the term that bound it and the product sc·rest.
+// redisdecider.go), with the term that bound it and the product sc·rest.
 func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAsk) (k int64, bound string, product int64) {
 	end := now + blockLife.Microseconds()
 	lroom := int64(math.MaxInt64)

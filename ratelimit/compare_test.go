@@ -52,7 +52,7 @@ import (
 // cold-finalized and steady-finalized, cold and steady with this
 // limiter's records finalized (finalize.go) beside itself without, as
 // "petstore-unfinalized"; and cold-blocks and steady-blocks, cold and
-// steady with blocks in force (blocks.go) beside this limiter without
+// steady with blocks in force (lease.go) beside this limiter without
 // them, as "petstore-noblocks", and steady-blocks-minute, steady-blocks
 // under a plan of a minute window alone, with no long window to reserve. The
 // limiters take turns in rounds of b.N decisions from compareCallers
@@ -96,7 +96,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		// finalized: this limiter's records finalized (finalize.go),
 		// beside itself without (petstore-unfinalized).
 		finalized bool
-		// blocks: this limiter with blocks in force (blocks.go), beside
+		// blocks: this limiter with blocks in force (lease.go), beside
 		// itself without (petstore-noblocks).
 		blocks bool
 	}{

@@ -32,7 +32,7 @@ const (
 	finalMarkSuffix   = "{replicas}:finalized"
 )
 
-// Blocks level (blocks.go): an older release neither reads nor writes coarse
+// Blocks level (lease.go): an older release neither reads nor writes coarse
 // records, so it would admit without the blocks others spend. Replicas also
 // beat in :final2 (staying in :final, where the release before counts them).
 // Blocks are granted while this mark is in force; coarse records are read while

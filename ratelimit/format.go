@@ -16,7 +16,7 @@ import (
 // Keys (the braces put a key's records in one Cluster slot, for one script):
 //
 //	PREFIX{KEY}:w:PERIOD:GRAN  window record (PERIOD, GRAN in µs)
-//	PREFIX{KEY}:b:PERIOD:GRAN  short window's coarse record (blocks.go)
+//	PREFIX{KEY}:b:PERIOD:GRAN  short window's coarse record (lease.go)
 //	PREFIX{KEY}:c:PERIOD:GRAN  candidate window record (window layout)
 //	PREFIX{KEY}:ban            ban record
 //	PREFIX{KEY}:cban           candidate ban record (ban layout)
@@ -141,7 +141,7 @@ func banKey(prefix, key string) string { return prefix + "{" + key + "}:ban" }
 // windowKey is the name of key's record of window r (stateKeys' name).
 func windowKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:w:" + r.name }
 
-// coarseKey is the name of the coarse record r of key's window (blocks.go).
+// coarseKey is the name of the coarse record r of key's window (lease.go).
 func coarseKey(prefix, key string, r *ring) string { return prefix + "{" + key + "}:b:" + r.name }
 
 // resetMarkKey is the name of key's reset mark.
@@ -150,7 +150,7 @@ func resetMarkKey(prefix, key string) string { return prefix + "{" + key + "}:re
 // candidateBanKey returns the Redis key of key's candidate ban record.
 func candidateBanKey(prefix, key string) string { return prefix + "{" + key + "}:cban" }
 
-// stateKeys returns the script's KEYS for key under pl (script.go), cut from
+// stateKeys returns the script's KEYS for key under pl (redisdecider.go), cut from
 // one string so that a decision allocates its keys' bytes once.
 func stateKeys(prefix, key string, pl *plan) []string {
 	size := pl.keyCount()*(len(prefix)+len(key)+2) + len(":ban")

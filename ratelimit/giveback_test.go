@@ -42,7 +42,7 @@ func TestGiveBackKeepsEveryBucketAtLeastAdmittedRedis(t *testing.T) {
 }
 
 // TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis is the same
-// for blocks (blocks.go): a plan of a short and a long window (a third of
+// for blocks (lease.go): a plan of a short and a long window (a third of
 // the cases, the short one alone), blocks of
 // every size granted by reserving round trips and given back, part
 // spent; the short window's coarse record, where a block counts in the
@@ -385,7 +385,7 @@ type storedRing struct {
 }
 
 // readBuckets reads the window records of keys (stateKeys under pl), by
-// window index, then its coarse records (blocks.go); a record that does
+// window index, then its coarse records (lease.go); a record that does
 // not exist is absent.
 func readBuckets(t *testing.T, rdb *redis.Client, keys []string, pl *plan) map[int]storedRing {
 	t.Helper()

@@ -62,7 +62,7 @@ import (
 //     expiry is set when its head moves into a new epoch (15 s) alone,
 //     not on each move, so most decisions skip that command.
 //   - head-moved-blocks, head-moved-five-blocks-ride: head-moved and
-//     head-moved-five-ride with blocks in force (blocks.go): the minute
+//     head-moved-five-ride with blocks in force (lease.go): the minute
 //     window's coarse record read too, and in the second a block of every
 //     window granted.
 //   - head-moved-short-one, head-moved-short-two (and -blocks): plans

@@ -1005,7 +1005,7 @@ func disagreeingPolicies(rng *rand.Rand, p Policy) []Policy {
 // admission, in the same order.
 type windowFieldsCheck struct {
 	// blocks: blocks are in force, and a short window's newest counted
-	// bucket may be its coarse record's (blocks.go).
+	// bucket may be its coarse record's (lease.go).
 	blocks bool
 	by     []int // each admission's replica, in the order admitted
 	kind   []int // 0 a round trip, 1 leased
@@ -1051,7 +1051,7 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 		if c.blocks && w.gran < blockLife.Microseconds() {
 			// A block is counted in the coarse bucket of its end, at most
 			// the one after the current, until that bucket's end plus the
-			// period rounded up to whole coarse buckets (blocks.go).
+			// period rounded up to whole coarse buckets (lease.go).
 			cr := blockRing(w)
 			g, unit = 2*cr.gran+coarseLate(w), cr.unit
 		}

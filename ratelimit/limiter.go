@@ -290,7 +290,7 @@ func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start tim
 }
 
 // decide asks Redis, or the fallback when it cannot answer, and fills d (and
-// v when Redis answered). With blk it also asks a block (blocks.go).
+// v when Redis answered). With blk it also asks a block (lease.go).
 func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision, v *verdict, blk *blockAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)

@@ -99,7 +99,7 @@ type hooks struct {
 	clock func() time.Time
 	// noHeartbeat keeps the live replica count at Options.Replicas.
 	noHeartbeat bool
-	// blocks puts blocks in force (blocks.go) without finalizing.
+	// blocks puts blocks in force (lease.go) without finalizing.
 	blocks bool
 	// inStep does nothing in the background on real time (seed replays): the
 	// test sweeps, and a give-back is sent on the goroutine letting its block

@@ -16,7 +16,7 @@ import (
 )
 
 // The promise of a plan edit that changes periods, with blocks in force
-// (blocks.go): the windows of the new plan start from the counts the
+// (lease.go): the windows of the new plan start from the counts the
 // key's records of other periods hold, coarse records included, so no
 // key gets a fresh quota. For each window (L, W) of the new plan, every
 // interval of length W ending at an admission from the key's first
@@ -1006,7 +1006,7 @@ func runNewLongWindowBlock(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 }
 
 // TestSeedBesideALiveCoarseRecordCountsABlockToItsEnd: a short window's
-// record and its coarse record (blocks.go) expire apart, the coarse one
+// record and its coarse record (lease.go) expire apart, the coarse one
 // up to a few seconds later (its buckets and its TTL's margin are
 // longer). A key whose plan drops the window's period and takes it back
 // within that gap has the coarse record and no window record, and the

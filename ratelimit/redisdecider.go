@@ -2,7 +2,10 @@ package ratelimit
 
 import (
 	"context"
+	"crypto/sha1"
+	_ "embed"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -12,11 +15,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// redisDecider is the decider on Redis; the script (script.go) keeps the
-// promise, deciding a batch atomically at one reading of Redis's clock. This
-// file only packs requests into calls (one Cluster slot, at most scriptBatch
-// each), pipelines them, loads the code when Redis lacks it, and decodes
-// replies; the limiter packs and decodes on the requests' own goroutines.
+// redisDecider is the decider on Redis; the script (decideCore, below) keeps
+// the promise, deciding a batch atomically at one reading of Redis's clock.
+// This file only packs requests into calls (one Cluster slot, at most
+// scriptBatch each), pipelines them, loads the code when Redis lacks it, and
+// decodes replies; the limiter packs and decodes on the requests' own
+// goroutines.
 type redisDecider struct {
 	rdb    redis.UniversalClient
 	prefix string
@@ -222,11 +226,11 @@ func isFunctionUnsupported(err error) bool {
 const (
 	modeDecide int64 = 0
 	modePeek   int64 = 1
-	// modeBlock decides, and counts a block (blocks.go).
+	// modeBlock decides, and counts a block (lease.go).
 	modeBlock int64 = 2
 )
 
-// scriptNums packs one decision's numbers (script.go, ARGV[1]): mode, extra
+// scriptNums packs one decision's numbers (decideCore's ARGV[1]): mode, extra
 // strikes, lease asked, per-window adds (if any, or seeding), seeding numbers.
 // A plain decision sends none: the script reads the defaults.
 func scriptNums(pl *plan, in input) []byte {
@@ -277,7 +281,7 @@ type decision struct {
 // scriptBatch caps a call's decisions so it holds Redis well under a ms.
 const scriptBatch = 64
 
-// batchCall returns one script call deciding ds in order (script.go). Keys go
+// batchCall returns one script call deciding ds in order (decideCore). Keys go
 // as pointers, which go-redis writes as strings: none is copied or boxed.
 func batchCall(command, name string, ds []decision, fin any) []any {
 	nkeys := 0
@@ -324,7 +328,7 @@ func appendBatchArgs(args []any, ds []decision, fin any) []any {
 	return args
 }
 
-// replyFields is the 8-byte integers in a full reply under pl (script.go).
+// replyFields is the 8-byte integers in a full reply under pl (decideCore).
 func (pl *plan) replyFields() int {
 	n := 5 + 2*(len(pl.windows)+len(pl.candidates))
 	if pl.ban.on {
@@ -340,7 +344,7 @@ func (pl *plan) replyFields() int {
 }
 
 // shortReply reports whether an n-byte reply under pl is short, with the
-// ban fields, or bare (script.go). Lengths never collide: a full reply has
+// ban fields, or bare (decideCore). Lengths never collide: a full reply has
 // at least four fields more than a short, which has three more than bare.
 func (pl *plan) shortReply(n int) (short, banFields bool) {
 	if len(pl.candidates) > 0 {
@@ -431,4 +435,109 @@ func decodeInto(pl *plan, s string, out *verdict) error {
 // isNoScript reports a lost script (SCRIPT FLUSH, a restart, a failover).
 func isNoScript(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "NOSCRIPT") || strings.Contains(err.Error(), "NOSCRIPT"))
+}
+
+// decideCore is the decision code, the Lua files of lua/ as one chunk. It
+// decides a batch (one pipeline flush, one Cluster slot) atomically, in order,
+// at one reading of the server's clock, as keyState.decide (state.go) does, on
+// format.go's records; a batch's decisions for one key see each other's writes.
+//
+// decide (lua/decide.lua) serves every request, each window's rules written
+// once (lua/window.lua). It touches only the bytes it needs (GETRANGE,
+// SETRANGE): Redis's Lua hashes every string it makes. No key is ever left
+// without a TTL.
+//
+// KEYS, per decision: the ban record, the window records in plan order, the
+// candidate window records, the candidate ban record (if any), the coarse
+// records (lease.go), the other periods' records (registry.go; seeding.nums
+// indexes them as if without the coarse records). All in its key's slot.
+//
+// ARGV[1], per decision, 8-byte big-endian: its KEYS count, its plan (from 1),
+// how many numbers follow, then: mode (0 decide, 1 peek, 2 decide and count a
+// block), extra strikes, lease want, need and life (µs), which in mode 2 are
+// the largest block, 1 and the block's life, followed by the block's ask
+// (blockAsk.nums); then, if any, per window the admissions made without Redis
+// (input.add) and seeding.nums. A plain decision (mode 0, no strikes, a lease
+// of one) sends none.
+//
+// ARGV[2]: the finalize time (µs, decimal; "0": not in force). ARGV[3p..3p+2]:
+// plan p's numbers, ban and candidate ban multipliers. The numbers: window
+// count; per window limit, period, bucket width, n, offset unit (µs), TTL (ms);
+// the ban rule (banRule.appendNums); the candidate window count and the same
+// six per candidate; the candidate ban rule; with blocks, the coarse count and
+// per coarse record its window's index, period, width, n, unit and TTL.
+//
+// Leases: a decision counts want admissions at once when every window has need
+// (>= want) left, else one, in every window's current bucket; they may be spent
+// until the earliest end of those buckets, at most life after now, recorded as
+// the bucket's last event (which only grows). A block (mode 2) counts the
+// request in every window and its admissions at its end, in the long windows'
+// records and the short ones' coarse records (without coarse records, the long
+// windows alone: the old reservation); its size and end come back as a lease's
+// (granted: 1 + size).
+//
+// Reply: a string per decision, in order, of 8-byte big-endian signed integers
+// (decode), times in µs. Short form (admitted alone, no candidates: most
+// replies): now; with a ban rule, strikes, ban end, offences; per window used
+// and reset. Bare: short without the ban fields (no ban rule, or all 0). Whole,
+// only what the plan has: outcome, retry, now, granted, lease end; with a ban
+// rule, new ban, strikes, ban end, offences; with candidates, their outcome and
+// admitted, limited and banned counts, and with a candidate ban rule a new ban,
+// strikes, ban end, offences; per window, then per candidate window, used and
+// reset. A failed decision is "E" and the error; the others go on.
+var decideCore = joinDecisionCode()
+
+// joinDecisionCode joins the decision code's files in their order.
+func joinDecisionCode() string {
+	return codecLua + ringLua + windowLua + banLua + reserveLua + decideFnLua + runLua
+}
+
+// The decision code's files, in order: each uses those before it. codec.lua
+// starts every script.
+var (
+	//go:embed lua/codec.lua
+	codecLua string
+	//go:embed lua/ring.lua
+	ringLua string
+	//go:embed lua/window.lua
+	windowLua string
+	//go:embed lua/ban.lua
+	banLua string
+	//go:embed lua/reserve.lua
+	reserveLua string
+	//go:embed lua/decide.lua
+	decideFnLua string
+	//go:embed lua/run.lua
+	runLua string
+)
+
+// decideLua is decideCore as a script (EVAL, EVALSHA).
+var decideLua = asScript(decideCore)
+
+func asScript(core string) string {
+	return core + "\nreturn run(_G.KEYS, _G.ARGV)\n"
+}
+
+// decideLibrary returns decideCore as Function library lib registering fn: its
+// code runs once, at load, where a script re-creates its helpers every call.
+func decideLibrary(lib, fn string) string {
+	return "#!lua name=" + lib + "\n" + decideCore + `
+redis.register_function('` + fn + `', function(keys, args) return run(keys, args) end)
+`
+}
+
+// script is the decision code as a script and as a Function library, named by a
+// digest of the code: releases whose code differs load their own side by side.
+type script struct {
+	src, sha    string
+	library, fn string
+}
+
+// decisionScript returns the decision code.
+func decisionScript() script {
+	sum := sha1.Sum([]byte(decideLua))
+	sha := hex.EncodeToString(sum[:])
+	core := sha1.Sum([]byte(decideCore))
+	name := "petstore_ratelimit_" + hex.EncodeToString(core[:8])
+	return script{src: decideLua, sha: sha, library: decideLibrary(name, name+"_decide"), fn: name + "_decide"}
 }

@@ -69,7 +69,7 @@ func genAdvance(rng *rand.Rand, pl *plan) int64 {
 }
 
 // TestShortReplyTellsWhatAPeekTells checks the decision code's short
-// replies (script.go: a request admitted alone, under a plan with no
+// replies (redisdecider.go: a request admitted alone, under a plan with no
 // candidate windows) against its whole reply, from the other side of the
 // code: over generated plans (with and without ban rules, up to four
 // windows, some with candidate windows) and requests (plain, leases,

@@ -283,7 +283,7 @@ type input struct {
 	add   []int64  // per window: admissions made locally while Redis was unreachable, recorded as made now
 	lease leaseAsk // admissions to count at once
 	seed  *seeding // where a window the key has no record of takes its past from (script only)
-	// block asks to count a block too (script only; blocks.go).
+	// block asks to count a block too (script only; lease.go).
 	block *blockAsk
 }
 

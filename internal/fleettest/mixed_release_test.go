@@ -408,7 +408,7 @@ func TestRollingUpgradeKeepsWindows(t *testing.T) {
 // (its gauge); the load goes on over several periods, so over many
 // epochs of finalized records. Judged by client send and receive times
 // over the whole run: no window holds more than its limit, and no
-// request fails. Finalizing puts blocks in force too (ratelimit/blocks.go):
+// request fails. Finalizing puts blocks in force too (ratelimit/lease.go):
 // the requests of a key well under its limits are then spent from blocks,
 // under the same judgement.
 func TestRollingUpgradeThenFinalize(t *testing.T) {

@@ -1,4 +1,4 @@
--- Decision code (script.go): the ban record and its strikes.
+-- Decision code (redisdecider.go): the ban record and its strikes.
 
 -- banRead returns ban record bs's (false: none) ban end, offences remembered
 -- and last offence at now, and whether its strike ring is rule R's to count.

@@ -1,4 +1,4 @@
--- Decision code (script.go): decide, which serves every plan and request.
+-- Decision code (redisdecider.go): decide, which serves every plan and request.
 
 local RES = {}
 

@@ -1,4 +1,4 @@
--- Decision code (script.go): how much a block may hold (blocks.go).
+-- Decision code (redisdecider.go): how much a block may hold (lease.go).
 
 -- firstIn returns the first slot of i0 .. i1 of s holding a count (nil: none).
 local function firstIn(s, i0, i1)
@@ -40,7 +40,7 @@ local function demandSpan(key, sp, g, n, vh, total, hc, from, life)
 end
 
 -- reserveSize returns a block's size beside a request admitted now (mode 2,
--- blocks.go): sc, what the last short window counts with it, at its rate over
+-- lease.go): sc, what the last short window counts with it, at its rate over
 -- sp (or demandSpan) times rest less the round trips' allowance; at most the
 -- replica's share (most) and lroom (the least room a long window has left) /
 -- (margin * replicas); 0 below the smallest block (least).

@@ -1,4 +1,4 @@
--- Decision code, first file (script.go): shared locals, record layout, rings.
+-- Decision code, first file (redisdecider.go): shared locals, record layout, rings.
 
 -- Bound by init on the first call: a Function's code loads without libraries.
 local byte, char, sub, rep, floor, ceil, format, find

@@ -1,4 +1,4 @@
--- Decision code, last file (script.go): plans, the batch, and run, the entry.
+-- Decision code, last file (redisdecider.go): plans, the batch, and run, the entry.
 
 -- Plans, decoded once per call or, with a Function, once for all (DECODED, at
 -- most 256). PLANS maps a call's plan indexes to them.

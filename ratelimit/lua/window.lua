@@ -1,4 +1,4 @@
--- Decision code (script.go): window records, their lease cap, their report.
+-- Decision code (redisdecider.go): window records, their lease cap, their report.
 
 -- Working values by window index (window's results, and WADD: admissions
 -- added), reused so that a decision allocates almost nothing.
