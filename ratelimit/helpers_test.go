@@ -236,15 +236,10 @@ func evalDecision(ctx context.Context, rdb redis.Scripter, keys []string, pl *pl
 	return rs[0], nil
 }
 
-// fcallBatch makes the decisions ds in one call of the decision Function
+// fcallBatchAt makes the decisions ds in one call of the decision Function
 // (loading its library first), as the batcher does on a Redis with
-// Functions, and returns their replies.
-func fcallBatch(ctx context.Context, rdb redis.UniversalClient, ds []decision) ([]any, error) {
-	return fcallBatchAt(ctx, rdb, ds, 0)
-}
-
-// fcallBatchAt is fcallBatch on a replica that finalized records at fin
-// (µs; 0: not finalized).
+// Functions on a replica that finalized records at fin (µs; 0: not
+// finalized), and returns their replies.
 func fcallBatchAt(ctx context.Context, rdb redis.UniversalClient, ds []decision, fin int64) ([]any, error) {
 	b := &redisDecider{rdb: rdb, sc: decisionScript()}
 	if err := b.loadFunction(ctx); err != nil {
