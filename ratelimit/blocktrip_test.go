@@ -326,7 +326,7 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 	}
 }
 
-// TestReservationSizeRule checks the script's reservation rule (mode 2,
+// TestBlockSizeRule checks the script's block size rule (mode 2,
 // reserveSize in lua/reserve.lua) against the rule worked out exactly in Go,
 // over generated plans of one or two short windows and one or two long
 // ones (limits up to MaxLimit, periods from MinPeriod to MaxPeriod), the
@@ -334,13 +334,14 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 // count and round-trip allowance, on miniredis and a real Redis. Each
 // check is one batch at one instant: a peek reads the counts, the round
 // trip asked to reserve decides, a second peek reads what it recorded.
-// The reservation is never larger than the rule's (the bound on what it
-// may leave unspent); smaller only by the one the script takes off when
-// the rule's product passes 2^52, where doubles round; granted only to an
+// The block is never larger than the rule's (the bound on what it may
+// leave unspent); smaller only by the one the script takes off when the
+// rule's product passes 2^52, where doubles round; granted only to an
 // admitted request; and counted, with the request, in every long window
-// (in the short ones the request alone) until its end, the end of every
-// long window's current bucket and at most blockLife after now.
-func TestReservationSizeRule(t *testing.T) {
+// and every short window's coarse record until its end: the end of every
+// long window's current bucket, within the coarse bucket after the current
+// one, and at most blockLife after now.
+func TestBlockSizeRule(t *testing.T) {
 	t.Parallel()
 	t.Run("miniredis", func(t *testing.T) {
 		t.Parallel()
@@ -385,7 +386,9 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 		pl, ns := genReservationPlan(rng)
 		nw := len(pl.windows)
 		key := fmt.Sprint("k", c)
-		keys := stateKeys(prefix, key, pl)
+		// Called with its coarse records, as a replica asks a block.
+		bp := pl.blk
+		keys := stateKeys(prefix, key, bp)
 		var at time.Time
 		if mini != nil {
 			at = time.UnixMicro(time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro() + rng.Int64N(int64(100*24*time.Hour/time.Microsecond)))
@@ -414,7 +417,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 		var recorded []int64
 		var counted int64
 		record := func(add []int64) {
-			reply, err := evalDecision(ctx, rdb, keys, pl, input{add: add, lease: noLease})
+			reply, err := evalDecision(ctx, rdb, keys, bp, input{add: add, lease: noLease})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -491,8 +494,8 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 				in.add[i] = rng.Int64N(3)
 			}
 		}
-		peek := decision{keys: keys, pl: pl, nums: scriptNums(pl, input{peek: true, lease: noLease})}
-		replies, err := evalBatch(ctx, rdb, []decision{peek, {keys: keys, pl: pl, nums: scriptNums(pl, in)}, peek})
+		peek := decision{keys: keys, pl: bp, nums: scriptNums(pl, input{peek: true, lease: noLease})}
+		replies, err := evalBatch(ctx, rdb, []decision{peek, {keys: keys, pl: bp, nums: scriptNums(pl, in)}, peek})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -568,27 +571,20 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 				seen.byMargin++
 			}
 		}
-		// What the decision recorded: the request in every window, the
-		// reservation in the long ones, until its end.
-		end := v.now + blockLife.Microseconds()
-		for i := ns; i < nw; i++ {
-			g := pl.windows[i].gran
-			end = min(end, (v.now/g+1)*g)
-		}
+		// What the decision recorded: the request and the block in every
+		// window (a short one's in its coarse record), until its end.
+		end := blockEnd(pl, ns, v.now)
 		for i := range nw {
-			counted := int64(1)
-			if i >= ns {
-				counted += k
-			}
+			counted := 1 + k
 			if after.win[i].used != c0[i]+counted || v.win[i].used != c0[i]+counted {
 				t.Fatalf("%s: window %d counts %d (reply %d), want %d read + %d", what, i, after.win[i].used, v.win[i].used, c0[i], counted)
 			}
 			if k > 0 && i >= ns && v.win[i].reset < end+pl.windows[i].period {
-				t.Fatalf("%s: long window %d resets at %d, before the reservation's end %d plus its period", what, i, v.win[i].reset, end)
+				t.Fatalf("%s: long window %d resets at %d, before the block's end %d plus its period", what, i, v.win[i].reset, end)
 			}
 		}
 		if k > 0 && v.leaseEnd != end {
-			t.Fatalf("%s: reservation ends at %d, want %d (now %d)", what, v.leaseEnd, end, v.now)
+			t.Fatalf("%s: block ends at %d, want %d (now %d)", what, v.leaseEnd, end, v.now)
 		}
 	}
 	t.Logf("%+v", seen)
@@ -604,14 +600,11 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 // out exactly in integers (blockAsk, reserveSize and demandSpan in
 // redisdecider.go), with the term that bound it and the product sc·rest.
 func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAsk) (k int64, bound string, product int64) {
-	end := now + blockLife.Microseconds()
 	lroom := int64(math.MaxInt64)
-	for i := ns; i < len(pl.windows); i++ {
-		w := pl.windows[i]
-		end = min(end, (now/w.gran+1)*w.gran)
+	for i, w := range pl.windows {
 		lroom = min(lroom, w.limit-c[i]-1)
 	}
-	rest := end - now - 2*ask.rtt
+	rest := blockEnd(pl, ns, now) - now - 2*ask.rtt
 	sc, sp := c[ns-1]+1, pl.windows[ns-1].period
 	if rest <= 0 || lroom <= 0 {
 		return 0, "least", 0
@@ -635,6 +628,24 @@ func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAs
 		return 0, "least", product
 	}
 	return k, bound, product
+}
+
+// blockEnd is when a block granted at now (µs) under pl, its first ns
+// windows short, ends: at most blockLife on, at the end of every long
+// window's current bucket, and within the coarse bucket after the current
+// one of every short window's coarse record (blockWrite).
+func blockEnd(pl *plan, ns int, now int64) int64 {
+	end := now + blockLife.Microseconds()
+	for i, w := range pl.windows {
+		g := w.gran
+		if i < ns {
+			g = pl.blk.coarse[i].gran
+			end = min(end, (now/g+2)*g)
+			continue
+		}
+		end = min(end, (now/g+1)*g)
+	}
+	return end
 }
 
 // genReservationPlan draws a plan of one or two short windows (buckets

@@ -61,17 +61,17 @@ import (
 //   - head-moved-finalized: the same once records are finalized (finalize.go): the minute record's
 //     expiry is set when its head moves into a new epoch (15 s) alone,
 //     not on each move, so most decisions skip that command.
-//   - head-moved-blocks, head-moved-five-blocks-ride: head-moved and
-//     head-moved-five-ride with blocks in force (lease.go): the minute
-//     window's coarse record read too, and in the second a block of every
-//     window granted.
+//   - head-moved-five: five seconds beside the day, no block asked.
+//   - head-moved-blocks: head-moved with blocks in force (lease.go): the
+//     minute window's coarse record read too.
+//   - head-moved-five-blocks-ride: head-moved-five with blocks in force,
+//     asked for a block and granted one, counted in the day window and
+//     the five seconds' coarse record.
 //   - head-moved-short-one, head-moved-short-two (and -blocks): plans
 //     of short windows alone, a minute, and ten seconds beside a minute,
 //     without and with blocks in force, where they read their windows'
 //     coarse records too (another plan of the key may count blocks
 //     there): the cost of that read.
-//   - reservation: the call that reserves 20 admissions of a key's day
-//     window (every few seconds: the passes here are 300 ms apart).
 //   - floor-7-commands: the head-moved decision's seven commands on the
 //     same records from Lua with no decision logic (same keys, arguments
 //     and reply size): what any Lua code pays for this record format.
@@ -103,7 +103,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 	hour := compile(Policy{Name: "hour", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	three := compile(Policy{Name: "three", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 20_000, Period: time.Hour}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	// five: a short window short enough that the warm passes' three
-	// requests earn a reservation (3 × 10 s / 5 s = 6).
+	// requests earn a block (3 × 10 s / 5 s = 6).
 	five := compile(Policy{Name: "five", Windows: []Window{{Limit: 1000, Period: 5 * time.Second}, {Limit: 100_000, Period: 24 * time.Hour}}}, DefaultBuckets, DefaultStrikeBuckets)
 	// Plans of short windows alone (no long window, so no block of their
 	// own), which with blocks in force read their windows' coarse records
@@ -139,9 +139,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-finalized", business, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-ride-none", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-five-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-blocks", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-blocks-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-short-one", minute, 8, 2, "", 300 * time.Millisecond, 0},
@@ -160,7 +158,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 				prefix := fmt.Sprintf("petstore:rl:i%d.%d:", ci, it)
 				var rsv *blockAsk
 				if strings.Contains(c.name, "-ride") {
-					// Asked to reserve as a replica alone would ask; the
+					// Asked for a block as a replica alone would ask; the
 					// measured pass is asked, the warm ones too.
 					rsv = &blockAsk{max: 64, replicas: 1}
 				}

@@ -382,8 +382,10 @@ func (t *leaseTable) sweep(now time.Time) (kept int) {
 // own before an edit, may have counted blocks). So blocks come into force
 // only at finalizing's second level (finalize.go). Plans of short windows
 // alone need no level of their own: the release before read their coarse
-// records whenever blocks were in force. The script still grants that
-// release's reservations (blocks of long windows); this release asks none.
+// records whenever blocks were in force. Each release runs its own decision
+// code (redisdecider.go names it by a digest), so the script grants a block
+// only with a coarse record for every short window: the reservations of
+// releases before finalizing (blocks of the long windows alone) are gone.
 
 // blockLife is a block's longest life and the coarse records' bucket width:
 // a window whose buckets last less is short.

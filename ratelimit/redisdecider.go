@@ -472,9 +472,8 @@ func isNoScript(err error) bool {
 // until the earliest end of those buckets, at most life after now, recorded as
 // the bucket's last event (which only grows). A block (mode 2) counts the
 // request in every window and its admissions at its end, in the long windows'
-// records and the short ones' coarse records (without coarse records, the long
-// windows alone: the old reservation); its size and end come back as a lease's
-// (granted: 1 + size).
+// records and the short ones' coarse records (none is granted without them);
+// its size and end come back as a lease's (granted: 1 + size).
 //
 // Reply: a string per decision, in order, of 8-byte big-endian signed integers
 // (decode), times in µs. Short form (admitted alone, no candidates: most

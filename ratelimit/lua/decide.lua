@@ -166,10 +166,10 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
   local admitted = admit and not peek
 
   -- A block riding on this admission (RSV, reserveSize): rk more admissions
-  -- of the long windows (after the first RSV.ns) at the block's end rend.
-  -- Where the short windows have coarse records (nco > 0), rk counts there too.
+  -- at the block's end rend, in the long windows (after the first RSV.ns)
+  -- and in the short ones' coarse records (batch grants none without them).
   local rk, rend, ns = 0, 0, 0
-  if RSV and admitted and ntx == 0 and (nco == 0 or nco == RSV.ns) then
+  if RSV and admitted and ntx == 0 then
     ns, rend = RSV.ns, now + RSV.life
     local lroom = 2 ^ 53
     for i = ns + 1, nw do
@@ -178,22 +178,19 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       if limit - WUSED[i] - 1 < lroom then lroom = limit - WUSED[i] - 1 end
       if (WB[i] + 1) * W[i].g < rend then rend = (WB[i] + 1) * W[i].g end
     end
-    local sc = WUSED[ns] + 1
-    if nco > 0 then
-      for i = 1, ns do
-        local x = CP[i]
-        local y, g = nw + x, CO[x].g
-        local limit = W[i].limit
-        if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
-        if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
-        local r = limit - WUSED[i] - WUSED[y] - 1
-        if r < lroom then lroom = r end
-        -- Within the bucket after the current one (blockWrite).
-        local last = (floor(now / g) + 2) * g
-        if last < rend then rend = last end
-      end
-      sc = sc + WUSED[nw + CP[ns]]
+    for i = 1, ns do
+      local x = CP[i]
+      local y, g = nw + x, CO[x].g
+      local limit = W[i].limit
+      if WCAP[i] and WCAP[i] < limit then limit = WCAP[i] end
+      if WCAP[y] and WCAP[y] < limit then limit = WCAP[y] end
+      local r = limit - WUSED[i] - WUSED[y] - 1
+      if r < lroom then lroom = r end
+      -- Within the bucket after the current one (blockWrite).
+      local last = (floor(now / g) + 2) * g
+      if last < rend then rend = last end
     end
+    local sc = WUSED[ns] + 1 + WUSED[nw + CP[ns]]
     local w = W[ns]
     rk = reserveSize(sc, w.period, lroom, rend - now, RSV, WKEY[ns], w.g, w.n, WVH[ns], WTOT[ns], WHC[ns], WFROM[ns])
     if rk == 0 then rend = 0 end
@@ -208,7 +205,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
       record(i, k, t, w.g, w.n, w.unit, w.ttl)
     end
   end
-  if rk > 0 and nco > 0 then
+  if rk > 0 then
     for x = 1, nco do
       local cr = CO[x]
       blockWrite(nw + x, rk, rend, W[cr.i].period, cr.g, cr.n, cr.unit, cr.ttl)

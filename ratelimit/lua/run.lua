@@ -94,8 +94,8 @@ local function batch()
         RSV = RSVS
         RSV.replicas, RSV.margin, RSV.least, RSV.allow, RSV.ns, pos = unpack_('>I8I8I8I8I8', calls, pos)
         RSV.most, RSV.life = want, life
-        -- (Every window short: only where each has a coarse record.)
-        if RSV.ns < 1 or RSV.ns > pl.nw or RSV.ns == pl.nw and pl.nco ~= RSV.ns then RSV = nil end
+        -- Only where each short window has a coarse record to count it.
+        if RSV.ns < 1 or pl.nco ~= RSV.ns then RSV = nil end
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
