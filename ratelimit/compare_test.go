@@ -31,30 +31,28 @@ import (
 // cold (20,000 keys each well under its limits: each comes back too
 // seldom for a lease to form, and every decision reaches Redis), and
 // steady: the cold workload after 15 s of it, untimed, by which time each
-// key's minute has counted enough of its requests for a reservation of
-// its day window (README, Trade-offs), as a key sending a few requests
-// a second does in service; there this limiter runs beside itself with
-// reservations (and leases) off, MaxLease 1, as "petstore-whole": what
-// reservations save; and steady-fleet, the same on a fleet of four
-// replicas sharing the Redis, each decision sent to one of them at random
-// as a load balancer would, so that each replica sees a key a second or
-// more apart; and steady-fleet-affinity, the same fleet behind a balancer
-// that sends each key to one replica (by a hash of the key, as HAProxy's
-// balance hdr(Authorization) does), so that each replica sees all of its
-// keys' traffic; and slow-fleet and slow-fleet-affinity, both fleets with
-// 40,000 keys, a few requests a second each (at the decisions a second of
-// a machine of two cores): too slow to lease even on one replica, where a
-// reservation on the one replica a key reaches is four times one a
-// replica takes of a key spread over four; and warm-fleet and
-// warm-fleet-affinity, both fleets with
-// 1,000 keys, tens to hundreds of requests a second each: where leases
-// form on one replica and less often on a quarter of its traffic; and
+// key's minute has counted enough of its requests for a block once blocks
+// are in force (README, Trade-offs), as a key sending a few requests a
+// second does in service; there this limiter runs beside itself with leases
+// and blocks off, MaxLease 1, as "petstore-whole": what leases save a key
+// this slow (unfinalized, nothing); and steady-fleet, the same on a fleet
+// of four replicas sharing the Redis, each decision sent to one of them at
+// random as a load balancer would, so that each replica sees a key a second
+// or more apart; and steady-fleet-affinity, the same fleet behind a
+// balancer that sends each key to one replica (by a hash of the key, as
+// HAProxy's balance hdr(Authorization) does), so that each replica sees all
+// of its keys' traffic; and slow-fleet and slow-fleet-affinity, both fleets
+// with 40,000 keys, a few requests a second each (at the decisions a second
+// of a machine of two cores): too slow to lease even on one replica; and
+// warm-fleet and warm-fleet-affinity, both fleets with 1,000 keys, tens to
+// hundreds of requests a second each: where leases form on one replica and
+// less often on a quarter of its traffic; and
 // cold-finalized and steady-finalized, cold and steady with this
 // limiter's records finalized (finalize.go) beside itself without, as
 // "petstore-unfinalized"; and cold-blocks and steady-blocks, cold and
 // steady with blocks in force (lease.go) beside this limiter without
 // them, as "petstore-noblocks", and steady-blocks-minute, steady-blocks
-// under a plan of a minute window alone, with no long window to reserve. The
+// under a plan of a minute window alone, with no long window. The
 // limiters take turns in rounds of b.N decisions from compareCallers
 // goroutines, in a rotating order, so that load from elsewhere on the
 // machine weighs on all alike. Reported
