@@ -150,8 +150,8 @@ func resetMarkKey(prefix, key string) string { return prefix + "{" + key + "}:re
 // candidateBanKey returns the Redis key of key's candidate ban record.
 func candidateBanKey(prefix, key string) string { return prefix + "{" + key + "}:cban" }
 
-// stateKeys returns the script's KEYS for key under pl (redisdecider.go), cut from
-// one string so that a decision allocates its keys' bytes once.
+// stateKeys returns the script's KEYS for key under pl (redisdecider.go),
+// cut from one string so that a decision allocates its keys' bytes once.
 func stateKeys(prefix, key string, pl *plan) []string {
 	size := pl.keyCount()*(len(prefix)+len(key)+2) + len(":ban")
 	for i := range pl.windows {

@@ -366,11 +366,11 @@ func (t *leaseTable) sweep(now time.Time) (kept int) {
 // short window's buckets are too brief to spend one in, each has a coarse
 // record (blockRing) with buckets of about blockLife, counting a block whole
 // in the bucket of its end, at most the next; a long window counts it in its
-// current bucket. Every read sums both records (lua/window.lua, pairStanding), so
-// a lease's argument holds: a record counts a block from its grant (the head
-// moves to its bucket) until that bucket's last event is a period old, and a
-// block is granted only while every window has leaseMargin·k·Replicas left,
-// and caps each record it counts in.
+// current bucket. Every read sums both records (pairStanding in
+// lua/window.lua), so a lease's argument holds: a record counts a block from
+// its grant (the head moves to its bucket) until that bucket's last event is
+// a period old, and a block is granted only while every window has
+// leaseMargin·k·Replicas left, and caps each record it counts in.
 //
 // The cost: decisions under such a plan read coarse records too, and a block
 // counts until a period after its coarse bucket, so Retry-After, exact for
