@@ -573,7 +573,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 		}
 		// What the decision recorded: the request and the block in every
 		// window (a short one's in its coarse record), until its end.
-		end := blockEnd(pl, ns, v.now)
+		end := v.now + blockRest(pl, v.now, 0)
 		for i := range nw {
 			counted := 1 + k
 			if after.win[i].used != c0[i]+counted || v.win[i].used != c0[i]+counted {
@@ -593,18 +593,19 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 	}
 }
 
-// reservationRule is the reservation a request admitted under pl at now
-// (µs) earns, the key's windows counting c before it and the first ns of
-// them short, the oldest bucket of the last short one's record that
-// holds a request beginning at oldest (µs; now when none does), worked
-// out exactly in integers (blockAsk, reserveSize and demandSpan in
-// redisdecider.go), with the term that bound it and the product sc·rest.
+// reservationRule is the block a request admitted under pl at now (µs)
+// earns, the key's windows counting c before it and the first ns of them
+// short, the oldest bucket of the last short one's record that holds a
+// request beginning at oldest (µs; now when none does), worked out exactly
+// in integers (blockRest and blockAsk in lease.go, reserveSize and
+// demandSpan in lua/reserve.lua), with the term that bound it and the
+// product sc·rest.
 func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAsk) (k int64, bound string, product int64) {
 	lroom := int64(math.MaxInt64)
 	for i, w := range pl.windows {
 		lroom = min(lroom, w.limit-c[i]-1)
 	}
-	rest := blockEnd(pl, ns, now) - now - 2*ask.rtt
+	rest := blockRest(pl, now, ask.rtt)
 	sc, sp := c[ns-1]+1, pl.windows[ns-1].period
 	if rest <= 0 || lroom <= 0 {
 		return 0, "least", 0
@@ -628,24 +629,6 @@ func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAs
 		return 0, "least", product
 	}
 	return k, bound, product
-}
-
-// blockEnd is when a block granted at now (µs) under pl, its first ns
-// windows short, ends: at most blockLife on, at the end of every long
-// window's current bucket, and within the coarse bucket after the current
-// one of every short window's coarse record (blockWrite).
-func blockEnd(pl *plan, ns int, now int64) int64 {
-	end := now + blockLife.Microseconds()
-	for i, w := range pl.windows {
-		g := w.gran
-		if i < ns {
-			g = pl.blk.coarse[i].gran
-			end = min(end, (now/g+2)*g)
-			continue
-		}
-		end = min(end, (now/g+1)*g)
-	}
-	return end
 }
 
 // genReservationPlan draws a plan of one or two short windows (buckets
