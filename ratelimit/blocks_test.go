@@ -536,36 +536,6 @@ func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
 	}
 }
 
-// TestNamesFollowTheCallPlan: record names a request took from the lease
-// table before blocks came into force (a heartbeat in between) are not
-// sent with the plan that has coarse records, whose script would read a
-// coarse record from beyond the decision's keys: the round trip names the
-// records of the plan it is sent under.
-func TestNamesFollowTheCallPlan(t *testing.T) {
-	t.Parallel()
-	f := newFixtureWith(t, Options{}, hooks{blocks: true})
-	l, ctx := f.l, context.Background()
-	p := coldPlan
-	pl, err := l.plans.get(&p, &l.opts, l.met)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, names := range [][]string{stateKeys(l.opts.Prefix, "k", pl), stateKeys(l.opts.Prefix, "k", pl.blk)} {
-		var d Decision
-		var v verdict
-		if err := l.decide(ctx, "k", pl, f.clk.Now(), 0, noLease, time.Second, names, &d, &v, nil); err != nil {
-			t.Fatal(err)
-		}
-		if d.Degraded || !d.Allowed() {
-			t.Fatalf("decided with %d names: %+v", len(names), d)
-		}
-		f.clk.Add(time.Millisecond)
-	}
-	if u, err := l.Usage(ctx, "k", p); err != nil || u.Windows[0].Used != 2 {
-		t.Fatalf("usage %+v %v, want both requests counted", u, err)
-	}
-}
-
 // TestBlockCapKeepsTheLaterEnd: a block's cap written over another's in
 // force keeps the lower limit until the later of their ends. With two
 // plans on one short period whose long windows differ, a block granted

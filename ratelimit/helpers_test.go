@@ -308,7 +308,7 @@ type olderDecider struct{ r *redisDecider }
 func (o olderDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
 	ds := make([]decision, len(reqs))
 	for i, q := range reqs {
-		ds[i] = o.r.pack(q.key, q.pl, q.in, nil)
+		ds[i] = o.r.pack(q.key, q.pl, q.in)
 	}
 	replies, err := olderBatch(ctx, o.r.rdb, ds)
 	if err != nil {

@@ -7,7 +7,6 @@ package ratelimit
 // leaves unspent is given back (giveback.go).
 
 import (
-	"context"
 	"encoding/binary"
 	"hash/maphash"
 	"math"
@@ -38,10 +37,6 @@ type leaseTable struct {
 	rtt         atomic.Int64 // moving average of decision round trips, µs
 	// back, when set, is given what leases and blocks leave unspent.
 	back func(giveBack)
-	// prefix, fleet and forceCoarse name a round trip's records (callPlan).
-	prefix      string
-	fleet       *replicas
-	forceCoarse bool
 	// untracked counts requests of keys the table had no room for.
 	untracked atomic.Int64
 }
@@ -81,11 +76,6 @@ type leaseEntry struct {
 
 	// warm: last decision showed block demand; asking: block ask in flight.
 	warm, asking bool
-
-	// names are the key's record names under namesPl, made once; never
-	// changed in place, so a round trip may hold them past the lock.
-	names   []string
-	namesPl *plan
 }
 
 func newLeaseTable(maxLease int, replicas func() int64) *leaseTable {
@@ -106,10 +96,10 @@ func (t *leaseTable) shard(key string) *leaseShard {
 }
 
 // take answers one request for key from its lease (served), or returns what
-// to ask the script for, the key's record names (nil without room) and wait,
-// a lease round trip in flight, after which to call take again with first
-// false. A caller given an ask with want > 1 must call done when it ends.
-func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}, names []string) {
+// to ask the script for and wait, a lease round trip in flight, after which
+// to call take again with first false. A caller given an ask with want > 1
+// must call done when it ends.
+func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *Decision) (served bool, ask leaseAsk, wait <-chan struct{}) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -117,7 +107,7 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 	if e == nil {
 		if len(sh.keys) >= t.maxPerShard {
 			t.untracked.Add(1)
-			return false, noLease, nil, nil
+			return false, noLease, nil
 		}
 		e = &leaseEntry{curStart: now, ownStart: now, born: now}
 		sh.keys[key] = e
@@ -129,32 +119,22 @@ func (t *leaseTable) take(key string, pl *plan, now time.Time, first bool, d *De
 		if e.pl == pl && now.Before(e.deadline) {
 			e.left--
 			e.serve(now, d)
-			return true, noLease, nil, nil
+			return true, noLease, nil
 		}
 		t.dropLease(key, e)
 	}
-	names = e.namesOf(t.prefix, key, t.fleet.callPlan(pl, t.forceCoarse))
 	if e.refill != nil {
 		if first {
-			return false, noLease, e.refill, names
+			return false, noLease, e.refill
 		}
-		return false, noLease, nil, names
+		return false, noLease, nil
 	}
 	k := e.size(pl, now, t.maxLease, t.rtt.Load())
 	if k <= 1 {
-		return false, noLease, nil, names
+		return false, noLease, nil
 	}
 	e.refill = make(chan struct{})
-	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil, names
-}
-
-// namesOf returns the key's record names under pl; the caller holds the lock.
-func (e *leaseEntry) namesOf(prefix, key string, pl *plan) []string {
-	if e.namesPl != pl {
-		ns := stateKeys(prefix, key, pl)
-		e.names, e.namesPl = ns[:len(ns):len(ns)], pl
-	}
-	return e.names
+	return false, leaseAsk{want: k, need: k * leaseMargin * max(t.replicas(), 1), life: leaseLife.Microseconds()}, nil
 }
 
 // done ends key's lease round trip; with ok, a grant over one is its lease.
@@ -402,9 +382,11 @@ func blockRing(w ring) ring {
 }
 
 // withBlocks returns pl compiled again with coarse records for its s short
-// windows, for a call's keys and numbers only: it has no counters.
+// windows, for a call's keys and numbers only: it has no counters and no
+// blk of its own.
 func (pl *plan) withBlocks(s int) *plan {
 	b := compile(pl.policy, pl.buckets, pl.strikeBuckets)
+	b.nShort, b.allShort = pl.nShort, pl.allShort
 	b.coarse = make([]ring, s)
 	nums := []int64{int64(s)}
 	for i := range s {
@@ -430,29 +412,6 @@ func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d
 	}
 	t.hold(key, e, pl, sent, v, d)
 	e.block = true
-}
-
-// blockTrip decides a slow key's request, asking for a block when its last
-// round trip showed demand (apart, so that allowShared's frame stays small).
-func (l *Limiter) blockTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, names []string, d *Decision) error {
-	var v verdict
-	var ask *blockAsk
-	var asking, warm bool
-	var born time.Time
-	if l.reg.seeding(pl) == nil {
-		rtt := l.lease.rtt.Load()
-		var most int64
-		if most, warm, born = l.lease.askBlock(key, pl, start, rtt); most > 0 {
-			asking = true
-			ask = &blockAsk{max: most, replicas: max(l.replicas.live(), 1), rtt: rtt}
-		}
-	}
-	err := l.decide(ctx, key, pl, start, 0, noLease, budget, names, d, &v, ask)
-	// Only a change is written: most cold keys keep showing no demand.
-	if demand := err == nil && l.lease.demands(pl, d, start, born); demand != warm || asking {
-		l.lease.noteDemand(key, demand, asking)
-	}
-	return err
 }
 
 // askBlock marks a block ask in flight for key and returns the largest block

@@ -950,10 +950,8 @@ func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
 	}
 }
 
-// TestRecordNamesFollowTheKeysPlan: the lease table keeps each key's
-// record names for the plan it last saw the key under (leaseEntry.names),
-// and a key that moves to another plan is decided on the records of that
-// plan's windows. Over generated pairs of plans with small limits, a key
+// TestRecordNamesFollowTheKeysPlan: a key that moves to another plan is
+// decided on the records of that plan's windows. Over generated pairs of plans with small limits, a key
 // is admitted a few times under the first, then under the second until
 // refused, on a frozen clock: the second admits exactly what its windows
 // leave, a window sharing the first's period (and so its record) counting
@@ -1020,8 +1018,8 @@ func TestRecordNamesFollowTheKeysPlan(t *testing.T) {
 }
 
 // TestLeaseTableCountsKeysItHasNoRoomFor: a key whose shard is full gets no
-// entry (no record names, so no lease or reservation) and is counted as
-// untracked; the sweep reports the keys it keeps and frees idle ones.
+// entry (so no lease or block) and is counted as untracked; the sweep
+// reports the keys it keeps and frees idle ones.
 func TestLeaseTableCountsKeysItHasNoRoomFor(t *testing.T) {
 	t.Parallel()
 	lt := newLeaseTable(64, func() int64 { return 1 })
@@ -1033,15 +1031,16 @@ func TestLeaseTableCountsKeysItHasNoRoomFor(t *testing.T) {
 	for i := 0; untracked < 5; i++ {
 		k := fmt.Sprint("k", i)
 		sh := lt.shard(k)
-		served, _, _, names := lt.take(k, pl, epoch, true, &d)
+		served, _, _ := lt.take(k, pl, epoch, true, &d)
+		_, entry := sh.keys[k]
 		switch {
 		case served:
 			t.Fatalf("%s served with no lease granted", k)
-		case full[sh] && names != nil:
+		case full[sh] && entry:
 			t.Fatalf("%s given an entry in a full shard", k)
 		case full[sh]:
 			untracked++
-		case names == nil:
+		case !entry:
 			t.Fatalf("%s refused an entry in an empty shard", k)
 		default:
 			full[sh] = true

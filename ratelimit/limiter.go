@@ -91,8 +91,6 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)
-		l.lease.prefix = opts.Prefix
-		l.lease.fleet, l.lease.forceCoarse = l.replicas, h.blocks
 		l.back = newGiveBacks(client, opts.Prefix, opts.Logger, func() bool { return l.breaker.isOpen() })
 		l.lease.back = l.back.add
 		if h.inStep {
@@ -240,9 +238,8 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 		// No lease while local rejections (extra) must reach Redis as strikes,
 		// nor for candidate windows, which must see every request.
 		ask := noLease
-		var names []string
 		if l.lease != nil && extra == 0 && len(pl.candidates) == 0 {
-			served, a, wait, ns := l.lease.take(key, pl, start, first, d)
+			served, a, wait := l.lease.take(key, pl, start, first, d)
 			if served {
 				pl.outcome[Allowed].Inc()
 				pl.leased.Inc()
@@ -255,16 +252,16 @@ func (l *Limiter) allowShared(ctx context.Context, key string, pl *plan, start t
 				first, start = false, l.now()
 				continue
 			}
-			ask, names = a, ns
+			ask = a
 		}
 		budget := l.opts.Timeout
 		if !entered.IsZero() {
 			budget -= time.Since(entered)
 		}
 		if pl.blk != nil && extra == 0 && ask == noLease && l.lease != nil && l.blocksOn() {
-			return l.blockTrip(ctx, key, pl, start, budget, names, d)
+			return l.blockTrip(ctx, key, pl, start, budget, d)
 		}
-		return l.roundTrip(ctx, key, pl, start, extra, ask, budget, names, d)
+		return l.roundTrip(ctx, key, pl, start, extra, ask, budget, d)
 	}
 }
 
@@ -280,18 +277,37 @@ func (l *Limiter) awaitLease(ctx context.Context, wait <-chan struct{}) {
 
 // roundTrip decides key in Redis, asking a lease as ask says, and keeps it.
 // v goes by pointer for stack (TestRoundTripRequestFitsTheConnectionStack).
-func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision) error {
+func (l *Limiter) roundTrip(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision) error {
 	var v verdict
-	err := l.decide(ctx, key, pl, start, extra, ask, budget, names, d, &v, nil)
+	err := l.decide(ctx, key, pl, start, extra, ask, budget, d, &v, nil)
 	if ask.want > 1 {
 		l.lease.done(key, pl, start, &v, d, err == nil && !d.Degraded)
 	}
 	return err
 }
 
+// blockTrip decides a slow key's request, asking for a block when its last
+// round trip showed demand (apart, so that allowShared's frame stays small).
+func (l *Limiter) blockTrip(ctx context.Context, key string, pl *plan, start time.Time, budget time.Duration, d *Decision) error {
+	var v verdict
+	var ask *blockAsk
+	rtt := l.lease.rtt.Load()
+	most, warm, born := l.lease.askBlock(key, pl, start, rtt)
+	asking := most > 0
+	if asking {
+		ask = &blockAsk{max: most, replicas: max(l.replicas.live(), 1), rtt: rtt}
+	}
+	err := l.decide(ctx, key, pl, start, 0, noLease, budget, d, &v, ask)
+	// Only a change is written: most cold keys keep showing no demand.
+	if demand := err == nil && l.lease.demands(pl, d, start, born); demand != warm || asking {
+		l.lease.noteDemand(key, demand, asking)
+	}
+	return err
+}
+
 // decide asks Redis, or the fallback when it cannot answer, and fills d (and
 // v when Redis answered). With blk it also asks a block (lease.go).
-func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, names []string, d *Decision, v *verdict, blk *blockAsk) error {
+func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision, v *verdict, blk *blockAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
 	}
@@ -303,16 +319,12 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 	add, pending := l.fb.takePending(key, pl, start.UnixMicro())
 	sd := l.reg.seeding(pl)
 	cp := l.callPlan(pl)
-	if cp.coarse == nil {
-		// Blocks went out of force since the caller looked.
+	if cp.coarse == nil || sd != nil {
+		// No block while an edit spreads, or with blocks gone out of force
+		// since the caller looked.
 		blk = nil
 	}
-	// Names from before blocks came or went are another plan's; keyCount tells.
-	if names == nil || len(names) != cp.keyCount() {
-		names = stateKeys(l.opts.Prefix, key, cp)
-	}
-	dec := decision{keys: seedKeys(l.opts.Prefix, key, sd, names), pl: cp,
-		nums: scriptNums(pl, input{extra: extra, add: add, lease: ask, seed: sd, block: blk})}
+	dec := l.batch.dec.pack(key, cp, input{extra: extra, add: add, lease: ask, seed: sd, block: blk})
 	reply, err := l.batch.do(ctx, dec, budget)
 	if err != nil && l.sendAgain(ctx, err) {
 		l.met.sentAgain.Inc()

@@ -36,12 +36,9 @@ func newRedisDecider(rdb redis.UniversalClient, prefix string, log *slog.Logger)
 	return &redisDecider{rdb: rdb, prefix: prefix, sc: decisionScript(), log: log}
 }
 
-// pack packs key's decision; names are stateKeys under pl, or nil.
-func (r *redisDecider) pack(key string, pl *plan, in input, names []string) decision {
-	if names == nil {
-		names = stateKeys(r.prefix, key, pl)
-	}
-	return decision{keys: seedKeys(r.prefix, key, in.seed, names), pl: pl, nums: scriptNums(pl, in)}
+// pack packs key's decision under pl: its records' names and its numbers.
+func (r *redisDecider) pack(key string, pl *plan, in input) decision {
+	return decision{keys: seedKeys(r.prefix, key, in.seed, stateKeys(r.prefix, key, pl)), pl: pl, nums: scriptNums(pl, in)}
 }
 
 // fin is the finalize argument for the calls about to be sent.
@@ -78,7 +75,7 @@ func (r *redisDecider) send(ctx context.Context, cmds []*redis.StringSliceCmd) e
 func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
 	ds := make([]decision, len(reqs))
 	for i, q := range reqs {
-		ds[i] = r.pack(q.key, q.pl, q.in, nil)
+		ds[i] = r.pack(q.key, q.pl, q.in)
 	}
 	fin := r.fin()
 	_, cluster := r.rdb.(*redis.ClusterClient)
