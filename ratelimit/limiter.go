@@ -298,6 +298,9 @@ func (l *Limiter) blockTrip(ctx context.Context, key string, pl *plan, start tim
 		ask = &blockAsk{max: most, replicas: max(l.replicas.live(), 1), rtt: rtt}
 	}
 	err := l.decide(ctx, key, pl, start, 0, noLease, budget, d, &v, ask)
+	if err == nil && !d.Degraded {
+		l.lease.blocked(key, pl, start, &v, d)
+	}
 	// Only a change is written: most cold keys keep showing no demand.
 	if demand := err == nil && l.lease.demands(pl, d, start, born); demand != warm || asking {
 		l.lease.noteDemand(key, demand, asking)
@@ -306,7 +309,8 @@ func (l *Limiter) blockTrip(ctx context.Context, key string, pl *plan, start tim
 }
 
 // decide asks Redis, or the fallback when it cannot answer, and fills d (and
-// v when Redis answered). With blk it also asks a block (lease.go).
+// v when Redis answered). With blk it also asks a block (lease.go); the
+// caller keeps what is granted.
 func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.Time, extra int64, ask leaseAsk, budget time.Duration, d *Decision, v *verdict, blk *blockAsk) error {
 	if l.breaker.isOpen() || budget <= 0 {
 		return l.degraded(key, pl, start, extra, d)
@@ -339,9 +343,6 @@ func (l *Limiter) decide(ctx context.Context, key string, pl *plan, start time.T
 		return l.failedTrip(ctx, key, pl, start, extra, d)
 	}
 	l.answered(key, pl, start, v, max(v.granted-1, 0), d)
-	if blk != nil {
-		l.lease.blocked(key, pl, start, v, d)
-	}
 	if v.newBan && cp != pl {
 		l.announceBan(key)
 	}
