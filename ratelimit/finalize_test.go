@@ -480,7 +480,6 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	beat()
 	heartbeat(t, other)()
 	inForce(true, "finalized again")
-	set = marks()
 	if err := l.Unfinalize(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -112,9 +112,6 @@ const (
 	compactEntryBytes = 8 + countBytes + offsetBytes
 	compactMaxEntries = 24
 
-	banFixed  = 1 + 8 + 4 + 8 + 8 + 8 // version .. strike bucket width
-	banRingAt = banFixed + 1          // 1-based position of the strike ring
-
 	maxCount    = 1<<(8*countBytes) - 1
 	maxOffset   = 1<<(8*offsetBytes) - 1
 	maxOffences = maxCount

@@ -314,5 +314,3 @@ func keysFileQuotas(ws []ratelimit.Window) []keysFileQuota {
 	}
 	return out
 }
-
-const limitsUsage = "show KEY-ID | unban KEY-ID | reset KEY-ID... | reset --plan PLAN | finalize [--wait DURATION] [--optional] | finalize --undo | finalize --status"
