@@ -77,7 +77,7 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	inForce(false, "finalized, before a heartbeat read it")
 	beat()
 	inForce(true, "finalized, read by a heartbeat")
-	// Compact records are written (Options.FullRecords unset): a trailing c.
+	// Compact records are written: a trailing c.
 	if got, want := l.replicas.finalized(), strconv.FormatInt(at.UnixMicro(), 10)+"c"; got != want {
 		t.Fatalf("the script's argument %v, want %v", got, want)
 	}

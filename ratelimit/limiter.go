@@ -87,7 +87,6 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 		l.cache = newRejectCache(opts.CacheSize)
 	}
 	l.replicas = newReplicas(client, opts.Prefix, opts.Replicas, opts.FinalizeAfter, met, opts.Logger)
-	l.replicas.compact = !opts.FullRecords
 	l.reg = newRegistry(client, opts.Prefix)
 	if opts.MaxLease > 1 {
 		l.lease = newLeaseTable(opts.MaxLease, l.replicas.live)

@@ -85,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		blocksInForce: gauge("blocks_in_force",
 			"1 while this replica takes blocks of every window for slow keys and spends them in process ('petstore limits finalize' with no replica of an older release live)."),
 		compactRecords: gauge("records_compact",
-			"1 while this replica writes new window records compact, growing with their keys' activity (unless Options.FullRecords; finalized, with no replica of an older release live)."),
+			"1 while this replica writes new window records compact, growing with their keys' activity (finalized, with no replica of an older release live)."),
 		trackedKeys: gauge("tracked_keys",
 			"Keys this replica tracks for leases and blocks after its last sweep (at most 65536)."),
 		untracked: counter("untracked_total",

@@ -80,14 +80,6 @@ type Options struct {
 	// FinalizeAfter is how long heartbeats must see no older replica and no
 	// hold before this one finalizes (default 1m; negative: never).
 	FinalizeAfter time.Duration
-	// FullRecords writes every window record as a full ring of fixed
-	// width (2.9 KB a key on the free plan), as releases before compact
-	// records did. Off, new window records are written compact
-	// (format.go) once the compact level is in force: a few hundred bytes
-	// a quiet key, a full ring while more than 24 buckets hold events,
-	// compact again when fewer do; a few per cent more Redis CPU a cold
-	// decision. Every replica reads both forms either way.
-	FullRecords bool
 	// Admin marks a Limiter for the limits commands: no heartbeats, so it is
 	// not a live replica, and no periods marked in the registry.
 	Admin bool

@@ -47,7 +47,6 @@ type replicas struct {
 	final3, mark3 string
 	prefix        string
 	expanding     atomic.Bool
-	compact       bool // not Options.FullRecords
 	// The dataset token's key, and what to restore if it is lost (heldMarks).
 	dataset string
 	held    atomic.Pointer[heldMarks]
@@ -144,7 +143,7 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	older3, _ := res[9].(int64)
 	mark3Text, _ := res[10].(string)
 	mark3, _ := strconv.ParseInt(mark3Text, 10, 64)
-	r.observeFinal(mark, older, now, at, r.compact && mark3 > 0 && older3 == 0)
+	r.observeFinal(mark, older, now, at, mark3 > 0 && older3 == 0)
 	r.observeBlocks(mark2, older2, at)
 	if mark3 > 0 {
 		// Marked, a replica that cannot read compact records is a rollback

@@ -149,7 +149,6 @@ func runServe(ctx context.Context, c *call) error {
 		TripAfter:     cfg.TripAfter,
 		MaxLease:      cfg.MaxLease,
 		FinalizeAfter: finalizeAfter(cfg.FinalizeAfter),
-		FullRecords:   cfg.FullRecords,
 		Pipelines:     cfg.Pipelines,
 		PipelineHold:  pipelineHold(cfg.PipelineHold),
 		Registerer:    reg,

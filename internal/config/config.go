@@ -35,10 +35,7 @@ type Config struct {
 	// FinalizeAfter is ratelimit.Options.FinalizeAfter, except that 0
 	// means never by itself.
 	FinalizeAfter time.Duration
-	// FullRecords is ratelimit.Options.FullRecords: every window record a
-	// full ring, none compact.
-	FullRecords bool
-	Pipelines   int
+	Pipelines     int
 	// PipelineHold is ratelimit.Options.PipelineHold, except that 0 means
 	// no hold.
 	PipelineHold     time.Duration
@@ -188,7 +185,6 @@ func settings(cfg *Config) []Setting {
 		st("ratelimit-trip-after", "PETSTORE_RATELIMIT_TRIP_AFTER", "DURATION", "how long Redis round trips must keep failing (at least 3, no success between) before a replica stops asking Redis; until then a request whose round trip failed is sent once more, and decided locally only if that fails too", false, durationValue{p: &cfg.TripAfter, min: time.Millisecond}),
 		st("ratelimit-max-lease", "PETSTORE_RATELIMIT_MAX_LEASE", "N", "most admissions a replica reserves at once for a busy key (1: every request asks Redis)", false, intValue{p: &cfg.MaxLease, min: 1}),
 		st("ratelimit-finalize-after", "PETSTORE_RATELIMIT_FINALIZE_AFTER", "DURATION", "how long the replicas' census must show no replica of an older release, and no hold ('petstore limits finalize --hold'), before the fleet finalizes its records by itself (0: only 'petstore limits finalize')", false, durationValue{p: &cfg.FinalizeAfter, min: 0}),
-		st("ratelimit-full-records", "PETSTORE_RATELIMIT_FULL_RECORDS", "", "write every window record in Redis as a full ring of fixed size (2.9 KB a key on the free plan), as before compact records, for a few per cent less Redis CPU a decision; off (the default), a quiet key's records take a few hundred bytes and grow with its activity", false, boolValue{&cfg.FullRecords}),
 		st("ratelimit-pipelines", "PETSTORE_RATELIMIT_PIPELINES", "N", "Redis round trips of decisions a replica keeps in flight at once, each carrying what queued meanwhile (a batch gathers behind the calls in flight for up to --ratelimit-pipeline-hold); more when Redis is far (lower latency)", false, intValue{p: &cfg.Pipelines, min: 1, max: 64}),
 		st("ratelimit-pipeline-hold", "PETSTORE_RATELIMIT_PIPELINE_HOLD", "DURATION", "longest a decision waits for the round trips in flight to be answered before a free pipeline sends it: near Redis, decisions gather into fewer, larger calls (less CPU in Redis and here); 0 sends at once (0-10ms)", false, durationValue{p: &cfg.PipelineHold, min: 0, max: 10 * time.Millisecond}),
 		st("ratelimit-draft-fields", "PETSTORE_RATELIMIT_DRAFT_FIELDS", "", "also send the IETF draft's RateLimit and RateLimit-Policy fields beside the specification's X-RateLimit-Limit, -Remaining and -Reset (off: the draft's syntax still changes, every window is at GET /v1/rate_limit, and the two make a page's header map a hash table, about 12% of a replica's throughput serving a page of pets)", false, boolValue{&cfg.DraftFields}),
