@@ -25,7 +25,11 @@ import (
 // sprayed is one request of a fault test: when the client sent it and got
 // its answer, and the answer.
 type sprayed struct {
+	// send and recv are wall-clock readings (no monotonic part): the
+	// clock the server's TIME reads on this host, so that a time sync
+	// stepping or slewing it moves the judge and Redis's windows alike.
 	send, recv time.Time
+	took       time.Duration // by the monotonic clock
 	replica    int
 	allowed    bool
 	degraded   bool
@@ -104,7 +108,8 @@ func newFleet(t *testing.T, n int, p Policy, opts Options) *fleet {
 func (f *fleet) send(t *testing.T, i int) sprayed {
 	start := time.Now()
 	d, err := f.ls[i%len(f.ls)].Allow(context.Background(), f.key, f.p)
-	r := sprayed{send: start, recv: time.Now(), replica: i % len(f.ls), allowed: err == nil && d.Allowed(), degraded: d.Degraded}
+	end := time.Now()
+	r := sprayed{send: start.Round(0), recv: end.Round(0), took: end.Sub(start), replica: i % len(f.ls), allowed: err == nil && d.Allowed(), degraded: d.Degraded}
 	if err != nil {
 		t.Errorf("Allow: %v", err)
 	}
@@ -150,7 +155,7 @@ func (f *fleet) check(t *testing.T, what string, wait time.Duration, whole bool)
 		if r.degraded {
 			degraded++
 		}
-		slowest = max(slowest, r.recv.Sub(r.send))
+		slowest = max(slowest, r.took)
 	}
 	trips := 0.0
 	for _, l := range f.ls {
@@ -162,7 +167,7 @@ func (f *fleet) check(t *testing.T, what string, wait time.Duration, whole bool)
 		for _, r := range f.log {
 			if r.allowed {
 				t.Logf("admitted: sent %s, answered after %s, replica %d, decided locally %v",
-					r.send.Format("15:04:05.000"), r.recv.Sub(r.send), r.replica, r.degraded)
+					r.send.Format("15:04:05.000"), r.took, r.replica, r.degraded)
 			}
 		}
 		t.Fatalf("%s: %d %s within less than %s (at most %d): first sent %s, last answered %s after it",
