@@ -951,14 +951,13 @@ func TestLeasesRefuseLittleBelowTheLimit(t *testing.T) {
 }
 
 // TestRecordNamesFollowTheKeysPlan: a key that moves to another plan is
-// decided on the records of that plan's windows. Over generated pairs of plans with small limits, a key
-// is admitted a few times under the first, then under the second until
-// refused, on a frozen clock: the second admits exactly what its windows
-// leave, a window sharing the first's period (and so its record) counting
-// the first's admissions too, and once it admits, its records exist under
-// their names.
-// Names kept from the first plan would decide the second on the first's
-// records.
+// decided on the records of that plan's windows. Over generated pairs of
+// plans with small limits, a key is admitted a few times under the first,
+// then under the second until refused, on a frozen clock: the second
+// admits exactly what its windows leave, a window sharing the first's
+// period (and so its record) counting the first's admissions too, and once
+// it admits, its records exist under their names. Names kept from the
+// first plan would decide the second on the first's records.
 func TestRecordNamesFollowTheKeysPlan(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 71)
