@@ -258,7 +258,7 @@ type invariantDriver struct {
 	// replicas that have not yet read the mark. compact: of those made
 	// finalized, three in four write compact records (the compact level),
 	// in cases that never roll back (Unfinalize converts them back first:
-	// TestUnfinalizeExpandsCompactRecords). calls counts the calls made
+	// TestCompactRecordsComeWithTheirLevel). calls counts the calls made
 	// finalized, not yet knowing it, by the older release, and compact.
 	finAt      int64
 	compact    bool

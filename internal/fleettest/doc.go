@@ -7,7 +7,8 @@
 // replica, SIGSTOP/SIGCONT and SIGKILL for a stalled or crashed Redis) and
 // assert what clients see: status codes, latencies against the configured
 // Redis timeout, and admissions per window judged soundly from the
-// client's send and receive times (see windowCount). Each scenario logs
+// client's send and receive times (see windowCount), read on the wall
+// clock that Redis's TIME follows. Each scenario logs
 // what it measured; run them with
 //
 //	go test -count=1 -v ./internal/fleettest/

@@ -328,7 +328,7 @@ func (f *fleet) policy(ctx context.Context, base, key string) (result, string) {
 		f.t.Fatal("fleet.policy reads RateLimit-Policy: start the fleet with draftFields")
 	}
 	req, _ := newGet(ctx, base, key)
-	res := result{target: base, send: time.Now()}
+	res := result{target: base, send: time.Now().Round(0)}
 	resp, err := f.client.Do(req)
 	if err != nil {
 		res.err = err

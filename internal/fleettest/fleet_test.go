@@ -714,9 +714,14 @@ func (f *fleet) waitInRotation() {
 	}
 }
 
-// result is one request as the client saw it.
+// result is one request as the client saw it. send and recv are wall
+// clock readings without their monotonic part: Redis decides by its TIME,
+// which on this host is the wall clock, so windows are judged on it even
+// if the clock is stepped mid-run. took is the latency, by the monotonic
+// clock.
 type result struct {
 	send, recv time.Time
+	took       time.Duration
 	target     string
 	key        int
 	status     int
@@ -725,7 +730,12 @@ type result struct {
 	err        error
 }
 
-func (r result) latency() time.Duration { return r.recv.Sub(r.send) }
+func (r result) latency() time.Duration { return r.took }
+
+// stamp sets res's send and recv from monotonic readings sent and received.
+func (res *result) stamp(sent, received time.Time) {
+	res.send, res.recv, res.took = sent.Round(0), received.Round(0), received.Sub(sent)
+}
 
 // get sends GET /v1/pets with key to base and records what came back.
 func (f *fleet) get(ctx context.Context, base, key string) result {
@@ -733,15 +743,17 @@ func (f *fleet) get(ctx context.Context, base, key string) result {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	res := result{target: base, send: time.Now()}
+	res := result{target: base}
+	sent := time.Now()
 	resp, err := f.client.Do(req)
 	if err != nil {
-		res.recv, res.err = time.Now(), err
+		res.stamp(sent, time.Now())
+		res.err = err
 		return res
 	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	res.recv = time.Now()
+	res.stamp(sent, time.Now())
 	res.status, res.err = resp.StatusCode, err
 	res.retryAfter = resp.Header.Get("Retry-After")
 	if resp.StatusCode >= 400 {
