@@ -423,9 +423,9 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	return st, nil
 }
 
-// expandScript (lua/expand.lua, after the decision code's codec.lua and
-// ring.lua) writes a compact window record back as a full ring.
-var expandScript = redis.NewScript(codecLua + ringLua + expandLua)
+// expandScript (lua/expand.lua, after the decision code's codec.lua,
+// layout.lua and ring.lua) writes a compact window record back as a full ring.
+var expandScript = redis.NewScript(codecLua + layoutLua + ringLua + expandLua)
 
 //go:embed lua/expand.lua
 var expandLua string

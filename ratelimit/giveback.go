@@ -264,9 +264,10 @@ func giveBackCommand(prefix string, gs []giveBack) ([]string, []any) {
 	return keys, args
 }
 
-// giveBackScript (lua/giveback.lua, with the decision code's lua/codec.lua)
-// takes giveBackCommand's give-backs off window records (format.go).
-var giveBackScript = redis.NewScript(codecLua + giveBackLua)
+// giveBackScript (lua/giveback.lua, after the decision code's lua/codec.lua
+// and lua/layout.lua) takes giveBackCommand's give-backs off window records
+// (format.go).
+var giveBackScript = redis.NewScript(codecLua + layoutLua + giveBackLua)
 
 //go:embed lua/giveback.lua
 var giveBackLua string

@@ -485,14 +485,17 @@ var decideCore = joinDecisionCode()
 
 // joinDecisionCode joins the decision code's files in their order.
 func joinDecisionCode() string {
-	return codecLua + ringLua + windowLua + banLua + reserveLua + decideFnLua + runLua
+	return codecLua + layoutLua + ringLua + windowLua + banLua + reserveLua + decideFnLua + runLua
 }
 
 // The decision code's files, in order: each uses those before it. codec.lua
-// starts every script.
+// starts every script; layout.lua, the records' layout, follows it in every
+// script that reads records.
 var (
 	//go:embed lua/codec.lua
 	codecLua string
+	//go:embed lua/layout.lua
+	layoutLua string
 	//go:embed lua/ring.lua
 	ringLua string
 	//go:embed lua/window.lua

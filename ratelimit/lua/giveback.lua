@@ -1,12 +1,9 @@
--- giveBackScript (giveback.go), after codec.lua: takes unspent
--- admissions back; its keys, arguments and reply are described there.
+-- giveBackScript (giveback.go), after codec.lua and layout.lua: takes
+-- unspent admissions back; its keys, arguments and reply are described
+-- there. A full ring holds bucket b at slot b mod (n+1); a compact record
+-- holds an entry for it if it counted any.
 local byte, char, floor, unpack, tonumber = string.byte, string.char, math.floor, unpack, tonumber
 local unpack_, pack_ = codec()
--- A window record, as in ring.lua (format.go): version 1, head 8, total 4,
--- head count 4, head offset 2, then per older bucket b a count 4 and offset
--- 2 at slot b mod (n+1); compact (version 2), the same header, then entries
--- of bucket 8, count 4, offset 2. Counts saturate at MAXC.
-local VERSION, COMPACT, HDR, SLOT, ENTRY, MAXC = 1, 2, 18, 6, 14, 4294967295
 local HDRS, OFS = tostring(HDR), {}
 local function ofs(v) local o = OFS[v]; if not o then o = string.format('%d', v); OFS[v] = o end; return o end
 local t = redis.call('TIME')

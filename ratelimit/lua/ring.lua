@@ -1,4 +1,4 @@
--- Decision code, first file (redisdecider.go): shared locals, record layout, rings.
+-- Decision code, first file after layout.lua (redisdecider.go): shared locals, rings.
 
 -- Bound by init on the first call: a Function's code loads without libraries.
 local byte, char, sub, rep, floor, ceil, format, find
@@ -23,16 +23,6 @@ local function init()
   end})
   unpack_, pack_ = codec()
 end
--- Record layout (format.go), widths in bytes: a ring is head 8, total 4, head
--- count 4, head offset 2, then n+1 slots of count 4, offset 2 (counts saturate
--- at MAXC). A window record: version 1, ring. A ban record: version 1, ban end
--- 8, offences 4, last offence 8, strike period 8 and bucket width 8, ring.
-local VERSION, HDR, SLOT, MAXC = 1, 18, 6, 4294967295
-local RINGFMT = '>I8I4I4I2'
-local EMPTY = '\0\0\0\0\0\0'
--- A window record's slots start here (1-based).
-local WR = 2 + HDR
-
 -- get reads a k-byte big-endian integer at position p of s.
 local WIDTH = {'>I1', '>I2', '>I3', '>I4', '>I5', '>I6', '>I7', '>I8'}
 local function get(s, p, k)
@@ -95,16 +85,9 @@ local function blank(n)
   return z
 end
 
--- A compact window record (format.go): version 2, the ring's header, then one
--- entry per bucket before the head holding events, oldest first: bucket 8,
--- count 4, last-event offset 2. Past MAXENT entries, or the full ring's size,
--- it becomes a full ring.
-local COMPACT, ENTRY, ENTFMT, MAXENT = 2, 14, '>I8I4I2', 24
-
--- The lease cap (window.lua): a limit 4 and an end 8 (µs). A full ring's
--- follows its slots (capAt); a compact record's, while one holds, its entries,
--- which are ENTRY bytes each: its length tells (capOf).
-local CAPFMT, CAPLEN = '>I4I8', 12
+-- A lease cap's place: a full ring's follows its slots (capAt); a compact
+-- record's, while one holds, its entries, which are ENTRY bytes each: its
+-- length tells (capOf).
 local function capAt(n) return WR - 1 + (n + 1) * SLOT end
 local function capOf(s)
   if (#s - WR + 1) % ENTRY == CAPLEN then return sub(s, -CAPLEN) end
