@@ -40,7 +40,7 @@ for gi = 1, #ARGV do
             -- Bucket b's entry, if it has one: its count follows the bucket.
             local all = redis.call('GET', key)
             pos = nil
-            for p = 2 + HDR, #all - ENTRY + 1, ENTRY do
+            for p = WR, #all - ENTRY + 1, ENTRY do
               if unpack_('>I8', all, p) == b then pos, c = p + 7, unpack_('>I4', all, p + 8) end
             end
           else
