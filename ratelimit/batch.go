@@ -11,8 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // errTimeout is a round trip that did not complete within Options.Timeout.
@@ -46,7 +44,6 @@ type batcher struct {
 	dec     *redisDecider
 	queue   chan *call
 	timeout time.Duration
-	cluster bool
 	observe func(time.Duration, error)
 	// waited hears how long each decision of a pipeline waited for it.
 	waited func(time.Duration)
@@ -67,11 +64,10 @@ const (
 )
 
 func newBatcher(dec *redisDecider, timeout, hold time.Duration, observe func(time.Duration, error), waited func(time.Duration)) *batcher {
-	_, cluster := dec.rdb.(*redis.ClusterClient)
 	if hold < 0 {
 		hold = 0
 	}
-	b := &batcher{dec: dec, queue: make(chan *call, queueSize), timeout: timeout, hold: hold, full: make(chan struct{}, 1), cluster: cluster, observe: observe, waited: waited}
+	b := &batcher{dec: dec, queue: make(chan *call, queueSize), timeout: timeout, hold: hold, full: make(chan struct{}, 1), observe: observe, waited: waited}
 	ch := make(chan struct{})
 	b.ended.Store(&ch)
 	return b
@@ -81,9 +77,7 @@ func newBatcher(dec *redisDecider, timeout, hold time.Duration, observe func(tim
 func (b *batcher) do(ctx context.Context, d decision, wait time.Duration) (string, error) {
 	c := callPool.Get().(*call)
 	c.decision = d
-	if b.cluster {
-		c.slot = keySlot(d.keys[0])
-	}
+	c.slot = b.dec.slot(d)
 	c.queued = time.Now()
 	select {
 	case b.queue <- c:
@@ -195,37 +189,23 @@ func (b *batcher) waitInflight(ctx context.Context, deadline time.Time, timer *t
 func (b *batcher) exec(ctx context.Context, batch []*call) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	if b.cluster {
+	if b.dec.cluster {
 		// One slot per call; stable, so one key's decisions keep their order.
 		slices.SortStableFunc(batch, func(x, y *call) int { return x.slot - y.slot })
 	}
-	groups := scriptCalls(len(batch), func(i int) int { return batch[i].slot })
 	start := time.Now()
-	for _, c := range batch {
+	ds := make([]decision, len(batch))
+	for i, c := range batch {
 		b.waited(start.Sub(c.queued))
+		ds[i] = c.decision
 	}
-	cmds := make([]*redis.StringSliceCmd, len(groups))
-	ds := make([]decision, 0, len(batch))
-	fin := b.dec.fin()
-	for i, g := range groups {
-		ds = ds[:0]
-		for _, c := range batch[g.from:g.to] {
-			ds = append(ds, c.decision)
-		}
-		cmds[i] = b.dec.call(ctx, ds, fin)
-	}
-	err := b.dec.send(ctx, cmds)
+	sent, err := b.dec.send(ctx, ds, func(i int) int { return batch[i].slot })
 	b.observe(time.Since(start), err)
-	for i, g := range groups {
-		rs, err := g.replies(cmds[i])
-		for j, c := range batch[g.from:g.to] {
-			if err == nil {
-				c.reply = rs[j]
-			}
-			c.err = err
-			c.done <- struct{}{}
-		}
-	}
+	sent.answer(func(i int, reply string, err error) {
+		c := batch[i]
+		c.reply, c.err = reply, err
+		c.done <- struct{}{}
+	})
 }
 
 // keySlot returns key's Redis Cluster slot: CRC16 of its hash tag (between

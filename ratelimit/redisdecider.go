@@ -22,10 +22,11 @@ import (
 // decodes replies; the limiter packs and decodes on the requests' own
 // goroutines.
 type redisDecider struct {
-	rdb    redis.UniversalClient
-	prefix string
-	sc     script
-	log    *slog.Logger
+	rdb     redis.UniversalClient
+	prefix  string
+	sc      script
+	log     *slog.Logger
+	cluster bool // a Redis Cluster: each call holds one slot's keys
 	// noFunctions is set once Redis is found without Functions: EVALSHA then.
 	noFunctions atomic.Bool
 	// finalized gives the script's finalize argument; nil: never finalized.
@@ -33,7 +34,8 @@ type redisDecider struct {
 }
 
 func newRedisDecider(rdb redis.UniversalClient, prefix string, log *slog.Logger) *redisDecider {
-	return &redisDecider{rdb: rdb, prefix: prefix, sc: decisionScript(), log: log}
+	_, cluster := rdb.(*redis.ClusterClient)
+	return &redisDecider{rdb: rdb, prefix: prefix, sc: decisionScript(), log: log, cluster: cluster}
 }
 
 // pack packs key's decision under pl: its records' names and its numbers.
@@ -58,51 +60,77 @@ func (r *redisDecider) call(ctx context.Context, ds []decision, fin any) *redis.
 	return redis.NewStringSliceCmd(ctx, batchCall(command, name, ds, fin)...)
 }
 
-// send sends cmds in one pipeline, giving Redis the code if it lacks it.
-func (r *redisDecider) send(ctx context.Context, cmds []*redis.StringSliceCmd) error {
-	pipe := r.rdb.Pipeline()
-	for _, c := range cmds {
-		_ = pipe.Process(ctx, c)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return r.retry(ctx, cmds)
-	}
-	return nil
-}
-
 // decide decides reqs in order into out. A failed decision fails the
-// batch; the others' verdicts stand.
+// batch; the others' verdicts stand. It packs and decodes here, where the
+// limiter does so on each request's goroutine; the round trip is the
+// batcher's (exchange).
 func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
 	ds := make([]decision, len(reqs))
 	for i, q := range reqs {
 		ds[i] = r.pack(q.key, q.pl, q.in)
 	}
-	fin := r.fin()
-	_, cluster := r.rdb.(*redis.ClusterClient)
-	calls := scriptCalls(len(ds), func(i int) int {
-		if !cluster {
-			return 0
+	var failed error
+	sent, _ := r.send(ctx, ds, func(i int) int { return r.slot(ds[i]) })
+	sent.answer(func(i int, reply string, err error) {
+		if err == nil {
+			err = decodeInto(ds[i].pl, reply, &out[i])
 		}
-		return keySlot(ds[i].keys[0])
+		if failed == nil {
+			failed = err
+		}
 	})
-	cmds := make([]*redis.StringSliceCmd, len(calls))
-	for k, c := range calls {
-		cmds[k] = r.call(ctx, ds[c.from:c.to], fin)
+	return failed
+}
+
+// slot is d's Redis Cluster slot; 0 outside a cluster.
+func (r *redisDecider) slot(d decision) int {
+	if !r.cluster {
+		return 0
 	}
-	err := r.send(ctx, cmds)
-	for k, c := range calls {
-		rs, cerr := c.replies(cmds[k])
-		if cerr != nil {
-			err = cerr
-			continue
+	return keySlot(d.keys[0])
+}
+
+// send sends ds in order as one pipeline of script calls (scriptCalls: runs
+// of one slot by slot(i), at most scriptBatch each), giving Redis the code if
+// it lacks it, and returns the pipeline's error, if any.
+func (r *redisDecider) send(ctx context.Context, ds []decision, slot func(i int) int) (sentCalls, error) {
+	s := sentCalls{spans: scriptCalls(len(ds), slot)}
+	s.cmds = make([]*redis.StringSliceCmd, len(s.spans))
+	fin := r.fin()
+	for k, c := range s.spans {
+		s.cmds[k] = r.call(ctx, ds[c.from:c.to], fin)
+	}
+	pipe := r.rdb.Pipeline()
+	for _, c := range s.cmds {
+		_ = pipe.Process(ctx, c)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return s, r.retry(ctx, s.cmds)
+	}
+	return s, nil
+}
+
+// sentCalls is a pipeline's script calls, each deciding a span of its batch.
+type sentCalls struct {
+	spans []callSpan
+	cmds  []*redis.StringSliceCmd
+}
+
+// answer gives each decision sent its reply, or its call's error, in order.
+func (s sentCalls) answer(f func(i int, reply string, err error)) {
+	for k, c := range s.spans {
+		rs, err := s.cmds[k].Val(), s.cmds[k].Err()
+		if err == nil && len(rs) != c.to-c.from {
+			err = fmt.Errorf("ratelimit: %d script replies for %d decisions", len(rs), c.to-c.from)
 		}
-		for j, s := range rs {
-			if derr := decodeInto(ds[c.from+j].pl, s, &out[c.from+j]); derr != nil && err == nil {
-				err = derr
+		for i := c.from; i < c.to; i++ {
+			reply := ""
+			if err == nil {
+				reply = rs[i-c.from]
 			}
+			f(i, reply, err)
 		}
 	}
-	return err
 }
 
 // callSpan is one script call's decisions, from .. to-1 of a batch.
@@ -120,14 +148,6 @@ func scriptCalls(n int, slot func(i int) int) []callSpan {
 		from = to
 	}
 	return calls
-}
-
-func (s callSpan) replies(c *redis.StringSliceCmd) ([]string, error) {
-	rs, err := c.Val(), c.Err()
-	if err == nil && len(rs) != s.to-s.from {
-		err = fmt.Errorf("ratelimit: %d script replies for %d decisions", len(rs), s.to-s.from)
-	}
-	return rs, err
 }
 
 // retry resends the calls Redis refused for want of the decision code,
