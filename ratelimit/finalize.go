@@ -455,7 +455,11 @@ func (r *replicas) expandFor(ctx context.Context) {
 		}
 		err := r.expandAll(ctx)
 		if r.log != nil {
-			r.log.Warn("ratelimit: a replica of an older release is live while records are compact: wrote them back as full rings; run 'petstore limits finalize --undo' before rolling back",
+			done := "wrote them back as full rings"
+			if err != nil {
+				done = "writing them back as full rings failed"
+			}
+			r.log.Warn("ratelimit: a replica of an older release is live while records are compact: "+done+"; run 'petstore limits finalize --undo' before rolling back",
 				"error", err)
 		}
 	}()
@@ -471,13 +475,23 @@ const (
 // expandAll writes every compact window record under the prefix back as a
 // full ring, on every primary, so that an older release can read them all.
 // Unfinalize calls it once no replica writes them; it is safe beside
-// decisions (a record is rewritten whole, in one script).
+// decisions (a record is rewritten whole, in one script). A full ring is
+// five or six times a quiet key's compact record (ten million quiet keys:
+// about 24 GB more), so it stops before a primary with a maxmemory has less than
+// a fifth of it free (errExpandRoom): the fleet's own writes keep room, and
+// the records left compact fail only an older release's decisions.
 func (r *replicas) expandAll(ctx context.Context) error {
 	match := globEscape(r.prefix) + "{*}:w:*"
 	each := func(ctx context.Context, c *redis.Client) error {
 		iter := c.Scan(ctx, 0, match, 1000).Iterator()
 		var batch []string
 		flush := func() error {
+			if len(batch) == 0 {
+				return nil
+			}
+			if used, most := memoryUse(ctx, c); most > 0 && used > most/5*4 {
+				return fmt.Errorf("%w (%s uses %d of its maxmemory %d bytes): the rest stay compact; raise maxmemory and run 'petstore limits finalize --undo' again", errExpandRoom, c.Options().Addr, used, most)
+			}
 			pipe := c.Pipeline()
 			for _, k := range batch {
 				expandScript.Run(ctx, pipe, []string{k})
@@ -508,6 +522,25 @@ func (r *replicas) expandAll(ctx context.Context) error {
 		return each(ctx, c)
 	}
 	return fmt.Errorf("ratelimit: cannot scan a %T for compact records", r.rdb)
+}
+
+// errExpandRoom is expandAll stopped for want of memory.
+var errExpandRoom = errors.New("ratelimit: Redis is short of memory to write compact records back as full rings")
+
+// memoryUse reads c's used memory and maxmemory (bytes; 0: none set, or
+// INFO not answered).
+func memoryUse(ctx context.Context, c *redis.Client) (used, most int64) {
+	info, _ := c.Info(ctx, "memory").Result()
+	for _, line := range strings.Split(info, "\n") {
+		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch name {
+		case "used_memory":
+			used, _ = strconv.ParseInt(value, 10, 64)
+		case "maxmemory":
+			most, _ = strconv.ParseInt(value, 10, 64)
+		}
+	}
+	return used, most
 }
 
 // globEscape escapes SCAN MATCH's special characters in s.

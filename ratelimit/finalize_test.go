@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"strconv"
 	"strings"
@@ -662,4 +663,84 @@ func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
 		}
 	}
 	expanded("again", before, ttls)
+}
+
+// An undo writes compact records back as full rings, five or six times their
+// size, only while Redis keeps a fifth of its maxmemory free: short of room,
+// it stops with errExpandRoom and leaves Redis writable for the fleet's own
+// decisions; with room, it writes them all back.
+func TestUndoKeepsRedisRoom(t *testing.T) {
+	t.Parallel()
+	const maxMemory = 16 << 20
+	s := startRedisServer(t, "--maxmemory", strconv.Itoa(maxMemory), "--maxmemory-policy", "noeviction")
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	l, err := newLimiter(rdb, Options{Prefix: "undo:", Timeout: time.Second}, hooks{noHeartbeat: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+
+	// 30,000 quiet minute windows, compact: a head and no entries. As full
+	// rings (1,225 bytes each) they would take over twice maxmemory.
+	r := newRing(10, time.Minute, 200)
+	head := time.Now().UnixMicro() / r.gran
+	rec := string([]byte{compactVersion}) + string(binary.BigEndian.AppendUint64(nil, uint64(head))) +
+		string(binary.BigEndian.AppendUint32(nil, 1)) + string(binary.BigEndian.AppendUint32(nil, 1)) + "\x00\x01"
+	const keys = 30_000
+	for from := 0; from < keys; from += 1000 {
+		pipe := rdb.Pipeline()
+		for i := from; i < from+1000; i++ {
+			pipe.Set(ctx, windowKey(l.opts.Prefix, "k"+strconv.Itoa(i), &r), rec, 10*time.Minute)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// forms counts the window records by their version byte.
+	forms := func() map[byte]int {
+		t.Helper()
+		n := map[byte]int{}
+		pipe := rdb.Pipeline()
+		iter := rdb.Scan(ctx, 0, "undo:{*}:w:*", 1000).Iterator()
+		for iter.Next(ctx) {
+			pipe.GetRange(ctx, iter.Val(), 0, 0)
+		}
+		cmds, err := pipe.Exec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cmds {
+			n[c.(*redis.StringCmd).Val()[0]]++
+		}
+		return n
+	}
+
+	err = l.Unfinalize(ctx)
+	if !errors.Is(err, errExpandRoom) {
+		t.Fatalf("undo with room for a third of the full rings: %v, want errExpandRoom", err)
+	}
+	used, most := memoryUse(ctx, rdb)
+	got := forms()
+	t.Logf("%v; %d of %d bytes used; %d full rings, %d compact", err, used, most, got[formatVersion], got[compactVersion])
+	if most != maxMemory || used > most-most/10 {
+		t.Fatalf("Redis uses %d of its maxmemory %d bytes after the undo: less than a tenth left", used, most)
+	}
+	if got[formatVersion] < keys/10 || got[compactVersion] < keys/10 || got[formatVersion]+got[compactVersion] != keys {
+		t.Fatalf("records after an undo short of room: %v, want some of the %d written back and some left", got, keys)
+	}
+	if err := rdb.Set(ctx, "undo:probe", strings.Repeat("x", 1000), time.Minute).Err(); err != nil {
+		t.Fatalf("Redis refuses a write after the undo: %v", err)
+	}
+
+	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unfinalize(ctx); err != nil {
+		t.Fatalf("undo with no maxmemory: %v", err)
+	}
+	if got := forms(); got[formatVersion] != keys {
+		t.Fatalf("records after an undo with room: %v, want all %d full rings", got, keys)
+	}
 }
