@@ -477,9 +477,9 @@ const (
 // Unfinalize calls it once no replica writes them; it is safe beside
 // decisions (a record is rewritten whole, in one script). A full ring is
 // five or six times a quiet key's compact record (ten million quiet keys:
-// about 24 GB more), so it stops before a primary with a maxmemory has less than
-// a fifth of it free (errExpandRoom): the fleet's own writes keep room, and
-// the records left compact fail only an older release's decisions.
+// about 24 GB more), so it stops before a primary with a maxmemory has less
+// than a fifth of it free (errExpandRoom): the fleet's own writes keep room,
+// and the records left compact fail only an older release's decisions.
 func (r *replicas) expandAll(ctx context.Context) error {
 	match := globEscape(r.prefix) + "{*}:w:*"
 	each := func(ctx context.Context, c *redis.Client) error {

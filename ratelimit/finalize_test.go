@@ -719,7 +719,7 @@ func TestUndoKeepsRedisRoom(t *testing.T) {
 
 	err = l.Unfinalize(ctx)
 	if !errors.Is(err, errExpandRoom) {
-		t.Fatalf("undo with room for a third of the full rings: %v, want errExpandRoom", err)
+		t.Fatalf("undo with room for under half of the full rings: %v, want errExpandRoom", err)
 	}
 	used, most := memoryUse(ctx, rdb)
 	got := forms()
