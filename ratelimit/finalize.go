@@ -477,9 +477,10 @@ const (
 // Unfinalize calls it once no replica writes them; it is safe beside
 // decisions (a record is rewritten whole, in one script). A full ring is
 // five or six times a quiet key's compact record (ten million quiet keys:
-// about 24 GB more), so it stops before a primary with a maxmemory has less
-// than a fifth of it free (errExpandRoom): the fleet's own writes keep room,
-// and the records left compact fail only an older release's decisions.
+// about 24 GB more), so it stops before a primary has less than a fifth of
+// its maxmemory (or, with none, of the machine's memory) free
+// (errExpandRoom): the fleet's own writes keep room, and the records left
+// compact fail only an older release's decisions.
 func (r *replicas) expandAll(ctx context.Context) error {
 	match := globEscape(r.prefix) + "{*}:w:*"
 	each := func(ctx context.Context, c *redis.Client) error {
@@ -490,7 +491,7 @@ func (r *replicas) expandAll(ctx context.Context) error {
 				return nil
 			}
 			if used, most := memoryUse(ctx, c); most > 0 && used > most/5*4 {
-				return fmt.Errorf("%w (%s uses %d of its maxmemory %d bytes): the rest stay compact; raise maxmemory and run 'petstore limits finalize --undo' again", errExpandRoom, c.Options().Addr, used, most)
+				return fmt.Errorf("%w (%s uses %d of the %d bytes it may): the rest stay compact; raise maxmemory and run 'petstore limits finalize --undo' again", errExpandRoom, c.Options().Addr, used, most)
 			}
 			pipe := c.Pipeline()
 			for _, k := range batch {
@@ -527,10 +528,17 @@ func (r *replicas) expandAll(ctx context.Context) error {
 // errExpandRoom is expandAll stopped for want of memory.
 var errExpandRoom = errors.New("ratelimit: Redis is short of memory to write compact records back as full rings")
 
-// memoryUse reads c's used memory and maxmemory (bytes; 0: none set, or
-// INFO not answered).
+// memoryUse reads c's used memory and the most it may use (bytes): its
+// maxmemory or, with none set, the machine's memory; 0 when INFO does not
+// say.
 func memoryUse(ctx context.Context, c *redis.Client) (used, most int64) {
 	info, _ := c.Info(ctx, "memory").Result()
+	return memoryFields(info)
+}
+
+// memoryFields reads memoryUse's figures from the text of INFO memory.
+func memoryFields(info string) (used, most int64) {
+	var machine int64
 	for _, line := range strings.Split(info, "\n") {
 		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
 		switch name {
@@ -538,7 +546,12 @@ func memoryUse(ctx context.Context, c *redis.Client) (used, most int64) {
 			used, _ = strconv.ParseInt(value, 10, 64)
 		case "maxmemory":
 			most, _ = strconv.ParseInt(value, 10, 64)
+		case "total_system_memory":
+			machine, _ = strconv.ParseInt(value, 10, 64)
 		}
+	}
+	if most == 0 {
+		most = machine
 	}
 	return used, most
 }

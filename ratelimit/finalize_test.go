@@ -734,6 +734,7 @@ func TestUndoKeepsRedisRoom(t *testing.T) {
 		t.Fatalf("Redis refuses a write after the undo: %v", err)
 	}
 
+	// No maxmemory: room up to the machine's memory (many GB here).
 	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -742,5 +743,22 @@ func TestUndoKeepsRedisRoom(t *testing.T) {
 	}
 	if got := forms(); got[formatVersion] != keys {
 		t.Fatalf("records after an undo with room: %v, want all %d full rings", got, keys)
+	}
+}
+
+// Without a maxmemory, Redis may use at most the machine's memory.
+func TestMemoryFieldsReadTheLimit(t *testing.T) {
+	for _, c := range []struct {
+		info       string
+		used, most int64
+	}{
+		{"# Memory\r\nused_memory:1000\r\ntotal_system_memory:8000\r\nmaxmemory:4000\r\n", 1000, 4000},
+		{"# Memory\r\nused_memory:1000\r\ntotal_system_memory:8000\r\nmaxmemory:0\r\n", 1000, 8000},
+		{"# Memory\r\nused_memory:1000\r\n", 1000, 0},
+		{"", 0, 0},
+	} {
+		if used, most := memoryFields(c.info); used != c.used || most != c.most {
+			t.Errorf("%q: used %d, most %d; want %d, %d", c.info, used, most, c.used, c.most)
+		}
 	}
 }
