@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -491,4 +493,71 @@ func TestCallerThatLeavesIsNotDecidedLocally(t *testing.T) {
 			t.Fatalf("a caller gone before asking was counted: %+v", u)
 		}
 	})
+}
+
+// A Redis at its maxmemory under noeviction refuses the decisions' writes:
+// replicas then decide as they do while Redis is down (degraded; fail-closed
+// refuses), never as if the key had no record, and decide in Redis again
+// once it has room.
+func TestFullRedisIsDecidedDegraded(t *testing.T) {
+	t.Parallel()
+	testenv.RedisAddr(t)
+	s := startRedisServer(t, "--maxmemory", strconv.Itoa(8<<20), "--maxmemory-policy", "noeviction")
+	ctx := context.Background()
+	limiter := func(mode FailureMode) *Limiter {
+		rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+		t.Cleanup(func() { _ = rdb.Close() })
+		l, err := New(rdb, Options{Prefix: "full:", Timeout: time.Second, FailureMode: mode, MaxLease: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}
+	open, closed := limiter(FailOpen), limiter(FailClosed)
+	for _, l := range []*Limiter{open, closed} {
+		if d, err := l.Allow(ctx, "before", coldPlan); err != nil || d.Degraded || !d.Allowed() {
+			t.Fatalf("with room: %+v, %v", d, err)
+		}
+	}
+
+	// Fill Redis to its maxmemory with keys that never expire: large values
+	// first, then small ones until even one is refused.
+	fill := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = fill.Close() })
+	i := 0
+	for _, size := range []int{4096, 16} {
+		for ; ; i++ {
+			if err := fill.Set(ctx, "filler:"+strconv.Itoa(i), strings.Repeat("x", size), 0).Err(); err != nil {
+				if !strings.HasPrefix(err.Error(), "OOM") {
+					t.Fatalf("filling Redis: %v", err)
+				}
+				break
+			}
+		}
+	}
+	for i := range 3 {
+		key := "full" + strconv.Itoa(i)
+		if d, err := open.Allow(ctx, key, coldPlan); err != nil || !d.Degraded || !d.Allowed() {
+			t.Fatalf("fail-open, Redis full: %+v, %v; want admitted degraded", d, err)
+		}
+		if _, err := closed.Allow(ctx, key, coldPlan); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("fail-closed, Redis full: %v; want ErrUnavailable", err)
+		}
+	}
+
+	if err := fill.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		d, err := open.Allow(ctx, "after", coldPlan)
+		if err == nil && !d.Degraded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis with room again for 5 s: %+v, %v; want decided in Redis", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
