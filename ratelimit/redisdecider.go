@@ -62,8 +62,8 @@ func (r *redisDecider) call(ctx context.Context, ds []decision, fin any) *redis.
 
 // decide decides reqs in order into out. A failed decision fails the
 // batch; the others' verdicts stand. It packs and decodes here, where the
-// limiter does so on each request's goroutine; the round trip is the
-// batcher's (exchange).
+// limiter does so on each request's goroutine; the round trip (send,
+// answer) is the one the batcher makes.
 func (r *redisDecider) decide(ctx context.Context, reqs []request, out []verdict) error {
 	ds := make([]decision, len(reqs))
 	for i, q := range reqs {
