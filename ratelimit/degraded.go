@@ -9,17 +9,23 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // breaker decides when a replica stops asking Redis and answers locally
 // (fail-open) or refuses (fail-closed); a request whose own round trip
 // failed is decided by the fallback alone. While open, a probe retries
-// Redis every interval; its first success closes it.
+// Redis every interval; its first success closes it. A full Redis fails the
+// probe (checkRoom).
 type breaker struct {
 	what      string // what is degraded, for the log lines
 	mode      FailureMode
@@ -441,4 +447,68 @@ func (pl *plan) localFor(n int64) *plan {
 	lp.counters = pl.counters
 	pl.local.Store(&localPlan{n: n, pl: lp})
 	return lp
+}
+
+// memory is what INFO memory says of a primary's room (bytes); zero, or
+// empty, where it does not say (miniredis, an ACL refusing INFO).
+type memory struct {
+	used, maxmemory, machine int64
+	policy                   string // maxmemory-policy
+}
+
+func readMemory(ctx context.Context, c redis.Cmdable) memory {
+	info, _ := c.Info(ctx, "memory").Result()
+	return memoryFields(info)
+}
+
+// memoryFields reads memory from the text of INFO memory.
+func memoryFields(info string) memory {
+	var m memory
+	for _, line := range strings.Split(info, "\n") {
+		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
+		n, _ := strconv.ParseInt(value, 10, 64)
+		switch name {
+		case "used_memory":
+			m.used = n
+		case "maxmemory":
+			m.maxmemory = n
+		case "total_system_memory":
+			m.machine = n
+		case "maxmemory_policy":
+			m.policy = value
+		}
+	}
+	return m
+}
+
+// limit is the most a primary may use: its maxmemory or, with none, the
+// machine's memory; 0 when INFO does not say.
+func (m memory) limit() int64 {
+	if m.maxmemory > 0 {
+		return m.maxmemory
+	}
+	return m.machine
+}
+
+// full reports a primary that refuses writes (OOM), or is within 1% of
+// doing so: one at its maxmemory under noeviction. Other policies evict.
+// Such a primary still answers a probe's PING or SCRIPT LOAD; were it not
+// counted as down, the breaker would close at each probe and trip again a
+// TripAfter later. The 1% lets room build up before decisions resume.
+func (m memory) full() bool {
+	return m.policy == "noeviction" && m.maxmemory > 0 && m.used > m.maxmemory-m.maxmemory/100
+}
+
+// checkRoom returns an error while a primary of rdb is full.
+func checkRoom(ctx context.Context, rdb redis.UniversalClient) error {
+	check := func(ctx context.Context, c redis.Cmdable) error {
+		if m := readMemory(ctx, c); m.full() {
+			return fmt.Errorf("ratelimit: Redis is full: %d of its maxmemory %d bytes used, under noeviction", m.used, m.maxmemory)
+		}
+		return nil
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return check(ctx, c) })
+	}
+	return check(ctx, rdb)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -507,7 +508,8 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 	limiter := func(mode FailureMode) *Limiter {
 		rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
 		t.Cleanup(func() { _ = rdb.Close() })
-		l, err := New(rdb, Options{Prefix: "full:", Timeout: time.Second, FailureMode: mode, MaxLease: 1})
+		l, err := New(rdb, Options{Prefix: "full:", Timeout: time.Second, FailureMode: mode, MaxLease: 1,
+			TripAfter: 100 * time.Millisecond, ProbeInterval: 20 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -515,6 +517,14 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 		return l
 	}
 	open, closed := limiter(FailOpen), limiter(FailClosed)
+	var throttleLog testenv.Buffer
+	throttle, err := NewThrottle(redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1}), ThrottleLimit{Rate: 10, Burst: 10, Period: time.Second},
+		Options{Prefix: "full:", Timeout: time.Second, TripAfter: 100 * time.Millisecond, ProbeInterval: 20 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(&throttleLog, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = throttle.Close() })
 	for _, l := range []*Limiter{open, closed} {
 		if d, err := l.Allow(ctx, "before", coldPlan); err != nil || d.Degraded || !d.Allowed() {
 			t.Fatalf("with room: %+v, %v", d, err)
@@ -557,6 +567,27 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 	}
 	if degraded < 15 || refused < 15 {
 		t.Fatalf("Redis full: %d of 20 decided degraded (fail-open), %d refused (fail-closed); want most", degraded, refused)
+	}
+	// A full Redis still answers SCRIPT LOAD: the breaker stays open rather
+	// than close at each probe (every 20 ms) and trip again a TripAfter
+	// later, 15-17 times in 2 s with SCRIPT LOAD alone. It closes when room
+	// appears (here as Redis trims the filling client's buffers), and the
+	// decisions that fit are counted in Redis.
+	for i, end := 0, time.Now().Add(2*time.Second); time.Now().Before(end); i++ {
+		if _, err := open.Allow(ctx, "steady"+strconv.Itoa(i), coldPlan); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := throttle.Allow(ctx, "addr"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := metricValue(t, open.met.breakerTrips); n < 1 || n > 3 {
+		t.Fatalf("Redis full for 2 s: the limiter's breaker tripped %v times; want 1 to 3", n)
+	}
+	// The throttle's breaker, which starts its local buckets afresh at each
+	// trip, the same.
+	if n := strings.Count(throttleLog.String(), "redis unreachable"); n < 1 || n > 3 {
+		t.Fatalf("Redis full for 2 s: the throttle's breaker tripped %d times; want 1 to 3", n)
 	}
 
 	if err := fill.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {

@@ -490,8 +490,8 @@ func (r *replicas) expandAll(ctx context.Context) error {
 			if len(batch) == 0 {
 				return nil
 			}
-			if used, most := memoryUse(ctx, c); most > 0 && used > most/5*4 {
-				return fmt.Errorf("%w (%s uses %d of the %d bytes it may): the rest stay compact; raise maxmemory and run 'petstore limits finalize --undo' again", errExpandRoom, c.Options().Addr, used, most)
+			if m := readMemory(ctx, c); m.limit() > 0 && m.used > m.limit()/5*4 {
+				return fmt.Errorf("%w (%s uses %d of the %d bytes it may): the rest stay compact; raise maxmemory and run 'petstore limits finalize --undo' again", errExpandRoom, c.Options().Addr, m.used, m.limit())
 			}
 			pipe := c.Pipeline()
 			for _, k := range batch {
@@ -527,34 +527,6 @@ func (r *replicas) expandAll(ctx context.Context) error {
 
 // errExpandRoom is expandAll stopped for want of memory.
 var errExpandRoom = errors.New("ratelimit: Redis is short of memory to write compact records back as full rings")
-
-// memoryUse reads c's used memory and the most it may use (bytes): its
-// maxmemory or, with none set, the machine's memory; 0 when INFO does not
-// say.
-func memoryUse(ctx context.Context, c *redis.Client) (used, most int64) {
-	info, _ := c.Info(ctx, "memory").Result()
-	return memoryFields(info)
-}
-
-// memoryFields reads memoryUse's figures from the text of INFO memory.
-func memoryFields(info string) (used, most int64) {
-	var machine int64
-	for _, line := range strings.Split(info, "\n") {
-		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
-		switch name {
-		case "used_memory":
-			used, _ = strconv.ParseInt(value, 10, 64)
-		case "maxmemory":
-			most, _ = strconv.ParseInt(value, 10, 64)
-		case "total_system_memory":
-			machine, _ = strconv.ParseInt(value, 10, 64)
-		}
-	}
-	if most == 0 {
-		most = machine
-	}
-	return used, most
-}
 
 // globEscape escapes SCAN MATCH's special characters in s.
 func globEscape(s string) string {

@@ -721,7 +721,8 @@ func TestUndoKeepsRedisRoom(t *testing.T) {
 	if !errors.Is(err, errExpandRoom) {
 		t.Fatalf("undo with room for under half of the full rings: %v, want errExpandRoom", err)
 	}
-	used, most := memoryUse(ctx, rdb)
+	m := readMemory(ctx, rdb)
+	used, most := m.used, m.limit()
 	got := forms()
 	t.Logf("%v; %d of %d bytes used; %d full rings, %d compact", err, used, most, got[formatVersion], got[compactVersion])
 	if most != maxMemory || used > most-most/10 {
@@ -749,16 +750,24 @@ func TestUndoKeepsRedisRoom(t *testing.T) {
 // Without a maxmemory, Redis may use at most the machine's memory.
 func TestMemoryFieldsReadTheLimit(t *testing.T) {
 	for _, c := range []struct {
-		info       string
-		used, most int64
+		info        string
+		used, limit int64
+		full        bool
 	}{
-		{"# Memory\r\nused_memory:1000\r\ntotal_system_memory:8000\r\nmaxmemory:4000\r\n", 1000, 4000},
-		{"# Memory\r\nused_memory:1000\r\ntotal_system_memory:8000\r\nmaxmemory:0\r\n", 1000, 8000},
-		{"# Memory\r\nused_memory:1000\r\n", 1000, 0},
-		{"", 0, 0},
+		{"# Memory\r\nused_memory:1000\r\ntotal_system_memory:8000\r\nmaxmemory:4000\r\n", 1000, 4000, false},
+		{"# Memory\r\nused_memory:1000\r\ntotal_system_memory:8000\r\nmaxmemory:0\r\n", 1000, 8000, false},
+		{"# Memory\r\nused_memory:1000\r\n", 1000, 0, false},
+		{"", 0, 0, false},
+		// Full within 1% of maxmemory, under noeviction only: other
+		// policies evict, and without a maxmemory nothing refuses writes.
+		{"used_memory:3961\r\nmaxmemory:4000\r\nmaxmemory_policy:noeviction\r\n", 3961, 4000, true},
+		{"used_memory:3960\r\nmaxmemory:4000\r\nmaxmemory_policy:noeviction\r\n", 3960, 4000, false},
+		{"used_memory:4100\r\nmaxmemory:4000\r\nmaxmemory_policy:allkeys-lru\r\n", 4100, 4000, false},
+		{"used_memory:9000\r\nmaxmemory:0\r\ntotal_system_memory:8000\r\nmaxmemory_policy:noeviction\r\n", 9000, 8000, false},
 	} {
-		if used, most := memoryFields(c.info); used != c.used || most != c.most {
-			t.Errorf("%q: used %d, most %d; want %d, %d", c.info, used, most, c.used, c.most)
+		m := memoryFields(c.info)
+		if m.used != c.used || m.limit() != c.limit || m.full() != c.full {
+			t.Errorf("%q: used %d, limit %d, full %v; want %d, %d, %v", c.info, m.used, m.limit(), m.full(), c.used, c.limit, c.full)
 		}
 	}
 }

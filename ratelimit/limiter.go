@@ -99,8 +99,13 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 	l.fb = newFallback(fallbackSize, l.replicas.live)
 	l.breaker = &breaker{
 		what: "rate limits", mode: opts.FailureMode, log: opts.Logger, met: met, gauge: true,
-		now:      func() time.Time { return l.now() },
-		probe:    func(ctx context.Context) error { return client.ScriptLoad(ctx, decideLua).Err() },
+		now: func() time.Time { return l.now() },
+		probe: func(ctx context.Context) error {
+			if err := client.ScriptLoad(ctx, decideLua).Err(); err != nil {
+				return err
+			}
+			return checkRoom(ctx, client)
+		},
 		interval: opts.ProbeInterval, timeout: max(opts.Timeout, 100*time.Millisecond),
 		tripAfter: opts.TripAfter,
 		kick:      make(chan struct{}, 1),
