@@ -24,8 +24,7 @@ import (
 // breaker decides when a replica stops asking Redis and answers locally
 // (fail-open) or refuses (fail-closed); a request whose own round trip
 // failed is decided by the fallback alone. While open, a probe retries
-// Redis every interval; its first success closes it. A full Redis fails the
-// probe (checkRoom).
+// Redis every interval (probeRedis); its first success closes it.
 type breaker struct {
 	what      string // what is degraded, for the log lines
 	mode      FailureMode
@@ -492,15 +491,22 @@ func (m memory) limit() int64 {
 
 // full reports a primary that refuses writes (OOM), or is within 1% of
 // doing so: one at its maxmemory under noeviction. Other policies evict.
-// Such a primary still answers a probe's PING or SCRIPT LOAD; were it not
-// counted as down, the breaker would close at each probe and trip again a
-// TripAfter later. The 1% lets room build up before decisions resume.
+// Such a primary takes a write now and then, as keys expire; the 1% lets
+// room build up before decisions resume.
 func (m memory) full() bool {
 	return m.policy == "noeviction" && m.maxmemory > 0 && m.used > m.maxmemory-m.maxmemory/100
 }
 
-// checkRoom returns an error while a primary of rdb is full.
-func checkRoom(ctx context.Context, rdb redis.UniversalClient) error {
+// probeRedis is a breaker's probe: Redis takes a write and every primary
+// has room (memory.full). A Redis that answers PING or SCRIPT LOAD may still
+// refuse every decision: full under noeviction (OOM), short of replicas
+// (min-replicas-to-write), unable to save (MISCONF). Were it counted as
+// back, the breaker would close at each probe and trip again a TripAfter
+// later.
+func probeRedis(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
+	if err := rdb.Set(ctx, prefix+probeSuffix, "", time.Second).Err(); err != nil {
+		return err
+	}
 	check := func(ctx context.Context, c redis.Cmdable) error {
 		if m := readMemory(ctx, c); m.full() {
 			return fmt.Errorf("ratelimit: Redis is full: %d of its maxmemory %d bytes used, under noeviction", m.used, m.maxmemory)
@@ -512,3 +518,6 @@ func checkRoom(ctx context.Context, rdb redis.UniversalClient) error {
 	}
 	return check(ctx, rdb)
 }
+
+// probeSuffix names the key probeRedis writes; it lives a second.
+const probeSuffix = "{replicas}:probe"

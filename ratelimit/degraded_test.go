@@ -605,3 +605,60 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A Redis that refuses writes (here, short of the replicas
+// min-replicas-to-write asks for) still answers PING and SCRIPT LOAD. The
+// breakers of the limiter and of the throttle trip once and stay open until
+// it takes writes again, rather than close at each probe.
+func TestRedisRefusingWritesKeepsTheBreakersOpen(t *testing.T) {
+	t.Parallel()
+	testenv.RedisAddr(t)
+	s := startRedisServer(t)
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	var logs testenv.Buffer
+	opts := Options{Prefix: "refusing:", Timeout: time.Second, MaxLease: 1, TripAfter: 100 * time.Millisecond,
+		ProbeInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	l, err := New(rdb, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	th, err := NewThrottle(rdb, ThrottleLimit{Rate: 10, Burst: 10, Period: time.Second}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = th.Close() })
+
+	if err := rdb.ConfigSet(ctx, "min-replicas-to-write", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, end := 0, time.Now().Add(time.Second); time.Now().Before(end); i++ {
+		if d, err := l.Allow(ctx, "key"+strconv.Itoa(i), coldPlan); err != nil || !d.Degraded {
+			t.Fatalf("Redis refusing writes: %+v, %v; want decided degraded", d, err)
+		}
+		if _, err := th.Allow(ctx, "addr"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One trip each: the limiter's ("rate limits") and the throttle's.
+	if n := strings.Count(logs.String(), "redis unreachable"); n != 2 || !l.breaker.isOpen() || !th.breaker.isOpen() {
+		t.Fatalf("Redis refusing writes for 1 s: %d trips, open %v and %v; want one each, still open:\n%s",
+			n, l.breaker.isOpen(), th.breaker.isOpen(), logs.String())
+	}
+
+	if err := rdb.ConfigSet(ctx, "min-replicas-to-write", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for l.breaker.isOpen() || th.breaker.isOpen() {
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis taking writes again for 5 s: breakers open %v and %v; want closed", l.breaker.isOpen(), th.breaker.isOpen())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d, err := l.Allow(ctx, "after", coldPlan); err != nil || d.Degraded {
+		t.Fatalf("Redis taking writes again: %+v, %v; want decided in Redis", d, err)
+	}
+}

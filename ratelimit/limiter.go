@@ -104,7 +104,7 @@ func newLimiter(client redis.UniversalClient, opts Options, h hooks) (*Limiter, 
 			if err := client.ScriptLoad(ctx, decideLua).Err(); err != nil {
 				return err
 			}
-			return checkRoom(ctx, client)
+			return probeRedis(ctx, client, opts.Prefix)
 		},
 		interval: opts.ProbeInterval, timeout: max(opts.Timeout, 100*time.Millisecond),
 		tripAfter: opts.TripAfter,

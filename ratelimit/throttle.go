@@ -111,13 +111,8 @@ func newThrottle(client redis.UniversalClient, name, what string, limit Throttle
 	t.rl = redis_rate.NewLimiter(client)
 	t.breaker = &breaker{
 		what: what, mode: opts.FailureMode, log: opts.Logger, met: met,
-		now: func() time.Time { return t.now() },
-		probe: func(ctx context.Context) error {
-			if err := client.Ping(ctx).Err(); err != nil {
-				return err
-			}
-			return checkRoom(ctx, client)
-		},
+		now:      func() time.Time { return t.now() },
+		probe:    func(ctx context.Context) error { return probeRedis(ctx, client, opts.Prefix) },
 		onOpen:   t.local.reset,
 		interval: opts.ProbeInterval, timeout: max(opts.Timeout, 100*time.Millisecond),
 		tripAfter: opts.TripAfter,
