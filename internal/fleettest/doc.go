@@ -4,7 +4,8 @@
 // ports, each owned by the test that starts it and stopped by PID.
 //
 // The tests inject real faults (SIGTERM for a rollout, SIGKILL for a lost
-// replica, SIGSTOP/SIGCONT and SIGKILL for a stalled or crashed Redis) and
+// replica, SIGSTOP/SIGCONT and SIGKILL for a stalled or crashed Redis, a
+// maxmemory under what Redis uses for a full one) and
 // assert what clients see: status codes, latencies against the configured
 // Redis timeout, and admissions per window judged soundly from the
 // client's send and receive times (see windowCount), read on the wall

@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/animal-store/petstore/internal/testenv"
 )
 
@@ -209,6 +211,39 @@ func (r *redisServer) pause(d time.Duration) time.Time {
 	r.p.signal(r.t, syscall.SIGSTOP)
 	time.Sleep(d)
 	r.p.signal(r.t, syscall.SIGCONT)
+	return time.Now()
+}
+
+// fill sets Redis's maxmemory to half of what it uses, under noeviction, so
+// that it refuses every write (OOM) for d, as a Redis full of records does
+// while it still answers PING; then it lifts the limit and returns when.
+func (r *redisServer) fill(d time.Duration) time.Time {
+	r.t.Helper()
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: r.addr()})
+	defer c.Close()
+	info, err := c.Info(ctx, "memory").Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var used int64
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			used, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	if used == 0 {
+		r.t.Fatalf("INFO memory without used_memory:\n%s", info)
+	}
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", strconv.FormatInt(used/2, 10)}} {
+		if err := c.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	time.Sleep(d)
+	if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		r.t.Fatal(err)
+	}
 	return time.Now()
 }
 

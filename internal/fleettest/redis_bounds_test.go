@@ -50,6 +50,15 @@ func TestRedisLongPauseKeepsWindow(t *testing.T) {
 	sprayThroughFaults(t, []redisFault{pauseFor(3 * time.Second)}, checkWindows)
 }
 
+// TestRedisFullKeepsWindow is TestRedisFaultsKeepWindows with Redis
+// refusing every write for 3 s, as a Redis full to its maxmemory under
+// noeviction does (deploy/README.md). It answers at once, so the breakers
+// trip after --ratelimit-trip-after and stay open until Redis has room.
+func TestRedisFullKeepsWindow(t *testing.T) {
+	testenv.Long(t)
+	sprayThroughFaults(t, []redisFault{fullFor(3 * time.Second)}, checkWindows)
+}
+
 // What sprayThroughFaults checks.
 const (
 	checkWindows = iota
@@ -78,10 +87,18 @@ func sprayThroughFaults(t *testing.T, faults []redisFault, check int) {
 	var localsBefore []float64 // the sprayed key's local admissions before each fault
 	for _, fl := range faults {
 		localsBefore = append(localsBefore, f.localAdmissions(t, "five"))
+		tripsBefore := f.breakerTrips(t)
 		began := time.Now()
 		back := fl.do(f.redis)
 		done = append(done, fault{fl.name, fl.crash, began, back})
 		f.waitShared(t, back)
+		// A breaker, once open, closes only when Redis can decide again:
+		// one fault trips it at most once.
+		for i, n := range f.breakerTrips(t) {
+			if n-tripsBefore[i] > 1 {
+				t.Errorf("Redis %s: %s tripped its breaker %v times, want at most once", fl.name, f.replicas[i].name, n-tripsBefore[i])
+			}
+		}
 		time.Sleep(2 * time.Second)
 	}
 	time.Sleep(period)

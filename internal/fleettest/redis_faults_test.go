@@ -25,8 +25,28 @@ func pauseFor(d time.Duration) redisFault {
 	return redisFault{name: fmt.Sprintf("paused %s", d), do: func(r *redisServer) time.Time { return r.pause(d) }}
 }
 
+// fullFor makes Redis refuse every write for d, as a Redis full to its
+// maxmemory under noeviction does: its answers stay quick (OOM).
+func fullFor(d time.Duration) redisFault {
+	return redisFault{name: fmt.Sprintf("full for %s", d), do: func(r *redisServer) time.Time { return r.fill(d) }}
+}
+
 func crashFor(d time.Duration) redisFault {
 	return redisFault{name: fmt.Sprintf("killed, restarted after %s", d), crash: true, do: func(r *redisServer) time.Time { return r.crash(d) }}
+}
+
+// breakerTrips returns each replica's petstore_ratelimit_breaker_trips_total.
+func (f *fleet) breakerTrips(t *testing.T) []float64 {
+	t.Helper()
+	trips := make([]float64, len(f.replicas))
+	for i, r := range f.replicas {
+		v, err := r.metric("petstore_ratelimit_breaker_trips_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		trips[i] = v
+	}
+	return trips
 }
 
 // waitShared waits until no replica limits locally any more and returns
