@@ -518,7 +518,9 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 	}
 	open, closed := limiter(FailOpen), limiter(FailClosed)
 	var throttleLog testenv.Buffer
-	throttle, err := NewThrottle(redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1}), ThrottleLimit{Rate: 10, Burst: 10, Period: time.Second},
+	trdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = trdb.Close() })
+	throttle, err := NewThrottle(trdb, ThrottleLimit{Rate: 10, Burst: 10, Period: time.Second},
 		Options{Prefix: "full:", Timeout: time.Second, TripAfter: 100 * time.Millisecond, ProbeInterval: 20 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(&throttleLog, nil))})
 	if err != nil {
