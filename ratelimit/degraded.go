@@ -507,16 +507,12 @@ func probeRedis(ctx context.Context, rdb redis.UniversalClient, prefix string) e
 	if err := rdb.Set(ctx, prefix+probeSuffix, "", time.Second).Err(); err != nil {
 		return err
 	}
-	check := func(ctx context.Context, c redis.Cmdable) error {
+	return eachPrimary(ctx, rdb, func(ctx context.Context, c redis.Cmdable) error {
 		if m := readMemory(ctx, c); m.full() {
 			return fmt.Errorf("ratelimit: Redis is full: %d of its maxmemory %d bytes used, under noeviction", m.used, m.maxmemory)
 		}
 		return nil
-	}
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return check(ctx, c) })
-	}
-	return check(ctx, rdb)
+	})
 }
 
 // probeSuffix names the key probeRedis writes; it lives a second.

@@ -210,10 +210,15 @@ func (r *redisDecider) loadFunction(ctx context.Context) error {
 		}
 		return err
 	}
-	if cc, ok := r.rdb.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	return eachPrimary(ctx, r.rdb, load)
+}
+
+// eachPrimary runs f on every master of a Cluster, else on rdb itself.
+func eachPrimary(ctx context.Context, rdb redis.UniversalClient, f func(context.Context, redis.Cmdable) error) error {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return f(ctx, c) })
 	}
-	return load(ctx, r.rdb)
+	return f(ctx, rdb)
 }
 
 func firstError(cmds []*redis.StringSliceCmd) error {
