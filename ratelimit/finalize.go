@@ -17,60 +17,53 @@ import (
 // its mark and counted no live replica of an older release; a replica that
 // counts one goes back to the old way at its next heartbeat.
 
-// Records level: finalized, a window record's expiry is set only when its head
-// enters a new epoch (a quarter period). An older release sets it from now on
-// every head move, so its write in mid-epoch could let a record expire before
-// the epoch's events stop counting. Every writer of this release sets the same
-// expiry for an epoch, never earlier than an older release would, so replicas
-// yet to read the mark are safe beside those that have. Replicas of this
-// release also beat in PREFIX{replicas}:final; the census less it is the older
-// replicas. The mark means only "no replica of a release before this one": a
-// later release whose finalized writes this one cannot read needs a census and
-// mark of its own.
+// Finalized, a replica writes records in three ways an older release cannot
+// follow, all in force together under one mark:
+//   - A window record's expiry is set only when its head enters a new epoch (a
+//     quarter period). An older release sets it from now on every head move, so
+//     its write in mid-epoch could let a record expire before the epoch's events
+//     stop counting. Every writer of this release sets the same expiry for an
+//     epoch, never earlier than an older release would, so replicas yet to read
+//     the mark are safe beside those that have.
+//   - Blocks are granted (lease.go). An older release neither reads nor writes
+//     coarse records, so it would admit without the blocks others spend. Coarse
+//     records are read while the mark is read at all, and for blockLife and
+//     heartbeatTTL after the last grant, while blocks may still be spent. A
+//     rollback without Unfinalize may let a short window overshoot by the blocks
+//     being spent, for up to blockLife.
+//   - New window records are written compact (format.go), and read in either
+//     form always. Unfinalize writes them back as full rings (expandAll) once no
+//     replica writes them, so that an older release can read every one.
+//
+// Replicas of this release also beat in PREFIX{replicas}:final4; the census less
+// it is the older replicas. The 4 is the level: releases before this one
+// finalized in steps of their own (the censuses :final to :final3, the marks
+// :finalized to :finalized3), and each counts only the replicas in its own
+// census, so this release and those count each other as older and none
+// finalizes beside another. A later release whose finalized writes this one
+// cannot follow takes the next level.
 const (
-	finalCensusSuffix = "{replicas}:final"
-	finalMarkSuffix   = "{replicas}:finalized"
+	finalCensusSuffix = "{replicas}:final4"
+	finalMarkSuffix   = "{replicas}:finalized4"
 )
 
-// Blocks level (lease.go): an older release neither reads nor writes coarse
-// records, so it would admit without the blocks others spend. Replicas also
-// beat in :final2 (staying in :final, where the release before counts them).
-// Blocks are granted while this mark is in force; coarse records are read while
-// it is read at all, and for blockLife and heartbeatTTL after the last grant,
-// while blocks may still be spent. A rollback without Unfinalize may let a
-// short window overshoot by the blocks being spent, for up to blockLife.
-const (
-	blocksCensusSuffix = "{replicas}:final2"
-	blocksMarkSuffix   = "{replicas}:finalized2"
-)
-
-// Compact level (format.go): an older release cannot read a compact window
-// record. Replicas also beat in :final3; new window records are written
-// compact while this mark is in force (with the records level's), and read in
-// either form always. Unfinalize writes them back as full rings (expandAll)
-// once no replica writes them, so that an older release can read every one.
-const (
-	compactCensusSuffix = "{replicas}:final3"
-	compactMarkSuffix   = "{replicas}:finalized3"
-)
-
-// The marks and the hold outlive a lost dataset (Redis restarted empty,
+// The mark and the hold outlive a lost dataset (Redis restarted empty,
 // flushed, failed over): finalizing is the operator's word that no older
 // release runs, and a lost dataset does not start one. A heartbeat that finds a
 // dataset token other than the one it last read restores, where missing and at
-// their own times, the marks it held in force and the hold (heldMarks); records
-// older than the marks were lost too. A loss just after Unfinalize would
-// restore what was undone, so Unfinalize removes the marks again after
-// heartbeatTTL; if a replica cut off meanwhile restores them later, the census
-// holds them out of force.
+// its own time, the mark it held in force, and the hold (heldMarks); records
+// older than the mark were lost too. A loss just after Unfinalize would
+// restore what was undone, so Unfinalize removes the mark again after
+// heartbeatTTL; if a replica cut off meanwhile restores it later, the census
+// holds it out of force.
 const datasetSuffix = "{replicas}:dataset"
 
 // holdSuffix is the operator's hold: no replica finalizes by itself while set.
 const holdSuffix = "{replicas}:hold"
 
-// heldMarks is what the last heartbeat found: marks in force, token and hold.
+// heldMarks is what the last heartbeat found: the mark in force, token and hold.
 type heldMarks struct {
-	mark, mark2, mark3, dataset, hold string
+	mark, dataset, hold string
 }
 
 // finalizeDue reports whether to finalize by itself at Redis time now (µs): no
@@ -109,36 +102,11 @@ func inForce(text string, mark, older int64) string {
 	return ""
 }
 
-// blockView is the blocks mark's view: grant and read hold until until (Unix
-// ns); coarse records are read regardless until readUntil.
+// blockView is the mark's view for blocks: grant and read hold until until
+// (Unix ns); coarse records are read regardless until readUntil.
 type blockView struct {
 	grant, read      bool
 	until, readUntil int64
-}
-
-// observeBlocks takes a heartbeat's blocks mark (µs, 0: none) and older count.
-func (r *replicas) observeBlocks(mark, older int64, at time.Time) {
-	v := &blockView{grant: mark > 0 && older == 0, read: mark > 0, until: at.Add(heartbeatTTL).UnixNano()}
-	if old := r.blk.Load(); old != nil {
-		v.readUntil = old.readUntil
-	}
-	if v.grant {
-		v.readUntil = at.Add(heartbeatTTL + blockLife).UnixNano()
-	}
-	r.blk.Store(v)
-	r.met.blocksInForce.Set(boolGauge(v.grant))
-	if mark > 0 {
-		// Marked, an older replica is a rollback without undo: gauges say so.
-		r.met.olderReplicas.Set(float64(older))
-		r.met.finalizeMark.Set(1)
-		if older > 0 && r.warnedBlocks.CompareAndSwap(false, true) && r.log != nil {
-			r.log.Warn("ratelimit: blocks are in force by the finalize mark but replicas of an older release are live: no new blocks are granted; run 'petstore limits finalize --undo' before rolling back",
-				"older_replicas", older)
-		}
-	}
-	if older == 0 {
-		r.warnedBlocks.Store(false)
-	}
 }
 
 // grantsBlocks reports whether blocks are in force on this replica.
@@ -172,7 +140,7 @@ func (r *replicas) readsCoarse() bool {
 	return v.read && now < v.until || now < v.readUntil
 }
 
-// finState is the records mark's view: the script's argument (µs, decimal) and
+// finState is the mark's view for records: the script's argument (µs, decimal) and
 // until when it holds without a newer heartbeat (Unix ns).
 type finState struct {
 	arg   any
@@ -197,40 +165,43 @@ func (r *replicas) finalized() any {
 	return f.arg
 }
 
-// observeFinal takes a heartbeat's records mark (µs, 0: none) and older count
-// at Redis time now (µs). The script gets the later of the mark and clear, the
-// first heartbeat counting no older replica: every older write came before
-// clear (a replica leaves the census after its last decision, or heartbeatTTL
-// after its last beat), so epochs begun before it keep per-move expiries. What
-// older replicas write before being counted may let a window overshoot, for up
-// to a period.
-func (r *replicas) observeFinal(mark, older, now int64, at time.Time, compact bool) {
-	r.met.olderReplicas.Set(float64(older))
-	r.met.finalizeMark.Set(boolGauge(mark > 0))
+// observe takes a heartbeat's mark (µs, 0: none) and older count at Redis time
+// now (µs). The script gets the later of the mark and clear, the first
+// heartbeat counting no older replica: every older write came before clear (a
+// replica leaves the census after its last decision, or heartbeatTTL after its
+// last beat), so epochs begun before it keep per-move expiries. What older
+// replicas write before being counted may let a window overshoot, for up to a
+// period.
+func (r *replicas) observe(mark, older, now int64, at time.Time) {
+	on := mark > 0 && older == 0
+	until := at.Add(heartbeatTTL).UnixNano()
 	if older > 0 {
 		r.clear.Store(0)
 	} else if r.clear.Load() == 0 {
 		r.clear.Store(now)
 	}
-	if mark > 0 && older == 0 {
-		arg := strconv.FormatInt(max(mark, r.clear.Load()), 10)
-		if compact {
-			// The script reads a trailing "c" as the compact level (run.lua).
-			arg += "c"
-		}
-		r.fin.Store(&finState{arg: arg, until: at.Add(heartbeatTTL).UnixNano()})
-		r.met.compactRecords.Set(boolGauge(compact))
-		r.met.finalized.Set(1)
-	} else {
-		r.fin.Store(nil)
-		r.met.finalized.Set(0)
-		r.met.compactRecords.Set(0)
+	r.fin.Store(nil)
+	if on {
+		// The script reads a trailing "c" as "write compact records" (run.lua).
+		r.fin.Store(&finState{arg: strconv.FormatInt(max(mark, r.clear.Load()), 10) + "c", until: until})
 	}
-	if mark > 0 && older > 0 && r.warnedOlder.CompareAndSwap(false, true) && r.log != nil {
-		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: expiries are set on every head move again; run 'petstore limits finalize --undo' before rolling back",
+	v := &blockView{grant: on, read: mark > 0, until: until}
+	if old := r.blk.Load(); old != nil {
+		v.readUntil = old.readUntil
+	}
+	if on {
+		v.readUntil = at.Add(heartbeatTTL + blockLife).UnixNano()
+	}
+	r.blk.Store(v)
+	r.met.olderReplicas.Set(float64(older))
+	r.met.finalizeMark.Set(boolGauge(mark > 0))
+	r.met.finalized.Set(boolGauge(on))
+	r.met.blocksInForce.Set(boolGauge(on))
+	if mark > 0 && older > 0 && r.warned.CompareAndSwap(false, true) && r.log != nil {
+		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: expiries are set on every head move again, no blocks are granted and new records are full rings; run 'petstore limits finalize --undo' before rolling back",
 			"older_replicas", older)
 	} else if older == 0 {
-		r.warnedOlder.Store(false)
+		r.warned.Store(false)
 	}
 }
 
@@ -260,11 +231,10 @@ func (r *replicas) forget() {
 }
 
 // finalizeScript (lua/finalize.lua) drops census members silent for ARGV[1] ms
-// and, if no older replica (in KEYS[1], not KEYS[2]) is live, sets the marks
-// KEYS[3] (records), KEYS[4] (blocks) and KEYS[6] (compact) where unset to
-// the server's µs. ARGV[2] "auto" is refused while the hold KEYS[5] is set; an
-// operator's run lifts it. Reply: records mark (0: refused), older count, all
-// set already, blocks mark, refused by the hold, compact mark.
+// and, if no older replica (in KEYS[1], not KEYS[2]) is live, sets the mark
+// KEYS[3] where unset to the server's µs. ARGV[2] "auto" is refused while the
+// hold KEYS[4] is set; an operator's run lifts it. Reply: the mark (0:
+// refused), older count, set already, refused by the hold.
 var finalizeScript = redis.NewScript(finalizeLua)
 
 //go:embed lua/finalize.lua
@@ -276,8 +246,8 @@ func runFinalize(ctx context.Context, r *replicas, auto bool) ([]int64, error) {
 	if auto {
 		mode = "auto"
 	}
-	res, err := finalizeScript.Run(ctx, r.rdb, []string{r.key, r.final3, r.mark, r.mark2, r.hold, r.mark3}, heartbeatTTL.Milliseconds(), mode).Int64Slice()
-	if err == nil && len(res) != 6 {
+	res, err := finalizeScript.Run(ctx, r.rdb, []string{r.key, r.final, r.mark, r.hold}, heartbeatTTL.Milliseconds(), mode).Int64Slice()
+	if err == nil && len(res) != 4 {
 		err = fmt.Errorf("ratelimit: unexpected finalize reply %v", res)
 	}
 	return res, err
@@ -290,10 +260,10 @@ func (e *OlderReplicasError) Error() string {
 	return fmt.Sprintf("ratelimit: %d live replica(s) of an older release; finalize once the rollout is done", e.Count)
 }
 
-// Finalize sets whichever mark is missing, lifts any hold, and returns the
-// records mark's time and whether both were set already. A set mark is kept:
+// Finalize sets the mark if missing, lifts any hold, and returns the mark's
+// time and whether it was set already. A set mark is kept:
 // moving it later would only bring back an epoch of per-move expiries, as clear
-// (observeFinal) covers a rollback since. It refuses with *OlderReplicasError
+// (observe) covers a rollback since. It refuses with *OlderReplicasError
 // while an older replica is live. Replicas put it in force within a heartbeat.
 func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err error) {
 	if l.rdb == nil {
@@ -312,22 +282,19 @@ func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err
 }
 
 // Unfinalize opens a rollback past this release: older replicas may start
-// Unfinalizing after the call. It holds finalizing back, removes both marks,
-// waits heartbeatTTL for every replica to read them gone, and removes them
-// again if they are back as they were (heldMarks).
+// Unfinalizing after the call. It holds finalizing back, removes the mark,
+// waits heartbeatTTL for every replica to read it gone, removes it again if
+// it is back as it was (heldMarks), and writes compact records back.
 func (l *Limiter) Unfinalize(ctx context.Context) error {
 	if l.rdb == nil {
 		return errNoRedis
 	}
 	r := l.replicas
-	keys := []string{r.mark, r.mark2, r.mark3}
 	tctx, cancel := context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	pipe := l.rdb.TxPipeline()
 	pipe.SetNX(tctx, r.hold, holdValue(), 0)
 	mark := pipe.Get(tctx, r.mark)
-	mark2 := pipe.Get(tctx, r.mark2)
-	mark3 := pipe.Get(tctx, r.mark3)
-	del := pipe.Del(tctx, keys...)
+	del := pipe.Del(tctx, r.mark)
 	_, _ = pipe.Exec(tctx)
 	cancel()
 	if err := del.Err(); err != nil {
@@ -340,7 +307,7 @@ func (l *Limiter) Unfinalize(ctx context.Context) error {
 	}
 	tctx, cancel = context.WithTimeout(ctx, max(l.opts.Timeout, time.Second))
 	defer cancel()
-	if err := unmarkScript.Run(tctx, l.rdb, keys, mark.Val(), mark2.Val(), mark3.Val()).Err(); err != nil {
+	if err := unmarkScript.Run(tctx, l.rdb, []string{r.mark}, mark.Val()).Err(); err != nil {
 		return err
 	}
 	return r.expandAll(ctx)
@@ -363,7 +330,7 @@ func (l *Limiter) Hold(ctx context.Context, hold bool) error {
 // holdValue is when the hold was set (Unix µs, local clock: for people).
 func holdValue() string { return strconv.FormatInt(time.Now().UnixMicro(), 10) }
 
-// unmarkScript (lua/unmark.lua) removes KEYS[i] only if it still holds ARGV[i].
+// unmarkScript (lua/unmark.lua) removes KEYS[1] only if it still holds ARGV[1].
 var unmarkScript = redis.NewScript(unmarkLua)
 
 //go:embed lua/unmark.lua
@@ -375,9 +342,8 @@ const Unfinalizing = 2*heartbeatTTL + blockLife
 
 // FinalizeStatus is what the census and the mark say now.
 type FinalizeStatus struct {
-	// Finalized, Blocks, Compact and Held are when the marks and the hold
-	// were set.
-	Finalized, Blocks, Compact, Held time.Time
+	// Finalized and Held are when the mark and the hold were set.
+	Finalized, Held time.Time
 	// Replicas counts the live replicas, Older those of an older release.
 	Replicas, Older int64
 }
@@ -398,10 +364,8 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	pipe := l.rdb.Pipeline()
 	r := l.replicas
 	all := pipe.ZCount(ctx, r.key, from, "+inf")
-	final := pipe.ZCount(ctx, r.final3, from, "+inf")
+	final := pipe.ZCount(ctx, r.final, from, "+inf")
 	mark := pipe.Get(ctx, r.mark)
-	mark2 := pipe.Get(ctx, r.mark2)
-	mark3 := pipe.Get(ctx, r.mark3)
 	hold := pipe.Get(ctx, r.hold)
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return st, err
@@ -410,12 +374,6 @@ func (l *Limiter) Finalization(ctx context.Context) (FinalizeStatus, error) {
 	st.Older = max(all.Val()-final.Val(), 0)
 	if us, err := strconv.ParseInt(mark.Val(), 10, 64); err == nil && us > 0 {
 		st.Finalized = time.UnixMicro(us)
-	}
-	if us, err := strconv.ParseInt(mark2.Val(), 10, 64); err == nil && us > 0 {
-		st.Blocks = time.UnixMicro(us)
-	}
-	if us, err := strconv.ParseInt(mark3.Val(), 10, 64); err == nil && us > 0 {
-		st.Compact = time.UnixMicro(us)
 	}
 	if us, err := strconv.ParseInt(hold.Val(), 10, 64); err == nil && us > 0 {
 		st.Held = time.UnixMicro(us)

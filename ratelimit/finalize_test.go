@@ -226,7 +226,7 @@ func TestFinalizedReplicaSetsExpiryOncePerEpoch(t *testing.T) {
 // A rollback begun without undoing the mark, then rolled forward: an
 // older replica's write in the middle of an epoch sets the record's expiry
 // to its TTL from then; replicas that count no older replica again pass
-// the time they first did (observeFinal), so that a head move later in
+// the time they first did (observe), so that a head move later in
 // that epoch sets the expiry again, and the record outlives its events.
 // Passing the mark alone would leave it to expire early.
 func TestRollbackWithoutUndoKeepsRecords(t *testing.T) {
@@ -282,8 +282,8 @@ func TestRollbackWithoutUndoKeepsRecords(t *testing.T) {
 }
 
 // Blocks come into force with finalizing (finalize.go): not beside a
-// replica of the release before this one (which finalizes records but
-// spends no blocks), in force once the marks are set and read by a
+// replica of an earlier release, even one that finalized records under its
+// own census and mark, in force once the mark is set and read by a
 // heartbeat, a cold key's requests then spent from blocks; a rollback
 // begun without undoing them stops new blocks while coarse records are
 // still read; undone, coarse records are read until the last block
@@ -309,35 +309,34 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	beat()
 	state(false, false, "before finalizing")
 
-	// A replica of the release before: in the records' census, not in the
-	// blocks'. It finalized the records itself.
-	join("{replicas}", "previous")
-	join("{replicas}:final", "previous")
-	recordsAt := f.clk.Now().Add(-time.Minute).UnixMicro()
-	if err := f.rdb.Set(ctx, l.opts.Prefix+"{replicas}:finalized", recordsAt, 0).Err(); err != nil {
-		t.Fatal(err)
+	// A replica of an earlier release that finalized in steps of its own:
+	// in its censuses, with its marks set. None of that is this release's.
+	for _, census := range []string{"{replicas}", "{replicas}:final", "{replicas}:final2", "{replicas}:final3"} {
+		join(census, "previous")
+	}
+	for _, mark := range []string{"{replicas}:finalized", "{replicas}:finalized2", "{replicas}:finalized3"} {
+		if err := f.rdb.Set(ctx, l.opts.Prefix+mark, f.clk.Now().Add(-time.Minute).UnixMicro(), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	beat()
-	if l.replicas.finalized() == notFinalized {
-		t.Fatal("records not finalized beside a replica that finalizes them too")
+	if l.replicas.finalized() != notFinalized {
+		t.Fatal("records finalized beside a replica of an earlier release")
 	}
-	state(false, false, "records finalized by the release before")
+	state(false, false, "beside an earlier release that finalized its own way")
 	var refused *OlderReplicasError
 	if _, _, err := l.Finalize(ctx); !errors.As(err, &refused) || refused.Count != 1 {
 		t.Fatalf("finalize beside a replica of the release before: %v", err)
 	}
-	if st, err := l.Finalization(ctx); err != nil || st.Older != 1 || !st.Blocks.IsZero() || st.Finalized.UnixMicro() != recordsAt {
+	if st, err := l.Finalization(ctx); err != nil || st.Older != 1 || !st.Finalized.IsZero() {
 		t.Fatalf("status %+v %v", st, err)
 	}
 
-	// Gone: finalizing sets the blocks mark and keeps the records'.
+	// Gone: finalizing sets the mark.
 	f.clk.Add(heartbeatTTL + time.Millisecond)
 	at, already, err := l.Finalize(ctx)
-	if err != nil || already || at.UnixMicro() != recordsAt {
-		t.Fatalf("finalize: %v %v %v, want the records mark %d kept, the blocks mark new", at, already, err, recordsAt)
-	}
-	if st, err := l.Finalization(ctx); err != nil || !st.Blocks.Equal(f.clk.Now()) {
-		t.Fatalf("status %+v %v, want blocks since %v", st, err, f.clk.Now())
+	if err != nil || already || !at.Equal(f.clk.Now()) {
+		t.Fatalf("finalize: %v %v %v, want a new mark at %v", at, already, err, f.clk.Now())
 	}
 	if _, already, err := l.Finalize(ctx); err != nil || !already {
 		t.Fatalf("finalize again: already %v, %v", already, err)
@@ -359,18 +358,17 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 		t.Fatalf("%d of 200 requests of a cold key spent from blocks", leased)
 	}
 
-	// A rollback begun without undoing the marks: no new blocks at the
+	// A rollback begun without undoing the mark: no new blocks at the
 	// next heartbeat; coarse records still read.
 	join("{replicas}", "older")
-	join("{replicas}:final", "older")
+	join("{replicas}:final3", "older")
 	beat()
 	state(false, true, "a replica of the release before live again")
-	// The alert's gauges: a rollback begun without undoing the marks,
-	// though that replica finalizes records too.
+	// The alert's gauges: a rollback begun without undoing the mark.
 	if older, mark := testenv.MetricValue(t, l.met.olderReplicas), testenv.MetricValue(t, l.met.finalizeMark); older != 1 || mark != 1 {
 		t.Fatalf("older_replicas %v, finalize_mark %v; want 1 and 1", older, mark)
 	}
-	if !strings.Contains(f.logs.String(), "blocks are in force by the finalize mark but replicas of an older release are live") {
+	if !strings.Contains(f.logs.String(), "records are finalized but replicas of an older release are live") {
 		t.Fatalf("no warning logged: %s", f.logs)
 	}
 
@@ -404,17 +402,13 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	f := newFixture(t, Options{})
 	l, ctx := f.l, context.Background()
 	beat := heartbeat(t, l)
-	marks := func() [2]string {
+	marks := func() string {
 		t.Helper()
-		var m [2]string
-		for i, k := range []string{l.replicas.mark, l.replicas.mark2} {
-			v, err := f.rdb.Get(ctx, k).Result()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				t.Fatal(err)
-			}
-			m[i] = v
+		v, err := f.rdb.Get(ctx, l.replicas.mark).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
 		}
-		return m
+		return v
 	}
 	inForce := func(want bool, what string) {
 		t.Helper()
@@ -453,7 +447,7 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	t.Cleanup(func() { _ = other.Close() })
 	f.mini.FlushAll()
 	heartbeat(t, other)()
-	if got := marks(); got != [2]string{} {
+	if got := marks(); got != "" {
 		t.Fatalf("a replica that never held the marks set %q", got)
 	}
 	beat()
@@ -469,7 +463,7 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	f.mini.FlushAll()
 	beat()
 	heartbeat(t, other)()
-	if got := marks(); got != [2]string{} {
+	if got := marks(); got != "" {
 		t.Fatalf("marks out of force when the dataset was lost were set again: %q", got)
 	}
 
@@ -488,7 +482,7 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	heartbeat(t, other)()
 	f.mini.FlushAll()
 	beat()
-	if got := marks(); got != [2]string{} {
+	if got := marks(); got != "" {
 		t.Fatalf("undone marks set again after the dataset was lost: %q", got)
 	}
 
@@ -501,7 +495,7 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	set = marks()
 	done := make(chan error, 1)
 	go func() { done <- l.Unfinalize(ctx) }()
-	for deadline := time.Now().Add(5 * time.Second); marks() != [2]string{}; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); marks() != ""; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("Unfinalize did not remove the marks")
 		}
@@ -514,19 +508,19 @@ func TestFinalizeMarksOutliveALostDataset(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := marks(); got != [2]string{} {
+	if got := marks(); got != "" {
 		t.Fatalf("Unfinalize left the restored marks %q", got)
 	}
 }
 
-// TestCompactRecordsComeWithTheirLevel: beside a replica of the release
-// before (which finalized records and blocks but cannot read a compact
-// record), records are finalized but written as full rings, and finalizing
-// is refused; once it is gone, finalizing sets the compact mark and new
+// TestCompactRecordsComeWithFinalizing: beside a replica of an earlier
+// release (one that finalized records and blocks under its own marks but
+// cannot read a compact record), records are written as full rings, and
+// finalizing is refused; once it is gone, finalizing sets the mark and new
 // window records are compact. Unfinalize writes every compact record back
 // as a full ring, keeping its counts and expiry; so does one replica after
 // a rollback begun without undoing it, once new records are full again.
-func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
+func TestCompactRecordsComeWithFinalizing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	l, ctx := f.l, context.Background()
@@ -535,7 +529,7 @@ func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
 		t.Helper()
 		arg, _ := l.replicas.finalized().(string)
 		got := strings.HasSuffix(arg, "c")
-		if gauge := testenv.MetricValue(t, l.met.compactRecords); got != want || (gauge == 1) != want {
+		if gauge := testenv.MetricValue(t, l.met.finalized); got != want || (gauge == 1) != want {
 			t.Fatalf("%s: compact records %v (argument %q, gauge %v), want %v", what, got, arg, gauge, want)
 		}
 	}
@@ -566,9 +560,6 @@ func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
 		}
 	}
 	beat()
-	if l.replicas.finalized() == notFinalized {
-		t.Fatal("records not finalized beside a replica that finalized them")
-	}
 	compact(false, "beside the release before")
 	var refused *OlderReplicasError
 	if _, _, err := l.Finalize(ctx); !errors.As(err, &refused) || refused.Count != 1 {
@@ -585,8 +576,8 @@ func TestCompactRecordsComeWithTheirLevel(t *testing.T) {
 	if _, already, err := l.Finalize(ctx); err != nil || already {
 		t.Fatalf("finalize once the release before is gone: already %v, %v", already, err)
 	}
-	if st, err := l.Finalization(ctx); err != nil || !st.Compact.Equal(f.clk.Now()) {
-		t.Fatalf("status %+v %v, want compact since %v", st, err, f.clk.Now())
+	if st, err := l.Finalization(ctx); err != nil || !st.Finalized.Equal(f.clk.Now()) {
+		t.Fatalf("status %+v %v, want finalized at %v", st, err, f.clk.Now())
 	}
 	beat()
 	compact(true, "finalized")

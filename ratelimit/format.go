@@ -60,7 +60,7 @@ import (
 // Releases before it ignore it: their own admissions are not held to another
 // plan's lease.
 //
-// Compact window record, version 2, written only while the compact level is
+// Compact window record, version 2, written only while finalized records are
 // in force (finalize.go): version, the ring's header (head, total, head count,
 // head offset, as above), then per bucket before the head that holds events,
 // oldest first, an entry:
@@ -80,8 +80,8 @@ import (
 // at most compactMaxEntries buckets holding events. Its expiry is a full
 // record's. Every reader of this release takes both forms; Unfinalize writes
 // compact ones back as full rings, since older releases read only version 1.
-// A release of the compact level from before caps in compact records reads
-// such a record and ignores its cap, as releases from before caps do.
+// A release from before caps in compact records reads such a record and
+// ignores its cap, as releases from before caps do.
 //
 // Ban record: version (1), ban end µs (8), offences (4), last offence µs (8),
 // strike period µs (8), strike bucket width µs (8), strike ring. TTL: until the

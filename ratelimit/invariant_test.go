@@ -258,7 +258,7 @@ type invariantDriver struct {
 	// replicas that have not yet read the mark. compact: of those made
 	// finalized, three in four write compact records (the compact level),
 	// in cases that never roll back (Unfinalize converts them back first:
-	// TestCompactRecordsComeWithTheirLevel). calls counts the calls made
+	// TestCompactRecordsComeWithFinalizing). calls counts the calls made
 	// finalized, not yet knowing it, by the older release, and compact.
 	finAt      int64
 	compact    bool
@@ -281,7 +281,7 @@ type invariantDriver struct {
 // replicas, counting it in the census, do not write as finalized), and
 // forward again: from then on the replicas pass the later of the mark
 // and the time they first counted no older replica (clearAt; finalize.go,
-// observeFinal).
+// observe).
 func (d *invariantDriver) finalizeCase(steps int) {
 	d.finalizeAt, d.rollback = -1, [2]int{-1, -1}
 	switch d.rng.IntN(3) {

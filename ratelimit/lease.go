@@ -360,9 +360,7 @@ func (t *leaseTable) sweep(now time.Time) (kept int) {
 // Compatibility: under any plan with a short window, a replica that did not
 // read coarse records would admit past them (another plan of the key, or its
 // own before an edit, may have counted blocks). So blocks come into force
-// only at finalizing's second level (finalize.go). Plans of short windows
-// alone need no level of their own: the release before read their coarse
-// records whenever blocks were in force. Each release runs its own decision
+// only with finalizing (finalize.go). Each release runs its own decision
 // code (redisdecider.go names it by a digest), so the script grants a block
 // only with a coarse record for every short window: the reservations of
 // releases before finalizing (blocks of the long windows alone) are gone.

@@ -34,7 +34,6 @@ type metrics struct {
 	finalizeHold    prometheus.Gauge
 	finalized       prometheus.Gauge
 	blocksInForce   prometheus.Gauge
-	compactRecords  prometheus.Gauge
 	trackedKeys     prometheus.Gauge
 	untracked       prometheus.Counter
 }
@@ -81,11 +80,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		finalizeHold: gauge("finalize_hold",
 			"1 while an operator holds finalizing back ('petstore limits finalize --hold' or --undo), as this replica's last heartbeat read it: the fleet does not finalize by itself."),
 		finalized: gauge("records_finalized",
-			"1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of a quarter of its period, not on every head move."),
+			"1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of a quarter of its period, not on every head move, and new records compact, growing with their keys' activity."),
 		blocksInForce: gauge("blocks_in_force",
 			"1 while this replica takes blocks of every window for slow keys and spends them in process ('petstore limits finalize' with no replica of an older release live)."),
-		compactRecords: gauge("records_compact",
-			"1 while this replica writes new window records compact, growing with their keys' activity (finalized, with no replica of an older release live)."),
 		trackedKeys: gauge("tracked_keys",
 			"Keys this replica tracks for leases and blocks after its last sweep (at most 65536)."),
 		untracked: counter("untracked_total",
@@ -119,7 +116,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	register(reg, &err, &m.finalizeHold)
 	register(reg, &err, &m.finalized)
 	register(reg, &err, &m.blocksInForce)
-	register(reg, &err, &m.compactRecords)
 	register(reg, &err, &m.trackedKeys)
 	register(reg, &err, &m.untracked)
 	if err != nil {

@@ -31,22 +31,18 @@ type replicas struct {
 	count   atomic.Int64
 	met     *metrics
 	log     *slog.Logger
-	// Records level: census, mark, this replica's view, and clear (Redis µs),
-	// the first heartbeat counting no older replica (0: none yet).
+	// This release's census and the mark; this replica's views of the mark
+	// for records and for blocks; clear (Redis µs), the first heartbeat
+	// counting no older replica (0: none yet).
 	final, mark string
 	fin         atomic.Pointer[finState]
+	blk         atomic.Pointer[blockView]
 	clear       atomic.Int64
-	warnedOlder atomic.Bool
-	// Blocks level: census, mark and this replica's view.
-	final2, mark2 string
-	blk           atomic.Pointer[blockView]
-	warnedBlocks  atomic.Bool
-	// Compact level: census and mark (its view is part of fin's); the key
-	// prefix and expanding, set while this replica writes compact records
-	// back for an older release (expandFor).
-	final3, mark3 string
-	prefix        string
-	expanding     atomic.Bool
+	warned      atomic.Bool
+	// The key prefix, and expanding, set while this replica writes compact
+	// records back for an older release (expandFor).
+	prefix    string
+	expanding atomic.Bool
 	// The dataset token's key, and what to restore if it is lost (heldMarks).
 	dataset string
 	held    atomic.Pointer[heldMarks]
@@ -63,15 +59,12 @@ const (
 )
 
 // heartbeatScript (lua/heartbeat.lua) announces replica ARGV[1] in the census
-// KEYS[1] and the level censuses KEYS[2] (records), KEYS[3] (blocks) and
-// KEYS[8] (compact), drops members silent for ARGV[2] ms, and returns the live
-// count, the older count of the first two levels, the marks KEYS[4] and
-// KEYS[5], the server's µs, the dataset token KEYS[6], whether it restored a
-// mark, the hold KEYS[7], then the compact level's older count and mark
-// KEYS[9]. First, if the token is not ARGV[5], the one last read, it restores
-// where missing the marks ARGV[3], ARGV[4], ARGV[8] and the hold ARGV[7];
-// ARGV[6] is a fresh token. The release before this one writes KEYS[1] to
-// KEYS[3], the one before that KEYS[1] and KEYS[2].
+// KEYS[1] and this release's KEYS[2], drops members silent for ARGV[2] ms, and
+// returns the live count, the older count, the mark KEYS[3], the server's µs,
+// the dataset token KEYS[4], whether it restored the mark, and the hold
+// KEYS[5]. First, if the token is not ARGV[4], the one last read, it restores
+// where missing the mark ARGV[3] and the hold ARGV[6]; ARGV[5] is a fresh
+// token. Every release writes KEYS[1].
 var heartbeatScript = redis.NewScript(heartbeatLua)
 
 //go:embed lua/heartbeat.lua
@@ -87,8 +80,7 @@ func newToken() string {
 func newReplicas(rdb redis.UniversalClient, prefix string, initial int, finalizeAfter time.Duration, met *metrics, log *slog.Logger) *replicas {
 	r := &replicas{rdb: rdb, key: prefix + "{replicas}", id: newToken(), met: met, log: log,
 		final: prefix + finalCensusSuffix, mark: prefix + finalMarkSuffix,
-		final2: prefix + blocksCensusSuffix, mark2: prefix + blocksMarkSuffix, dataset: prefix + datasetSuffix,
-		final3: prefix + compactCensusSuffix, mark3: prefix + compactMarkSuffix, prefix: prefix,
+		dataset: prefix + datasetSuffix, prefix: prefix,
 		hold: prefix + holdSuffix, finalizeAfter: max(finalizeAfter, 0),
 		initial: int64(max(initial, 1)), started: time.Now()}
 	r.set(r.initial)
@@ -111,9 +103,9 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	if h == nil {
 		h = &heldMarks{}
 	}
-	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.final2, r.mark, r.mark2, r.dataset, r.hold, r.final3, r.mark3},
-		r.id, heartbeatTTL.Milliseconds(), h.mark, h.mark2, h.dataset, newToken(), h.hold, h.mark3).Slice()
-	if err == nil && len(res) != 11 {
+	res, err := heartbeatScript.Run(ctx, r.rdb, []string{r.key, r.final, r.mark, r.dataset, r.hold},
+		r.id, heartbeatTTL.Milliseconds(), h.mark, h.dataset, newToken(), h.hold).Slice()
+	if err == nil && len(res) != 7 {
 		err = fmt.Errorf("ratelimit: unexpected heartbeat reply %v", res)
 	}
 	if err != nil {
@@ -123,40 +115,28 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 	at := time.Now()
 	n, _ := res[0].(int64)
 	older, _ := res[1].(int64)
-	older2, _ := res[2].(int64)
-	markText, _ := res[3].(string)
+	markText, _ := res[2].(string)
 	mark, _ := strconv.ParseInt(markText, 10, 64)
-	mark2Text, _ := res[4].(string)
-	mark2, _ := strconv.ParseInt(mark2Text, 10, 64)
-	nowText, _ := res[5].(string)
+	nowText, _ := res[3].(string)
 	now, err := strconv.ParseInt(nowText, 10, 64)
 	if err != nil {
 		r.forget()
-		return fmt.Errorf("ratelimit: unexpected heartbeat time %v", res[5])
+		return fmt.Errorf("ratelimit: unexpected heartbeat time %v", res[3])
 	}
-	dataset, _ := res[6].(string)
-	if restored, _ := res[7].(int64); restored == 1 && r.log != nil {
-		r.log.Warn("ratelimit: Redis lost its data (restarted empty, or flushed) while records were finalized: the finalize marks were set again",
-			"finalized", markText, "blocks", mark2Text)
+	dataset, _ := res[4].(string)
+	if restored, _ := res[5].(int64); restored == 1 && r.log != nil {
+		r.log.Warn("ratelimit: Redis lost its data (restarted empty, or flushed) while records were finalized: the finalize mark was set again",
+			"finalized", markText)
 	}
-	hold, _ := res[8].(string)
-	older3, _ := res[9].(int64)
-	mark3Text, _ := res[10].(string)
-	mark3, _ := strconv.ParseInt(mark3Text, 10, 64)
-	r.observeFinal(mark, older, now, at, mark3 > 0 && older3 == 0)
-	r.observeBlocks(mark2, older2, at)
-	if mark3 > 0 {
-		// Marked, a replica that cannot read compact records is a rollback
-		// without undo too (older3 counts every older one).
-		r.met.olderReplicas.Set(float64(older3))
-		if older3 > 0 {
-			r.expandFor(parent)
-		}
+	hold, _ := res[6].(string)
+	r.observe(mark, older, now, at)
+	if mark > 0 && older > 0 {
+		// A rollback begun without undoing: write compact records back.
+		r.expandFor(parent)
 	}
-	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), mark2: inForce(mark2Text, mark2, older2),
-		mark3: inForce(mark3Text, mark3, older3), dataset: dataset, hold: hold})
+	r.held.Store(&heldMarks{mark: inForce(markText, mark, older), dataset: dataset, hold: hold})
 	r.met.finalizeHold.Set(boolGauge(hold != ""))
-	if r.finalizeDue(older+older2+older3, hold != "", mark > 0 && mark2 > 0 && mark3 > 0, now) {
+	if r.finalizeDue(older, hold != "", mark > 0, now) {
 		r.finalizeNow(ctx)
 	}
 	if time.Since(r.started) < heartbeatTTL {
@@ -178,8 +158,6 @@ func (r *replicas) run(ctx context.Context, timeout time.Duration) {
 			pipe := r.rdb.TxPipeline()
 			pipe.ZRem(wctx, r.key, r.id)
 			pipe.ZRem(wctx, r.final, r.id)
-			pipe.ZRem(wctx, r.final2, r.id)
-			pipe.ZRem(wctx, r.final3, r.id)
 			_, _ = pipe.Exec(wctx)
 			cancel()
 			return

@@ -109,7 +109,7 @@ func commands() *command {
 							"live for the replicas' finalize period (a minute by default). This command\n" +
 							"finalizes at once and lifts a hold; --hold keeps the fleet from finalizing,\n" +
 							"to keep a rollback open through a staged upgrade, until --release or a\n" +
-							"finalize; --undo holds and removes the marks before a rollback to a release\n" +
+							"finalize; --undo holds and removes the mark before a rollback to a release\n" +
 							"older than finalizing.",
 						settings: redis,
 						setup:    setupFinalize,

@@ -138,8 +138,8 @@ func setupLimitsReset(fs *flag.FlagSet) action {
 }
 
 func setupFinalize(fs *flag.FlagSet) action {
-	undo := fs.Bool("undo", false, "hold finalizing and remove the marks, before rolling back to a release older than finalizing")
-	status := fs.Bool("status", false, "print the marks, the hold and the replicas live, change nothing")
+	undo := fs.Bool("undo", false, "hold finalizing and remove the mark, before rolling back to a release older than finalizing")
+	status := fs.Bool("status", false, "print the mark, the hold and the replicas live, change nothing")
 	hold := fs.Bool("hold", false, "keep the fleet from finalizing by itself (a staged upgrade whose rollback stays open)")
 	release := fs.Bool("release", false, "lift a hold: the fleet finalizes by itself once no older replica is live")
 	wait := fs.Duration("wait", 0, "while replicas of an older release are live or Redis does not answer, try again, for at most this long (e.g. 5m, after a rollout)")
@@ -199,24 +199,17 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		if !st.Held.IsZero() {
 			fmt.Fprintf(stdout, "finalizing held since %s\n", st.Held.UTC().Format(time.RFC3339Nano))
 		}
-		switch {
-		case st.Finalized.IsZero() && st.Blocks.IsZero():
+		if st.Finalized.IsZero() {
 			fmt.Fprintf(stdout, "not finalized; %d replica(s) live, %d of an older release\n", st.Replicas, st.Older)
-		case st.Blocks.IsZero():
-			fmt.Fprintf(stdout, "records finalized at %s, blocks not yet; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
-		default:
-			compact := "compact records not yet"
-			if !st.Compact.IsZero() {
-				compact = "compact records since " + st.Compact.UTC().Format(time.RFC3339Nano)
-			}
-			fmt.Fprintf(stdout, "finalized at %s, blocks since %s, %s; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Blocks.UTC().Format(time.RFC3339Nano), compact, st.Replicas, st.Older)
+		} else {
+			fmt.Fprintf(stdout, "finalized at %s; %d replica(s) live, %d of an older release\n", st.Finalized.UTC().Format(time.RFC3339Nano), st.Replicas, st.Older)
 		}
 		return nil
 	case undo:
 		if err := limiter.Unfinalize(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "finalize marks removed and finalizing held; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended, and compact records are full rings again: wait that long before starting an older release\n", ratelimit.Unfinalizing)
+		fmt.Fprintf(stdout, "finalize mark removed and finalizing held; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended, and compact records are full rings again: wait that long before starting an older release\n", ratelimit.Unfinalizing)
 		return nil
 	}
 	deadline := time.Now().Add(wait)
@@ -228,7 +221,7 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 			return nil
 		}
 		if err == nil {
-			fmt.Fprintf(stdout, "finalized at %s: within a heartbeat replicas set record expiries once per epoch and reserve blocks for slow keys; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
+			fmt.Fprintf(stdout, "finalized at %s: within a heartbeat replicas set record expiries once per epoch, take blocks for slow keys and write new records compact; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
 			return nil
 		}
 		// Refused beside older replicas, or Redis failed to answer: with

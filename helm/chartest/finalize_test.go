@@ -97,7 +97,7 @@ func TestFinalizeJobWaitsForTheRollout(t *testing.T) {
 		t.Fatalf("finalize Job ended beside an older pod: %v\n%s%s", err, out.String(), errOut.String())
 	case <-time.After(3 * time.Second):
 	}
-	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized"); err != nil || v != ":0" {
+	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized4"); err != nil || v != ":0" {
 		t.Fatalf("mark beside an older pod: %q %v", v, err)
 	}
 	if !strings.Contains(errOut.String(), "waiting: 1 replica(s) of an older release live") {
@@ -118,7 +118,7 @@ func TestFinalizeJobWaitsForTheRollout(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("finalize Job still waiting after the older pod left\n%s", errOut.String())
 	}
-	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized"); err != nil || v != ":1" {
+	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized4"); err != nil || v != ":1" {
 		t.Fatalf("no mark after the Job: %q %v", v, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -160,7 +160,7 @@ func TestFinalizeOnInstallNeverFailsTheInstall(t *testing.T) {
 	if err != nil || !strings.Contains(out, "not finalized after 2s: 1 replica(s) of an older release live") || !strings.Contains(out, "the records stay as they are") {
 		t.Fatalf("the install's finalize Job beside an older pod: %v\n%s", err, out)
 	}
-	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized"); err != nil || v != ":0" {
+	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized4"); err != nil || v != ":0" {
 		t.Fatalf("mark beside an older pod: %q %v", v, err)
 	}
 	if _, err := redisDo(addr, "ZREM", "petstore:rl:{replicas}", "old-pod"); err != nil {
@@ -169,7 +169,7 @@ func TestFinalizeOnInstallNeverFailsTheInstall(t *testing.T) {
 	if out, err := runJob(); err != nil || !strings.HasPrefix(out, "finalized at ") {
 		t.Fatalf("the install's finalize Job alone: %v\n%s", err, out)
 	}
-	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized"); err != nil || v != ":1" {
+	if v, err := redisDo(addr, "EXISTS", "petstore:rl:{replicas}:finalized4"); err != nil || v != ":1" {
 		t.Fatalf("no mark after the install's Job: %q %v", v, err)
 	}
 }

@@ -6,7 +6,7 @@ local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
 -- FIN: when this release's records were finalized (µs; 0: not in force).
--- CMPT: new window records are written compact (format.go's compact level).
+-- CMPT: new window records are written compact (format.go; with FIN, always).
 local FIN, CMPT
 local NOWMS
 -- OFF[v]: offset v as a string, formatted once (a Function keeps them).

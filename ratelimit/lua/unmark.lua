@@ -1,5 +1,3 @@
--- unmarkScript (finalize.go): Unfinalize's second removal of the marks.
-for i = 1, #KEYS do
-  if ARGV[i] ~= '' and redis.call('GET', KEYS[i]) == ARGV[i] then redis.call('DEL', KEYS[i]) end
-end
+-- unmarkScript (finalize.go): Unfinalize's second removal of the mark.
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 0
