@@ -538,21 +538,27 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 	fill := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = fill.Close() })
 	i := 0
-	for _, size := range []int{4096, 16} {
-		for ; ; i++ {
-			if err := fill.Set(ctx, "filler:"+strconv.Itoa(i), strings.Repeat("x", size), 0).Err(); err != nil {
-				if !strings.HasPrefix(err.Error(), "OOM") {
-					t.Fatalf("filling Redis: %v", err)
+	fillUp := func(sizes ...int) {
+		t.Helper()
+		for _, size := range sizes {
+			for ; ; i++ {
+				if err := fill.Set(ctx, "filler:"+strconv.Itoa(i), strings.Repeat("x", size), 0).Err(); err != nil {
+					if !strings.HasPrefix(err.Error(), "OOM") {
+						t.Fatalf("filling Redis: %v", err)
+					}
+					break
 				}
-				break
 			}
 		}
 	}
+	fillUp(4096, 16)
 	// A write Redis still takes (its memory moves by a few bytes as keys
-	// expire) is decided there, and counted; the rest are degraded.
+	// expire, and as it trims clients' buffers) is decided there, and
+	// counted; the rest are degraded. Redis is filled again before each.
 	degraded, refused := 0, 0
 	for i := range 20 {
 		key := "full" + strconv.Itoa(i)
+		fillUp(16)
 		d, err := open.Allow(ctx, key, coldPlan)
 		if err != nil || !d.Allowed() {
 			t.Fatalf("fail-open, Redis full: %+v, %v; want admitted", d, err)
@@ -560,6 +566,7 @@ func TestFullRedisIsDecidedDegraded(t *testing.T) {
 		if d.Degraded {
 			degraded++
 		}
+		fillUp(16)
 		switch _, err := closed.Allow(ctx, key, coldPlan); {
 		case errors.Is(err, ErrUnavailable):
 			refused++
