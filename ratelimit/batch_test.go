@@ -515,7 +515,7 @@ func TestLongCallKeepsItsRecords(t *testing.T) {
 	prefix := randomPrefix(t)
 	tiny := compile(Policy{Name: "tiny", Windows: []Window{{Limit: 1000, Period: time.Millisecond}}}, DefaultBuckets, DefaultStrikeBuckets)
 	other := compile(perMinute(1000), DefaultBuckets, DefaultStrikeBuckets)
-	for _, fin := range []int64{0, 1} {
+	for _, fin := range []any{notFinalized, compactRecords} {
 		key := fmt.Sprint("tiny", fin)
 		first := []decision{{keys: stateKeys(prefix, key, tiny), pl: tiny, nums: scriptNums(tiny, input{lease: noLease})}}
 		var long []decision
@@ -529,7 +529,7 @@ func TestLongCallKeepsItsRecords(t *testing.T) {
 		pipe := rdb.Pipeline()
 		var cmds []*redis.Cmd
 		for _, ds := range [][]decision{first, long} {
-			keys, args := batchCommandAt(ds, fin)
+			keys, args := batchCommandArg(ds, fin)
 			cmds = append(cmds, pipe.FCall(ctx, sc.fn, keys, args...))
 		}
 		began := time.Now()
@@ -551,9 +551,9 @@ func TestLongCallKeepsItsRecords(t *testing.T) {
 				used0 = v.win[0].used
 			}
 			if want := used0 + int64(j); v.win[0].used != want {
-				t.Fatalf("finalized %v: decision %d of %d for one key, after %d others, in calls of %s: used %d, want %d", fin > 0, j+1, mine, len(long)-mine, took, v.win[0].used, want)
+				t.Fatalf("ARGV[2] %q: decision %d of %d for one key, after %d others, in calls of %s: used %d, want %d", fin, j+1, mine, len(long)-mine, took, v.win[0].used, want)
 			}
 		}
-		t.Logf("finalized %v: the key's first decision in the long call counted %d; the calls took %s", fin > 0, used0, took)
+		t.Logf("ARGV[2] %q: the key's first decision in the long call counted %d; the calls took %s", fin, used0, took)
 	}
 }

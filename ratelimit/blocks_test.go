@@ -158,9 +158,9 @@ func (d *blockDriver) call(p int, in input) verdict {
 	var replies []any
 	var err error
 	if d.mini != nil {
-		replies, err = evalBatchAt(ctx, d.rdb, ds, 0)
+		replies, err = evalBatch(ctx, d.rdb, ds)
 	} else {
-		replies, err = fcallBatchAt(ctx, d.rdb, ds, 0)
+		replies, err = fcallBatch(ctx, d.rdb, ds)
 	}
 	if err != nil {
 		t.Fatalf("%s: %v", d.describe(), err)
@@ -513,7 +513,7 @@ func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
 			now = now.Add(time.Duration(1 + rng.Int64N(int64(3*time.Second))))
 			mini.SetTime(now)
 			in := input{block: &blockAsk{max: 1 << 20, replicas: 1}}
-			rs, err := evalBatchAt(context.Background(), rdb, []decision{{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}}, 0)
+			rs, err := evalBatch(context.Background(), rdb, []decision{{keys: keys, pl: pl.blk, nums: scriptNums(pl, in)}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -48,9 +48,9 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 				dps[i] = pls[i].blk
 			}
 		}
-		keys := map[string][]string{"1": stateKeys("f:", "k", dps[0]), "1c": stateKeys("c:", "k", dps[0])}
-		if !slices.Equal(keys["1"], stateKeys("f:", "k", dps[1])) {
-			t.Fatalf("an edit of limits alone changed the key's records: %q, %q", keys["1"], stateKeys("f:", "k", dps[1]))
+		keys := map[string][]string{"0": stateKeys("f:", "k", dps[0]), "c": stateKeys("c:", "k", dps[0])}
+		if !slices.Equal(keys["0"], stateKeys("f:", "k", dps[1])) {
+			t.Fatalf("an edit of limits alone changed the key's records: %q, %q", keys["0"], stateKeys("f:", "k", dps[1]))
 		}
 		// When each window's record, if full, expires: one compact before
 		// then was rewritten from it, not written afresh.
@@ -89,7 +89,7 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 				shortenReservation(rng, nums)
 			}
 			var got [2]verdict
-			for j, arg := range []string{"1", "1c"} {
+			for j, arg := range []string{"0", "c"} {
 				rs, err := evalBatchArg(context.Background(), rdb, []decision{{keys: keys[arg], pl: dp, nums: nums}}, arg)
 				if err != nil {
 					t.Fatal(err)
@@ -103,7 +103,7 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 				t.Fatalf("%s: a full ring decided\n%+v\na compact record\n%+v", where, got[0], got[1])
 			}
 			for i, w := range pl.windows {
-				rec, err := rdb.Get(context.Background(), keys["1c"][1+i]).Result()
+				rec, err := rdb.Get(context.Background(), keys["c"][1+i]).Result()
 				if err != nil {
 					continue // none yet, or expired
 				}
@@ -124,7 +124,7 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 					fullUntil[i] = time.Time{}
 				case rec[0] == formatVersion:
 					grown++
-					ttl, err := rdb.PTTL(context.Background(), keys["1c"][1+i]).Result()
+					ttl, err := rdb.PTTL(context.Background(), keys["c"][1+i]).Result()
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -48,8 +48,8 @@ import (
 // hundreds of requests a second each: where leases form on one replica and
 // less often on a quarter of its traffic; and
 // cold-finalized and steady-finalized, cold and steady with this
-// limiter's records finalized (finalize.go) beside itself without, as
-// "petstore-unfinalized"; and cold-blocks and steady-blocks, cold and
+// limiter's records finalized (compact: finalize.go; blocks aside) beside
+// itself without, as "petstore-unfinalized"; and cold-blocks and steady-blocks, cold and
 // steady with blocks in force (lease.go) beside this limiter without
 // them, as "petstore-noblocks", and steady-blocks-minute, steady-blocks
 // under a plan of a minute window alone, with no long window. The
@@ -91,7 +91,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 		against  []string      // the contenders beside this limiter
 		replicas int           // this limiter's (and petstore-whole's) replicas; 0 or 1: one
 		affinity bool          // each key's decisions all made by one replica, chosen by its hash
-		// finalized: this limiter's records finalized (finalize.go),
+		// finalized: this limiter writing compact records (finalize.go),
 		// beside itself without (petstore-unfinalized).
 		finalized bool
 		// blocks: this limiter with blocks in force (lease.go), beside
@@ -130,7 +130,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 				}
 				if finalized {
 					// As read by a heartbeat, held for the benchmark.
-					l.replicas.fin.Store(&finState{arg: "1", until: math.MaxInt64})
+					l.replicas.view.Store(&view{finalized: true, until: math.MaxInt64})
 				}
 				b.Cleanup(func() { _ = l.Close() })
 				return l

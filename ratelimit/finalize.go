@@ -17,14 +17,8 @@ import (
 // its mark and counted no live replica of an older release; a replica that
 // counts one goes back to the old way at its next heartbeat.
 
-// Finalized, a replica writes records in three ways an older release cannot
-// follow, all in force together under one mark:
-//   - A window record's expiry is set only when its head enters a new epoch (a
-//     quarter period). An older release sets it from now on every head move, so
-//     its write in mid-epoch could let a record expire before the epoch's events
-//     stop counting. Every writer of this release sets the same expiry for an
-//     epoch, never earlier than an older release would, so replicas yet to read
-//     the mark are safe beside those that have.
+// Finalized, a replica writes records in two ways an older release cannot
+// follow, both in force together under one mark:
 //   - Blocks are granted (lease.go). An older release neither reads nor writes
 //     coarse records, so it would admit without the blocks others spend. Coarse
 //     records are read while the mark is read at all, and for blockLife and
@@ -102,11 +96,13 @@ func inForce(text string, mark, older int64) string {
 	return ""
 }
 
-// blockView is the mark's view for blocks: grant and read hold until until
-// (Unix ns); coarse records are read regardless until readUntil.
-type blockView struct {
-	grant, read      bool
-	until, readUntil int64
+// view is what this replica's last heartbeat read of the mark, which holds
+// until until (Unix ns): records written compact (finalized), blocks granted,
+// coarse records read; coarse records are read regardless until readUntil,
+// while blocks granted here may still be spent.
+type view struct {
+	finalized, grant, read bool
+	until, readUntil       int64
 }
 
 // grantsBlocks reports whether blocks are in force on this replica.
@@ -114,7 +110,7 @@ func (r *replicas) grantsBlocks() bool {
 	if r == nil {
 		return false
 	}
-	v := r.blk.Load()
+	v := r.view.Load()
 	return v != nil && v.grant && time.Now().UnixNano() < v.until
 }
 
@@ -132,7 +128,7 @@ func (r *replicas) readsCoarse() bool {
 	if r == nil {
 		return false
 	}
-	v := r.blk.Load()
+	v := r.view.Load()
 	if v == nil {
 		return false
 	}
@@ -140,65 +136,42 @@ func (r *replicas) readsCoarse() bool {
 	return v.read && now < v.until || now < v.readUntil
 }
 
-// finState is the mark's view for records: the script's argument (µs, decimal) and
-// until when it holds without a newer heartbeat (Unix ns).
-type finState struct {
-	arg   any
-	until int64
-}
-
 // errNoRedis answers, without Redis, what only Redis keeps.
 var errNoRedis = errors.New("ratelimit: no Redis configured")
 
-// notFinalized is the script's argument for "not finalized".
-var notFinalized any = "0"
+// The script's argument ARGV[2]: a trailing "c" has it write new window
+// records compact (run.lua).
+var notFinalized, compactRecords any = "0", "c"
 
-// finalized returns ARGV[2]: the finalize time while in force, else "0".
+// finalized returns ARGV[2]: compactRecords while finalized, else notFinalized.
 func (r *replicas) finalized() any {
 	if r == nil {
 		return notFinalized
 	}
-	f := r.fin.Load()
-	if f == nil || time.Now().UnixNano() >= f.until {
+	v := r.view.Load()
+	if v == nil || !v.finalized || time.Now().UnixNano() >= v.until {
 		return notFinalized
 	}
-	return f.arg
+	return compactRecords
 }
 
-// observe takes a heartbeat's mark (µs, 0: none) and older count at Redis time
-// now (µs). The script gets the later of the mark and clear, the first
-// heartbeat counting no older replica: every older write came before clear (a
-// replica leaves the census after its last decision, or heartbeatTTL after its
-// last beat), so epochs begun before it keep per-move expiries. What older
-// replicas write before being counted may let a window overshoot, for up to a
-// period.
-func (r *replicas) observe(mark, older, now int64, at time.Time) {
+// observe takes a heartbeat's mark (µs, 0: none) and older count, read at at.
+func (r *replicas) observe(mark, older int64, at time.Time) {
 	on := mark > 0 && older == 0
-	until := at.Add(heartbeatTTL).UnixNano()
-	if older > 0 {
-		r.clear.Store(0)
-	} else if r.clear.Load() == 0 {
-		r.clear.Store(now)
-	}
-	r.fin.Store(nil)
-	if on {
-		// The script reads a trailing "c" as "write compact records" (run.lua).
-		r.fin.Store(&finState{arg: strconv.FormatInt(max(mark, r.clear.Load()), 10) + "c", until: until})
-	}
-	v := &blockView{grant: on, read: mark > 0, until: until}
-	if old := r.blk.Load(); old != nil {
+	v := &view{finalized: on, grant: on, read: mark > 0, until: at.Add(heartbeatTTL).UnixNano()}
+	if old := r.view.Load(); old != nil {
 		v.readUntil = old.readUntil
 	}
 	if on {
 		v.readUntil = at.Add(heartbeatTTL + blockLife).UnixNano()
 	}
-	r.blk.Store(v)
+	r.view.Store(v)
 	r.met.olderReplicas.Set(float64(older))
 	r.met.finalizeMark.Set(boolGauge(mark > 0))
 	r.met.finalized.Set(boolGauge(on))
 	r.met.blocksInForce.Set(boolGauge(on))
 	if mark > 0 && older > 0 && r.warned.CompareAndSwap(false, true) && r.log != nil {
-		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: expiries are set on every head move again, no blocks are granted and new records are full rings; run 'petstore limits finalize --undo' before rolling back",
+		r.log.Warn("ratelimit: records are finalized but replicas of an older release are live: no blocks are granted and new records are full rings; run 'petstore limits finalize --undo' before rolling back",
 			"older_replicas", older)
 	} else if older == 0 {
 		r.warned.Store(false)
@@ -212,20 +185,21 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// forget drops what a failed heartbeat may have hidden: the clear time, the
-// run towards finalizing by itself, and block grants. The records view holds
-// until it lapses, heartbeatTTL after the heartbeat that read it, as it would
+// forget drops what a failed heartbeat may have hidden: the run towards
+// finalizing by itself, and block grants. Compact records are written until
+// the view lapses, heartbeatTTL after the heartbeat that read it, as it would
 // had this heartbeat been slow rather than failed (the rule at the top of this
 // file). Dropped at once, a heartbeat that failed across a Redis restart had
 // every key this replica decided over the next second write its records as
 // full rings: a free key's day record stayed one (1,225 bytes, not 19) until
 // its next bucket, up to seven minutes on.
 func (r *replicas) forget() {
-	r.clear.Store(0)
 	r.allClear.Store(0)
 	// Blocks granted meanwhile may still be spent elsewhere.
-	if old := r.blk.Load(); old != nil {
-		r.blk.Store(&blockView{readUntil: old.readUntil})
+	if old := r.view.Load(); old != nil {
+		v := *old
+		v.grant, v.read = false, false
+		r.view.Store(&v)
 	}
 	r.met.blocksInForce.Set(0)
 }
@@ -261,9 +235,7 @@ func (e *OlderReplicasError) Error() string {
 }
 
 // Finalize sets the mark if missing, lifts any hold, and returns the mark's
-// time and whether it was set already. A set mark is kept:
-// moving it later would only bring back an epoch of per-move expiries, as clear
-// (observe) covers a rollback since. It refuses with *OlderReplicasError
+// time and whether it was set already. It refuses with *OlderReplicasError
 // while an older replica is live. Replicas put it in force within a heartbeat.
 func (l *Limiter) Finalize(ctx context.Context) (at time.Time, already bool, err error) {
 	if l.rdb == nil {

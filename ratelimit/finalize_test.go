@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -78,9 +77,9 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	inForce(false, "finalized, before a heartbeat read it")
 	beat()
 	inForce(true, "finalized, read by a heartbeat")
-	// Compact records are written: a trailing c.
-	if got, want := l.replicas.finalized(), strconv.FormatInt(at.UnixMicro(), 10)+"c"; got != want {
-		t.Fatalf("the script's argument %v, want %v", got, want)
+	// Compact records are written.
+	if got := l.replicas.finalized(); got != compactRecords {
+		t.Fatalf("the script's argument %v, want %v", got, compactRecords)
 	}
 	if st, err := l.Finalization(ctx); err != nil || !st.Finalized.Equal(at) || st.Older != 0 {
 		t.Fatalf("status %+v %v", st, err)
@@ -106,12 +105,6 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	f.clk.Add(heartbeatTTL + time.Millisecond)
 	beat()
 	inForce(true, "the older replica gone again")
-	// Epochs that began before this heartbeat, the first to count no
-	// older replica, may hold the older replica's writes: the script is
-	// passed its time, not the mark's.
-	if got, want := l.replicas.finalized(), strconv.FormatInt(f.clk.Now().UnixMicro(), 10)+"c"; got != want {
-		t.Fatalf("after the older replica left, the script's argument %v, want %v (the heartbeat's time)", got, want)
-	}
 
 	// Undone.
 	if err := l.Unfinalize(ctx); err != nil {
@@ -137,36 +130,32 @@ func TestFinalizeComesIntoForce(t *testing.T) {
 	}
 	f.mini.SetError("")
 	inForce(true, "a heartbeat failed")
-	if arg, _ := l.replicas.finalized().(string); !strings.HasSuffix(arg, "c") {
-		t.Fatalf("after a failed heartbeat, the script's argument %q, want compact records kept", arg)
+	if got := l.replicas.finalized(); got != compactRecords {
+		t.Fatalf("after a failed heartbeat, the script's argument %v, want compact records kept", got)
 	}
-	v := l.replicas.fin.Load()
-	l.replicas.fin.Store(&finState{arg: v.arg, until: time.Now().UnixNano()})
+	if l.replicas.grantsBlocks() {
+		t.Fatal("blocks granted after a failed heartbeat")
+	}
+	v := *l.replicas.view.Load()
+	v.until = time.Now().UnixNano()
+	l.replicas.view.Store(&v)
 	if l.replicas.finalized() != notFinalized {
 		t.Fatal("still in force after heartbeatTTL without a heartbeat")
 	}
 }
 
 // A record's expiry through a replica: the end of its head's epoch plus
-// the record TTL, set by every head move before finalizing, and once
-// finalized only by a move into a new epoch, or one within an epoch that
-// began before the mark. (The test lengthens the record's expiry by hand
-// to see whether a decision set it again.)
-func TestFinalizedReplicaSetsExpiryOncePerEpoch(t *testing.T) {
+// the record TTL, set again by every head move, finalized or not, compact
+// or a full ring. (The test lengthens the record's expiry by hand to see
+// whether a decision set it again.)
+func TestEveryHeadMoveSetsTheExpiry(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		// finalize: never (0), before the first decision (1), between the
 		// first and second of the first epoch (2).
 		finalize int
-		// refreshed: whether the second decision of the first epoch, and
-		// of the second, set the expiry again.
-		refreshed [2]bool
-	}{
-		{"never", 0, [2]bool{true, true}},
-		{"before", 1, [2]bool{false, false}},
-		{"mid-epoch", 2, [2]bool{true, false}},
-	} {
+	}{{"never", 0}, {"before", 1}, {"mid-epoch", 2}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, Options{MaxLease: 1})
@@ -215,69 +204,11 @@ func TestFinalizedReplicaSetsExpiryOncePerEpoch(t *testing.T) {
 				// Three buckets on: the head moves, within the epoch.
 				f.clk.Add(3 * time.Duration(r.gran) * time.Microsecond)
 				f.allow(t, "k", p)
-				if got, again := expiry(), tc.refreshed[e]; again && got != want || !again && got != long {
-					t.Fatalf("epoch %d, a head move within it: expiry %d ms; want it set again (%d): %v, or left (%d)", e, got, want, again, long)
+				if got := expiry(); got != want {
+					t.Fatalf("epoch %d, a head move within it: expiry %d ms, want it set again to %d (not left at %d)", e, got, want, long)
 				}
 			}
 		})
-	}
-}
-
-// A rollback begun without undoing the mark, then rolled forward: an
-// older replica's write in the middle of an epoch sets the record's expiry
-// to its TTL from then; replicas that count no older replica again pass
-// the time they first did (observe), so that a head move later in
-// that epoch sets the expiry again, and the record outlives its events.
-// Passing the mark alone would leave it to expire early.
-func TestRollbackWithoutUndoKeepsRecords(t *testing.T) {
-	t.Parallel()
-	m := miniredis.RunT(t)
-	m.ClockTTL(true)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	ctx := context.Background()
-	pl := compile(perMinute(1000), DefaultBuckets, DefaultStrikeBuckets)
-	r := pl.windows[0]
-	span := r.n / 4 * r.gran
-	for _, tc := range []struct {
-		name     string
-		passMark bool // the replicas pass the mark, not the time the census cleared
-		outlives bool
-	}{{"census time", false, true}, {"mark alone", true, false}} {
-		keys := stateKeys(randomPrefix(t), "k", pl)
-		d := []decision{{keys: keys, pl: pl, nums: scriptNums(pl, input{lease: noLease})}}
-		start := (epoch.UnixMicro()/span + 1) * span
-		at := func(us int64) { m.SetTime(time.UnixMicro(start + us)) }
-		mark := start - 1_000_000
-		at(100_000)
-		if _, err := evalBatchAt(ctx, rdb, d, mark); err != nil {
-			t.Fatal(err)
-		}
-		// The older release, rolled back to: its head move at 1 s sets
-		// the expiry to its TTL from then.
-		at(1_000_000)
-		if _, err := olderBatch(ctx, rdb, d); err != nil {
-			t.Fatal(err)
-		}
-		// Rolled forward: the census clear from 1.5 s on.
-		fin := start + 1_500_000
-		if tc.passMark {
-			fin = mark
-		}
-		at(3_000_000)
-		if _, err := evalBatchAt(ctx, rdb, d, fin); err != nil {
-			t.Fatal(err)
-		}
-		exp, err := rdb.PExpireTime(ctx, keys[1]).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The newest event, at 3 s, counts until a period after its
-		// bucket ends.
-		need := (((start+3_000_000)/r.gran)+1)*r.gran + r.period
-		if got := exp.Milliseconds()*1000 >= need; got != tc.outlives {
-			t.Errorf("%s: record expires at %d ms, its newest event counts until %d µs: outlives %v, want %v", tc.name, exp.Milliseconds(), need, got, tc.outlives)
-		}
 	}
 }
 
@@ -380,8 +311,9 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	f.clk.Add(heartbeatTTL + time.Millisecond)
 	beat()
 	state(false, true, "undone, within a reservation's life of the last block")
-	v := l.replicas.blk.Load()
-	l.replicas.blk.Store(&blockView{until: v.until, readUntil: time.Now().UnixNano()})
+	v := *l.replicas.view.Load()
+	v.readUntil = time.Now().UnixNano()
+	l.replicas.view.Store(&v)
 	state(false, false, "undone, a reservation's life after the last block")
 	if Unfinalizing < heartbeatTTL+blockLife+heartbeatTTL {
 		t.Fatalf("Unfinalizing %v is shorter than the last block's life after the last heartbeat that saw it in force", Unfinalizing)

@@ -43,9 +43,9 @@ import (
 //
 // Window record: version (1), ring, then the lease cap once a lease is granted
 // on it. TTL: its head bucket's epoch end (n/4 buckets) plus the period, two
-// buckets and 1 ms; set when the head moves, once finalized only when it enters
-// a new epoch. Releases before finalizing set the period, two buckets and 1 ms
-// from now on every head move: never later.
+// buckets and 1 ms, set whenever the head moves. Releases before this format
+// set the period, two buckets and 1 ms from now on every head move: never
+// later.
 //
 // Lease cap, after the ring:
 //

@@ -117,7 +117,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int, bl
 	// Odd cases write compact window records (format.go), finalized.
 	arg := "0"
 	if c%2 == 1 {
-		arg = "1c"
+		arg = "c"
 		seen.compact++
 	}
 	var ws []Window

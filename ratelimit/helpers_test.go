@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -236,16 +235,15 @@ func evalDecision(ctx context.Context, rdb redis.Scripter, keys []string, pl *pl
 	return rs[0], nil
 }
 
-// fcallBatchAt makes the decisions ds in one call of the decision Function
+// fcallBatch makes the decisions ds in one call of the decision Function
 // (loading its library first), as the batcher does on a Redis with
-// Functions on a replica that finalized records at fin (µs; 0: not
-// finalized), and returns their replies.
-func fcallBatchAt(ctx context.Context, rdb redis.UniversalClient, ds []decision, fin int64) ([]any, error) {
+// Functions on a replica that is not finalized, and returns their replies.
+func fcallBatch(ctx context.Context, rdb redis.UniversalClient, ds []decision) ([]any, error) {
 	b := &redisDecider{rdb: rdb, sc: decisionScript()}
 	if err := b.loadFunction(ctx); err != nil {
 		return nil, err
 	}
-	keys, args := batchCommandAt(ds, fin)
+	keys, args := batchCommand(ds)
 	reply, err := rdb.FCall(ctx, b.sc.fn, keys, args...).Result()
 	if err != nil {
 		return nil, err
@@ -256,13 +254,7 @@ func fcallBatchAt(ctx context.Context, rdb redis.UniversalClient, ds []decision,
 // evalBatch makes the decisions ds in one script call, as the batcher
 // does where Redis has no Functions, and returns their replies.
 func evalBatch(ctx context.Context, rdb redis.Scripter, ds []decision) ([]any, error) {
-	return evalBatchAt(ctx, rdb, ds, 0)
-}
-
-// evalBatchAt is evalBatch on a replica that finalized records at fin
-// (µs; 0: not finalized).
-func evalBatchAt(ctx context.Context, rdb redis.Scripter, ds []decision, fin int64) ([]any, error) {
-	return evalBatchArg(ctx, rdb, ds, strconv.FormatInt(fin, 10))
+	return evalBatchArg(ctx, rdb, ds, "0")
 }
 
 // evalBatchArg is evalBatch with arg as the finalize argument (ARGV[2]).
@@ -353,17 +345,17 @@ func silentServer(t *testing.T) string {
 // batchCommand returns the KEYS and ARGV of the script call batchCall
 // makes, for calls made through go-redis's FCall and Eval.
 func batchCommand(ds []decision) ([]string, []any) {
-	return batchCommandAt(ds, 0)
+	return batchCommandArg(ds, notFinalized)
 }
 
-// batchCommandAt is batchCommand for a replica that finalized records
-// at fin (µs; 0: not finalized).
-func batchCommandAt(ds []decision, fin int64) ([]string, []any) {
+// batchCommandArg is batchCommand with arg as the finalize argument
+// (ARGV[2]: notFinalized or compactRecords).
+func batchCommandArg(ds []decision, arg any) ([]string, []any) {
 	var keys []string
 	for i := range ds {
 		keys = append(keys, ds[i].keys...)
 	}
-	return keys, appendBatchArgs(nil, ds, strconv.FormatInt(fin, 10))
+	return keys, appendBatchArgs(nil, ds, arg)
 }
 
 // replicasOn returns n limiters sharing rdb under a fresh key prefix, as

@@ -58,9 +58,6 @@ import (
 //   - head-moved-banplan: the plan with a ban rule (a third record read).
 //   - head-moved-3windows: a minute, an hour and a day, no ban rule (the
 //     hour's and the day's headers read and written too).
-//   - head-moved-finalized: the same once records are finalized (finalize.go): the minute record's
-//     expiry is set when its head moves into a new epoch (15 s) alone,
-//     not on each move, so most decisions skip that command.
 //   - head-moved-five: five seconds beside the day, no block asked.
 //   - head-moved-blocks: head-moved with blocks in force (lease.go): the
 //     minute window's coarse record read too.
@@ -138,7 +135,6 @@ func BenchmarkRedisInstructions(b *testing.B) {
 		{"head-moved-alone", business, 1, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-banplan", banPlan, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-3windows", three, 8, 2, "", 300 * time.Millisecond, 0},
-		{"head-moved-finalized", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five", five, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-blocks", business, 8, 2, "", 300 * time.Millisecond, 0},
 		{"head-moved-five-blocks-ride", five, 8, 2, "", 300 * time.Millisecond, 0},
@@ -162,11 +158,6 @@ func BenchmarkRedisInstructions(b *testing.B) {
 					// measured pass is asked, the warm ones too.
 					rsv = &blockAsk{max: 64, replicas: 1}
 				}
-				var fin int64
-				if strings.HasSuffix(c.name, "-finalized") {
-					// Finalized before the case began (finalize.go).
-					fin = 1
-				}
 				// With blocks in force, the plan with its coarse records
 				// (its numbers asked as the plan's own).
 				cp := c.pl
@@ -179,7 +170,7 @@ func BenchmarkRedisInstructions(b *testing.B) {
 						for j := k; j < k+c.per && j < keys; j++ {
 							ds = append(ds, decision{keys: stateKeys(prefix, "k"+strconv.Itoa(j), cp), pl: cp, nums: scriptNums(c.pl, input{lease: noLease, block: rsv})})
 						}
-						ks, args := batchCommandAt(ds, fin)
+						ks, args := batchCommand(ds)
 						if err := cg.rdb.FCall(ctx, fn, ks, args...).Err(); err != nil {
 							b.Fatal(err)
 						}

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -256,7 +255,7 @@ type invariantDriver struct {
 	// decide too, until then (finalize.go): a rolling upgrade, then the
 	// operator's step. Of the decisions after finAt, some are made by
 	// replicas that have not yet read the mark. compact: of those made
-	// finalized, three in four write compact records (the compact level),
+	// finalized, three in four write compact records,
 	// in cases that never roll back (Unfinalize converts them back first:
 	// TestCompactRecordsComeWithFinalizing). calls counts the calls made
 	// finalized, not yet knowing it, by the older release, and compact.
@@ -266,7 +265,6 @@ type invariantDriver struct {
 	older      bool
 	rollback   [2]int
 	rolledBack bool
-	clearAt    int64
 	tight      int
 	calls      [4]int
 }
@@ -279,9 +277,7 @@ type invariantDriver struct {
 // then roll back without undoing the mark (rollback: from the first step
 // to the second, one to four steps on, the older release decides again, and this release's
 // replicas, counting it in the census, do not write as finalized), and
-// forward again: from then on the replicas pass the later of the mark
-// and the time they first counted no older replica (clearAt; finalize.go,
-// observe).
+// forward again.
 func (d *invariantDriver) finalizeCase(steps int) {
 	d.finalizeAt, d.rollback = -1, [2]int{-1, -1}
 	switch d.rng.IntN(3) {
@@ -310,7 +306,7 @@ func (d *invariantDriver) stepTo(step int) {
 		// so that writes on both sides of it share epochs.
 		d.rolledBack, d.tight = true, d.rollback[1]-d.rollback[0]+10
 	case d.rollback[1]:
-		d.rolledBack, d.clearAt = false, d.clock()+1
+		d.rolledBack = false
 	}
 }
 
@@ -384,25 +380,28 @@ func (d *invariantDriver) decide(reqs []request) []verdict {
 	out := make([]verdict, len(reqs))
 	var dec decider = d.local
 	if d.rdb != nil {
-		fin := max(d.finAt, d.clearAt)
+		// -1: the older release; 0: not finalized; 1: finalized.
+		fin := 1
 		if d.finAt == 0 || d.rolledBack {
 			fin = 0
 			if d.older && d.rng.IntN(3) == 0 || d.rolledBack && d.rng.IntN(2) == 0 {
-				d.calls[2]++
 				fin = -1
 			}
 		} else if d.rng.IntN(4) == 0 {
 			fin = 0
 		}
-		arg := strconv.FormatInt(fin, 10)
-		if fin > 0 {
+		arg := notFinalized
+		switch {
+		case fin < 0:
+			d.calls[2]++
+		case fin == 0:
+			d.calls[1]++
+		default:
 			d.calls[0]++
 			if d.compact && d.rng.IntN(4) > 0 {
 				d.calls[3]++
-				arg += "c"
+				arg = compactRecords
 			}
-		} else if fin == 0 {
-			d.calls[1]++
 		}
 		r := &redisDecider{rdb: d.rdb, prefix: d.prefix, sc: decisionScript(), log: discardLogger,
 			finalized: func() any { return arg }}

@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		finalizeHold: gauge("finalize_hold",
 			"1 while an operator holds finalizing back ('petstore limits finalize --hold' or --undo), as this replica's last heartbeat read it: the fleet does not finalize by itself."),
 		finalized: gauge("records_finalized",
-			"1 while this replica writes window records as finalized ('petstore limits finalize'): a record's expiry set once per epoch of a quarter of its period, not on every head move, and new records compact, growing with their keys' activity."),
+			"1 while this replica writes window records as finalized ('petstore limits finalize'): new records compact, growing with their keys' activity."),
 		blocksInForce: gauge("blocks_in_force",
 			"1 while this replica takes blocks of every window for slow keys and spends them in process ('petstore limits finalize' with no replica of an older release live)."),
 		trackedKeys: gauge("tracked_keys",

@@ -307,9 +307,9 @@ func decideOne(t *testing.T, rdb *redis.Client, mini *miniredis.Miniredis, d dec
 	var replies []any
 	var err error
 	if mini != nil {
-		replies, err = evalBatchAt(context.Background(), rdb, []decision{d}, 0)
+		replies, err = evalBatch(context.Background(), rdb, []decision{d})
 	} else {
-		replies, err = fcallBatchAt(context.Background(), rdb, []decision{d}, 0)
+		replies, err = fcallBatch(context.Background(), rdb, []decision{d})
 	}
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
@@ -520,7 +520,7 @@ func (r *editRig) call(underNew bool, in input) verdict {
 	if underNew {
 		pl, cp, keys, in.seed = r.pn, r.pn.blk, seedKeys("e:", "k", r.sd, stateKeys("e:", "k", r.pn.blk)), r.sd
 	}
-	rs, err := evalBatchAt(context.Background(), r.rdb, []decision{{keys: keys, pl: cp, nums: scriptNums(pl, in)}}, 0)
+	rs, err := evalBatch(context.Background(), r.rdb, []decision{{keys: keys, pl: cp, nums: scriptNums(pl, in)}})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -482,7 +482,7 @@ func isNoScript(err error) bool {
 // (input.add) and seeding.nums. A plain decision (mode 0, no strikes, a lease
 // of one) sends none.
 //
-// ARGV[2]: the finalize time (µs, decimal; "0": not in force). ARGV[3p..3p+2]:
+// ARGV[2]: "c" while finalized (compact records), else "0". ARGV[3p..3p+2]:
 // plan p's numbers, ban and candidate ban multipliers. The numbers: window
 // count; per window limit, period, bucket width, n, offset unit (µs), TTL (ms);
 // the ban rule (banRule.appendNums); the candidate window count and the same

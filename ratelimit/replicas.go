@@ -31,13 +31,9 @@ type replicas struct {
 	count   atomic.Int64
 	met     *metrics
 	log     *slog.Logger
-	// This release's census and the mark; this replica's views of the mark
-	// for records and for blocks; clear (Redis µs), the first heartbeat
-	// counting no older replica (0: none yet).
+	// This release's census and the mark, and this replica's view of it.
 	final, mark string
-	fin         atomic.Pointer[finState]
-	blk         atomic.Pointer[blockView]
-	clear       atomic.Int64
+	view        atomic.Pointer[view]
 	warned      atomic.Bool
 	// The key prefix, and expanding, set while this replica writes compact
 	// records back for an older release (expandFor).
@@ -129,7 +125,7 @@ func (r *replicas) beat(ctx context.Context, timeout time.Duration) error {
 			"finalized", markText)
 	}
 	hold, _ := res[6].(string)
-	r.observe(mark, older, now, at)
+	r.observe(mark, older, at)
 	if mark > 0 && older > 0 {
 		// A rollback begun without undoing: write compact records back.
 		r.expandFor(parent)

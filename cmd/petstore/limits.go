@@ -209,7 +209,7 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 		if err := limiter.Unfinalize(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "finalize mark removed and finalizing held; within %s every replica refreshes record expiries on every head move, has stopped reserving blocks and every block has ended, and compact records are full rings again: wait that long before starting an older release\n", ratelimit.Unfinalizing)
+		fmt.Fprintf(stdout, "finalize mark removed and finalizing held; within %s every replica has stopped reserving blocks and every block has ended, and compact records are full rings again: wait that long before starting an older release\n", ratelimit.Unfinalizing)
 		return nil
 	}
 	deadline := time.Now().Add(wait)
@@ -221,7 +221,7 @@ func finalize(ctx context.Context, limiter *ratelimit.Limiter, undo, status bool
 			return nil
 		}
 		if err == nil {
-			fmt.Fprintf(stdout, "finalized at %s: within a heartbeat replicas set record expiries once per epoch, take blocks for slow keys and write new records compact; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
+			fmt.Fprintf(stdout, "finalized at %s: within a heartbeat replicas take blocks for slow keys and write new records compact; rolling back to an older release now needs 'petstore limits finalize --undo' first\n", at.UTC().Format(time.RFC3339Nano))
 			return nil
 		}
 		// Refused beside older replicas, or Redis failed to answer: with

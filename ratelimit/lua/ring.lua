@@ -5,9 +5,8 @@ local byte, char, sub, rep, floor, ceil, format, find
 local unpack, pcall, type, tostring, tonumber
 local unpack_, pack_
 local call, KEYS, ARGV, now
--- FIN: when this release's records were finalized (µs; 0: not in force).
--- CMPT: new window records are written compact (format.go; with FIN, always).
-local FIN, CMPT
+-- CMPT: new window records are written compact (format.go): finalized.
+local CMPT
 local NOWMS
 -- OFF[v]: offset v as a string, formatted once (a Function keeps them).
 local OFF
@@ -64,8 +63,7 @@ local EXPX, EXPS = -1, ''
 -- buckets, 1 ms for NOWMS's rounding): it outlives every event of the epoch,
 -- each recorded at most a bucket after it ends. Never earlier than ttl from now
 -- (older releases' expiry on every head move), one per epoch for every writer:
--- none shortens another's. Until FIN every head move sets it; after, a move
--- into a new epoch or within one begun before FIN. Relative to NOWMS, never
+-- none shortens another's. Every head move sets it. Relative to NOWMS, never
 -- absolute: a long call's later decisions run after Redis's clock passed now.
 local function expiry(b, g, n, ttl)
   local E = (n - n % 4) / 4

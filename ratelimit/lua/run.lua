@@ -124,11 +124,8 @@ local function run(keys, args)
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   CALLS, POS, BASE, OUT, PLANS = ARGV[1], 1, 0, {}, {}
-  -- ARGV[2]: the finalize time, then "c" where compact records are in force.
-  local fin = ARGV[2]
-  CMPT = byte(fin, -1) == 99
-  if CMPT then fin = sub(fin, 1, -2) end
-  FIN = tonumber(fin) or 0
+  -- ARGV[2]: ends in "c" where compact records are in force (finalized).
+  CMPT = byte(ARGV[2], -1) == 99
   CS = {}
   NOWMS = floor(now / 1000)
   while true do

@@ -161,16 +161,9 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
     else
       call('SETRANGE', key, '1', hdr)
       if b > vh then
-        -- The expiry (expiry, written out): set unless finalized and the
-        -- head stays in an epoch that began after FIN.
-        local E = (n - n % 4) / 4
-        if E < 1 then E = 1 end
-        local e0 = b - b % E
-        if FIN == 0 or vh < e0 or e0 * g < FIN then
-          local x = ceil((e0 + E) * g / 1000) + ttl - NOWMS
-          if x ~= EXPX then EXPX, EXPS = x, format('%d', x) end
-          call('PEXPIRE', key, EXPS)
-        end
+        local x = expiry(b, g, n, ttl) - NOWMS
+        if x ~= EXPX then EXPX, EXPS = x, format('%d', x) end
+        call('PEXPIRE', key, EXPS)
       end
     end
   end
