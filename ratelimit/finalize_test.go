@@ -194,18 +194,21 @@ func TestEveryHeadMoveSetsTheExpiry(t *testing.T) {
 					t.Fatalf("epoch %d, first decision: expiry %d ms, want %d", e, got, want)
 				}
 				long := f.clk.Now().Add(time.Hour).UnixMilli()
-				if err := f.rdb.PExpireAt(ctx, key, time.UnixMilli(long)).Err(); err != nil {
-					t.Fatal(err)
-				}
 				if tc.finalize == 2 && e == 0 {
 					f.clk.Add(100 * time.Millisecond)
 					finalize()
 				}
-				// Three buckets on: the head moves, within the epoch.
-				f.clk.Add(3 * time.Duration(r.gran) * time.Microsecond)
-				f.allow(t, "k", p)
-				if got := expiry(); got != want {
-					t.Fatalf("epoch %d, a head move within it: expiry %d ms, want it set again to %d (not left at %d)", e, got, want, long)
+				// Three buckets on, then twenty (a full ring's short move,
+				// then a long one): the head moves, within the epoch.
+				for _, buckets := range []int64{3, 20} {
+					if err := f.rdb.PExpireAt(ctx, key, time.UnixMilli(long)).Err(); err != nil {
+						t.Fatal(err)
+					}
+					f.clk.Add(time.Duration(buckets*r.gran) * time.Microsecond)
+					f.allow(t, "k", p)
+					if got := expiry(); got != want {
+						t.Fatalf("epoch %d, a head move of %d buckets within it: expiry %d ms, want it set again to %d (not left at %d)", e, buckets, got, want, long)
+					}
 				}
 			}
 		})

@@ -121,10 +121,10 @@ end
 -- moveCompact rewrites compact record key (header h, read as s if it was) for
 -- its head's move from vh (hc, ho) to b: the old head joins the entries and
 -- those before b - n leave, and so does a cap that has ended; past MAXENT it is
--- written as a full ring. total is the events counted after the move. Its
--- expiry is kept; the header follows. (A ring of few buckets is never compact
--- past its full size.)
-local function moveCompact(key, h, s, n, vh, total, hc, ho, b)
+-- written as a full ring. total is the events counted after the move. It
+-- expires in px ms (expiry); the header follows. (A ring of few buckets is
+-- never compact past its full size.)
+local function moveCompact(key, h, s, n, vh, total, hc, ho, b, px)
   local E, m = {}, 0
   s = s or call('GET', key)
   if total > hc or total >= MAXC then
@@ -141,7 +141,7 @@ local function moveCompact(key, h, s, n, vh, total, hc, ho, b)
   end
   local rec = sub(h, 1, WR - 1) .. table.concat(E) .. holding(capOf(s))
   if m > MAXENT or m * ENTRY > (n + 1) * SLOT then rec = full(rec, n) end
-  call('SET', key, rec, 'KEEPTTL')
+  call('SET', key, rec, 'PX', px)
 end
 
 -- shrink returns full ring s (head vh, hc, ho) as the compact record of its

@@ -114,26 +114,29 @@ local function view(i, key, h, period, g, n, unit)
 end
 
 -- shrinks writes full record key compact again for its head's move from vh
--- to b (shrink); a record holding total events has at most that many buckets
--- with events.
-local function shrinks(key, n, vh, hc, ho, b)
+-- to b (shrink), to expire in px ms; a record holding total events has at
+-- most that many buckets with events.
+local function shrinks(key, n, vh, hc, ho, b, px)
   local rec = shrink(call('GET', key), n, vh, hc, ho, b)
   if not rec then return false end
-  call('SET', key, rec, 'KEEPTTL')
+  call('SET', key, rec, 'PX', px)
   return true
 end
 
 -- write counts count events at time at in current bucket b of record key and
--- returns total, hc, ho after; the record outlives its events (expiry).
+-- returns total, hc, ho after; the record outlives its events: each head move
+-- sets its expiry again (expiry).
 local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit, ttl)
   local off
   do
     if b > vh then
+      local px = expiry(b, g, n, ttl) - NOWMS
+      if px ~= EXPX then EXPX, EXPS = px, format('%d', px) end
       if fresh then
         -- Written whole below.
       elseif byte(h, 1) == COMPACT then
-        moveCompact(key, h, CS[key], n, vh, total, hc, ho, b)
-      elseif CMPT and total <= MAXENT and find(key, '}:w:%d+:%d+$') and shrinks(key, n, vh, hc, ho, b) then
+        moveCompact(key, h, CS[key], n, vh, total, hc, ho, b, EXPS)
+      elseif CMPT and total <= MAXENT and find(key, '}:w:%d+:%d+$') and shrinks(key, n, vh, hc, ho, b, EXPS) then
         -- Written compact again (shrinks).
       elseif b - vh <= 8 and b - vh <= n and vh % (n + 1) + b - vh <= n + 1 then
         -- A short move with no wrap, in one write: the old head's slot, cut
@@ -141,8 +144,10 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
         local x = sub(h, 14, 19)
         if b - vh > 1 then x = x .. zeros((b - vh - 1) * SLOT) end
         call('SETRANGE', key, OFF[1 + HDR + (vh % (n + 1)) * SLOT], x)
+        call('PEXPIRE', key, EXPS)
       else
         for q = 1, 2 * move(n, vh, hc, ho, b), 2 do call('SETRANGE', key, OFF[HDR + MV[q]], MV[q + 1]) end
+        call('PEXPIRE', key, EXPS)
       end
       hc, ho = 0, 0
     end
@@ -160,11 +165,6 @@ local function write(key, h, fresh, vh, total, hc, ho, b, count, at, g, n, unit,
       call('SETRANGE', key, '1', hdr)
     else
       call('SETRANGE', key, '1', hdr)
-      if b > vh then
-        local x = expiry(b, g, n, ttl) - NOWMS
-        if x ~= EXPX then EXPX, EXPS = x, format('%d', x) end
-        call('PEXPIRE', key, EXPS)
-      end
     end
   end
   return total + count, hc + count, off
