@@ -152,7 +152,7 @@ func (d *blockDriver) call(p int, in input) verdict {
 	ctx := context.Background()
 	nums := scriptNums(pl, in)
 	if in.block != nil {
-		shortenReservation(d.rng, nums)
+		shortenBlock(d.rng, nums)
 	}
 	ds := []decision{{keys: d.keys[p], pl: pl.blk, nums: nums}}
 	var replies []any
@@ -294,12 +294,12 @@ func (d *blockDriver) checkRetry(p int, x int64, v verdict) {
 	d.stats.exact++
 }
 
-// shortenReservation gives a third of reserving asks (nums, scriptNums) a
+// shortenBlock gives a third of the asks for a block (nums, scriptNums) a
 // life shorter than blockLife, as a replica whose plan has other long
 // windows (ending their buckets sooner) would: blocks then end out of the
 // order they were granted in, and one may end in a coarse bucket before
 // the head (blockWrite in lua/window.lua).
-func shortenReservation(rng *rand.Rand, nums []byte) {
+func shortenBlock(rng *rand.Rand, nums []byte) {
 	if rng.IntN(3) == 0 {
 		binary.BigEndian.PutUint64(nums[32:40], uint64(1+rng.Int64N(blockLife.Microseconds())))
 	}
@@ -310,10 +310,10 @@ func shortenReservation(rng *rand.Rand, nums []byte) {
 // cases, a second plan of the same periods with other limits (replicas
 // that disagree on the key's plan share its records, coarse ones too).
 func genBlockPlans(rng *rand.Rand) []*plan {
-	pl, ns := genReservationPlan(rng)
+	pl, ns := genBlockPlan(rng)
 	if rng.IntN(2) == 0 {
 		// Short windows whose blocks are large against their limits: a
-		// reservation's life is most of such a period, or longer.
+		// block's life is most of such a period, or longer.
 		for i := range ns {
 			// (32 s: a period blockLife does not divide, whose coarse
 			// buckets count longer: coarseLate.)
@@ -322,7 +322,7 @@ func genBlockPlans(rng *rand.Rand) []*plan {
 	}
 	if rng.IntN(4) == 0 {
 		// Short windows alone (a minute only, say): blocks asked on the
-		// whole decision, no long window reserved.
+		// whole decision, no long window to count them in.
 		pl.policy.Windows = pl.policy.Windows[:ns]
 	}
 	for i := range pl.policy.Windows {
@@ -440,7 +440,7 @@ func TestBlocksHoldEveryWindowRedis(t *testing.T) {
 // TestBanReachesBlockHolders: a key banned on one replica is let go by
 // another that holds a block for it, through the announcement, so that
 // its next request there is refused as banned rather than spent from the
-// block for up to a reservation's life; what the block left is given back.
+// block for up to a block's life; what the block left is given back.
 func TestBanReachesBlockHolders(t *testing.T) {
 	t.Parallel()
 	f := newFixtureWith(t, Options{Replicas: 2}, hooks{blocks: true})
@@ -490,7 +490,7 @@ func TestBanReachesBlockHolders(t *testing.T) {
 }
 
 // TestBlockLifeAsTheReplicaWorksItOut: the life a replica sizes its ask
-// for with blocks in force (reserveRest) is the life the script grants a
+// for with blocks in force (blockRest) is the life the script grants a
 // block, at every instant of a coarse bucket, over generated plans: a
 // replica that worked out less (the current coarse bucket's end, say)
 // would ask for blocks half as large as they could be, and a key sending a
@@ -500,7 +500,7 @@ func TestBlockLifeAsTheReplicaWorksItOut(t *testing.T) {
 	rng := invariantRNG(t, 74)
 	granted := 0
 	for c := range testenv.Cases(t, 10, max(*invariantCases, 40)) {
-		pl, _ := genReservationPlan(rng)
+		pl, _ := genBlockPlan(rng)
 		for i := range pl.policy.Windows {
 			pl.policy.Windows[i].Limit = MaxLimit
 		}
@@ -921,7 +921,7 @@ func runBlockBeforeTheHead(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini
 }
 
 // TestPlansOfShortWindowsAloneTakeBlocks: a plan of a minute window alone
-// (no long window to reserve) takes blocks, asked on its whole decision,
+// (no long window to count a block in) takes blocks, asked on its whole decision,
 // so that its cold keys, too slow to lease, are decided in process: 100
 // keys at five requests a second each, from 10 s to 30 s after they
 // begin, send at most 4% of their decisions to Redis with blocks in force;
@@ -976,7 +976,7 @@ func TestNoBlockWithoutCoarseRecords(t *testing.T) {
 				cp = pl.blk
 			}
 			keys := stateKeys(randomPrefix(t), "k", cp)
-			// Five requests a second for 20 s, each asking to reserve, as
+			// Five requests a second for 20 s, each asking for a block, as
 			// though every one reached another replica.
 			for i := range 100 {
 				mini.SetTime(start.Add(time.Duration(i) * 200 * time.Millisecond))

@@ -47,8 +47,8 @@ func blockUntil(l *Limiter, key string) time.Time {
 // both limits.
 var coldPlan = Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time.Minute}, {Limit: 100_000, Period: 24 * time.Hour}}}
 
-// TestBlocksHoldEveryWindowThroughTheLimiter plays the reservation cases
-// with blocks in force (lease.go): reserved admissions are then spent in
+// TestBlocksHoldEveryWindowThroughTheLimiter plays the block cases
+// with blocks in force (lease.go): block admissions are then spent in
 // process, the short windows' too, and every window holds by each
 // admission's time, Remaining, Reset and the outlive probes included.
 func TestBlocksHoldEveryWindowThroughTheLimiter(t *testing.T) {
@@ -63,15 +63,15 @@ func TestBlocksHoldEveryWindowThroughTheLimiterOnRedis(t *testing.T) {
 	holdEveryWindowOnRedis(t, 73, true)
 }
 
-// holdEveryWindow runs the reservation cases on miniredis and the fake
-// clock, with blocks in force or not, and fails unless reservations (or
-// blocks) served some admissions.
+// holdEveryWindow runs the block cases on miniredis and the fake
+// clock, with blocks in force or not, and fails unless blocks
+// served some admissions.
 func holdEveryWindow(t *testing.T, stream uint64, blocks bool) {
 	rng := invariantRNG(t, stream)
-	reserved := runReservationCases(t, rng, max(*invariantCases, 60), blocks, func(t *testing.T, replicas int) reservationReplicas {
+	inBlocks := runBlockCases(t, rng, max(*invariantCases, 60), blocks, func(t *testing.T, replicas int) blockReplicas {
 		f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: blocks})
 		ls := f.fleet(t, replicas)
-		return reservationReplicas{
+		return blockReplicas{
 			ls:    ls,
 			sleep: func(d time.Duration) { f.clk.Add(d) },
 			now:   f.clk.Now,
@@ -80,8 +80,8 @@ func holdEveryWindow(t *testing.T, stream uint64, blocks bool) {
 			},
 		}
 	})
-	if reserved == 0 {
-		t.Fatal("no admission came from a reservation or a block")
+	if inBlocks == 0 {
+		t.Fatal("no admission came from a block")
 	}
 }
 
@@ -90,43 +90,43 @@ func holdEveryWindowOnRedis(t *testing.T, stream uint64, blocks bool) {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, stream)
-	reserved := runReservationCases(t, rng, 4, blocks, func(t *testing.T, replicas int) reservationReplicas {
-		return reservationReplicas{ls: replicasWith(t, rdb, replicas, replicas, blocks), sleep: time.Sleep, now: time.Now}
+	inBlocks := runBlockCases(t, rng, 4, blocks, func(t *testing.T, replicas int) blockReplicas {
+		return blockReplicas{ls: replicasWith(t, rdb, replicas, replicas, blocks), sleep: time.Sleep, now: time.Now}
 	})
-	if reserved == 0 {
-		t.Fatal("no admission came from a reservation or a block")
+	if inBlocks == 0 {
+		t.Fatal("no admission came from a block")
 	}
 }
 
-// reservationReplicas is what a case of runReservationCases runs on: the
+// blockReplicas is what a case of runBlockCases runs on: the
 // replicas, a way to let time pass and to read it, and, where the clock
 // can jump ahead (miniredis), checkWindowsOutlive.
-type reservationReplicas struct {
+type blockReplicas struct {
 	ls      []*Limiter
 	sleep   func(time.Duration)
 	now     func() time.Time
 	outlive func(policies []Policy, probes []outliveProbe, log *admissionLog) // nil: not checked
 }
 
-// runReservationCases runs cases generated cases: each a plan, a replica
+// runBlockCases runs cases generated cases: each a plan, a replica
 // count and a pace, replicas made by start (with a way to let time pass),
 // requests sent until the plan's short window has been filled and emptied
 // a few times. Where the clock can jump, some requests are sent in the
-// last 1.5 ms of a replica's reservation, and the reserved admissions
+// last 1.5 ms of a replica's block, and the block admissions
 // (those all, a quarter of the others) are probed by checkWindowsOutlive:
-// a reservation spent past the end the script recorded for it would be
+// a block spent past the end the script recorded for it would be
 // counted in a bucket that leaves the long windows before it does. It
-// returns the admissions reservations served.
-// With blocks, the replicas have blocks in force: what they reserve is a
+// returns the admissions blocks served.
+// With blocks, the replicas have blocks in force: what they hold is a
 // block, and its admissions are leased ones.
-func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, start func(t *testing.T, replicas int) reservationReplicas) int {
+func runBlockCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, start func(t *testing.T, replicas int) blockReplicas) int {
 	t.Helper()
 	total := 0
 	for c := range cases {
 		short := time.Duration(1+rng.IntN(4)) * time.Second
 		if rng.IntN(4) == 0 {
-			// Longer than a reservation's life: the key is young in it
-			// for most of the case (demandSpan in lua/reserve.lua).
+			// Longer than a block's life: the key is young in it
+			// for most of the case (demandSpan in lua/blocksize.lua).
 			// With blocks, periods blockLife divides (a minute) and
 			// periods it does not (32 s), whose coarse buckets count
 			// longer (coarseLate).
@@ -137,8 +137,8 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 			// Room for blocks in the short window, which they count in.
 			p.Windows[0].Limit = 20 + rng.Int64N(400)
 		}
-		// Long windows: periods whose buckets last a reservation's life
-		// or more, limits from below a reservation's margin to plenty.
+		// Long windows: periods whose buckets last a block's life
+		// or more, limits from below a block's margin to plenty.
 		// With blocks, a quarter of the cases have none: a plan of a
 		// short window alone takes blocks on its whole decision.
 		longs := []time.Duration{2000 * time.Second, time.Hour, 24 * time.Hour}
@@ -183,7 +183,7 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 			var log admissionLog
 			var probes []outliveProbe
 			fields := windowFieldsCheck{blocks: blocks}
-			reserved := 0
+			inBlocks := 0
 			for i := range requests {
 				r := rng.IntN(len(ls))
 				if rng.IntN(6) == 0 {
@@ -206,15 +206,15 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 				if d.Degraded {
 					t.Fatalf("request %d degraded: %+v", i, d)
 				}
-				// A reservation granted after this request holds no more
+				// A block granted after this request holds no more
 				// than the key's traffic over the short window, scaled to
-				// the reservation's life: its count over its period or,
+				// the block's life: its count over its period or,
 				// for a key it has held for less, over the time since the
 				// oldest request Redis admitted that it still counts, plus
-				// a reservation's life (the oldest bucket holding one
+				// a block's life (the oldest bucket holding one
 				// began no later); nor more than this replica's own
 				// requests for the key at their rate over some interval of
-				// a reservation's life or more up to now: what it could
+				// a block's life or more up to now: what it could
 				// leave unspent, should the key stop now.
 				sent[r] = append(sent[r], at)
 				now := d.Time.UnixMicro()
@@ -228,11 +228,11 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 						}
 					}
 					if most := (sw.Limit - sw.Remaining) * int64(blockLife) / int64(span); k > most {
-						t.Fatalf("%v, %d replicas: request %d (%+v) earned a reservation of %d, more than the %d its short window's count over %s allows",
+						t.Fatalf("%v, %d replicas: request %d (%+v) earned a block of %d, more than the %d its short window's count over %s allows",
 							ps, replicas, i, d, k, most, span)
 					}
 					if own := ownDemandBound(sent[r], at); k > own {
-						t.Fatalf("%v, %d replicas: request %d (%+v) earned a reservation of %d, more than the %d its replica's own requests %v allow",
+						t.Fatalf("%v, %d replicas: request %d (%+v) earned a block of %d, more than the %d its replica's own requests %v allow",
 							ps, replicas, i, d, k, own, sent[r])
 					}
 				}
@@ -241,13 +241,13 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 				}
 				if d.Allowed() {
 					if d.Leased {
-						reserved++
-						if nearEnd || reserved%4 == 0 {
+						inBlocks++
+						if nearEnd || inBlocks%4 == 0 {
 							probes = append(probes, outliveProbe{x: d.Time.UnixMicro(), plan: onPlan[r]})
 						}
 					}
 					if w, n := log.admit(pl, d.Time.UnixMicro()); w != nil {
-						t.Fatalf("%v, %d replicas: request %d (plan %s, reserved %v): %d admissions within %s ending at %s, limit %d",
+						t.Fatalf("%v, %d replicas: request %d (plan %s, block %v): %d admissions within %s ending at %s, limit %d",
 							ps, replicas, i, p.Name, d.Leased, n, time.Duration(w.period)*time.Microsecond, d.Time.Format(time.RFC3339Nano), w.limit)
 					}
 					fields.admitted(t, &log, ls[r], r, pl, d)
@@ -265,18 +265,18 @@ func runReservationCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, s
 			if h.outlive != nil {
 				h.outlive(ps, probes, &log)
 			}
-			total += reserved
+			total += inBlocks
 		})
 	}
-	t.Logf("%d admissions came from reservations", total)
+	t.Logf("%d admissions came from blocks", total)
 	return total
 }
 
-// ownDemandBound is the most reservation a replica may grant itself at
+// ownDemandBound is the most block a replica may grant itself at
 // now, its requests for the key sent at the times in sent (the last at
 // now): over every interval from one of them to now, the requests in it
-// at their average rate over the interval (a reservation's life at
-// least), scaled to a reservation's life (ownShare). 100 ms of the
+// at their average rate over the interval (a block's life at
+// least), scaled to a block's life (ownShare). 100 ms of the
 // interval are allowed for the time between a request's sending and its
 // decision's clock reading, on a real clock under the race detector.
 func ownDemandBound(sent []time.Time, now time.Time) int64 {
@@ -288,10 +288,10 @@ func ownDemandBound(sent []time.Time, now time.Time) int64 {
 	return most
 }
 
-// TestResetDropsReservationsOnEveryReplica: a Reset on one replica reaches
-// another that holds a reservation for the key through the announcement,
+// TestResetDropsBlocksOnEveryReplica: a Reset on one replica reaches
+// another that holds a block for the key through the announcement,
 // which drops it, so that it admits nothing uncounted meanwhile.
-func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
+func TestResetDropsBlocksOnEveryReplica(t *testing.T) {
 	t.Parallel()
 	f := newFixtureWith(t, Options{}, hooks{blocks: true})
 	other, err := newLimiter(f.rdb, Options{Timeout: 2 * time.Second, Registerer: prometheus.NewRegistry()}, hooks{clock: f.clk.Now, noHeartbeat: true, blocks: true})
@@ -302,7 +302,7 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
 	for i := 0; blockLeft(f.l, "k") < 2; i++ {
 		if i == 40 {
-			t.Fatal("no reservation for a key sending 4 requests/s")
+			t.Fatal("no block for a key sending 4 requests/s")
 		}
 		f.allow(t, "k", coldPlan)
 		f.clk.Add(250 * time.Millisecond)
@@ -315,7 +315,7 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 	deadline := time.Now().Add(2 * time.Second)
 	for blockLeft(f.l, "k") != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d reserved admissions still held 2 s after a Reset elsewhere", blockLeft(f.l, "k"))
+			t.Fatalf("%d block admissions still held 2 s after a Reset elsewhere", blockLeft(f.l, "k"))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -327,13 +327,13 @@ func TestResetDropsReservationsOnEveryReplica(t *testing.T) {
 }
 
 // TestBlockSizeRule checks the script's block size rule (mode 2,
-// reserveSize in lua/reserve.lua) against the rule worked out exactly in Go,
+// blockSize in lua/blocksize.lua) against the rule worked out exactly in Go,
 // over generated plans of one or two short windows and one or two long
 // ones (limits up to MaxLimit, periods from MinPeriod to MaxPeriod), the
 // key's counts from none to each limit, and asks of every size, replica
 // count and round-trip allowance, on miniredis and a real Redis. Each
 // check is one batch at one instant: a peek reads the counts, the round
-// trip asked to reserve decides, a second peek reads what it recorded.
+// trip that asks for a block decides, a second peek reads what it recorded.
 // The block is never larger than the rule's (the bound on what it may
 // leave unspent); smaller only by the one the script takes off when the
 // rule's product passes 2^52, where doubles round; granted only to an
@@ -349,41 +349,41 @@ func TestBlockSizeRule(t *testing.T) {
 		m.ClockTTL(true)
 		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 		t.Cleanup(func() { _ = rdb.Close() })
-		checkReservationSizes(t, rdb, m, invariantRNG(t, 30), max(*invariantCases*4, 400))
+		checkBlockSizes(t, rdb, m, invariantRNG(t, 30), max(*invariantCases*4, 400))
 	})
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 		t.Cleanup(func() { _ = rdb.Close() })
-		checkReservationSizes(t, rdb, nil, invariantRNG(t, 31), max(*invariantCases*2, 200))
+		checkBlockSizes(t, rdb, nil, invariantRNG(t, 31), max(*invariantCases*2, 200))
 	})
 }
 
-// reservationRuleSeen tallies which of the rule's terms bound the
-// generated reservations.
-type reservationRuleSeen struct {
+// blockRuleSeen tallies which of the rule's terms bound the
+// generated blocks.
+type blockRuleSeen struct {
 	granted, byCount, byMost, byMargin, belowLeast, refused, rounded int
 	// Bound by the count, over the time since the key's oldest request
-	// (young) or, in a window longer than a reservation's life, over
+	// (young) or, in a window longer than a block's life, over
 	// the window's whole period (old).
 	young, old int
 }
 
 // met reports whether every term has bound a case; the old key's only
 // where the clock can be set (spread).
-func (s *reservationRuleSeen) met(spread bool) bool {
+func (s *blockRuleSeen) met(spread bool) bool {
 	return s.byCount > 0 && s.byMost > 0 && s.byMargin > 0 && s.belowLeast > 0 && s.refused > 0 && s.young > 0 && (s.old > 0 || !spread)
 }
 
-func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Miniredis, rng *rand.Rand, cases int) {
+func checkBlockSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Miniredis, rng *rand.Rand, cases int) {
 	t.Helper()
 	ctx := context.Background()
 	prefix := randomPrefix(t)
-	var seen reservationRuleSeen
+	var seen blockRuleSeen
 	// Past cases, until every term of the rule has bound one (at most
 	// four times as many).
 	for c := 0; c < cases || !seen.met(mini != nil) && c < 4*cases; c++ {
-		pl, ns := genReservationPlan(rng)
+		pl, ns := genBlockPlan(rng)
 		nw := len(pl.windows)
 		key := fmt.Sprint("k", c)
 		// Called with its coarse records, as a replica asks a block.
@@ -440,7 +440,7 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 			// One or two earlier parts, the oldest first: with two, the
 			// record holds two buckets besides its head, so that which
 			// of them is older matters where the ring wraps. The first
-			// mostly within two reservations' lives of the period.
+			// mostly within two blocks' lives of the period.
 			back, from := max(sw.period-2*sw.gran, 1), int64(0)
 			if rng.IntN(4) != 0 {
 				from = max(back-2*blockLife.Microseconds(), 0)
@@ -539,15 +539,15 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 				break
 			}
 		}
-		want, bound, product := reservationRule(pl, ns, c0, v.now, oldest, ask)
+		want, bound, product := blockRule(pl, ns, c0, v.now, oldest, ask)
 		if k > want || k < 0 {
-			t.Fatalf("%s: reserved %d, the rule gives %d (recorded %v oldest %d now %d gran %d before %+v)", what, k, want, recorded, oldest, v.now, sw.gran, before.win)
+			t.Fatalf("%s: a block of %d, the rule gives %d (recorded %v oldest %d now %d gran %d before %+v)", what, k, want, recorded, oldest, v.now, sw.gran, before.win)
 		}
 		if k < want {
 			// Only the rounding allowance: one less, or none when that
 			// falls below the least granted.
 			if !(product > 1<<52 && bound == "count" && (k == want-1 || k == 0 && want-1 < minBlock)) {
-				t.Fatalf("%s: reserved %d, the rule gives %d (bound by %s, product %d)", what, k, want, bound, product)
+				t.Fatalf("%s: a block of %d, the rule gives %d (bound by %s, product %d)", what, k, want, bound, product)
 			}
 			seen.rounded++
 		}
@@ -593,14 +593,14 @@ func checkReservationSizes(t *testing.T, rdb *redis.Client, mini *miniredis.Mini
 	}
 }
 
-// reservationRule is the block a request admitted under pl at now (µs)
+// blockRule is the block a request admitted under pl at now (µs)
 // earns, the key's windows counting c before it and the first ns of them
 // short, the oldest bucket of the last short one's record that holds a
 // request beginning at oldest (µs; now when none does), worked out exactly
-// in integers (blockRest and blockAsk in lease.go, reserveSize and
-// demandSpan in lua/reserve.lua), with the term that bound it and the
+// in integers (blockRest and blockAsk in lease.go, blockSize and
+// demandSpan in lua/blocksize.lua), with the term that bound it and the
 // product sc·rest.
-func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAsk) (k int64, bound string, product int64) {
+func blockRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAsk) (k int64, bound string, product int64) {
 	lroom := int64(math.MaxInt64)
 	for i, w := range pl.windows {
 		lroom = min(lroom, w.limit-c[i]-1)
@@ -612,7 +612,7 @@ func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAs
 	}
 	// The key's demand, over the window's period or, while the window
 	// has held the key for less, over the time since its oldest request
-	// plus a reservation's life.
+	// plus a block's life.
 	if young := now - oldest + blockLife.Microseconds(); young < sp {
 		sp = young
 	}
@@ -631,10 +631,10 @@ func reservationRule(pl *plan, ns int, c []int64, now, oldest int64, ask blockAs
 	return k, bound, product
 }
 
-// genReservationPlan draws a plan of one or two short windows (buckets
+// genBlockPlan draws a plan of one or two short windows (buckets
 // shorter than blockLife) and one or two long ones, with a ban rule
 // half the time.
-func genReservationPlan(rng *rand.Rand) (*plan, int) {
+func genBlockPlan(rng *rand.Rand) (*plan, int) {
 	for {
 		ns, nl := 1+rng.IntN(2), 1+rng.IntN(2)
 		longFrom := blockLife * DefaultBuckets
@@ -668,21 +668,21 @@ func genReservationPlan(rng *rand.Rand) (*plan, int) {
 	}
 }
 
-// TestReservationAskedAgainAfterAFailedTrip: a round trip that asked to
-// reserve and never had Redis's answer (its caller gone before it was
+// TestBlockAskedAgainAfterAFailedTrip: a round trip that asked for
+// a block and never had Redis's answer (its caller gone before it was
 // sent, here) ends the ask, so that the key's later round trips ask
-// again; one left marked in flight would keep the key from reserving for
+// again; one left marked in flight would keep the key from asking for
 // good.
-func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
+func TestBlockAskedAgainAfterAFailedTrip(t *testing.T) {
 	t.Parallel()
 	f := newFixtureWith(t, Options{}, hooks{blocks: true})
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
-	reserveCold(t, f, "at first")
+	holdBlockCold(t, f, "at first")
 	// Spend it: the key's next round trip is under the whole plan, and
 	// asks (its last one showed the demand).
 	for blockLeft(f.l, "k") > 0 {
 		if d := f.allow(t, "k", coldPlan); !d.Leased {
-			t.Fatalf("%+v, want decided under the reservation", d)
+			t.Fatalf("%+v, want decided under the block", d)
 		}
 		f.clk.Add(250 * time.Millisecond)
 	}
@@ -692,7 +692,7 @@ func TestReservationAskedAgainAfterAFailedTrip(t *testing.T) {
 		t.Fatalf("a caller gone: %v, want context.Canceled", err)
 	}
 	f.clk.Add(250 * time.Millisecond)
-	reserveCold(t, f, "after a round trip whose caller was gone")
+	holdBlockCold(t, f, "after a round trip whose caller was gone")
 }
 
 // TestUnspentCounted checks petstore_ratelimit_unspent_total: what a lease
@@ -742,7 +742,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
-		left := reserveCold(t, f, "")
+		left := holdBlockCold(t, f, "")
 		f.clk.Set(blockUntil(f.l, "k").Add(time.Millisecond))
 		if d := f.allow(t, "k", coldPlan); d.Leased {
 			t.Fatalf("%+v after the block's end, want decided by Redis", d)
@@ -761,7 +761,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
-		reserveCold(t, f, "")
+		holdBlockCold(t, f, "")
 		f.clk.Add(250 * time.Millisecond)
 		if d := f.allow(t, "k", coldPlan); !d.Leased {
 			t.Fatalf("%+v, want spent from the block", d)
@@ -782,10 +782,10 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
-		left := reserveCold(t, f, "")
+		left := holdBlockCold(t, f, "")
 		other := f.fleet(t, 2)[1]
 		// Another replica resets the key, and this one misses the
-		// announcement: it holds its reservation on.
+		// announcement: it holds its block on.
 		pl, err := f.l.plans.get(&coldPlan, &f.l.opts, f.l.met)
 		if err != nil {
 			t.Fatal(err)
@@ -794,14 +794,14 @@ func TestUnspentCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The other replica admits the key again, counted in the new
-		// records' bucket the reservation was counted in.
+		// records' bucket the block was counted in.
 		for range 3 {
 			f.clk.Add(time.Millisecond)
 			if d, err := other.Allow(context.Background(), "k", coldPlan); err != nil || !d.Allowed() {
 				t.Fatalf("%+v, %v: want admitted after the Reset", d, err)
 			}
 		}
-		// The reservation ends and is swept: nothing of it is taken off
+		// The block ends and is swept: nothing of it is taken off
 		// the new records.
 		f.clk.Set(blockUntil(f.l, "k").Add(time.Second))
 		f.l.lease.sweep(f.clk.Now())
@@ -816,7 +816,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
-		left := reserveCold(t, f, "")
+		left := holdBlockCold(t, f, "")
 		f.clk.Set(blockUntil(f.l, "k").Add(time.Second))
 		f.l.lease.sweep(f.clk.Now())
 		if got := unspent(t, f, coldPlan.Name, "block"); got != left || leaseEntryField(f.l, "k", func(*leaseEntry) int64 { return 1 }) != 0 {
@@ -830,7 +830,7 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
-		reserveCold(t, f, "")
+		holdBlockCold(t, f, "")
 		for blockLeft(f.l, "k") > 0 {
 			f.clk.Add(100 * time.Millisecond)
 			if d := f.allow(t, "k", coldPlan); !d.Leased {
@@ -847,14 +847,14 @@ func TestUnspentCounted(t *testing.T) {
 		t.Parallel()
 		f := newFixtureWith(t, Options{}, hooks{blocks: true})
 		f.clk.Set(start)
-		reserved := reserveCold(t, f, "")
+		inBlocks := holdBlockCold(t, f, "")
 		busy := perMinute(10_000)
 		leased := leaseBusy(t, f, "busy", busy)
 		if err := f.l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if got := unspent(t, f, coldPlan.Name, "block"); got != reserved {
-			t.Errorf("unspent block admissions after Close %d, want the %d held", got, reserved)
+		if got := unspent(t, f, coldPlan.Name, "block"); got != inBlocks {
+			t.Errorf("unspent block admissions after Close %d, want the %d held", got, inBlocks)
 		}
 		if got := unspent(t, f, busy.Name, "lease"); got != leased {
 			t.Errorf("unspent leased admissions after Close %d, want the %d held", got, leased)
@@ -863,10 +863,10 @@ func TestUnspentCounted(t *testing.T) {
 		if got := givenBack(t, f, busy.Name, "lease", 0); got != leased {
 			t.Errorf("leased admissions given back by Close %d, want the %d held", got, leased)
 		}
-		if got := givenBack(t, f, coldPlan.Name, "block", 0); got != reserved {
-			t.Errorf("block admissions given back by Close %d, want the %d held", got, reserved)
+		if got := givenBack(t, f, coldPlan.Name, "block", 0); got != inBlocks {
+			t.Errorf("block admissions given back by Close %d, want the %d held", got, inBlocks)
 		}
-		want := fmt.Sprintf("unspent=%d", leased+reserved)
+		want := fmt.Sprintf("unspent=%d", leased+inBlocks)
 		if !strings.Contains(f.logs.String(), want) {
 			t.Errorf("log after Close: %q, want a line with %q", f.logs.String(), want)
 		}
@@ -874,8 +874,8 @@ func TestUnspentCounted(t *testing.T) {
 		if err := f.l.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if got := unspent(t, f, coldPlan.Name, "block") + unspent(t, f, busy.Name, "lease"); got != reserved+leased {
-			t.Errorf("after a second Close: %d unspent, want %d", got, reserved+leased)
+		if got := unspent(t, f, coldPlan.Name, "block") + unspent(t, f, busy.Name, "lease"); got != inBlocks+leased {
+			t.Errorf("after a second Close: %d unspent, want %d", got, inBlocks+leased)
 		}
 	})
 }
@@ -894,14 +894,14 @@ func leaseBusy(t *testing.T, f *fixture, key string, p Policy) int64 {
 	return 0
 }
 
-// reserveCold sends key "k" of f requests under coldPlan, four a second,
-// until the replica holds a reservation for it, and returns what it holds;
+// holdBlockCold sends key "k" of f requests under coldPlan, four a second,
+// until the replica holds a block for it, and returns what it holds;
 // what names the moment in a failure.
-func reserveCold(t *testing.T, f *fixture, what string) int64 {
+func holdBlockCold(t *testing.T, f *fixture, what string) int64 {
 	t.Helper()
 	for i := 0; blockLeft(f.l, "k") < 2; i++ {
 		if i == 60 {
-			t.Fatalf("%s: no reservation for a key sending 4 requests/s", what)
+			t.Fatalf("%s: no block for a key sending 4 requests/s", what)
 		}
 		f.allow(t, "k", coldPlan)
 		f.clk.Add(250 * time.Millisecond)
@@ -909,20 +909,20 @@ func reserveCold(t *testing.T, f *fixture, what string) int64 {
 	return blockLeft(f.l, "k")
 }
 
-// TestReservationForKeysSlowerThanTheSweep checks the promise "a key
-// reserves once its last short window counts 12 requests and this replica
-// has seen it 6 times within a reservation's life" for keys whose requests
+// TestBlockForKeysSlowerThanTheSweep checks the promise "a key
+// takes a block once its last short window counts 12 requests and this replica
+// has seen it 6 times within a block's life" for keys whose requests
 // reach each replica further apart than the lease table keeps an idle key
 // (2·rateSpan): a key sending a few requests a second to a fleet that
 // spreads them evenly. Generated cases: 1-4 replicas, each replica seeing
 // the key once every 0.55 s up to once every 1.6 s (6 in 10 s), every
 // table swept before every request (the worst case: a sweep in every
-// gap). The key must be served under a reservation by its (7·Replicas +
+// gap). The key must be served under a block by its (7·Replicas +
 // 12)th request (12 for the short window, then on the replica that takes
 // it: the request that shows the demand, five more for its own count
-// within a reservation's life, the request that asks, one more), and keep
-// reserving: at least half of its later decisions under a reservation.
-func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
+// within a block's life, the request that asks, one more), and keep
+// taking blocks: at least half of its later decisions under a block.
+func TestBlockForKeysSlowerThanTheSweep(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 31)
 	for c := range 8 {
@@ -936,9 +936,9 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 			ls := f.fleet(t, replicas)
 			// The start of a bucket of the day window (432 s): the test's
 			// two minutes never reach its end, which would shorten what a
-			// reservation could be.
+			// block could be.
 			f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
-			first, after, reserved := -1, 0, 0
+			first, after, inBlocks := -1, 0, 0
 			n := int(2 * time.Minute / gap)
 			for i := range n {
 				for _, l := range ls {
@@ -954,37 +954,37 @@ func TestReservationForKeysSlowerThanTheSweep(t *testing.T) {
 				if first >= 0 && i > first {
 					after++
 					if d.Leased {
-						reserved++
+						inBlocks++
 					}
 				}
 				f.clk.Add(gap)
 			}
 			if first < 0 || first > 7*replicas+12 {
-				t.Fatalf("first reserved decision: request %d of %d, want by request %d", first, n, 7*replicas+12)
+				t.Fatalf("first decision from a block: request %d of %d, want by request %d", first, n, 7*replicas+12)
 			}
-			if 2*reserved < after {
-				t.Fatalf("%d of the %d decisions after the first reservation were reserved, want half or more", reserved, after)
+			if 2*inBlocks < after {
+				t.Fatalf("%d of the %d decisions after the first block came from blocks, want half or more", inBlocks, after)
 			}
 		})
 	}
 }
 
-// TestReservationSizedByOwnDemand: on four replicas, a key a balancer
-// sends to one replica (by key) reserves for its whole demand there, and a
+// TestBlockSizedByOwnDemand: on four replicas, a key a balancer
+// sends to one replica (by key) takes blocks for its whole demand there, and a
 // key spread evenly over all four for a quarter of it on each, at the same
-// fleet-wide rate: a reservation stands on the replica's own
-// requests, so what the replicas reserve together stays the key's demand
-// over a reservation's life however the balancer spreads it.
-func TestReservationSizedByOwnDemand(t *testing.T) {
+// fleet-wide rate: a block stands on the replica's own
+// requests, so what the replicas hold together stays the key's demand
+// over a block's life however the balancer spreads it.
+func TestBlockSizedByOwnDemand(t *testing.T) {
 	t.Parallel()
 	const replicas = 4
 	f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: true})
 	ls := f.fleet(t, replicas)
 	// The start of a bucket of the day window: its end never shortens
-	// what a reservation could be within the test's two minutes.
+	// what a block could be within the test's two minutes.
 	f.clk.Set(epoch.Truncate(432 * time.Second).Add(432 * time.Second))
 	// Four requests a second for each key: the whole demand over a
-	// reservation's life (10 s) is 40, a quarter of it 10; a reservation
+	// block's life (10 s) is 40, a quarter of it 10; a block
 	// is the demand less a standard deviation of the count to come and of
 	// its estimate (ownShare): 31-32 and 6.
 	const gap = 250 * time.Millisecond
@@ -1010,7 +1010,7 @@ func TestReservationSizedByOwnDemand(t *testing.T) {
 	}
 	mean := func(ks []int64) float64 {
 		if len(ks) == 0 {
-			t.Fatalf("no reservation granted: %v", grants)
+			t.Fatalf("no block granted: %v", grants)
 		}
 		var sum int64
 		for _, k := range ks {
@@ -1019,33 +1019,33 @@ func TestReservationSizedByOwnDemand(t *testing.T) {
 		return float64(sum) / float64(len(ks))
 	}
 	byKey, spread := mean(grants["by-key"]), mean(grants["spread"])
-	t.Logf("mean reservation: by key %.1f (%d grants), spread %.1f (%d grants)", byKey, len(grants["by-key"]), spread, len(grants["spread"]))
+	t.Logf("mean block: by key %.1f (%d grants), spread %.1f (%d grants)", byKey, len(grants["by-key"]), spread, len(grants["spread"]))
 	if byKey < 28 || byKey > 34 {
-		t.Errorf("by key: mean reservation %.1f, want the rule's for the whole demand (40): 28 to 34", byKey)
+		t.Errorf("by key: mean block %.1f, want the rule's for the whole demand (40): 28 to 34", byKey)
 	}
 	if spread < 4 || spread > 7 {
-		t.Errorf("spread over %d replicas: mean reservation %.1f, want the rule's for a quarter of the demand (10): 4 to 7", replicas, spread)
+		t.Errorf("spread over %d replicas: mean block %.1f, want the rule's for a quarter of the demand (10): 4 to 7", replicas, spread)
 	}
 }
 
-// TestReservationWasteUnderRandomArrivals sends keys at random (Poisson)
+// TestBlockWasteUnderRandomArrivals sends keys at random (Poisson)
 // arrivals to a fleet of one to four replicas that spreads them at random,
 // at generated rates from 8 to 40 of a replica's requests in a
-// reservation's life (from 6 a replica reserves), for three minutes each, and checks what
-// reservations leave unspent: admissions counted in the long windows that
+// block's life (from 6 a replica takes a block), for three minutes each, and checks what
+// blocks leave unspent: admissions counted in the long windows that
 // no request used, which bring the key nearer its long limits for nothing.
-// Sized by the expected demand, a reservation is left partly unspent about
-// half the time (15% of reserved admissions unspent here, pooled; 9-18% a
+// Sized by the expected demand, a block is left partly unspent about
+// half the time (15% of block admissions unspent here, pooled; 9-18% a
 // case); sized one standard deviation below it (ownShare), seldom (3.5-4.9%
 // pooled over eight seeds, at most 7.6% a case). Pooled over the cases, at
-// most 6% of reserved admissions may go unspent, and no case more than 10%.
-func TestReservationWasteUnderRandomArrivals(t *testing.T) {
+// most 6% of block admissions may go unspent, and no case more than 10%.
+func TestBlockWasteUnderRandomArrivals(t *testing.T) {
 	t.Parallel()
 	rng := invariantRNG(t, 71)
 	var granted, unspent int64
 	for c := range 12 {
 		replicas := 1 + rng.IntN(4)
-		// Each replica's requests for the key in a reservation's life (10 s).
+		// Each replica's requests for the key in a block's life (10 s).
 		m := 8 + rng.Float64()*32
 		rate := m / blockLife.Seconds() * float64(replicas) // the fleet's, a second
 		f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: true})
@@ -1073,19 +1073,19 @@ func TestReservationWasteUnderRandomArrivals(t *testing.T) {
 		}
 		g -= held
 		waste := g - spent
-		t.Logf("case %d: %d replicas, %.1f requests a replica in 10 s: %d reserved admissions granted, %d unspent (%.1f%%)",
+		t.Logf("case %d: %d replicas, %.1f requests a replica in 10 s: %d block admissions granted, %d unspent (%.1f%%)",
 			c, replicas, m, g, waste, 100*float64(waste)/float64(max(g, 1)))
 		if g == 0 {
-			t.Errorf("case %d: %d replicas, %.1f requests a replica in 10 s: no reservation", c, replicas, m)
+			t.Errorf("case %d: %d replicas, %.1f requests a replica in 10 s: no block", c, replicas, m)
 		} else if float64(waste) > 0.10*float64(g) {
-			t.Errorf("case %d: %d replicas, %.1f requests a replica in 10 s: %d of %d reserved admissions unspent, want at most 10%%", c, replicas, m, waste, g)
+			t.Errorf("case %d: %d replicas, %.1f requests a replica in 10 s: %d of %d block admissions unspent, want at most 10%%", c, replicas, m, waste, g)
 		}
 		granted += g
 		unspent += waste
 	}
-	t.Logf("pooled: %d of %d reserved admissions unspent (%.1f%%)", unspent, granted, 100*float64(unspent)/float64(granted))
+	t.Logf("pooled: %d of %d block admissions unspent (%.1f%%)", unspent, granted, 100*float64(unspent)/float64(granted))
 	if float64(unspent) > 0.06*float64(granted) {
-		t.Errorf("pooled: %d of %d reserved admissions unspent, want at most 6%%", unspent, granted)
+		t.Errorf("pooled: %d of %d block admissions unspent, want at most 6%%", unspent, granted)
 	}
 }
 
@@ -1093,7 +1093,7 @@ func TestReservationWasteUnderRandomArrivals(t *testing.T) {
 // on one shard of eight places: an idle key that showed no demand goes
 // after two rate periods; one that did (warm) stays until blockLife,
 // but only while the shard is at most half full; and a key holding a
-// reservation stays until it ends, crowded or not.
+// block stays until it ends, crowded or not.
 func TestSweepKeepsWarmKeysOnlyWhileRoomLasts(t *testing.T) {
 	t.Parallel()
 	now := epoch
@@ -1168,11 +1168,11 @@ func youngKeys(t *testing.T, f *fixture, p Policy) (trips, decisions [2]int) {
 	}
 }
 
-// TestYoungKeysReserveAtTheirRate: keys that begin sending, each at a
+// TestYoungKeysTakeBlocksAtTheirRate: keys that begin sending, each at a
 // steady five requests a second under a plan of a minute and a day with
-// blocks in force, reserve blocks at their rate while the minute has held
+// blocks in force, take blocks at their rate while the minute has held
 // them for less than its period, not at the fraction of it their count
-// over the whole minute would show (demandSpan in lua/reserve.lua): from 10 s to
+// over the whole minute would show (demandSpan in lua/blocksize.lua): from 10 s to
 // 30 s after they began, at most 4% of their requests go to Redis (3%
 // here; 7% when the count was taken over the whole period), as they do
 // once the minute is full (2-3%). And a replica asks for a block once the
@@ -1180,7 +1180,7 @@ func youngKeys(t *testing.T, f *fixture, p Policy) (trips, decisions [2]int) {
 // the whole minute (worthAsking): in their first 10 s at most 25% (20%
 // here; 30% when the replica waited for the minute's count). On
 // miniredis, by the fake clock, the keys in turn.
-func TestYoungKeysReserveAtTheirRate(t *testing.T) {
+func TestYoungKeysTakeBlocksAtTheirRate(t *testing.T) {
 	t.Parallel()
 	trips, decisions := youngKeys(t, newFixtureWith(t, Options{MaxLease: 64}, hooks{blocks: true}), coldPlan)
 	t.Logf("decisions sent to Redis: %d of %d in the first 10 s, %d of %d from 10 s to 30 s", trips[0], decisions[0], trips[1], decisions[1])

@@ -86,7 +86,7 @@ func TestCompactRecordsDecideAsFullRings(t *testing.T) {
 			}
 			nums := scriptNums(pl, in)
 			if in.block != nil {
-				shortenReservation(rng, nums)
+				shortenBlock(rng, nums)
 			}
 			var got [2]verdict
 			for j, arg := range []string{"0", "c"} {

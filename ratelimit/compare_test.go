@@ -80,7 +80,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 	// warm: keys that lease on one replica (tens of requests a second
 	// each) but seldom when spread over four.
 	warm := Policy{Name: "warm", Windows: []Window{{Limit: 100_000, Period: time.Minute}, {Limit: 10_000_000, Period: 24 * time.Hour}}}
-	// minute: a plan of a minute window alone, no long window to reserve.
+	// minute: a plan of a minute window alone, no long window to count a block in.
 	minute := Policy{Name: "minute", Windows: []Window{{Limit: 1000, Period: time.Minute}}}
 	others := []string{"redis_rate", "httprate-redis"}
 	workloads := []struct {
@@ -175,7 +175,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			}
 			scripts := []string{"fcall", "evalsha", "eval"}
 			// Ours keeps its metrics apart: what its leases and
-			// reservations left unspent is read from them.
+			// blocks left unspent is read from them.
 			var ourTally tally
 			ours, regs := fleet("ours:", 0, wl.finalized, wl.blocks, &ourTally)
 			counted := func(name string) float64 {
@@ -200,7 +200,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 						return httprateTwoWindows(ctx, rdb, "hr:"+key, wl.p, time.Now())
 					}
 				case "petstore-whole":
-					// Leases and reservations off: every decision whole.
+					// Leases and blocks off: every decision whole.
 					c.commands = scripts
 					c.allow, _ = fleet("whole:", 1, wl.finalized, false, new(tally))
 				case "petstore-unfinalized":
@@ -253,7 +253,7 @@ func BenchmarkCompareLimiters(b *testing.B) {
 			// petstore-whole's or petstore-unfinalized's.)
 			b.ReportMetric(float64(ourTally.leased.Load())/n, "petstore-leased/decision")
 			// Counted when a replica lets them go: those of leases and
-			// reservations still held at the end are not in it.
+			// blocks still held at the end are not in it.
 			b.ReportMetric((unspent()-unspent0)/n, "petstore-unspent/decision")
 			// (Of them, those Redis took back: they count no longer.)
 			b.ReportMetric((givenBack()-givenBack0)/n, "petstore-given-back/decision")
@@ -356,7 +356,7 @@ func (c *contender) run(b *testing.B, rdb *redis.Client, keys []string) {
 // compareCallers goroutines, every contender's interleaved with the
 // others': each key reaches each contender at the same pace, and no
 // contender idles while another warms (one warmed before another would
-// have had its reservations lapse, flattering the other's rounds).
+// have had its blocks lapse, flattering the other's rounds).
 func warmTogether(b *testing.B, contenders []contender, keys []string, d time.Duration) {
 	if d <= 0 {
 		return

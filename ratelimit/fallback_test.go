@@ -189,8 +189,8 @@ func TestFallbackPendingCountNeverLow(t *testing.T) {
 // passed since that answer's round trip began. Meanwhile each degraded
 // admission reports that window's Remaining as R less the degraded
 // admissions since (countDown), and none above L. Half the cases run with
-// leases and reservations: an answer that granted a lease, or spent a
-// reservation, left R as Redis counted it, the block whole (its unspent
+// leases and blocks: an answer that granted a lease, or spent a
+// block, left R as Redis counted it, the block whole (its unspent
 // part is added to the Remaining the caller sees). A quarter of them
 // run with blocks in force (finalized, as a fresh install of the chart
 // runs) at a pace that earns blocks: a block is counted whole in every
@@ -207,9 +207,8 @@ func TestFallbackKeepsItsBound(t *testing.T) {
 		before, during := rng.IntN(300), 100+rng.IntN(200)
 		maxLease, cold, blocks := 1, false, false
 		if c%2 == 1 {
-			// The default: leases and reservations, with a long window to
-			// reserve and, half the time, a pace that earns reservations
-			// (or, with blocks in force, blocks).
+			// The default: leases and blocks, with a long window to
+			// count blocks in and, half the time, a pace that earns them.
 			maxLease, cold = 0, rng.IntN(2) == 0
 			if blocks = c%4 == 3; blocks {
 				// A short window whose limit the traffic comes near, and

@@ -313,11 +313,11 @@ func TestBlocksComeIntoForceWithFinalizing(t *testing.T) {
 	}
 	f.clk.Add(heartbeatTTL + time.Millisecond)
 	beat()
-	state(false, true, "undone, within a reservation's life of the last block")
+	state(false, true, "undone, within a block's life of the last block")
 	v := *l.replicas.view.Load()
 	v.readUntil = time.Now().UnixNano()
 	l.replicas.view.Store(&v)
-	state(false, false, "undone, a reservation's life after the last block")
+	state(false, false, "undone, a block's life after the last block")
 	if Unfinalizing < heartbeatTTL+blockLife+heartbeatTTL {
 		t.Fatalf("Unfinalizing %v is shorter than the last block's life after the last heartbeat that saw it in force", Unfinalizing)
 	}

@@ -44,7 +44,7 @@ func TestGiveBackKeepsEveryBucketAtLeastAdmittedRedis(t *testing.T) {
 // TestGiveBackOfBlocksKeepsEveryBucketAtLeastAdmittedMiniredis is the same
 // for blocks (lease.go): a plan of a short and a long window (a third of
 // the cases, the short one alone), blocks of
-// every size granted by reserving round trips and given back, part
+// every size granted by round trips that ask for one and given back, part
 // spent; the short window's coarse record, where a block counts in the
 // bucket of its end (one ahead of the head, or behind it), is held to its
 // buckets as the windows' own records are.
@@ -135,7 +135,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int, bl
 		if rng.IntN(2) == 0 {
 			long = 24 * time.Hour
 		}
-		// A short window: buckets shorter than a reservation's life.
+		// A short window: buckets shorter than a block's life.
 		short := time.Millisecond + time.Duration(rng.Int64N(int64(min(maxPeriod, time.Duration(buckets)*blockLife-time.Millisecond))))
 		ws = []Window{{Limit: 1000 + rng.Int64N(1_000_000), Period: short},
 			{Limit: 1000 + rng.Int64N(1_000_000), Period: long}}
@@ -299,7 +299,7 @@ func giveBackCase(t *testing.T, backend string, rng *rand.Rand, c, steps int, bl
 			}
 			nums := scriptNums(pl, in)
 			if in.block != nil {
-				shortenReservation(rng, nums)
+				shortenBlock(rng, nums)
 			}
 			rs, err := evalBatchArg(ctx, rdb, []decision{{keys: keys[key], pl: cp, nums: nums}}, arg)
 			if err != nil {

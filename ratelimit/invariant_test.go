@@ -1044,7 +1044,7 @@ func (c *windowFieldsCheck) admitted(t *testing.T, log *admissionLog, l *Limiter
 		// Reset: when the requests the window counts have all slid out.
 		// This admission is among them, and the newest any of them can
 		// be is the end of the current bucket (a lease's or a
-		// reservation's end, recorded as its bucket's last event,
+		// block's end, recorded as its bucket's last event,
 		// rounded up to the record's unit).
 		g, unit := w.gran, w.unit
 		if c.blocks && w.gran < blockLife.Microseconds() {
@@ -1232,7 +1232,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// A reservation the request earned is taken before the
+				// A block the request earned is taken before the
 				// next request, at its time: a seed replays its case.
 				if d.Degraded {
 					t.Fatalf("degraded decision on miniredis: %+v", d)
@@ -1273,7 +1273,7 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 					reweigh()
 				}
 				// A replica sweeps now and then, as its loop does every
-				// second: idle keys' leases and reservations go.
+				// second: idle keys' leases and blocks go.
 				if rng.IntN(25) == 0 {
 					ls[rng.IntN(3)].sweep(f.clk.Now())
 				}
@@ -1291,10 +1291,10 @@ func TestInvariantThroughTheLimiter(t *testing.T) {
 				// the key is refused with 1 µs to wait, and at it admitted,
 				// unless the strike of the first retry began a ban. While
 				// replicas disagree on the plan, a refusal from the cache,
-				// or from the short windows alone under a reservation of
+				// or from the short windows alone under a block of
 				// the long ones (which ends before the retry), may be
 				// short by what the others admitted since the cache, or
-				// the reservation, learnt the windows (README): it must
+				// the block, learnt the windows (README): it must
 				// still never be long.
 				// Unspent admissions given back since the refusal (for a
 				// cached one, since Redis told it) may have made room

@@ -362,7 +362,7 @@ func (t *leaseTable) sweep(now time.Time) (kept int) {
 // own before an edit, may have counted blocks). So blocks come into force
 // only with finalizing (finalize.go). Each release runs its own decision
 // code (redisdecider.go names it by a digest), so the script grants a block
-// only with a coarse record for every short window: the reservations of
+// only with a coarse record for every short window: the blocks of
 // releases before finalizing (blocks of the long windows alone) are gone.
 
 // blockLife is a block's longest life and the coarse records' bucket width:
@@ -485,8 +485,8 @@ func (a *blockAsk) nums(pl *plan, b []byte) []byte {
 	return b
 }
 
-// worthAsking reports whether the script's rule (reserveSize in
-// lua/reserve.lua) would grant a block on d's counts, as if all the key's
+// worthAsking reports whether the script's rule (blockSize in
+// lua/blocksize.lua) would grant a block on d's counts, as if all the key's
 // requests came here, over its period or, if less, the time since born plus
 // a blockLife (an older key reads as faster; ownShare bounds the ask).
 func worthAsking(pl *plan, d *Decision, now, born time.Time, maxLease, replicas, rtt int64) bool {

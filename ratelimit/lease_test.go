@@ -805,7 +805,7 @@ func TestLeaseWasteUnderRandomArrivals(t *testing.T) {
 	}
 }
 
-// TestBelowDemand checks the sizing rule leases and reservations share
+// TestBelowDemand checks the sizing rule leases and blocks share
 // over generated counts and scales: never above the expected demand m
 // (floored), exactly d deviations below it (floored) but never below 0,
 // never less for more requests, and 0, not a wild conversion of NaN, for a

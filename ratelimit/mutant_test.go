@@ -14,7 +14,7 @@ import (
 func TestMain(m *testing.M) {
 	if dir := os.Getenv("PETSTORE_MUTANT_LUA"); dir != "" {
 		for name, v := range map[string]*string{"ring": &ringLua, "window": &windowLua, "ban": &banLua,
-			"reserve": &reserveLua, "decide": &decideFnLua, "run": &runLua} {
+			"blocksize": &blockSizeLua, "decide": &decideFnLua, "run": &runLua} {
 			b, err := os.ReadFile(filepath.Join(dir, name+".lua"))
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)

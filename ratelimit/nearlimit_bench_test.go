@@ -23,7 +23,7 @@ import (
 // real Redis and real time. Two sides take the same arrivals at the same
 // moments, each on a private redis-server of its own, so that the load
 // from elsewhere on the machine weighs on both alike: the limiter as it
-// ships ("leases") and the same with leases and reservations off,
+// ships ("leases") and the same with leases and blocks off,
 // MaxLease 1 ("whole"). After a minute of warming, by when every window
 // holds a minute of its traffic, a measured half minute reports per side:
 // Redis CPU per decision (the server process's own time, INFO CPU),

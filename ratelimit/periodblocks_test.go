@@ -203,8 +203,8 @@ func runBlockEdit(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *minired
 		rp.left = 0
 		in := input{lease: noLease}
 		if !underNew && edit == 0 && rng.IntN(3) > 0 {
-			// Asked to reserve: a block of every window (none while an
-			// edit spreads: Limiter.reservedTrip).
+			// Asked for a block: one of every window (none while an
+			// edit spreads: Limiter.decide).
 			in.block = &blockAsk{max: 2 + rng.Int64N(300), replicas: int64(len(reps)), rtt: rng.Int64N(3000)}
 		}
 		v := call(underNew, in)
@@ -557,7 +557,7 @@ func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
 // other plan's window there to that limit until it ends (readCap on the
 // window's coarse record, lua/window.lua). Then with the other plan asking for
 // blocks of its own, sized within what the cap leaves (the caps in
-// reserveSize's room, in decide and in fast): beside the third plan's
+// blockSize's room, in decide and in fast): beside the third plan's
 // block, and beside its lease, whose day window, half the time, is the
 // one that binds.
 func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {
@@ -566,7 +566,7 @@ func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, 103)
-	for _, cc := range []capCase{{own: true}, {own: true, reserve: true}, {own: true, lease: true, reserve: true}} {
+	for _, cc := range []capCase{{own: true}, {own: true, block: true}, {own: true, lease: true, block: true}} {
 		runTransitionCaps(t, rng, rdb, m, testenv.Cases(t, 8, max(*invariantCases/4, 40)), cc)
 	}
 }
@@ -584,7 +584,7 @@ func TestBlockAndLeaseCapsHoldOnRedis(t *testing.T) {
 	// (Not a lease beside the other plan's blocks: on periods long enough
 	// for a lease to be filled by real time, blocks sized on the key's
 	// demand over the period are too small to form reliably.)
-	for _, cc := range []capCase{{}, {own: true}, {lease: true}, {own: true, reserve: true}} {
+	for _, cc := range []capCase{{}, {own: true}, {lease: true}, {own: true, block: true}} {
 		runTransitionCaps(t, rng, rdb, nil, max(*invariantCases/24, 6), cc)
 	}
 }
@@ -603,10 +603,10 @@ func TestTransitionWindowsHoldToALeasesCap(t *testing.T) {
 // capCase is what runTransitionCap plays: with own, the other plan is
 // the old plan itself (no edit); with lease, the third plan holds a lease
 // (counted in its windows' own records, the cap written there) instead of
-// a block; with reserve (and own: no reservation is asked while an edit
+// a block; with block (and own: no block is asked while an edit
 // spreads), the other plan asks for blocks too and spends them, each
 // sized within what the cap leaves.
-type capCase struct{ own, lease, reserve bool }
+type capCase struct{ own, lease, block bool }
 
 func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *miniredis.Miniredis, cases int, cc capCase) {
 	t.Helper()
@@ -628,7 +628,7 @@ func runTransitionCaps(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *mi
 	if played < cases/2 {
 		t.Fatalf("the third plan held a block or lease in %d cases of %d", played, cases)
 	}
-	if cc.reserve && oblocks < cases/2 {
+	if cc.block && oblocks < cases/2 {
 		t.Fatalf("the other plan was granted %d blocks in %d cases: the cases should have it size blocks beside the cap", oblocks, cases)
 	}
 	if capped < played/2 {
@@ -660,7 +660,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	for pn2 == 0 || pn2 == p {
 		pn2 = []time.Duration{2 * time.Second, 5 * time.Second, 20 * time.Second, 2 * time.Minute}[rng.IntN(4)]
 	}
-	// With reserve, a third of the time a second short window of plenty
+	// With block, a third of the time a second short window of plenty
 	// (two coarse records), and a third of the time a second long window
 	// of plenty, an hour, so that the day is window 3; and, with a
 	// lease, half the time the third plan's day window below its short
@@ -668,7 +668,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 	// the one that binds, below the other plan's day limit.
 	var second []Window
 	cday := day
-	if cc.reserve {
+	if cc.block {
 		switch rng.IntN(3) {
 		case 0:
 			second = []Window{{Limit: 1_000_000, Period: 2 * p}}
@@ -801,7 +801,7 @@ func runTransitionCap(t *testing.T, rng *rand.Rand, rdb *redis.Client, mini *min
 			continue
 		}
 		in := input{lease: noLease}
-		if cc.reserve {
+		if cc.block {
 			in.block = &blockAsk{max: 4 * la, replicas: 1}
 		}
 		v := call(true, in)

@@ -510,7 +510,7 @@ var decideCore = joinDecisionCode()
 
 // joinDecisionCode joins the decision code's files in their order.
 func joinDecisionCode() string {
-	return codecLua + layoutLua + ringLua + windowLua + banLua + reserveLua + decideFnLua + runLua
+	return codecLua + layoutLua + ringLua + windowLua + banLua + blockSizeLua + decideFnLua + runLua
 }
 
 // The decision code's files, in order: each uses those before it. codec.lua
@@ -527,8 +527,8 @@ var (
 	windowLua string
 	//go:embed lua/ban.lua
 	banLua string
-	//go:embed lua/reserve.lua
-	reserveLua string
+	//go:embed lua/blocksize.lua
+	blockSizeLua string
 	//go:embed lua/decide.lua
 	decideFnLua string
 	//go:embed lua/run.lua

@@ -12,7 +12,7 @@ import (
 
 // genRequest draws one request under plan pl: mostly a plain decision,
 // sometimes a lease, a peek, admissions to add, extra strikes, or (under a
-// plan of short and long windows) an ask to reserve.
+// plan of short and long windows) an ask for a block.
 func genRequest(rng *rand.Rand, pl *plan) input {
 	in := input{lease: noLease}
 	switch r := rng.IntN(20); {
@@ -33,8 +33,7 @@ func genRequest(rng *rand.Rand, pl *plan) input {
 	case r < 8:
 		in.extra = 1 + rng.Int64N(3)
 	case r < 12 && pl.nShort > 0 && !pl.allShort:
-		// Asked for a block of the long windows (lua/reserve.lua: as the
-		// release before reserved them), now and then with admissions to
+		// Asked for a block of the long windows (lua/blocksize.lua), now and then with admissions to
 		// add.
 		in.block = &blockAsk{max: 1 + rng.Int64N(64), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}
 		if rng.IntN(4) == 0 {

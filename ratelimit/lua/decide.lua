@@ -114,13 +114,13 @@ local function transitions(base, TRANS, tb, admit, room, lend)
   return TX, ntx, admit, room, lend
 end
 
--- sizeBlock sizes a block riding on an admission under plan pl (RSV,
--- reserveSize): rk more admissions at the block's end rend (0, 0: none), in
--- the long windows (after the first ns = RSV.ns) and in the short ones'
+-- sizeBlock sizes a block riding on an admission under plan pl (BLK,
+-- blockSize): rk more admissions at the block's end rend (0, 0: none), in
+-- the long windows (after the first ns = BLK.ns) and in the short ones'
 -- coarse records (batch grants none without them), each with room for it.
-local function sizeBlock(pl, RSV)
+local function sizeBlock(pl, BLK)
   local W, nw, CO, CP = pl.W, pl.nw, pl.CO, pl.CP
-  local ns, rend = RSV.ns, now + RSV.life
+  local ns, rend = BLK.ns, now + BLK.life
   local lroom = 2 ^ 53
   for i = ns + 1, nw do
     local limit = W[i].limit
@@ -142,7 +142,7 @@ local function sizeBlock(pl, RSV)
   end
   local sc = WUSED[ns] + 1 + WUSED[nw + CP[ns]]
   local w = W[ns]
-  local rk = reserveSize(sc, w.period, lroom, rend - now, RSV, WKEY[ns], w.g, w.n, WVH[ns], WTOT[ns], WHC[ns], WFROM[ns])
+  local rk = blockSize(sc, w.period, lroom, rend - now, BLK, WKEY[ns], w.g, w.n, WVH[ns], WTOT[ns], WHC[ns], WFROM[ns])
   if rk == 0 then rend = 0 end
   return rk, rend, ns
 end
@@ -202,8 +202,8 @@ local function candidates(base, pl, cb, extra, peek)
 end
 
 -- decide makes one decision (records from KEYS[base + 1]) under plan pl, with
--- the asked numbers, ADD, SEED and RSV (nil: none), and returns its reply.
-local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
+-- the asked numbers, ADD, SEED and BLK (nil: none), and returns its reply.
+local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, BLK)
   local W, nw = pl.W, pl.nw
   -- Blocks (nco > 0): window i's coarse record (x = CP[i], CO[x].i = i) is
   -- working window nw + x, record KEYS[base + pl.kco + x]; the records of other
@@ -270,7 +270,7 @@ local function decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
 
   -- A block riding on this admission: rk more admissions, until rend.
   local rk, rend, ns = 0, 0, 0
-  if RSV and admitted and ntx == 0 then rk, rend, ns = sizeBlock(pl, RSV) end
+  if BLK and admitted and ntx == 0 then rk, rend, ns = sizeBlock(pl, BLK) end
 
   for i = 1, nw do
     local k, t = WADD[i], now

@@ -70,7 +70,7 @@ local ADD = {}
 -- A block's numbers (blockAsk.nums), one table reused: a table per decision
 -- is garbage. replicas, margin, least (the smallest block), allow (the round
 -- trips' allowance, µs), ns (short windows); then the ask's most and life.
-local RSVS = {}
+local BLKS = {}
 
 -- batch makes the call's decisions from POS on, in order. POS and BASE move
 -- past a decision before it is made, so that after one fails (run catches it)
@@ -84,18 +84,18 @@ local function batch()
     local pl = planAt(PLANS, p)
     local mode, extra, want, need, life = 0, 0, 1, 1, 1
     -- fixed: how many of the numbers are the ask (the rest: adds, seeding).
-    local fixed, RSV = 5
+    local fixed, BLK = 5
     -- A plain request (to decide, with no strikes and no lease) sends none.
     if na > 0 then
       mode, extra, want, need, life, pos = unpack_('>I8I8I8I8I8', calls, pos)
       if mode == 2 then
-        -- Decide and count a block (reserveSize): its numbers follow; want and
+        -- Decide and count a block (blockSize): its numbers follow; want and
         -- life are the block's most and life, not a lease's.
-        RSV = RSVS
-        RSV.replicas, RSV.margin, RSV.least, RSV.allow, RSV.ns, pos = unpack_('>I8I8I8I8I8', calls, pos)
-        RSV.most, RSV.life = want, life
+        BLK = BLKS
+        BLK.replicas, BLK.margin, BLK.least, BLK.allow, BLK.ns, pos = unpack_('>I8I8I8I8I8', calls, pos)
+        BLK.most, BLK.life = want, life
         -- Only where each short window has a coarse record to count it.
-        if RSV.ns < 1 or pl.nco ~= RSV.ns then RSV = nil end
+        if BLK.ns < 1 or pl.nco ~= BLK.ns then BLK = nil end
         want, need, life, fixed = 1, 1, 1, 10
       end
       POS = pos + 8 * (na - fixed)
@@ -112,7 +112,7 @@ local function batch()
       SEED = {unpack_('>' .. rep('I8', na - fixed - nw), calls, pos)}
       SEED[na - fixed - nw + 1] = nil
     end
-    out[#out + 1] = decide(base, pl, mode, extra, want, need, life, ADD, SEED, RSV)
+    out[#out + 1] = decide(base, pl, mode, extra, want, need, life, ADD, SEED, BLK)
   end
 end
 

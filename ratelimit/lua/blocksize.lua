@@ -39,21 +39,21 @@ local function demandSpan(key, sp, g, n, vh, total, hc, from, life)
   return sp
 end
 
--- reserveSize returns a block's size beside a request admitted now (mode 2,
+-- blockSize returns a block's size beside a request admitted now (mode 2,
 -- lease.go): sc, what the last short window counts with it, at its rate over
 -- sp (or demandSpan) times rest less the round trips' allowance; at most the
 -- replica's share (most) and lroom (the least room a long window has left) /
 -- (margin * replicas); 0 below the smallest block (least).
-local function reserveSize(sc, sp, lroom, rest, RSV, key, g, n, vh, total, hc, from)
-  local num = sc * (rest - RSV.allow)
+local function blockSize(sc, sp, lroom, rest, BLK, key, g, n, vh, total, hc, from)
+  local num = sc * (rest - BLK.allow)
   if num <= 0 or lroom <= 0 then return 0 end
-  local most = RSV.most
-  local m = floor(lroom / (RSV.margin * RSV.replicas))
+  local most = BLK.most
+  local m = floor(lroom / (BLK.margin * BLK.replicas))
   if m < most then most = m end
-  if most < RSV.least or most < 1 then return 0 end
+  if most < BLK.least or most < 1 then return 0 end
   local k = num / sp
-  if k < most and sp > RSV.life then
-    sp = demandSpan(key, sp, g, n, vh, total, hc, from, RSV.life)
+  if k < most and sp > BLK.life then
+    sp = demandSpan(key, sp, g, n, vh, total, hc, from, BLK.life)
     k = num / sp
   end
   -- A product past 2^52 may be rounded up: one less keeps the floor from
@@ -61,6 +61,6 @@ local function reserveSize(sc, sp, lroom, rest, RSV, key, g, n, vh, total, hc, f
   if num > 2 ^ 52 then k = k - 1 end
   k = floor(k)
   if k > most then k = most end
-  if k < RSV.least or k < 1 then return 0 end
+  if k < BLK.least or k < 1 then return 0 end
   return k
 end
