@@ -440,7 +440,7 @@ func TestBlocksHoldEveryWindowRedis(t *testing.T) {
 // TestBanReachesBlockHolders: a key banned on one replica is let go by
 // another that holds a block for it, through the announcement, so that
 // its next request there is refused as banned rather than spent from the
-// block for up to a block's life; what the block left is given back.
+// block for up to its life; what the block left is given back.
 func TestBanReachesBlockHolders(t *testing.T) {
 	t.Parallel()
 	f := newFixtureWith(t, Options{Replicas: 2}, hooks{blocks: true})

@@ -53,23 +53,22 @@ var coldPlan = Policy{Name: "cold", Windows: []Window{{Limit: 1000, Period: time
 // admission's time, Remaining, Reset and the outlive probes included.
 func TestBlocksHoldEveryWindowThroughTheLimiter(t *testing.T) {
 	t.Parallel()
-	holdEveryWindow(t, 72, true)
+	holdEveryWindow(t, 72)
 }
 
 // TestBlocksHoldEveryWindowThroughTheLimiterOnRedis is the same on real
 // Redis, by real time.
 func TestBlocksHoldEveryWindowThroughTheLimiterOnRedis(t *testing.T) {
 	t.Parallel()
-	holdEveryWindowOnRedis(t, 73, true)
+	holdEveryWindowOnRedis(t, 73)
 }
 
 // holdEveryWindow runs the block cases on miniredis and the fake
-// clock, with blocks in force or not, and fails unless blocks
-// served some admissions.
-func holdEveryWindow(t *testing.T, stream uint64, blocks bool) {
+// clock, and fails unless blocks served some admissions.
+func holdEveryWindow(t *testing.T, stream uint64) {
 	rng := invariantRNG(t, stream)
-	inBlocks := runBlockCases(t, rng, max(*invariantCases, 60), blocks, func(t *testing.T, replicas int) blockReplicas {
-		f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: blocks})
+	inBlocks := runBlockCases(t, rng, max(*invariantCases, 60), func(t *testing.T, replicas int) blockReplicas {
+		f := newFixtureWith(t, Options{Replicas: replicas}, hooks{blocks: true})
 		ls := f.fleet(t, replicas)
 		return blockReplicas{
 			ls:    ls,
@@ -86,12 +85,12 @@ func holdEveryWindow(t *testing.T, stream uint64, blocks bool) {
 }
 
 // holdEveryWindowOnRedis is holdEveryWindow on real Redis, by real time.
-func holdEveryWindowOnRedis(t *testing.T, stream uint64, blocks bool) {
+func holdEveryWindowOnRedis(t *testing.T, stream uint64) {
 	rdb := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	rng := invariantRNG(t, stream)
-	inBlocks := runBlockCases(t, rng, 4, blocks, func(t *testing.T, replicas int) blockReplicas {
-		return blockReplicas{ls: replicasWith(t, rdb, replicas, replicas, blocks), sleep: time.Sleep, now: time.Now}
+	inBlocks := runBlockCases(t, rng, 4, func(t *testing.T, replicas int) blockReplicas {
+		return blockReplicas{ls: replicasWith(t, rdb, replicas, replicas, true), sleep: time.Sleep, now: time.Now}
 	})
 	if inBlocks == 0 {
 		t.Fatal("no admission came from a block")
@@ -116,10 +115,9 @@ type blockReplicas struct {
 // (those all, a quarter of the others) are probed by checkWindowsOutlive:
 // a block spent past the end the script recorded for it would be
 // counted in a bucket that leaves the long windows before it does. It
-// returns the admissions blocks served.
-// With blocks, the replicas have blocks in force: what they hold is a
-// block, and its admissions are leased ones.
-func runBlockCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, start func(t *testing.T, replicas int) blockReplicas) int {
+// returns the admissions blocks served. The replicas have blocks in
+// force, and a block's admissions are leased ones.
+func runBlockCases(t *testing.T, rng *rand.Rand, cases int, start func(t *testing.T, replicas int) blockReplicas) int {
 	t.Helper()
 	total := 0
 	for c := range cases {
@@ -127,23 +125,23 @@ func runBlockCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, start f
 		if rng.IntN(4) == 0 {
 			// Longer than a block's life: the key is young in it
 			// for most of the case (demandSpan in lua/blocksize.lua).
-			// With blocks, periods blockLife divides (a minute) and
+			// Periods blockLife divides (a minute) and
 			// periods it does not (32 s), whose coarse buckets count
 			// longer (coarseLate).
 			short = time.Duration(15+rng.IntN(46)) * time.Second
 		}
 		p := Policy{Name: "res", Windows: []Window{{Limit: 2 + rng.Int64N(60), Period: short}}}
-		if blocks && rng.IntN(2) == 0 {
+		if rng.IntN(2) == 0 {
 			// Room for blocks in the short window, which they count in.
 			p.Windows[0].Limit = 20 + rng.Int64N(400)
 		}
 		// Long windows: periods whose buckets last a block's life
 		// or more, limits from below a block's margin to plenty.
-		// With blocks, a quarter of the cases have none: a plan of a
+		// A quarter of the cases have none: a plan of a
 		// short window alone takes blocks on its whole decision.
 		longs := []time.Duration{2000 * time.Second, time.Hour, 24 * time.Hour}
 		nl := 1 + rng.IntN(2)
-		if blocks && rng.IntN(4) == 0 {
+		if rng.IntN(4) == 0 {
 			nl = 0
 		}
 		for _, i := range rng.Perm(len(longs))[:nl] {
@@ -182,7 +180,7 @@ func runBlockCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, start f
 			var trips []int64                    // when Redis admitted each request it decided (µs, its clock)
 			var log admissionLog
 			var probes []outliveProbe
-			fields := windowFieldsCheck{blocks: blocks}
+			fields := windowFieldsCheck{blocks: true}
 			inBlocks := 0
 			for i := range requests {
 				r := rng.IntN(len(ls))
@@ -272,7 +270,7 @@ func runBlockCases(t *testing.T, rng *rand.Rand, cases int, blocks bool, start f
 	return total
 }
 
-// ownDemandBound is the most block a replica may grant itself at
+// ownDemandBound is the largest block a replica may grant itself at
 // now, its requests for the key sent at the times in sent (the last at
 // now): over every interval from one of them to now, the requests in it
 // at their average rate over the interval (a block's life at

@@ -362,8 +362,8 @@ func (t *leaseTable) sweep(now time.Time) (kept int) {
 // own before an edit, may have counted blocks). So blocks come into force
 // only with finalizing (finalize.go). Each release runs its own decision
 // code (redisdecider.go names it by a digest), so the script grants a block
-// only with a coarse record for every short window: the blocks of
-// releases before finalizing (blocks of the long windows alone) are gone.
+// only with a coarse record for every short window: the grants of the
+// long windows alone that releases before finalizing made are gone.
 
 // blockLife is a block's longest life and the coarse records' bucket width:
 // a window whose buckets last less is short.

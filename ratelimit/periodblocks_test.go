@@ -557,7 +557,7 @@ func TestTransitionWindowsHoldToABlocksCap(t *testing.T) {
 // other plan's window there to that limit until it ends (readCap on the
 // window's coarse record, lua/window.lua). Then with the other plan asking for
 // blocks of its own, sized within what the cap leaves (the caps in
-// blockSize's room, in decide and in fast): beside the third plan's
+// blockSize's room, in decide): beside the third plan's
 // block, and beside its lease, whose day window, half the time, is the
 // one that binds.
 func TestDisagreeingPlanHoldsToABlocksCap(t *testing.T) {

@@ -33,8 +33,8 @@ func genRequest(rng *rand.Rand, pl *plan) input {
 	case r < 8:
 		in.extra = 1 + rng.Int64N(3)
 	case r < 12 && pl.nShort > 0 && !pl.allShort:
-		// Asked for a block of the long windows (lua/blocksize.lua), now and then with admissions to
-		// add.
+		// Asked for a block of the long windows (lua/blocksize.lua), now
+		// and then with admissions to add.
 		in.block = &blockAsk{max: 1 + rng.Int64N(64), replicas: 1 + rng.Int64N(3), rtt: rng.Int64N(2000)}
 		if rng.IntN(4) == 0 {
 			in.add = make([]int64, len(pl.windows))
