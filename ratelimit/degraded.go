@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -446,55 +444,6 @@ func (pl *plan) localFor(n int64) *plan {
 	lp.counters = pl.counters
 	pl.local.Store(&localPlan{n: n, pl: lp})
 	return lp
-}
-
-// memory is what INFO memory says of a primary's room (bytes); zero, or
-// empty, where it does not say (miniredis, an ACL refusing INFO).
-type memory struct {
-	used, maxmemory, machine int64
-	policy                   string // maxmemory-policy
-}
-
-func readMemory(ctx context.Context, c redis.Cmdable) memory {
-	info, _ := c.Info(ctx, "memory").Result()
-	return memoryFields(info)
-}
-
-// memoryFields reads memory from the text of INFO memory.
-func memoryFields(info string) memory {
-	var m memory
-	for _, line := range strings.Split(info, "\n") {
-		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
-		n, _ := strconv.ParseInt(value, 10, 64)
-		switch name {
-		case "used_memory":
-			m.used = n
-		case "maxmemory":
-			m.maxmemory = n
-		case "total_system_memory":
-			m.machine = n
-		case "maxmemory_policy":
-			m.policy = value
-		}
-	}
-	return m
-}
-
-// limit is the most a primary may use: its maxmemory or, with none, the
-// machine's memory; 0 when INFO does not say.
-func (m memory) limit() int64 {
-	if m.maxmemory > 0 {
-		return m.maxmemory
-	}
-	return m.machine
-}
-
-// full reports a primary that refuses writes (OOM), or is within 1% of
-// doing so: one at its maxmemory under noeviction. Other policies evict.
-// Such a primary takes a write now and then, as keys expire; the 1% lets
-// room build up before decisions resume.
-func (m memory) full() bool {
-	return m.policy == "noeviction" && m.maxmemory > 0 && m.used > m.maxmemory-m.maxmemory/100
 }
 
 // probeRedis is a breaker's probe: Redis takes a write and every primary

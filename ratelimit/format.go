@@ -206,3 +206,42 @@ func seedKeys(prefix, key string, sd *seeding, keys []string) []string {
 	}
 	return keys
 }
+
+// keySlot returns key's Redis Cluster slot: CRC16 of its hash tag (between
+// its first '{' and the next '}', if not empty) or the whole key, mod 16384.
+func keySlot(key string) int {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			for j := i + 1; j < len(key); j++ {
+				if key[j] == '}' {
+					if j > i+1 {
+						key = key[i+1 : j]
+					}
+					break
+				}
+			}
+			break
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^key[i]]
+	}
+	return int(crc) % 16384
+}
+
+// crc16Table is CRC16-XMODEM (polynomial 0x1021), Redis Cluster's slot hash.
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()

@@ -7,7 +7,6 @@ package ratelimit
 // leaves unspent is given back (giveback.go).
 
 import (
-	"encoding/binary"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -369,35 +368,6 @@ func (t *leaseTable) sweep(now time.Time) (kept int) {
 // a window whose buckets last less is short.
 const blockLife = 10 * time.Second
 
-// blockRing returns short window w's coarse record: buckets of blockLife
-// (one if shorter), plus one for a head a bucket ahead (blockWrite).
-func blockRing(w ring) ring {
-	r := newRing(w.limit, time.Duration(w.period)*time.Microsecond, int(max(w.period/blockLife.Microseconds(), 1)))
-	r.n++
-	// Kept a bucket longer too (newRing's ttlMS).
-	r.ttlMS = (r.period+3*r.gran+999)/1000 + 1
-	return r
-}
-
-// withBlocks returns pl compiled again with coarse records for its s short
-// windows, for a call's keys and numbers only: it has no counters and no
-// blk of its own.
-func (pl *plan) withBlocks(s int) *plan {
-	b := compile(pl.policy, pl.buckets, pl.strikeBuckets)
-	b.nShort, b.allShort = pl.nShort, pl.allShort
-	b.coarse = make([]ring, s)
-	nums := []int64{int64(s)}
-	for i := range s {
-		r := blockRing(pl.windows[i])
-		b.coarse[i] = r
-		nums = append(nums, int64(i+1), r.period, r.gran, r.n, r.unit, r.ttlMS)
-	}
-	b.packed = pl.packed + packNums(nums)
-	b.argv = [3]any{b.packed, b.mult, b.cmult}
-	b.backRings = append(append([]ring(nil), b.coarse...), pl.windows[s:]...)
-	return b
-}
-
 // blocked makes what v granted beyond the request's own the key's lease,
 // marked as a block; d's windows are what it reports from.
 func (t *leaseTable) blocked(key string, pl *plan, sent time.Time, v *verdict, d *Decision) {
@@ -475,14 +445,6 @@ const minBlock = 2
 // blocks stay within the key's demand however a balancer spreads it.
 type blockAsk struct {
 	max, replicas, rtt int64
-}
-
-// nums appends the ask's numbers past the five every ask has (redisdecider.go).
-func (a *blockAsk) nums(pl *plan, b []byte) []byte {
-	for _, v := range [5]int64{a.replicas, leaseMargin, minBlock, 2 * a.rtt, int64(pl.shortWindows())} {
-		b = binary.BigEndian.AppendUint64(b, uint64(v))
-	}
-	return b
 }
 
 // worthAsking reports whether the script's rule (blockSize in

@@ -354,3 +354,32 @@ func samePolicy(a, b *Policy) bool {
 	}
 	return true
 }
+
+// blockRing returns short window w's coarse record: buckets of blockLife
+// (one if shorter), plus one for a head a bucket ahead (blockWrite).
+func blockRing(w ring) ring {
+	r := newRing(w.limit, time.Duration(w.period)*time.Microsecond, int(max(w.period/blockLife.Microseconds(), 1)))
+	r.n++
+	// Kept a bucket longer too (newRing's ttlMS).
+	r.ttlMS = (r.period+3*r.gran+999)/1000 + 1
+	return r
+}
+
+// withBlocks returns pl compiled again with coarse records for its s short
+// windows, for a call's keys and numbers only: it has no counters and no
+// blk of its own.
+func (pl *plan) withBlocks(s int) *plan {
+	b := compile(pl.policy, pl.buckets, pl.strikeBuckets)
+	b.nShort, b.allShort = pl.nShort, pl.allShort
+	b.coarse = make([]ring, s)
+	nums := []int64{int64(s)}
+	for i := range s {
+		r := blockRing(pl.windows[i])
+		b.coarse[i] = r
+		nums = append(nums, int64(i+1), r.period, r.gran, r.n, r.unit, r.ttlMS)
+	}
+	b.packed = pl.packed + packNums(nums)
+	b.argv = [3]any{b.packed, b.mult, b.cmult}
+	b.backRings = append(append([]ring(nil), b.coarse...), pl.windows[s:]...)
+	return b
+}

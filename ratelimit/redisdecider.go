@@ -244,6 +244,14 @@ func isFunctionUnsupported(err error) bool {
 	return redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(strings.ToLower(msg), "unknown command")
 }
 
+// nums appends the ask's numbers past the five every ask has (redisdecider.go).
+func (a *blockAsk) nums(pl *plan, b []byte) []byte {
+	for _, v := range [5]int64{a.replicas, leaseMargin, minBlock, 2 * a.rtt, int64(pl.shortWindows())} {
+		b = binary.BigEndian.AppendUint64(b, uint64(v))
+	}
+	return b
+}
+
 // Script modes.
 const (
 	modeDecide int64 = 0

@@ -277,3 +277,17 @@ func (sd *seeding) numbers() []int64 {
 	}
 	return sd.nums
 }
+
+// betterSource reports whether a record of period p stands better than one of
+// q for r's past (seedSource, newSeeding): one covering r's period before one
+// that does not; of two covering it the shorter (finer buckets), else the longer.
+func betterSource(r *ring, p, q int64) bool {
+	switch pc, qc := p >= r.period, q >= r.period; {
+	case pc != qc:
+		return pc
+	case pc:
+		return p < q
+	default:
+		return p > q
+	}
+}

@@ -161,17 +161,6 @@ func seedSource(r *ring, rings map[string]*ringState) *ringState {
 	return best
 }
 
-func betterSource(r *ring, p, q int64) bool {
-	switch pc, qc := p >= r.period, q >= r.period; {
-	case pc != qc:
-		return pc
-	case pc:
-		return p < q
-	default:
-		return p > q
-	}
-}
-
 // banState is a key's ban record: ban, offences and strikes (strikeRing's).
 type banState struct {
 	until      int64
