@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,11 +69,8 @@ func runTests(m *testing.M) int {
 
 // goBuild builds pkg in module directory dir into out.
 func goBuild(out, dir, pkg string) error {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
-	cmd := exec.Command(goBin, "build", "-o", out, pkg)
+	// go test puts the go command that runs it first in PATH.
+	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
