@@ -57,7 +57,8 @@ func TestNoLayerCallsUp(t *testing.T) {
 		}
 	}
 	for _, f := range files {
-		if name := filepath.Base(fset.Position(f.Pos()).Filename); !hasKey(rankOf, name) {
+		name := filepath.Base(fset.Position(f.Pos()).Filename)
+		if _, ok := rankOf[name]; !ok {
 			t.Errorf("%s is in no layer: add it to layers, where its functions are called from", name)
 		}
 	}
@@ -112,11 +113,6 @@ func TestNoLayerCallsUp(t *testing.T) {
 	if checked < 100 {
 		t.Fatalf("checked %d functions: the package's files were not all read", checked)
 	}
-}
-
-func hasKey[K comparable, V any](m map[K]V, k K) bool {
-	_, ok := m[k]
-	return ok
 }
 
 // packageFiles parses the package's non-test files in this directory.
