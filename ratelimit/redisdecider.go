@@ -244,7 +244,7 @@ func isFunctionUnsupported(err error) bool {
 	return redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(strings.ToLower(msg), "unknown command")
 }
 
-// nums appends the ask's numbers past the five every ask has (redisdecider.go).
+// nums appends a block ask's numbers past the five every ask has (scriptNums).
 func (a *blockAsk) nums(pl *plan, b []byte) []byte {
 	for _, v := range [5]int64{a.replicas, leaseMargin, minBlock, 2 * a.rtt, int64(pl.shortWindows())} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
